@@ -1,0 +1,56 @@
+# Two commands do all set-up on a fresh Debian/Ubuntu machine: `make demo`, `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
+	libvirt-daemon-system qemu-system-x86 pciutils pci.ids libxml2-utils ovmf \
+	busybox-static dropbear-bin linux-image-amd64
+APT_STAMP := .deps/apt.stamp
+VENV_STAMP := $(VENV)/.stamp
+PYTEST_ARGS ?=
+
+.PHONY: all deps demo test test-fast bench samples clean
+
+all: test
+
+# System packages, installed once (idempotent: apt skips what is there).
+$(APT_STAMP):
+	@mkdir -p .deps
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+	@touch $@
+
+$(VENV_STAMP): pyproject.toml $(APT_STAMP)
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]' virtme-ng
+	$(PY) -m compileall -q gpuvfio
+	@touch $@
+
+deps: $(VENV_STAMP)
+
+demo: deps
+	@for host in gpuvfio/samples/*.host; do \
+	  echo; echo "=== $$(basename $$host .host) ==="; \
+	  $(VENV)/bin/gpuvfio --root $$host list; \
+	  $(VENV)/bin/gpuvfio --root $$host doctor || true; \
+	done
+
+test: deps
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: deps
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -m "not kernel and not daemon" $(PYTEST_ARGS)
+
+bench: deps
+	$(PY) benchmarks/bench_inventory.py
+
+samples: deps
+	$(PY) tests/make_samples.py --regenerate
+
+clean:
+	rm -rf $(VENV) .deps

@@ -1,0 +1,3 @@
+from gpuvfio.cli import main
+
+main()

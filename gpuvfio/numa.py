@@ -1,0 +1,45 @@
+"""NUMA nodes: CPUs, memory and hugepages per node (Documentation/ABI/stable/sysfs-devices-node)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gpuvfio.hostroot import HostRoot
+from gpuvfio.model import NumaNode, parse_cpulist
+
+_MEMINFO = re.compile(r"Node \d+ (MemTotal|MemFree):\s+(\d+) kB")
+_HP_DIR = re.compile(r"hugepages-(\d+)kB")
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text) if text is not None else 0
+    except ValueError:
+        return 0
+
+
+def read_numa(host: HostRoot) -> list[NumaNode]:
+    base = host.sys_path("devices", "system", "node")
+    nodes = []
+    for name in host.listdir(base):
+        match = re.fullmatch(r"node(\d+)", name)
+        if not match:
+            continue
+        ndir = os.path.join(base, name)
+        cpulist = host.read(os.path.join(ndir, "cpulist")) or ""
+        meminfo = dict(_MEMINFO.findall(host.read(os.path.join(ndir, "meminfo")) or ""))
+        hugepages = {}
+        for hp in host.listdir(os.path.join(ndir, "hugepages")):
+            size = _HP_DIR.fullmatch(hp)
+            if size:
+                hdir = os.path.join(ndir, "hugepages", hp)
+                hugepages[int(size.group(1))] = (_int(host.read(os.path.join(hdir, "nr_hugepages"))),
+                                                 _int(host.read(os.path.join(hdir, "free_hugepages"))))
+        nodes.append(NumaNode(
+            node_id=int(match.group(1)), cpulist=cpulist, cpus=parse_cpulist(cpulist),
+            mem_total_kb=int(meminfo["MemTotal"]) if "MemTotal" in meminfo else None,
+            mem_free_kb=int(meminfo["MemFree"]) if "MemFree" in meminfo else None,
+            hugepages=hugepages,
+        ))
+    return sorted(nodes, key=lambda n: n.node_id)

@@ -1,0 +1,84 @@
+"""Human names for PCI IDs from the system's pci.ids (packages pci.ids / hwdata).
+
+gpuvfio never bundles or hand-writes an ID table. The database file is searched in
+``GPUVFIO_PCI_IDS``, then under the host root, then on the system running gpuvfio.
+Lookups are lazy: the file is read once and only the vendor blocks asked for are
+searched (a full parse of ~36k lines would dominate a small inventory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+PCI_IDS_ENV = "GPUVFIO_PCI_IDS"
+_CANDIDATES = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
+_TOP_LEVEL = re.compile(rb"\n(?:[0-9a-f]{4}|C [0-9a-f]{2})  ")
+
+
+class PciIds:
+    def __init__(self, data: bytes | None) -> None:
+        self._data = data or b""
+        self._vendor_cache: dict[str, tuple[int, int] | None] = {}
+        self._class_cache: dict[str, tuple[int, int] | None] = {}
+
+    @classmethod
+    def load(cls, root: str = "/") -> "PciIds":
+        candidates = []
+        if os.environ.get(PCI_IDS_ENV):
+            candidates.append(os.environ[PCI_IDS_ENV])
+        candidates += [os.path.join(root, c) for c in _CANDIDATES]
+        if root != "/":
+            candidates += [os.path.join("/", c) for c in _CANDIDATES]
+        for path in candidates:
+            try:
+                with open(path, "rb") as handle:
+                    return cls(b"\n" + handle.read())
+            except OSError:
+                continue
+        return cls(None)
+
+    @property
+    def available(self) -> bool:
+        return bool(self._data)
+
+    def _block(self, key: bytes, cache: dict, cache_key: str) -> tuple[int, int] | None:
+        if cache_key in cache:
+            return cache[cache_key]
+        start = self._data.find(key)
+        span = None
+        if start >= 0:
+            start += 1
+            nxt = _TOP_LEVEL.search(self._data, start + len(key) - 1)
+            span = (start, nxt.start() if nxt else len(self._data))
+        cache[cache_key] = span
+        return span
+
+    @staticmethod
+    def _name(line_start: int, data: bytes, prefix_len: int) -> str:
+        end = data.find(b"\n", line_start)
+        return data[line_start + prefix_len:end if end >= 0 else None].decode("utf-8", "replace").strip()
+
+    def vendor(self, vendor_id: str) -> str | None:
+        span = self._block(b"\n" + vendor_id.encode() + b"  ", self._vendor_cache, vendor_id)
+        return self._name(span[0], self._data, 6) if span else None
+
+    def device(self, vendor_id: str, device_id: str) -> str | None:
+        span = self._block(b"\n" + vendor_id.encode() + b"  ", self._vendor_cache, vendor_id)
+        if not span:
+            return None
+        pos = self._data.find(b"\n\t" + device_id.encode() + b"  ", span[0], span[1])
+        return self._name(pos + 1, self._data, 7) if pos >= 0 else None
+
+    def class_name(self, class_id: str) -> str | None:
+        """Name for a 6-hex-digit class code: the subclass name, else the class name."""
+        base, sub = class_id[0:2], class_id[2:4]
+        span = self._block(b"\nC " + base.encode() + b"  ", self._class_cache, base)
+        if not span:
+            return None
+        name = self._name(span[0], self._data, 5)
+        pos = self._data.find(b"\n\t" + sub.encode() + b"  ", span[0], span[1])
+        if pos < 0:
+            return name
+        # The subclass name, as lspci prints it in its Class field.
+        return self._name(pos + 1, self._data, 5)

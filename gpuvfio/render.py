@@ -1,0 +1,85 @@
+"""Human output: rich tables. Imported only when a person is reading (not for --json)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+_STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def _size(n: int) -> str:
+    if not n:
+        return "-"
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def _link(link: dict | None) -> str:
+    if not link:
+        return "-"
+    cur = f"Gen{link['current_gen'] or '?'} x{link['current_width'] or '?'}"
+    top = f"Gen{link['max_gen'] or '?'} x{link['max_width'] or '?'}"
+    return cur if cur == top else f"{cur} (max {top})"
+
+
+def _virt(dev: dict) -> str:
+    bits = []
+    if dev["sriov"]:
+        bits.append(f"SR-IOV {dev['sriov']['num_vfs']}/{dev['sriov']['total_vfs']} VFs")
+    if dev["physfn"]:
+        bits.append(f"VF of {dev['physfn']}")
+    if dev["mdev_types"]:
+        bits.append(f"mdev: {len(dev['mdev_types'])} types")
+    if dev["vgpu"]:
+        cur = dev["vgpu"]["current_type"]
+        bits.append(f"vGPU {len(dev['vgpu']['creatable_types'])} types" + (f", current {cur}" if cur else ""))
+    return "; ".join(bits) or "-"
+
+
+def _console() -> Console:
+    import sys
+
+    # Piped output (make demo | less, CI logs) gets a wide table instead of 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def print_list(report: dict, title: str, console: Console | None = None) -> None:
+    console = console or _console()
+    groups = {g["id"]: g for g in report["groups"] or []}
+    table = Table(title=title, title_justify="left")
+    for col in ("Address", "Device", "Driver", "Group", "Viable", "NUMA", "Link", "Largest BAR", "Virtualization"):
+        table.add_column(col, no_wrap=col in ("Address", "Link"))
+    for dev in report["devices"]:
+        gid = dev["iommu_group"]
+        group = groups.get(gid)
+        viable = "-" if group is None else ("[green]yes[/]" if group["viable"] else "[red]no[/]")
+        name = dev["device_name"] or f"{dev['vendor_id']}:{dev['device_id']}"
+        table.add_row(dev["address"], f"{escape(name)} [dim]\\[{dev['vendor_id']}:{dev['device_id']}][/]",
+                      escape(dev["driver"]) if dev["driver"] else "[dim]none[/]", "-" if gid is None else str(gid), viable,
+                      "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),
+                      _size(dev["largest_bar"]), escape(_virt(dev)))
+    console.print(table)
+    if report["groups"] is None:
+        console.print("[yellow]No IOMMU groups: the IOMMU is off (see gpuvfio doctor).[/]")
+    for group in report["groups"] or []:
+        for problem in group["problems"]:
+            console.print(f"[red]group {group['id']} not viable:[/] {escape(problem)}")
+
+
+def print_doctor(report: dict, title: str, console: Console | None = None) -> None:
+    console = console or _console()
+    table = Table(title=title, title_justify="left")
+    table.add_column("Check", no_wrap=True)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Summary")
+    table.add_column("Fix")
+    for check in report["checks"]:
+        style = _STATUS_STYLE.get(check["status"], "")
+        table.add_row(check["id"], f"[{style}]{check['status']}[/]", escape(check["summary"]),
+                      escape(check["fix"] or ""))
+    console.print(table)

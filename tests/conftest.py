@@ -1,0 +1,76 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB  # noqa: E402
+
+
+class CliResult:
+    def __init__(self, code, out, err):
+        self.code, self.out, self.err = code, out, err
+
+    def json(self):
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the CLI in-process (fast) and return exit code, stdout and stderr."""
+    from gpuvfio.cli import main
+
+    def run(*args: str) -> CliResult:
+        code = 0
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def run_gpuvfio(*args: str, env: dict | None = None) -> CliResult:
+    """The CLI as a real process (for tracebacks, exit codes, start-up)."""
+    proc = subprocess.run([sys.executable, "-m", "gpuvfio", *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, **(env or {})}, timeout=120)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def gpu_workstation(root) -> HostBuilder:
+    """A small host: root port -> GPU + audio (one group), a chipset group shared with a NIC."""
+    b = HostBuilder(str(root))
+    b.iommu("intel", 1)
+    cpus = b.cpu_topology(1, 8, 2)
+    b.numa_node(0, cpus[0], 64, {2048: (512, 512)})
+    rb = b.root_bus(numa=0)
+    b.function(rb, "0000:00:00.0", "8086", "a700", "060000")
+    peg = b.bridge(rb, "0000:00:01.0", "8086", "a70d", secondary_bus=1, link=(4, 16))
+    b.function(peg, "0000:01:00.0", "10de", "2684", "030000", driver="nvidia", link=(4, 16),
+               bars=[(0, 16 * MiB, BAR32), (1, 32 * GiB, BAR64_PREF), (3, 32 * MiB, BAR64_PREF)],
+               boot_vga=False, multifunction=True)
+    b.function(peg, "0000:01:00.1", "10de", "22ba", "040300", driver="snd_hda_intel",
+               bars=[(0, 16 * KiB, BAR32)])
+    shared = b.new_group()
+    pch = b.bridge(rb, "0000:00:1c.0", "8086", "7a38", secondary_bus=3, link=(3, 1), group=shared)
+    b.function(pch, "0000:03:00.0", "8086", "15f3", "020000", driver="igc", link=(2, 1), group=shared,
+               bars=[(0, 1 * MiB, BAR32)])
+    pch2 = b.bridge(rb, "0000:00:1c.4", "8086", "7a3c", secondary_bus=4, link=(4, 4), group=shared)
+    b.function(pch2, "0000:04:00.0", "10de", "2504", "030000", driver="nvidia", link=(4, 4), group=shared,
+               bars=[(0, 16 * MiB, BAR32), (1, 8 * GiB, BAR64_PREF)])
+    b.function(pch2, "0000:04:00.1", "10de", "228e", "040300", driver="snd_hda_intel", group=shared)
+    b.modules(["nvidia", "snd_hda_intel", "igc"])
+    return b
+
+
+@pytest.fixture
+def workstation(tmp_path):
+    root = tmp_path / "host"
+    builder = gpu_workstation(root)
+    return builder

@@ -1,0 +1,365 @@
+"""Build sysfs/procfs-shaped host trees under a root, as Linux lays them out.
+
+Used by the tests, by the sample-host generator and by the benchmarks. It writes real
+files, directories and relative symlinks, so gpuvfio and the real ``lspci -A
+linux-sysfs`` read the same tree. Layout references: Documentation/ABI/testing/
+sysfs-bus-pci, sysfs-kernel-iommu_groups, sysfs-devices-node; drivers/pci/pci-sysfs.c.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+from gpuvfio.address import PciAddress
+
+IO, MEM, PREFETCH, MEM64 = 0x100, 0x200, 0x2000, 0x100000
+BAR64_PREF = MEM | PREFETCH | MEM64
+BAR32 = MEM
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
+         5: "32.0 GT/s PCIe", 6: "64.0 GT/s PCIe"}
+
+
+@dataclass
+class Node:
+    """A place devices hang from: a root bus or a bridge's secondary bus."""
+
+    path: str  # absolute directory
+    numa: int
+    function: "Function | None" = None
+
+
+@dataclass
+class Function:
+    address: PciAddress
+    path: str
+    numa: int
+    group: int | None
+    is_bridge: bool
+    vfs: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return str(self.address)
+
+
+def _relink(path: str, target: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(os.path.relpath(target, os.path.dirname(path)), path)
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+class HostBuilder:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.sys = os.path.join(self.root, "sys")
+        self._next_group = 0
+        self._slot_groups: dict[tuple, int] = {}
+        self._mmio64 = 0x200_0000_0000
+        self._mmio32 = 0xC000_0000
+        self._irq = 16
+        self.functions: dict[PciAddress, Function] = {}
+        self.node_cpus: dict[int, str] = {}
+        for sub in ("bus/pci/devices", "bus/pci/drivers", "devices/system/node", "devices/system/cpu",
+                    "kernel", "module", "class"):
+            os.makedirs(os.path.join(self.sys, sub), exist_ok=True)
+        os.makedirs(os.path.join(self.root, "proc", "sys", "kernel"), exist_ok=True)
+        self.osrelease("6.8.0-gpuvfio")
+        self.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet")
+        self.modules([])
+
+    # -- kernel and firmware ----------------------------------------------------------
+    def sys_path(self, *parts: str) -> str:
+        return os.path.join(self.sys, *parts)
+
+    def proc(self, *parts: str) -> str:
+        return os.path.join(self.root, "proc", *parts)
+
+    def cmdline(self, text: str) -> None:
+        _write(self.proc("cmdline"), text + "\n")
+
+    def osrelease(self, text: str) -> None:
+        self.release = text
+        _write(self.proc("sys", "kernel", "osrelease"), text + "\n")
+
+    def modules(self, names: list[str], available: list[str] | None = None,
+                builtin: list[str] | None = None) -> None:
+        """Loaded modules (/proc/modules); ``available`` go into modules.dep (loadable)."""
+        lines = [f"{n} 16384 0 - Live 0x0000000000000000\n" for n in names]
+        _write(self.proc("modules"), "".join(lines))
+        for name in names:
+            os.makedirs(self.sys_path("module", name), exist_ok=True)
+        moddir = os.path.join(self.root, "lib", "modules", self.release)
+        avail = available if available is not None else ["vfio", "vfio_pci", "vfio_iommu_type1",
+                                                          "vfio_pci_core", "pci_stub"]
+        dep = "".join(f"kernel/drivers/vfio/{n.replace('_', '-')}.ko:\n" for n in avail)
+        _write(os.path.join(moddir, "modules.dep"), dep)
+        _write(os.path.join(moddir, "modules.builtin"),
+               "".join(f"kernel/drivers/vfio/{n.replace('_', '-')}.ko\n" for n in builtin or []))
+
+    def module_param(self, module: str, param: str, value: str) -> None:
+        _write(self.sys_path("module", module, "parameters", param), value + "\n")
+
+    def iommu(self, vendor: str | None, units: int = 1, *, interrupt_remapping: bool = True) -> None:
+        """IOMMU units under /sys/class/iommu (dmarN for Intel VT-d, ivhdN for AMD-Vi)."""
+        os.makedirs(self.sys_path("kernel", "iommu_groups"), exist_ok=True)
+        self.iommu_vendor = vendor
+        if vendor is None:
+            return
+        for n in range(units):
+            name = f"dmar{n}" if vendor == "intel" else f"ivhd{n}"
+            real = self.sys_path("devices", "virtual", "iommu", name)
+            if vendor == "intel":
+                # ecap bit 3 = IR (interrupt remapping support), VT-d spec 11.4.3
+                _write(os.path.join(real, "intel-iommu", "cap"), "d2008c40660462\n")
+                _write(os.path.join(real, "intel-iommu", "ecap", ), "f050da\n" if interrupt_remapping else "f050d2\n")
+                _write(os.path.join(real, "intel-iommu", "version"), "1:0\n")
+            else:
+                _write(os.path.join(real, "amd-iommu", "features"), "25bf732fa2295afe\n")
+            _relink(self.sys_path("class", "iommu", name), real)
+        chip = "IR-PCI-MSI" if interrupt_remapping else "PCI-MSI"
+        ioapic = "IR-IO-APIC" if interrupt_remapping else "IO-APIC"
+        _write(self.proc("interrupts"),
+               f"0: {ioapic} 2-edge timer\n9: {ioapic} 9-fasteoi acpi\n"
+               f"120: {chip} 524288-edge eth0\nNMI: Non-maskable interrupts\n")
+
+    def framebuffer(self, name: str | None) -> None:
+        _write(self.proc("fb"), f"0 {name}\n" if name else "")
+
+    def os_release(self, pretty: str, ident: str, like: str = "") -> None:
+        _write(os.path.join(self.root, "etc", "os-release"),
+               f'PRETTY_NAME="{pretty}"\nID={ident}\n' + (f"ID_LIKE={like}\n" if like else ""))
+
+    # -- CPUs and NUMA ----------------------------------------------------------------
+    def cpu_topology(self, sockets: int, cores: int, threads: int = 2) -> dict[int, list[int]]:
+        """Linux x86 numbering: cpu = thread*sockets*cores + socket*cores + core."""
+        per_socket: dict[int, list[int]] = {s: [] for s in range(sockets)}
+        total = sockets * cores * threads
+        for cpu in range(total):
+            thread, rest = divmod(cpu, sockets * cores)
+            socket, core = divmod(rest, cores)
+            siblings = [t * sockets * cores + socket * cores + core for t in range(threads)]
+            topo = self.sys_path("devices", "system", "cpu", f"cpu{cpu}", "topology")
+            _write(os.path.join(topo, "core_id"), f"{core}\n")
+            _write(os.path.join(topo, "physical_package_id"), f"{socket}\n")
+            _write(os.path.join(topo, "thread_siblings_list"), ",".join(map(str, siblings)) + "\n")
+            per_socket[socket].append(cpu)
+        _write(self.sys_path("devices", "system", "cpu", "online"), f"0-{total - 1}\n")
+        return per_socket
+
+    def numa_node(self, node: int, cpus: list[int], mem_gib: int,
+                  hugepages: dict[int, tuple[int, int]] | None = None) -> None:
+        """``hugepages`` maps page size in kB to (total, free)."""
+        ndir = self.sys_path("devices", "system", "node", f"node{node}")
+        cpulist = _cpulist(cpus)
+        self.node_cpus[node] = cpulist
+        _write(os.path.join(ndir, "cpulist"), cpulist + "\n")
+        total = mem_gib * 1024 * 1024
+        used_hp = sum(size * t for size, (t, _f) in (hugepages or {}).items())
+        _write(os.path.join(ndir, "meminfo"),
+               f"Node {node} MemTotal:       {total} kB\nNode {node} MemFree:        "
+               f"{max(total - used_hp - total // 20, 0)} kB\n")
+        for size, (t, f) in {2048: (0, 0), 1048576: (0, 0), **(hugepages or {})}.items():
+            hp = os.path.join(ndir, "hugepages", f"hugepages-{size}kB")
+            _write(os.path.join(hp, "nr_hugepages"), f"{t}\n")
+            _write(os.path.join(hp, "free_hugepages"), f"{f}\n")
+        nodes = sorted(self.node_cpus)
+        _write(self.sys_path("devices", "system", "node", "online"), _cpulist(nodes) + "\n")
+        _write(self.sys_path("devices", "system", "node", "possible"), _cpulist(nodes) + "\n")
+
+    # -- PCI ----------------------------------------------------------------------------
+    def root_bus(self, domain: int = 0, bus: int = 0, numa: int = -1) -> Node:
+        path = self.sys_path("devices", f"pci{domain:04x}:{bus:02x}")
+        os.makedirs(path, exist_ok=True)
+        return Node(path, numa)
+
+    def _group_for(self, address: PciAddress, is_bridge: bool, group) -> int | None:
+        if group is None or getattr(self, "iommu_vendor", None) is None:
+            return None
+        if group != "auto":
+            return int(group)
+        key = ("fn", address) if is_bridge else ("slot", address.device)
+        if key not in self._slot_groups:
+            self._slot_groups[key] = self._next_group
+            self._next_group += 1
+        return self._slot_groups[key]
+
+    def new_group(self) -> int:
+        gid = self._next_group
+        self._next_group += 1
+        return gid
+
+    def function(self, parent: Node, address: str, vendor: str, device: str, klass: str, *,
+                 driver: str | None = None, subsystem: tuple[str, str] | None = None,
+                 revision: str = "a1", group="auto", link: tuple | None = None,
+                 bars: list[tuple[int, int, int]] = (), boot_vga: bool | None = None,
+                 reset_method: str | None = "flr bus", multifunction: bool = False,
+                 secondary_bus: int | None = None) -> Function:
+        addr = PciAddress.parse(address)
+        is_bridge = klass.startswith("0604")
+        path = os.path.join(parent.path, str(addr))
+        os.makedirs(path, exist_ok=True)
+        numa = parent.numa
+        sv, sd = subsystem or ((vendor, "0000") if not is_bridge else ("0000", "0000"))
+        attrs = {
+            "vendor": f"0x{vendor}", "device": f"0x{device}", "class": f"0x{klass}",
+            "subsystem_vendor": f"0x{sv}", "subsystem_device": f"0x{sd}", "revision": f"0x{revision}",
+            "irq": str(self._irq), "numa_node": str(numa), "enable": "1",
+            "local_cpulist": self.node_cpus.get(numa, _cpulist(sorted(
+                c for cl in self.node_cpus.values() for c in _parse(cl)))),
+            "modalias": f"pci:v0000{vendor.upper()}d0000{device.upper()}sv0000{sv.upper()}"
+                        f"sd0000{sd.upper()}bc{klass[0:2].upper()}sc{klass[2:4].upper()}i{klass[4:6].upper()}",
+            "driver_override": "(null)",
+        }
+        self._irq += 1
+        if reset_method is not None and not is_bridge:
+            attrs["reset_method"] = reset_method
+        if boot_vga is not None:
+            attrs["boot_vga"] = "1" if boot_vga else "0"
+        if link is not None:
+            gen, width, max_gen, max_width = (link + (None, None))[:4] if len(link) == 2 else link
+            max_gen = max_gen or gen
+            max_width = max_width or width
+            attrs.update({"current_link_speed": SPEED[gen], "current_link_width": str(width),
+                          "max_link_speed": SPEED[max_gen], "max_link_width": str(max_width)})
+        resources = [(0, 0, 0)] * (17 if is_bridge else 13)
+        for index, size, flags in bars:
+            if flags & MEM64:
+                self._mmio64 = _align(self._mmio64, size)
+                start, self._mmio64 = self._mmio64, self._mmio64 + size
+            elif flags & IO:
+                start = 0x1000 + index * 0x100
+            else:
+                self._mmio32 = _align(self._mmio32, size)
+                start, self._mmio32 = self._mmio32, self._mmio32 + size
+            resources[index] = (start, start + size - 1, flags)
+        attrs["resource"] = "".join(f"0x{s:016x} 0x{e:016x} 0x{f:016x}\n" for s, e, f in resources)
+        for name, value in attrs.items():
+            _write(os.path.join(path, name), value + ("" if value.endswith("\n") else "\n"))
+        with open(os.path.join(path, "config"), "wb") as handle:
+            handle.write(_config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction,
+                                 secondary_bus))
+        _relink(self.sys_path("bus", "pci", "devices", str(addr)), path)
+        if driver:
+            self.bind(addr, driver, path)
+        gid = self._group_for(addr, is_bridge, group)
+        if gid is not None:
+            gdir = self.sys_path("kernel", "iommu_groups", str(gid), "devices")
+            os.makedirs(gdir, exist_ok=True)
+            _relink(os.path.join(gdir, str(addr)), path)
+            _relink(os.path.join(path, "iommu_group"), os.path.dirname(gdir))
+        fn = Function(addr, path, numa, gid, is_bridge)
+        self.functions[addr] = fn
+        return fn
+
+    def bind(self, addr: PciAddress, driver: str, path: str | None = None) -> None:
+        path = path or self.functions[addr].path
+        ddir = self.sys_path("bus", "pci", "drivers", driver)
+        os.makedirs(ddir, exist_ok=True)
+        _relink(os.path.join(path, "driver"), ddir)
+        _relink(os.path.join(ddir, str(addr)), path)
+
+    def bridge(self, parent: Node, address: str, vendor: str, device: str, *, secondary_bus: int,
+               numa: int | None = None, link: tuple | None = None, group="auto",
+               klass: str = "060400", driver: str | None = "pcieport") -> Node:
+        fn = self.function(parent, address, vendor, device, klass, driver=driver, link=link,
+                           group=group, secondary_bus=secondary_bus, reset_method=None)
+        return Node(fn.path, parent.numa if numa is None else numa, fn)
+
+    def sriov(self, pf: Function, total: int, vf_addresses: list[str], vf_device: str,
+              vendor: str, klass: str, driver: str | None = None, vf_bar: int = 0,
+              group="auto") -> list[Function]:
+        _write(os.path.join(pf.path, "sriov_totalvfs"), f"{total}\n")
+        _write(os.path.join(pf.path, "sriov_numvfs"), f"{len(vf_addresses)}\n")
+        parent = Node(os.path.dirname(pf.path), pf.numa)
+        vfs = []
+        for n, vaddr in enumerate(vf_addresses):
+            vf = self.function(parent, vaddr, vendor, vf_device, klass, driver=driver, group=group,
+                               bars=[(0, vf_bar, BAR64_PREF)] if vf_bar else [], reset_method="flr")
+            _relink(os.path.join(pf.path, f"virtfn{n}"), vf.path)
+            _relink(os.path.join(vf.path, "physfn"), pf.path)
+            vfs.append(vf)
+        pf.vfs = vfs
+        return vfs
+
+    def mdev_types(self, fn: Function, types: list[tuple[str, str, int, str]]) -> None:
+        """Legacy mdev: (type_id, name, available_instances, description)."""
+        for type_id, name, avail, desc in types:
+            tdir = os.path.join(fn.path, "mdev_supported_types", type_id)
+            os.makedirs(os.path.join(tdir, "devices"), exist_ok=True)
+            _write(os.path.join(tdir, "name"), name + "\n")
+            _write(os.path.join(tdir, "available_instances"), f"{avail}\n")
+            _write(os.path.join(tdir, "device_api"), "vfio-pci\n")
+            _write(os.path.join(tdir, "description"), desc + "\n")
+
+    def vgpu_types(self, vf: Function, types: list[tuple[int, str]], current: int = 0) -> None:
+        """NVIDIA vGPU 17+ on SR-IOV VFs (nvidia/creatable_vgpu_types, current_vgpu_type)."""
+        ndir = os.path.join(vf.path, "nvidia")
+        body = "ID    : vGPU Name\n" + "".join(f"{i:<5} : {n}\n" for i, n in types)
+        _write(os.path.join(ndir, "creatable_vgpu_types"), body)
+        _write(os.path.join(ndir, "current_vgpu_type"), f"{current}\n")
+
+    # -- processes ------------------------------------------------------------------------
+    def holder(self, pid: int, comm: str, device_nodes: list[str]) -> None:
+        pdir = self.proc(str(pid))
+        _write(os.path.join(pdir, "comm"), comm + "\n")
+        os.makedirs(os.path.join(pdir, "fd"), exist_ok=True)
+        for fd, node in enumerate(device_nodes, start=3):
+            link = os.path.join(pdir, "fd", str(fd))
+            if os.path.lexists(link):
+                os.unlink(link)
+            os.symlink(node, link)  # absolute, like /proc/PID/fd; read, never followed
+
+
+def _align(value: int, size: int) -> int:
+    return (value + size - 1) // size * size if size else value
+
+
+def _parse(cpulist: str) -> list[int]:
+    out = []
+    for part in cpulist.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def _cpulist(cpus: list[int]) -> str:
+    cpus = sorted(set(cpus))
+    ranges, start, prev = [], None, None
+    for c in cpus:
+        if start is None:
+            start = prev = c
+        elif c == prev + 1:
+            prev = c
+        else:
+            ranges.append((start, prev))
+            start = prev = c
+    if start is not None:
+        ranges.append((start, prev))
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
+
+
+def _config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction, secondary_bus) -> bytes:
+    """A 256-byte config space header (PCI Local Bus spec 3.0, 6.1)."""
+    cfg = bytearray(256)
+    struct.pack_into("<HHHH", cfg, 0, int(vendor, 16), int(device, 16), 0x0406, 0x0010)
+    cfg[8] = int(revision, 16)
+    cfg[9], cfg[10], cfg[11] = int(klass[4:6], 16), int(klass[2:4], 16), int(klass[0:2], 16)
+    cfg[14] = (1 if is_bridge else 0) | (0x80 if multifunction else 0)
+    if is_bridge:
+        bus = secondary_bus or 0
+        cfg[0x18], cfg[0x19], cfg[0x1A] = max(bus - 1, 0), bus, bus
+    else:
+        struct.pack_into("<HH", cfg, 0x2C, int(sv, 16), int(sd, 16))
+    return bytes(cfg)

@@ -1,0 +1,94 @@
+import os
+
+from gpuvfio.fixture import load_fixture
+from tests.conftest import HostBuilder
+
+
+def test_list_json_contract(cli, workstation):
+    result = cli("--root", workstation.root, "list", "--json")
+    assert result.code == 0, result.err
+    data = result.json()
+    assert [d["address"] for d in data["devices"]] == ["0000:01:00.0", "0000:01:00.1", "0000:04:00.0",
+                                                       "0000:04:00.1"]
+    gpu = data["devices"][0]
+    assert {k: gpu[k] for k in ("vendor_id", "device_id", "class_id", "driver", "iommu_group", "numa_node")} == {
+        "vendor_id": "10de", "device_id": "2684", "class_id": "030000", "driver": "nvidia",
+        "iommu_group": 2, "numa_node": 0}
+    # Without --all: the groups that contain NVIDIA functions, with their bridges and strangers.
+    groups = {g["id"]: g for g in data["groups"]}
+    assert sorted(groups) == [2, 3]
+    assert groups[2] == {"id": 2, "devices": ["0000:01:00.0", "0000:01:00.1"], "viable": True, "problems": []}
+    assert not groups[3]["viable"] and "0000:00:1c.0" in groups[3]["devices"]
+
+
+def test_list_all_has_every_function_and_group(cli, workstation):
+    data = cli("--root", workstation.root, "list", "--all", "--json").json()
+    assert len(data["devices"]) == len(workstation.functions)
+    assert {g["id"] for g in data["groups"]} == {f.group for f in workstation.functions.values()}
+
+
+def test_list_table_for_people(cli, workstation):
+    result = cli("--root", workstation.root, "list")
+    assert result.code == 0
+    assert "0000:01:00.0" in result.out and "GeForce RTX 4090" in result.out
+    assert "not viable" in result.out and "igc" in result.out
+    assert "0000:00:1c.0" not in result.out.split("not viable")[0]  # bridges only with --all
+
+
+def test_env_root(cli, workstation, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_ROOT", workstation.root)
+    assert cli("list", "--json").json()["devices"][0]["address"] == "0000:01:00.0"
+
+
+def test_no_iommu_list_ok_doctor_fails(cli, tmp_path):
+    b = HostBuilder(str(tmp_path))
+    b.iommu(None)
+    b.cmdline("ro quiet intel_iommu=off")
+    rb = b.root_bus()
+    b.function(rb, "0000:00:02.0", "10de", "1db4", "030200", driver="nvidia")
+    listed = cli("--root", b.root, "list", "--json")
+    assert listed.code == 0 and listed.json()["groups"] is None
+    assert listed.json()["devices"][0]["iommu_group"] is None
+    doctor = cli("--root", b.root, "doctor", "--json")
+    assert doctor.code == 1
+    checks = {c["id"]: c for c in doctor.json()["checks"]}
+    assert checks["iommu"]["status"] == "fail" and "intel_iommu=off" in checks["iommu"]["summary"]
+    assert checks["iommu"]["fix"]
+
+
+def test_doctor_json_ids(cli, workstation):
+    result = cli("--root", workstation.root, "doctor", "--json")
+    checks = {c["id"]: c for c in result.json()["checks"]}
+    required = {"iommu", "acs_override", "vfio_modules", "hugepages", "interrupt_remapping",
+                "nvidia_holders", "boot_vga"}
+    assert required <= set(checks)
+    assert all(c["status"] in ("ok", "warn", "fail", "skip") and c["summary"] for c in checks.values())
+    assert result.code == 0, checks
+    assert checks["gpu_groups"]["status"] == "warn" and "igc" in checks["gpu_groups"]["summary"]
+
+
+def test_dump_host_roundtrip(cli, workstation, tmp_path):
+    out = tmp_path / "ws.host"
+    result = cli("--root", workstation.root, "dump-host", str(out))
+    assert result.code == 0 and "records" in result.err
+    text = out.read_text()
+    assert text.startswith("# gpuvfio host fixture v1\n")
+    replay = load_fixture(text, str(tmp_path / "replay"))
+    original = cli("--root", workstation.root, "list", "--all", "--json").json()
+    replayed = cli("--root", replay, "list", "--all", "--json").json()
+    assert replayed == original
+    assert cli("--root", str(out), "list", "--all", "--json").json() == original
+    assert cli("--root", str(out), "doctor", "--json").json() == cli(
+        "--root", workstation.root, "doctor", "--json").json()
+
+
+def test_dump_host_to_stdout(cli, workstation):
+    result = cli("--root", workstation.root, "dump-host", "-")
+    assert result.code == 0 and result.out.startswith("# gpuvfio host fixture v1")
+    assert "L sys/bus/pci/devices/0000:01:00.0 " in result.out
+
+
+def test_dump_into_missing_directory(cli, workstation, tmp_path):
+    result = cli("--root", workstation.root, "dump-host", str(tmp_path / "no" / "x.host"))
+    assert result.code == 2 and "not a directory" in result.err
+    assert not os.path.exists(tmp_path / "no")
