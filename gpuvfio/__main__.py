@@ -1,3 +1,3 @@
-from gpuvfio.cli import main
+from gpuvfio.main import main
 
 main()

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError, InputError
-from gpuvfio.hostroot import HostRoot
+from gpuvfio.hostroot import ROOT_ENV, HostRoot
 from gpuvfio.inventory import Inventory, read_inventory
+
+
+@contextlib.contextmanager
+def open_host(root: str | None):
+    """The host behind ``--root``: a directory, or a fixture file loaded into a temp dir.
+
+    Yields (HostRoot, label for titles). ``None`` means GPUVFIO_ROOT or ``/``.
+    """
+    root = root or os.environ.get(ROOT_ENV) or "/"
+    if os.path.isfile(root):
+        from gpuvfio.fixture import load_fixture
+
+        try:
+            with open(root, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HostReadError(f"cannot read host fixture {root}: {exc}") from None
+        with tempfile.TemporaryDirectory(prefix="gpuvfio-host-") as tmp:
+            load_fixture(text, tmp)
+            yield HostRoot(tmp), os.path.basename(root)
+        return
+    yield HostRoot(root), root
 
 
 def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = ()) -> dict:

@@ -121,13 +121,7 @@ class HostRoot:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafePathError(f"refusing to follow symlink {path}") from None
-            if exc.errno in (errno.EACCES, errno.EPERM):
-                raise HostReadError(f"cannot read {path}: permission denied (run as root?)") from None
-            if exc.errno == errno.ENOTDIR:
-                return None
-            raise HostReadError(f"cannot read {path}: {exc.strerror}") from None
+            return self._open_error(exc, path)
         try:
             chunks = []
             while True:
@@ -144,6 +138,66 @@ class HostRoot:
         finally:
             os.close(fd)
         return b"".join(chunks).decode("utf-8", "replace").strip()
+
+    def open_dir(self, path: str) -> int:
+        """A directory fd for ``read_at``; ``path`` must already be resolved (resolve_in_sys)."""
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise HostReadError(f"cannot open {path}: {exc.strerror}") from None
+
+    def read_at(self, dir_fd: int, name: str, where: str) -> str | None:
+        """``read`` for a file in an open directory: one open and one read per attribute.
+
+        sysfs returns a whole attribute (at most a page) in one read(), and the regular
+        files of a recorded tree are small, so a single 64 KiB read is the whole file.
+        This is the inventory's hot path (hundreds of functions, a dozen files each).
+        """
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return self._open_error(exc, f"{where}/{name}")
+        try:
+            data = os.read(fd, 65536)
+        except OSError as exc:
+            if exc.errno == errno.EISDIR:
+                raise HostReadError(f"cannot read {where}/{name}: is a directory") from None
+            return None
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", "replace").strip()
+
+    def link_name_at(self, dir_fd: int, name: str, where: str) -> str | None:
+        """``link_name`` for a link in an open directory ``where``."""
+        try:
+            target = os.readlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise UnsafePathError(f"{where}/{name} is not a symlink") from None
+            raise HostReadError(f"cannot read link {where}/{name}: {exc.strerror}") from None
+        return self._checked_link(f"{where}/{name}", where, target)
+
+    def _checked_link(self, path: str, where: str, target: str) -> str:
+        if os.path.isabs(target):
+            raise UnsafePathError(f"{path} links to absolute path {target}")
+        resolved = os.path.normpath(os.path.join(where, target))
+        if not self._inside(resolved, self.sys):
+            raise UnsafePathError(f"{path} links outside {self.sys} (to {target})")
+        return os.path.basename(resolved)
+
+    @staticmethod
+    def _open_error(exc: OSError, path: str):
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"refusing to follow symlink {path}") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise HostReadError(f"cannot read {path}: permission denied (run as root?)") from None
+        if exc.errno == errno.ENOTDIR:
+            return None
+        raise HostReadError(f"cannot read {path}: {exc.strerror}") from None
 
     def read_bytes(self, path: str, limit: int = 4096) -> bytes | None:
         try:
@@ -175,12 +229,7 @@ class HostRoot:
             if exc.errno == errno.EINVAL:  # not a symlink
                 raise UnsafePathError(f"{path} is not a symlink") from None
             raise HostReadError(f"cannot read link {path}: {exc.strerror}") from None
-        if os.path.isabs(target):
-            raise UnsafePathError(f"{path} links to absolute path {target}")
-        resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
-        if not self._inside(resolved, self.sys):
-            raise UnsafePathError(f"{path} links outside {self.sys} (to {target})")
-        return os.path.basename(resolved)
+        return self._checked_link(path, os.path.dirname(path), target)
 
     def listdir(self, path: str) -> list[str]:
         """Names in a directory, sorted; empty when the directory does not exist."""

@@ -56,6 +56,8 @@ def parse_resource(text: str | None) -> list[Bar]:
     if not text:
         return bars
     for index, line in enumerate(text.splitlines()):
+        if line.startswith("0x0000000000000000 0x0000000000000000"):
+            continue  # unused resource: the common case, skip the parsing
         parts = line.split()
         if len(parts) != 3:
             continue
@@ -84,26 +86,42 @@ def parse_vgpu_types(text: str | None) -> list[VgpuType]:
 
 
 def _parents(host: HostRoot, real_dir: str) -> list[PciAddress]:
-    rel = os.path.relpath(os.path.dirname(real_dir), host.sys)
-    chain = []
-    for part in rel.split(os.sep):
-        addr = PciAddress.try_parse(part) if ":" in part and "." in part else None
-        if addr is not None:
-            chain.append(addr)
-    return chain
+    """PCI bridges between the root bus and the device: the PCI names in its sysfs path."""
+    parts = real_dir[len(host.sys) + 1:].split("/")[:-1]
+    return [a for a in (_address(p) for p in parts if p.count(":") >= 2) if a is not None]
+
+
+_ADDRESS_CACHE: dict[str, PciAddress | None] = {}
+
+
+def _address(name: str) -> PciAddress | None:
+    addr = _ADDRESS_CACHE.get(name, False)
+    if addr is False:
+        addr = _ADDRESS_CACHE[name] = PciAddress.try_parse(name)
+    return addr
 
 
 def read_function(host: HostRoot, address: PciAddress, *, names=None) -> PciFunction:
-    link_dir = host.sys_path(*PCI_DEVICES, str(address))
-    real_dir = host.resolve_in_sys(link_dir)
+    real_dir = host.resolve_in_sys(host.sys_path(*PCI_DEVICES, str(address)))
+    dir_fd = host.open_dir(real_dir)
     try:
-        entries = set(os.listdir(real_dir))
+        return _read_function(host, address, real_dir, dir_fd, names)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_function(host: HostRoot, address: PciAddress, real_dir: str, dir_fd: int, names) -> PciFunction:
+    try:
+        entries = set(os.listdir(dir_fd))
     except OSError as exc:
         raise HostReadError(f"cannot list {real_dir}: {exc.strerror}") from None
-    read = host.read
+    read_at, link_at = host.read_at, host.link_name_at
 
     def attr(name: str) -> str | None:
-        return read(os.path.join(real_dir, name)) if name in entries else None
+        return read_at(dir_fd, name, real_dir) if name in entries else None
+
+    def link(name: str) -> str | None:
+        return link_at(dir_fd, name, real_dir) if name in entries else None
 
     vendor = _hex_id(attr("vendor"), 4)
     device = _hex_id(attr("device"), 4)
@@ -114,42 +132,34 @@ def read_function(host: HostRoot, address: PciAddress, *, names=None) -> PciFunc
     fn.subsystem_vendor_id = _hex_id(attr("subsystem_vendor"), 4)
     fn.subsystem_device_id = _hex_id(attr("subsystem_device"), 4)
     fn.revision = _hex_id(attr("revision"), 2)
-    if "driver" in entries:
-        fn.driver = host.link_name(os.path.join(real_dir, "driver"))
+    fn.driver = link("driver")
     override = attr("driver_override")
     fn.driver_override = None if override in (None, "(null)", "") else override
-    if "iommu_group" in entries:
-        fn.iommu_group = _int(host.link_name(os.path.join(real_dir, "iommu_group")))
+    fn.iommu_group = _int(link("iommu_group"))
     numa = _int(attr("numa_node"))
     fn.numa_node = None if numa is None or numa < 0 else numa
     fn.local_cpulist = attr("local_cpulist")
     fn.parents = _parents(host, real_dir)
     if "current_link_speed" in entries or "max_link_speed" in entries:
-        link = Link(_speed(attr("current_link_speed")), _int(attr("current_link_width")),
-                    _speed(attr("max_link_speed")), _int(attr("max_link_width")))
-        if any(v is not None for v in (link.current_speed_gts, link.current_width,
-                                       link.max_speed_gts, link.max_width)):
-            fn.link = link
+        link_info = Link(_speed(attr("current_link_speed")), _int(attr("current_link_width")),
+                         _speed(attr("max_link_speed")), _int(attr("max_link_width")))
+        if any(v is not None for v in (link_info.current_speed_gts, link_info.current_width,
+                                       link_info.max_speed_gts, link_info.max_width)):
+            fn.link = link_info
     fn.bars = parse_resource(attr("resource"))
     if "sriov_totalvfs" in entries:
         fn.sriov_total_vfs = _int(attr("sriov_totalvfs"))
         fn.sriov_num_vfs = _int(attr("sriov_numvfs"))
-        vfs = []
-        for name in entries:
-            if name.startswith("virtfn"):
-                target = host.link_name(os.path.join(real_dir, name))
-                addr = PciAddress.try_parse(target or "")
-                if addr:
-                    vfs.append(addr)
-        fn.vfs = sorted(vfs)
+        vfs = (_address(link(name) or "") for name in entries if name.startswith("virtfn"))
+        fn.vfs = sorted(v for v in vfs if v is not None)
     if "physfn" in entries:
-        fn.physfn = PciAddress.try_parse(host.link_name(os.path.join(real_dir, "physfn")) or "")
+        fn.physfn = _address(link("physfn") or "")
     if "mdev_supported_types" in entries:
         fn.mdev_types = _mdev_types(host, os.path.join(real_dir, "mdev_supported_types"))
     if "nvidia" in entries:
         nv_dir = os.path.join(real_dir, "nvidia")
-        creatable = read(os.path.join(nv_dir, "creatable_vgpu_types"))
-        current = read(os.path.join(nv_dir, "current_vgpu_type"))
+        creatable = host.read(os.path.join(nv_dir, "creatable_vgpu_types"))
+        current = host.read(os.path.join(nv_dir, "current_vgpu_type"))
         if creatable is not None or current is not None:
             fn.vgpu_creatable = parse_vgpu_types(creatable)
             fn.vgpu_current = _int(current)
@@ -180,7 +190,7 @@ def _mdev_types(host: HostRoot, types_dir: str) -> list[MdevType]:
 
 def list_addresses(host: HostRoot) -> list[PciAddress]:
     devices_dir = host.require_dir(*PCI_DEVICES)
-    addresses = [PciAddress.try_parse(name) for name in os.listdir(devices_dir)]
+    addresses = [_address(name) for name in os.listdir(devices_dir)]
     return sorted(a for a in addresses if a is not None)
 
 

@@ -21,6 +21,7 @@ class PciIds:
         self._data = data or b""
         self._vendor_cache: dict[str, tuple[int, int] | None] = {}
         self._class_cache: dict[str, tuple[int, int] | None] = {}
+        self._device_cache: dict[tuple[str, str], str | None] = {}
 
     @classmethod
     def load(cls, root: str = "/") -> "PciIds":
@@ -64,6 +65,12 @@ class PciIds:
         return self._name(span[0], self._data, 6) if span else None
 
     def device(self, vendor_id: str, device_id: str) -> str | None:
+        key = (vendor_id, device_id)
+        if key not in self._device_cache:
+            self._device_cache[key] = self._device(vendor_id, device_id)
+        return self._device_cache[key]
+
+    def _device(self, vendor_id: str, device_id: str) -> str | None:
         span = self._block(b"\n" + vendor_id.encode() + b"  ", self._vendor_cache, vendor_id)
         if not span:
             return None

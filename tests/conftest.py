@@ -22,7 +22,7 @@ class CliResult:
 @pytest.fixture
 def cli(capsys):
     """Run the CLI in-process (fast) and return exit code, stdout and stderr."""
-    from gpuvfio.cli import main
+    from gpuvfio.main import main
 
     def run(*args: str) -> CliResult:
         code = 0

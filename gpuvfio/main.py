@@ -1,0 +1,101 @@
+"""Console entry point. Starts light; hands anything non-trivial to the typer layer.
+
+Importing typer costs ~75 ms (more than the whole inventory of a large host), so the
+two invocations that are run most often by machines and people -- ``gpuvfio --help``
+and ``gpuvfio [--root R] list [--all] --json [ADDR...]`` -- are served here without
+it. Everything else (including ``COMMAND --help`` and any option not listed below)
+goes to ``gpuvfio.cli``. tests/test_fast_path.py checks both paths print the same.
+"""
+
+from __future__ import annotations
+
+import sys
+
+SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, binding, domains, verification."
+
+# One line per command: the typer commands take their help from here, so the light
+# top-level help cannot drift from the real command set.
+COMMANDS = {
+    "list": "Inventory: NVIDIA devices (or --all) with IOMMU group, viability, driver, NUMA node, "
+            "PCIe link and largest BAR.",
+    "doctor": "Host readiness checks for passthrough, each with a fix. Exit 1 when one fails.",
+    "dump-host": "Record what gpuvfio reads from this host into a text fixture (bug reports, tests).",
+}
+
+
+def fail(message: str, code: int) -> None:
+    sys.stderr.write(f"gpuvfio: error: {message}\n")
+    sys.exit(code)
+
+
+def emit_json(data: dict) -> None:
+    import json
+
+    # No indent: json's C encoder only runs without it (3x faster on a large host).
+    sys.stdout.write(json.dumps(data) + "\n")
+
+
+def top_help() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["Usage: gpuvfio [--root DIR] COMMAND [ARGS]...", "", SUMMARY, "", "Options:",
+             "  --root DIR  Host root to inspect (a directory like /, or a host fixture file).",
+             "              Default: $GPUVFIO_ROOT or /.",
+             "  --help      Show this message and exit.", "", "Commands:"]
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in COMMANDS.items()]
+    lines += ["", "Run 'gpuvfio COMMAND --help' for the options of a command."]
+    return "\n".join(lines) + "\n"
+
+
+def _fast_list(argv: list[str]) -> dict | None:
+    """Parse ``[--root R] list [--root R] [--all] --json [ADDR...]``; None when it is anything else."""
+    root = None
+    seen_list = show_all = as_json = False
+    addresses: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--root":
+            root = next(args, None)
+            if root is None:
+                return None
+        elif arg.startswith("--root="):
+            root = arg[len("--root="):]
+        elif arg == "list" and not seen_list:
+            seen_list = True
+        elif seen_list and arg == "--all":
+            show_all = True
+        elif seen_list and arg == "--json":
+            as_json = True
+        elif seen_list and arg and not arg.startswith("-"):
+            addresses.append(arg)
+        else:
+            return None
+    if not (seen_list and as_json):
+        return None
+    return {"root": root, "show_all": show_all, "addresses": addresses}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["--help"], ["-h"]):
+        sys.stdout.write(top_help())
+        return
+    fast = _fast_list(argv)
+    if fast is None:
+        from gpuvfio.cli import typer_main
+
+        typer_main(argv)
+        return
+    from gpuvfio.address import PciAddress
+    from gpuvfio.commands import list_report, open_host
+    from gpuvfio.errors import GpuvfioError
+
+    try:
+        only = [PciAddress.parse(a) for a in fast["addresses"]]
+        with open_host(fast["root"]) as (host, _label):
+            report = list_report(host, show_all=fast["show_all"], only=only)
+    except GpuvfioError as exc:
+        fail(str(exc), exc.exit_code)
+    try:
+        emit_json(report)
+    except BrokenPipeError:
+        sys.exit(1)

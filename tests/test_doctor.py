@@ -1,0 +1,85 @@
+from gpuvfio.address import PciAddress
+from gpuvfio.commands import doctor_report
+from gpuvfio.hostroot import HostRoot
+from gpuvfio.kernel import nvidia_holders
+from tests.conftest import gpu_workstation
+
+
+def checks(root) -> dict:
+    return {c["id"]: c for c in doctor_report(HostRoot(root))["checks"]}
+
+
+def test_healthy_workstation(workstation):
+    got = checks(workstation.root)
+    assert got["iommu"]["status"] == "ok" and "intel" in got["iommu"]["summary"]
+    assert got["acs_override"]["status"] == "ok"
+    assert got["interrupt_remapping"]["status"] == "ok"
+    assert got["hugepages"]["status"] == "ok" and "512/512 x 2M" in got["hugepages"]["summary"]
+    assert got["nvidia_holders"]["status"] == "ok"
+    assert got["boot_vga"]["status"] == "ok"
+
+
+def test_acs_override_fails(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.cmdline("ro intel_iommu=on pcie_acs_override=downstream,multifunction")
+    got = checks(b.root)["acs_override"]
+    assert got["status"] == "fail" and "downstream,multifunction" in got["summary"] and got["fix"]
+
+
+def test_unsafe_interrupts_fail(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.module_param("vfio_iommu_type1", "allow_unsafe_interrupts", "Y")
+    got = checks(b.root)["interrupt_remapping"]
+    assert got["status"] == "fail" and "allow_unsafe_interrupts" in got["summary"]
+
+
+def test_interrupt_remapping_inactive(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.iommu("intel", 1, interrupt_remapping=False)
+    got = checks(b.root)["interrupt_remapping"]
+    assert got["status"] == "fail" and "not active" in got["summary"]
+
+
+def test_holders_named(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.holder(1234, "nvidia-persiste", ["/dev/nvidiactl", "/dev/nvidia0"])
+    b.holder(777, "python3", ["/dev/null", "/dev/nvidia-uvm"])
+    b.holder(55, "sshd", ["/dev/null"])
+    holders = nvidia_holders(HostRoot(b.root))
+    assert [(h.pid, h.comm, h.device_nodes) for h in holders] == [
+        (777, "python3", ["/dev/nvidia-uvm"]), (1234, "nvidia-persiste", ["/dev/nvidia0", "/dev/nvidiactl"])]
+    got = checks(b.root)["nvidia_holders"]
+    assert got["status"] == "warn" and "nvidia-persiste (pid 1234)" in got["summary"]
+
+
+def test_boot_vga_warns(tmp_path):
+    b = gpu_workstation(tmp_path)
+    fn = b.functions[PciAddress.parse("0000:01:00.0")]
+    with open(f"{fn.path}/boot_vga", "w") as handle:
+        handle.write("1\n")
+    b.framebuffer("EFI VGA")
+    got = checks(b.root)["boot_vga"]
+    assert got["status"] == "warn" and "0000:01:00.0" in got["summary"] and "EFI VGA" in got["summary"]
+
+
+def test_vfio_missing_fails(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.modules(["nvidia"], available=[])
+    got = checks(b.root)["vfio_modules"]
+    assert got["status"] == "fail" and "vfio_pci" in got["summary"]
+    b.modules(["vfio", "vfio_pci", "vfio_iommu_type1"], available=[])
+    assert checks(b.root)["vfio_modules"]["status"] == "ok"
+
+
+def test_no_hugepages_warns(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.numa_node(0, list(range(16)), 64, {})
+    got = checks(b.root)["hugepages"]
+    assert got["status"] == "warn" and "none reserved" in got["summary"]
+
+
+def test_fix_follows_distribution(tmp_path):
+    b = gpu_workstation(tmp_path)
+    b.iommu(None)
+    b.os_release("Rocky Linux 9", "rocky", "rhel centos fedora")
+    assert "grubby" in checks(b.root)["iommu"]["fix"]
