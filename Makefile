@@ -41,7 +41,7 @@ demo: deps
 	done
 
 test: deps
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -m "not kernel and not daemon" $(PYTEST_ARGS)

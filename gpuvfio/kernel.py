@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from gpuvfio.hostroot import HostRoot
 
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
-NVIDIA_DEVICE_NODE = re.compile(r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps/.*)$")
+# Device nodes of the NVIDIA driver stack (nvidia.ko, nvidia-uvm, nvidia-modeset, the
+# NVSwitch nodes that nv-fabricmanager opens, and the MIG capability nodes).
+NVIDIA_DEVICE_NODE = re.compile(
+    r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-nvswitch(\d+|ctl)|-nvlink|-caps/.*)$")
 
 
 @dataclass(slots=True)

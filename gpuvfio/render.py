@@ -37,7 +37,8 @@ def _virt(dev: dict) -> str:
         bits.append(f"mdev: {len(dev['mdev_types'])} types")
     if dev["vgpu"]:
         cur = dev["vgpu"]["current_type"]
-        bits.append(f"vGPU {len(dev['vgpu']['creatable_types'])} types" + (f", current {cur}" if cur else ""))
+        # Once a VF has a type, creatable_vgpu_types lists nothing more for it.
+        bits.append(f"vGPU type {cur} set" if cur else f"vGPU: {len(dev['vgpu']['creatable_types'])} types")
     return "; ".join(bits) or "-"
 
 
@@ -58,7 +59,7 @@ def print_list(report: dict, title: str, console: Console | None = None) -> None
         gid = dev["iommu_group"]
         group = groups.get(gid)
         viable = "-" if group is None else ("[green]yes[/]" if group["viable"] else "[red]no[/]")
-        name = dev["device_name"] or f"{dev['vendor_id']}:{dev['device_id']}"
+        name = dev["device_name"] or dev["class_name"] or "device"
         table.add_row(dev["address"], f"{escape(name)} [dim]\\[{dev['vendor_id']}:{dev['device_id']}][/]",
                       escape(dev["driver"]) if dev["driver"] else "[dim]none[/]", "-" if gid is None else str(gid), viable,
                       "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),

@@ -181,12 +181,14 @@ class HostBuilder:
         os.makedirs(path, exist_ok=True)
         return Node(path, numa)
 
-    def _group_for(self, address: PciAddress, is_bridge: bool, group) -> int | None:
+    def _group_for(self, address: PciAddress, is_bridge: bool, group, vf: bool = False) -> int | None:
+        """'auto': one group per physical device; bridges and SR-IOV VFs get their own
+        (VFs of an ACS-capable PF are isolated from each other and from the PF)."""
         if group is None or getattr(self, "iommu_vendor", None) is None:
             return None
         if group != "auto":
             return int(group)
-        key = ("fn", address) if is_bridge else ("slot", address.device)
+        key = ("fn", address) if is_bridge or vf else ("slot", address.device)
         if key not in self._slot_groups:
             self._slot_groups[key] = self._next_group
             self._next_group += 1
@@ -202,7 +204,7 @@ class HostBuilder:
                  revision: str = "a1", group="auto", link: tuple | None = None,
                  bars: list[tuple[int, int, int]] = (), boot_vga: bool | None = None,
                  reset_method: str | None = "flr bus", multifunction: bool = False,
-                 secondary_bus: int | None = None) -> Function:
+                 secondary_bus: int | None = None, vf: bool = False) -> Function:
         addr = PciAddress.parse(address)
         is_bridge = klass.startswith("0604")
         path = os.path.join(parent.path, str(addr))
@@ -250,7 +252,7 @@ class HostBuilder:
         _relink(self.sys_path("bus", "pci", "devices", str(addr)), path)
         if driver:
             self.bind(addr, driver, path)
-        gid = self._group_for(addr, is_bridge, group)
+        gid = self._group_for(addr, is_bridge, group, vf)
         if gid is not None:
             gdir = self.sys_path("kernel", "iommu_groups", str(gid), "devices")
             os.makedirs(gdir, exist_ok=True)
@@ -283,7 +285,8 @@ class HostBuilder:
         vfs = []
         for n, vaddr in enumerate(vf_addresses):
             vf = self.function(parent, vaddr, vendor, vf_device, klass, driver=driver, group=group,
-                               bars=[(0, vf_bar, BAR64_PREF)] if vf_bar else [], reset_method="flr")
+                               bars=[(0, vf_bar, BAR64_PREF)] if vf_bar else [], reset_method="flr",
+                               vf=True)
             _relink(os.path.join(pf.path, f"virtfn{n}"), vf.path)
             _relink(os.path.join(vf.path, "physfn"), pf.path)
             vfs.append(vf)

@@ -1,0 +1,91 @@
+"""The bundled sample hosts: golden files, lspci agreement, and what each is meant to show."""
+
+import os
+
+import pytest
+
+from gpuvfio.fixture import load_fixture
+from tests.lspci import compare, lspci_available, lspci_records
+from tests.make_samples import SAMPLES, check, sample_path
+
+
+@pytest.fixture(scope="module")
+def sample_roots(tmp_path_factory):
+    roots = {}
+    for name in SAMPLES:
+        with open(sample_path(name), encoding="utf-8") as handle:
+            roots[name] = load_fixture(handle.read(), str(tmp_path_factory.mktemp(name)))
+    return roots
+
+
+def test_committed_samples_are_what_the_generator_makes():
+    assert check(list(SAMPLES)) == []
+
+
+@pytest.mark.skipif(not lspci_available(), reason="pciutils not installed")
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_inventory_agrees_with_lspci(name, sample_roots, cli):
+    data = cli("--root", sample_roots[name], "list", "--all", "--json").json()
+    compare(data["devices"], lspci_records(os.path.join(sample_roots[name], "sys", "bus", "pci")))
+
+
+def _nvidia(cli, root):
+    return cli("--root", root, "list", "--json").json()
+
+
+def _doctor(cli, root):
+    result = cli("--root", root, "doctor", "--json")
+    return result.code, {c["id"]: c for c in result.json()["checks"]}
+
+
+def test_dgx(sample_roots, cli):
+    data = _nvidia(cli, sample_roots["dgx-h100"])
+    gpus = [d for d in data["devices"] if d["device_id"] == "2330"]
+    switches = [d for d in data["devices"] if d["class_id"] == "068000"]
+    assert len(gpus) == 8 and len(switches) == 4
+    assert all(g["largest_bar"] == 128 << 30 and g["link"]["current_gen"] == 5 for g in gpus)
+    assert {g["numa_node"] for g in gpus} == {0, 1}
+    assert all(g["viable"] for g in data["groups"])
+    assert len({s["iommu_group"] for s in switches}) == 1  # NVSwitches share a group, still viable
+    code, checks = _doctor(cli, sample_roots["dgx-h100"])
+    assert code == 0
+    assert checks["nvidia_holders"]["status"] == "warn"
+    assert "nv-fabricmanage (pid" in checks["nvidia_holders"]["summary"]
+    assert "nvidia-nvswitch" in checks["nvidia_holders"]["summary"]
+    assert checks["boot_vga"]["status"] == "ok"
+
+
+def test_workstation(sample_roots, cli):
+    data = _nvidia(cli, sample_roots["workstation"])
+    groups = {g["id"]: g for g in data["groups"]}
+    by_id = {d["device_id"]: d for d in data["devices"]}
+    assert groups[by_id["2684"]["iommu_group"]]["viable"]
+    shared = groups[by_id["2504"]["iommu_group"]]
+    assert not shared["viable"]
+    assert any("[8086:15f3] Ethernet controller (igc)" in p for p in shared["problems"])
+    code, checks = _doctor(cli, sample_roots["workstation"])
+    assert checks["boot_vga"]["status"] == "warn" and checks["gpu_groups"]["status"] == "warn"
+
+
+def test_epyc(sample_roots, cli):
+    data = _nvidia(cli, sample_roots["epyc-mixed"])
+    drivers = {d["driver"] for d in data["devices"]}
+    assert "vfio-pci" in drivers
+    assert any(d["sriov"] and d["sriov"]["num_vfs"] for d in data["devices"])
+    assert any(d["vgpu"] and d["vgpu"]["current_type"] for d in data["devices"])
+    assert any(d["mdev_types"] for d in data["devices"])
+    assert all(g["viable"] for g in data["groups"])
+    code, checks = _doctor(cli, sample_roots["epyc-mixed"])
+    assert code == 0 and "amd" in checks["iommu"]["summary"]
+
+
+def test_iommu_off(sample_roots, cli):
+    data = _nvidia(cli, sample_roots["iommu-off"])
+    assert data["groups"] is None and all(d["iommu_group"] is None for d in data["devices"])
+    code, checks = _doctor(cli, sample_roots["iommu-off"])
+    assert code == 1 and checks["iommu"]["status"] == "fail"
+
+
+def test_fixture_file_as_root(cli):
+    result = cli("--root", sample_path("workstation"), "list")
+    assert result.code == 0 and "workstation.host" in result.out
