@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError, InputError
@@ -20,6 +19,8 @@ def open_host(root: str | None):
     """
     root = root or os.environ.get(ROOT_ENV) or "/"
     if os.path.isfile(root):
+        import tempfile
+
         from gpuvfio.fixture import load_fixture
 
         try:
@@ -83,6 +84,8 @@ def dump_host(host: HostRoot, out: str) -> str:
     text = record(host)
     if out == "-":
         return text
+    import tempfile
+
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise HostReadError(f"cannot write {out}: {directory} is not a directory")
