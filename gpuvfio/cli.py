@@ -40,6 +40,11 @@ def _global(root: RootOption = None) -> None:
     _state["root"] = root
 
 
+def resolve_root(command_root: str | None) -> str | None:
+    """The command's --root, else the global one (both also read GPUVFIO_ROOT)."""
+    return command_root or _state["root"]
+
+
 @app.command("list", help=COMMANDS["list"])
 def list_cmd(
     addresses: Annotated[Optional[list[str]], typer.Argument(
@@ -52,7 +57,7 @@ def list_cmd(
     from gpuvfio.commands import list_report
 
     wanted = [PciAddress.parse(a) for a in addresses or []]
-    with open_host(root or _state["root"]) as (host, label):
+    with open_host(resolve_root(root)) as (host, label):
         report = list_report(host, show_all=show_all, only=wanted)
     if as_json:
         emit_json(report)
@@ -66,7 +71,7 @@ def list_cmd(
 def doctor_cmd(as_json: JsonOption = False, root: RootOption = None) -> None:
     from gpuvfio.commands import doctor_report
 
-    with open_host(root or _state["root"]) as (host, label):
+    with open_host(resolve_root(root)) as (host, label):
         report = doctor_report(host)
     if as_json:
         emit_json({"checks": report["checks"]})
@@ -85,7 +90,7 @@ def dump_host_cmd(
 ) -> None:
     from gpuvfio.commands import dump_host
 
-    with open_host(root or _state["root"]) as (host, _label):
+    with open_host(resolve_root(root)) as (host, _label):
         text = dump_host(host, out)
     if out == "-":
         sys.stdout.write(text)
@@ -118,3 +123,7 @@ def typer_main(argv: list[str] | None = None) -> None:
         code = getattr(exc, "exit_code", 2)
         fail(message.splitlines()[0] + (" (see gpuvfio --help)" if code == 2 else ""), code)
 
+
+
+# Commands defined in their own modules register themselves on ``app``.
+from gpuvfio import cli_bind  # noqa: E402,F401

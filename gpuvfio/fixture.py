@@ -120,7 +120,7 @@ def dump_host(host: HostRoot) -> str:
         link = os.path.join(devices_dir, name)
         rec.link(link)
         real = host.resolve_in_sys(link)
-        _record_dirs_down_to(rec, host, real)
+        rec.directory(real)
         for attr in PCI_ATTRS:
             rec.file(os.path.join(real, attr))
         rec.binary(os.path.join(real, "config"), 256)
@@ -151,7 +151,7 @@ def dump_host(host: HostRoot) -> str:
             real = host.resolve_in_sys(os.path.join(iommu_class, unit))
         except HostReadError:
             continue
-        _record_dirs_down_to(rec, host, real)
+        rec.directory(real)
         for sub, attrs in (("intel-iommu", ("cap", "ecap", "version")), ("amd-iommu", ("features", "cap"))):
             for attr in attrs:
                 rec.file(os.path.join(real, sub, attr))
@@ -179,6 +179,10 @@ def dump_host(host: HostRoot) -> str:
     for name in ("cmdline", "modules", "fb", "sys/kernel/osrelease"):
         rec.file(host.path("proc", name))
     rec.file(host.path("proc", "interrupts"), _strip_interrupt_counts)
+    gpus = host.path("proc", "driver", "nvidia", "gpus")
+    for gpu in host.listdir(gpus):
+        if PciAddress.try_parse(gpu):
+            rec.file(os.path.join(gpus, gpu, "information"))  # "Device Minor: N" -> /dev/nvidiaN
     rec.file(host.path("etc", "os-release"))
     release = (host.read(host.path("proc", "sys", "kernel", "osrelease")) or "").strip()
     if release and "/" not in release and release not in (".", ".."):
@@ -186,10 +190,6 @@ def dump_host(host: HostRoot) -> str:
             rec.file(host.path("lib", "modules", release, name), _filter_modules)
     _record_holders(rec, host)
     return HEADER + "\n" + "\n".join(rec.lines) + "\n"
-
-
-def _record_dirs_down_to(rec: _Recorder, host: HostRoot, real_dir: str) -> None:
-    rec.directory(real_dir)
 
 
 def _record_holders(rec: _Recorder, host: HostRoot) -> None:

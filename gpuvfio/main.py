@@ -20,6 +20,13 @@ COMMANDS = {
             "PCIe link and largest BAR.",
     "doctor": "Host readiness checks for passthrough, each with a fix. Exit 1 when one fails.",
     "dump-host": "Record what gpuvfio reads from this host into a text fixture (bug reports, tests).",
+    "bind": "Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back "
+            "on failure.",
+    "unbind": "Give devices back to the host: clear driver_override, leave vfio-pci, reprobe (no journal).",
+    "restore": "Return devices gpuvfio bound to exactly their recorded drivers; works after a crash.",
+    "status": "Show the devices gpuvfio holds, their original drivers and any unfinished operation.",
+    "persist": "Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep).",
+    "unpersist": "Stop keeping devices on vfio-pci across reboots.",
 }
 
 

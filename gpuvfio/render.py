@@ -42,7 +42,7 @@ def _virt(dev: dict) -> str:
     return "; ".join(bits) or "-"
 
 
-def _console() -> Console:
+def make_console() -> Console:
     import sys
 
     # Piped output (make demo | less, CI logs) gets a wide table instead of 80 columns.
@@ -50,7 +50,7 @@ def _console() -> Console:
 
 
 def print_list(report: dict, title: str, console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or make_console()
     groups = {g["id"]: g for g in report["groups"] or []}
     table = Table(title=title, title_justify="left")
     for col in ("Address", "Device", "Driver", "Group", "Viable", "NUMA", "Link", "Largest BAR", "Virtualization"):
@@ -73,7 +73,7 @@ def print_list(report: dict, title: str, console: Console | None = None) -> None
 
 
 def print_doctor(report: dict, title: str, console: Console | None = None) -> None:
-    console = console or _console()
+    console = console or make_console()
     table = Table(title=title, title_justify="left")
     table.add_column("Check", no_wrap=True)
     table.add_column("Status", no_wrap=True)
@@ -84,3 +84,25 @@ def print_doctor(report: dict, title: str, console: Console | None = None) -> No
         table.add_row(check["id"], f"[{style}]{check['status']}[/]", escape(check["summary"]),
                       escape(check["fix"] or ""))
     console.print(table)
+
+
+def print_status(report: dict, console: Console | None = None) -> None:
+    console = console or make_console()
+    if not report["devices"] and not report["unfinished_operation"]:
+        console.print(f"gpuvfio holds no devices (state in {escape(report['state_dir'])})")
+    if report["devices"]:
+        table = Table(title="Devices held by gpuvfio", title_justify="left")
+        for col in ("Address", "Group", "Driver now", "Override now", "Original driver", "Original override"):
+            table.add_column(col, no_wrap=True)
+        for dev in report["devices"]:
+            table.add_row(dev["address"], str(dev["group"]), escape(dev["driver"] or "none"),
+                          escape(dev["driver_override"] or "-"), escape(dev["original_driver"] or "none"),
+                          escape(dev["original_override"] or "-"))
+        console.print(table)
+    if report["services_stopped"]:
+        console.print("Services stopped by gpuvfio (restore restarts them): " + ", ".join(report["services_stopped"]))
+    op = report["unfinished_operation"]
+    if op:
+        console.print(f"[yellow]Unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore:[/]")
+        for step in op["steps"]:
+            console.print(f"  {step['state']:11} {escape(step['description'] or '')}")

@@ -71,6 +71,8 @@ class HostBuilder:
         for sub in ("bus/pci/devices", "bus/pci/drivers", "devices/system/node", "devices/system/cpu",
                     "kernel", "module", "class"):
             os.makedirs(os.path.join(self.sys, sub), exist_ok=True)
+        for name in ("drivers_probe", "drivers_autoprobe", "rescan"):
+            _write(os.path.join(self.sys, "bus", "pci", name), "")
         os.makedirs(os.path.join(self.root, "proc", "sys", "kernel"), exist_ok=True)
         self.osrelease("6.8.0-gpuvfio")
         self.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet")
@@ -262,10 +264,18 @@ class HostBuilder:
         self.functions[addr] = fn
         return fn
 
+    def driver(self, name: str) -> str:
+        """A loaded PCI driver: its directory with the bind/unbind/new_id attributes."""
+        ddir = self.sys_path("bus", "pci", "drivers", name)
+        os.makedirs(ddir, exist_ok=True)
+        for attr in ("bind", "unbind", "new_id", "remove_id"):
+            if not os.path.exists(os.path.join(ddir, attr)):
+                _write(os.path.join(ddir, attr), "")
+        return ddir
+
     def bind(self, addr: PciAddress, driver: str, path: str | None = None) -> None:
         path = path or self.functions[addr].path
-        ddir = self.sys_path("bus", "pci", "drivers", driver)
-        os.makedirs(ddir, exist_ok=True)
+        ddir = self.driver(driver)
         _relink(os.path.join(path, "driver"), ddir)
         _relink(os.path.join(ddir, str(addr)), path)
 

@@ -1,0 +1,206 @@
+"""A small, honest model of the Linux PCI driver core for the unit lane.
+
+It reacts to writes in a HostBuilder tree the way drivers/pci/pci-driver.c and
+drivers/base/bus.c do:
+  * ``<dev>/driver_override``: stored; an empty write (just "\\n") clears it to "(null)".
+  * ``drivers/<drv>/unbind``: the device must be bound to <drv> (else ENODEV); removes the
+    ``driver`` link and the driver's device link. A device held open blocks or refuses.
+  * ``drivers_probe``: an unbound device gets the driver its override names, if that
+    driver is loaded; without override, its native driver (the one it had when the
+    tree was built). No loaded match: stays unbound, the write still succeeds.
+  * ``drivers/<drv>/bind``: binds if the device is unbound and the override allows.
+  * Binding vfio-pci creates ``/dev/vfio/<group>``; the last unbind in a group removes it.
+  * A driver is loaded when ``sys/bus/pci/drivers/<drv>`` exists; ``modprobe`` creates it.
+Failure injection (``inject``) is kept in a state file in the tree, because writes are
+performed in gpuvfio's forked writer processes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+
+STATE = ".simkernel.json"
+
+
+class SimKernel:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        self.sys = os.path.join(self.root, "sys")
+        if not os.path.exists(self.state_path):
+            native = {}
+            devices = os.path.join(self.sys, "bus", "pci", "devices")
+            for addr in os.listdir(devices):
+                link = os.path.join(devices, addr, "driver")
+                native[addr] = os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+            self._save({"native": native, "faults": [], "writes": [], "modules": ["vfio-pci"]})
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.root, STATE)
+
+    def _load(self) -> dict:
+        with open(self.state_path) as handle:
+            return json.load(handle)
+
+    def _save(self, state: dict) -> None:
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(state, handle)
+        os.replace(tmp, self.state_path)
+
+    def inject(self, op: str, address: str | None = None, *, errno_: int | None = None, hang: bool = False,
+               wrong_driver: str | None = None, times: int = 1, driver: str | None = None) -> None:
+        """Make the next ``times`` matching operations fail (op: override|unbind|probe|bind)."""
+        state = self._load()
+        state["faults"].append({"op": op, "address": address, "errno": errno_, "hang": hang,
+                                "wrong_driver": wrong_driver, "times": times, "driver": driver})
+        self._save(state)
+
+    def writes(self) -> list[list[str]]:
+        return self._load()["writes"]
+
+    def _fault(self, state: dict, op: str, address: str, driver: str | None = None) -> dict | None:
+        for fault in state["faults"]:
+            if fault["op"] == op and fault["address"] in (None, address) and fault["times"] > 0 \
+                    and fault.get("driver") in (None, driver):
+                fault["times"] -= 1
+                return fault
+        return None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _dev(self, address: str) -> str:
+        path = os.path.join(self.sys, "bus", "pci", "devices", address)
+        if not os.path.lexists(path):
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return os.path.realpath(path)
+
+    def driver_of(self, address: str) -> str | None:
+        link = os.path.join(self._dev(address), "driver")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def _override(self, dev: str) -> str | None:
+        with open(os.path.join(dev, "driver_override")) as handle:
+            value = handle.read().strip()
+        return None if value in ("", "(null)") else value
+
+    def _group(self, dev: str) -> str | None:
+        link = os.path.join(dev, "iommu_group")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def _bind(self, address: str, dev: str, driver: str) -> None:
+        ddir = os.path.join(self.sys, "bus", "pci", "drivers", driver)
+        os.symlink(os.path.relpath(ddir, dev), os.path.join(dev, "driver"))
+        os.symlink(os.path.relpath(dev, ddir), os.path.join(ddir, address))
+        if driver == "vfio-pci":
+            group = self._group(dev)
+            if group is not None:
+                os.makedirs(os.path.join(self.root, "dev", "vfio"), exist_ok=True)
+                open(os.path.join(self.root, "dev", "vfio", group), "a").close()
+
+    def _unbind(self, address: str, dev: str, driver: str) -> None:
+        os.unlink(os.path.join(dev, "driver"))
+        os.unlink(os.path.join(self.sys, "bus", "pci", "drivers", driver, address))
+        if driver == "vfio-pci":
+            group = self._group(dev)
+            members = os.path.join(self.sys, "kernel", "iommu_groups", str(group), "devices")
+            still = [m for m in os.listdir(members) if os.path.islink(os.path.join(members, m, "driver"))
+                     and os.path.basename(os.readlink(os.path.join(members, m, "driver"))) == "vfio-pci"]
+            node = os.path.join(self.root, "dev", "vfio", str(group))
+            if not still and os.path.exists(node):
+                os.unlink(node)
+
+    def _loaded(self, driver: str) -> bool:
+        return os.path.isdir(os.path.join(self.sys, "bus", "pci", "drivers", driver))
+
+    @staticmethod
+    def _fail(fault: dict) -> None:
+        if fault["hang"]:
+            while True:  # the kernel never returns from this write
+                time.sleep(60)
+        if fault["errno"]:
+            raise OSError(fault["errno"], os.strerror(fault["errno"]))
+
+    # -- the write(2) entry point (gpuvfio's SysfsWriter backend) ---------------------------
+    def __call__(self, path: str, data: bytes) -> None:
+        state = self._load()
+        value = data.decode()
+        state["writes"].append([os.path.relpath(path, self.root), value])
+        self._save(state)
+        rel = os.path.relpath(path, self.sys).split(os.sep)
+        try:
+            self._dispatch(state, rel, value.strip(), path)
+        finally:
+            self._save(state)
+
+    def _dispatch(self, state: dict, rel: list[str], value: str, path: str) -> None:
+        name = rel[-1]
+        if not os.path.exists(path):
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+        if name == "driver_override":
+            address = os.path.basename(os.path.dirname(path))
+            fault = self._fault(state, "override", address)
+            if fault:
+                self._fail(fault)
+            with open(path, "w") as handle:
+                handle.write((value or "(null)") + "\n")
+            return
+        if rel[:3] == ["bus", "pci", "drivers"] and name == "unbind":
+            driver, dev = rel[3], self._dev(value)
+            if self.driver_of(value) != driver:
+                raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+            fault = self._fault(state, "unbind", value, driver)
+            if fault:
+                self._fail(fault)
+            self._unbind(value, dev, driver)
+            return
+        if rel[:3] == ["bus", "pci", "drivers"] and name == "bind":
+            driver, dev = rel[3], self._dev(value)
+            if self.driver_of(value) is not None:
+                raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+            override = self._override(dev)
+            if override is not None and override != driver:
+                raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+            fault = self._fault(state, "bind", value, driver)
+            if fault:
+                self._fail(fault)
+            self._bind(value, dev, driver)
+            return
+        if rel == ["bus", "pci", "drivers_probe"]:
+            dev = self._dev(value)
+            if self.driver_of(value) is not None:
+                return
+            override = self._override(dev)
+            driver = override if override is not None else state["native"].get(value)
+            fault = self._fault(state, "probe", value, driver)
+            if fault:
+                if fault["wrong_driver"]:
+                    driver = fault["wrong_driver"]
+                else:
+                    self._fail(fault)
+            if driver and self._loaded(driver):
+                self._bind(value, dev, driver)
+            return
+        # Any other attribute: a plain store.
+        with open(path, "w") as handle:
+            handle.write(value + "\n")
+
+    # -- actions gpuvfio runs outside sysfs -------------------------------------------------
+    def modprobe(self, name: str) -> None:
+        state = self._load()
+        if name not in state["modules"]:
+            from gpuvfio.errors import GpuvfioError
+            raise GpuvfioError(f"modprobe: FATAL: Module {name} not found")
+        ddir = os.path.join(self.sys, "bus", "pci", "drivers", name)
+        os.makedirs(ddir, exist_ok=True)
+        for attr in ("bind", "unbind", "new_id", "remove_id"):
+            open(os.path.join(ddir, attr), "a").close()
+
+    def unload(self, name: str) -> None:
+        ddir = os.path.join(self.sys, "bus", "pci", "drivers", name)
+        if os.path.isdir(ddir) and not [n for n in os.listdir(ddir) if ":" in n]:
+            import shutil
+            shutil.rmtree(ddir)

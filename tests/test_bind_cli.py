@@ -1,0 +1,144 @@
+"""The bind family through the CLI: contracts, refusals, bad input, persistence files."""
+
+import os
+
+import pytest
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bindcmd import persist
+from gpuvfio.errors import GpuvfioError
+from gpuvfio.hostroot import HostRoot
+from tests.conftest import gpu_workstation
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return gpu_workstation(tmp_path / "host")
+
+
+def test_dry_run_json_contract(cli, ws):
+    result = cli("--root", ws.root, "bind", "0000:01:00.0", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    plan = result.json()
+    assert plan["devices"] == ["0000:01:00.0", "0000:01:00.1"]
+    assert [s["kind"] for s in plan["steps"]] == ["modprobe", "override", "override", "unbind", "unbind",
+                                                   "probe", "probe"]
+    assert {c["id"] for c in plan["checks"]} >= {"iommu", "group_viable", "holders", "libvirt"}
+    assert plan["steps"][3]["path"].endswith("sys/bus/pci/drivers/nvidia/unbind")
+    assert not os.path.exists(os.path.join(ws.root, "var", "lib", "gpuvfio"))
+
+
+def test_refusal_exit_1_names_the_foreign_device(cli, ws):
+    result = cli("--root", ws.root, "bind", "0000:04:00.0", "--json")
+    assert result.code == 1
+    assert "0000:03:00.0 [8086:15f3] Ethernet controller (igc)" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert result.json()["result"] == "refused"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["bind", "0000:01:00.8"], "not a PCI address"),
+    (["bind", "0000:01:00.0/../../x"], "not a PCI address"),
+    (["bind", "0000:09:00.0"], "no such PCI function"),
+    (["bind", "0000:00:01.0"], "is a PCI bridge"),
+    (["restore", "0000:01:00.0"], "not held by gpuvfio"),
+    (["persist", "0000:0a:00.0"], "no such PCI function"),
+    (["unbind", "zz"], "not a PCI address"),
+])
+def test_bad_input_exit_2(cli, ws, args, fragment):
+    result = cli("--root", ws.root, *args)
+    assert result.code == 2, result.err
+    assert fragment in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_corrupt_journal_exit_2_and_kept(cli, ws):
+    directory = os.path.join(ws.root, "var", "lib", "gpuvfio")
+    os.makedirs(directory)
+    with open(os.path.join(directory, "journal.json"), "w") as handle:
+        handle.write("garbage")
+    for args in (["status"], ["restore"], ["bind", "0000:01:00.0", "--dry-run"]):
+        result = cli("--root", ws.root, *args)
+        assert result.code == 2 and "corrupt" in result.err
+    with open(os.path.join(directory, "journal.json")) as handle:
+        assert handle.read() == "garbage"
+
+
+def test_status_empty(cli, ws):
+    result = cli("--root", ws.root, "status", "--json")
+    assert result.code == 0 and result.json()["devices"] == []
+
+
+def test_state_dir_env(cli, ws, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    assert cli("--root", ws.root, "status", "--json").json()["state_dir"] == str(tmp_path / "state")
+
+
+def test_persist_udev_and_softdep(cli, ws):
+    result = cli("--root", ws.root, "persist", "0000:01:00.0", "--dry-run")
+    assert result.code == 0 and 'KERNEL=="0000:01:00.1"' in result.out and "+softdep nvidia pre: vfio-pci" in result.out
+    assert "update-initramfs" in result.err  # the initramfs hint (generic: no os-release)
+    assert not os.path.exists(os.path.join(ws.root, "etc", "udev"))
+    report = cli("--root", ws.root, "persist", "0000:01:00.0", "--json").json()
+    assert report["mechanism"] == "udev" and report["result"] == "applied"
+    with open(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules")) as handle:
+        rules = handle.read()
+    assert 'KERNEL=="0000:01:00.0", ATTR{driver_override}="vfio-pci"' in rules
+    assert "10de" not in rules  # by address, never by vendor:device
+    assert cli("--root", ws.root, "persist", "0000:01:00.0", "--json").json()["result"] == "nothing_to_do"
+    cli("--root", ws.root, "unpersist", "0000:01:00.0")
+    assert not os.path.exists(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
+    assert not os.path.exists(os.path.join(ws.root, "etc", "modprobe.d", "gpuvfio-vfio.conf"))
+
+
+def test_persist_uses_driverctl_when_installed(cli, ws):
+    os.makedirs(os.path.join(ws.root, "usr", "sbin"))
+    open(os.path.join(ws.root, "usr", "sbin", "driverctl"), "w").close()
+    report = cli("--root", ws.root, "persist", "0000:01:00.0", "--json").json()
+    assert report["mechanism"] == "driverctl"
+    for fn in ("0000:01:00.0", "0000:01:00.1"):
+        with open(os.path.join(ws.root, "etc", "driverctl.d", f"pci-{fn}")) as handle:
+            assert handle.read() == "vfio-pci\n"
+    assert not os.path.exists(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
+
+
+def test_persist_failure_leaves_no_partial_files(ws):
+    calls = []
+
+    def failing_rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        os.replace(src, dst)
+
+    with pytest.raises(GpuvfioError, match="No space left on device"):
+        persist(HostRoot(ws.root), [PciAddress.parse("0000:01:00.0")], commit=failing_rename)
+    leftovers = []
+    for directory, _dirs, files in os.walk(os.path.join(ws.root, "etc")):
+        leftovers += [os.path.join(directory, f) for f in files]
+    assert leftovers == []  # the first file was put back (removed), no temp files remain
+
+
+def test_persist_failure_restores_previous_content(ws):
+    path = os.path.join(ws.root, "etc", "modules-load.d")
+    os.makedirs(path)
+    with open(os.path.join(path, "gpuvfio-vfio.conf"), "w") as handle:
+        handle.write("old\n")
+
+    def failing_rename(src, dst):
+        if dst.endswith("modules-load.d/gpuvfio-vfio.conf"):
+            raise OSError(5, "Input/output error")
+        os.replace(src, dst)
+
+    with pytest.raises(GpuvfioError):
+        persist(HostRoot(ws.root), [PciAddress.parse("0000:01:00.0")], commit=failing_rename)
+    with open(os.path.join(path, "gpuvfio-vfio.conf")) as handle:
+        assert handle.read() == "old\n"
+    assert not os.path.exists(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
+    assert sorted(os.listdir(path)) == ["gpuvfio-vfio.conf"]
+
+
+def test_bind_help_lists_options(cli):
+    result = cli("bind", "--help")
+    assert result.code == 0
+    for option in ("--dry-run", "--force", "--stop-services", "--allow-unsafe-host", "--timeout", "--json"):
+        assert option in result.out

@@ -1,0 +1,60 @@
+"""Which libvirt domains use a device: against libvirt's real test driver (test:///)."""
+
+import pytest
+
+from gpuvfio.address import PciAddress
+from gpuvfio.libvirt_domains import domain_lookup, hostdev_addresses
+
+libvirt = pytest.importorskip("libvirt")
+
+DOMAIN = """
+<domain type='test'>
+  <name>{name}</name>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices>
+    <hostdev mode='subsystem' type='pci' managed='no'>
+      <source><address domain='0x0000' bus='0x{bus}' slot='0x00' function='0x{fn}'/></source>
+    </hostdev>
+  </devices>
+</domain>"""
+
+
+@pytest.fixture
+def uri(tmp_path):
+    node = "<node>" + DOMAIN.format(name="running-vm", bus="01", fn="0") + "</node>"
+    path = tmp_path / "testdriver.xml"
+    path.write_text(node)
+    return f"test://{path}"
+
+
+def test_domain_using_a_device_is_found(uri):
+    used = domain_lookup(uri)([PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:02:00.0")])
+    assert used[PciAddress.parse("0000:01:00.0")] == ["running-vm"]
+    assert used[PciAddress.parse("0000:02:00.0")] == []
+
+
+def test_bind_refuses_a_device_a_domain_uses(uri, cli, tmp_path):
+    from tests.conftest import gpu_workstation
+
+    ws = gpu_workstation(tmp_path / "host")
+    result = cli("--root", ws.root, "bind", "0000:01:00.1", "--connect", uri, "--json")
+    assert result.code == 1 and "running-vm" in result.err
+    other = cli("--root", ws.root, "bind", "0000:04:00.0", "--connect", uri, "--dry-run", "--json").json()
+    assert [c["status"] for c in other["checks"] if c["id"] == "libvirt"] == ["ok"]
+
+
+def test_unreachable_daemon_means_skip():
+    lookup = domain_lookup("qemu+unix:///system?socket=/nonexistent/libvirt-sock")
+    assert lookup([PciAddress.parse("0000:01:00.0")]) is None
+
+
+def test_hostdev_parsing_ignores_other_devices():
+    xml = """<domain><devices>
+      <hostdev mode='subsystem' type='usb'><source><vendor id='0x1'/></source></hostdev>
+      <hostdev mode='subsystem' type='pci'><source><address domain='0x10000' bus='0xe1' slot='0x00'
+        function='0x1'/></source></hostdev>
+      <hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='x'/></source></hostdev>
+    </devices></domain>"""
+    assert hostdev_addresses(xml) == {PciAddress.parse("10000:e1:00.1")}
