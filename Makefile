@@ -8,6 +8,8 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clie
 APT_STAMP := .deps/apt.stamp
 VENV_STAMP := $(VENV)/.stamp
 PYTEST_ARGS ?=
+# Test trees are thousands of small files: keep them in memory when /dev/shm is there.
+BASETEMP := $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest,)
 
 .PHONY: all deps demo test test-fast bench samples clean
 
@@ -41,7 +43,7 @@ demo: deps
 	done
 
 test: deps
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(BASETEMP) $(PYTEST_ARGS)
 
 test-fast: deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -m "not kernel and not daemon" $(PYTEST_ARGS)

@@ -106,6 +106,13 @@ def _strip_interrupt_counts(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _first_cpu(text: str) -> str:
+    # The first processor's identity and address sizes; the rest repeats per CPU.
+    keep = ("processor", "vendor_id", "model name", "address sizes")
+    lines = [line for line in text.split("\n\n", 1)[0].splitlines() if line.split(":")[0].strip() in keep]
+    return "\n".join(lines) + "\n\n"
+
+
 def _filter_modules(text: str) -> str:
     return "".join(line + "\n" for line in text.splitlines() if _MODULE_INTEREST.search(line))
 
@@ -179,6 +186,7 @@ def dump_host(host: HostRoot) -> str:
     for name in ("cmdline", "modules", "fb", "sys/kernel/osrelease"):
         rec.file(host.path("proc", name))
     rec.file(host.path("proc", "interrupts"), _strip_interrupt_counts)
+    rec.file(host.path("proc", "cpuinfo"), _first_cpu)
     gpus = host.path("proc", "driver", "nvidia", "gpus")
     for gpu in host.listdir(gpus):
         if PciAddress.try_parse(gpu):
@@ -188,6 +196,12 @@ def dump_host(host: HostRoot) -> str:
     if release and "/" not in release and release not in (".", ".."):
         for name in ("modules.dep", "modules.builtin"):
             rec.file(host.path("lib", "modules", release, name), _filter_modules)
+    from gpuvfio.domainspec import OVMF_CANDIDATES
+
+    for pair in OVMF_CANDIDATES:  # which firmware images exist (names only: their bytes do not matter)
+        for rel in pair:
+            if os.path.exists(host.path(rel)):
+                rec.add("F", host.path(rel), "")
     _record_holders(rec, host)
     return HEADER + "\n" + "\n".join(rec.lines) + "\n"
 

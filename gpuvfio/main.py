@@ -27,6 +27,8 @@ COMMANDS = {
     "status": "Show the devices gpuvfio holds, their original drivers and any unfinished operation.",
     "persist": "Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep).",
     "unpersist": "Stop keeping devices on vfio-pci across reboots.",
+    "xml": "Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO "
+           "window sized from the BARs), or a vGPU; --define defines it idempotently.",
 }
 
 

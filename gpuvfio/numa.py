@@ -43,3 +43,29 @@ def read_numa(host: HostRoot) -> list[NumaNode]:
             hugepages=hugepages,
         ))
     return sorted(nodes, key=lambda n: n.node_id)
+
+
+class Cpu:
+    __slots__ = ("cpu", "package", "core", "siblings")
+
+    def __init__(self, cpu: int, package: int, core: int, siblings: tuple[int, ...]) -> None:
+        self.cpu, self.package, self.core, self.siblings = cpu, package, core, siblings
+
+
+def read_cpus(host: HostRoot, cpus: list[int]) -> dict[int, Cpu]:
+    """Topology of ``cpus`` (sys/devices/system/cpu/cpuN/topology; ABI: sysfs-devices-system-cpu)."""
+    base = host.sys_path("devices", "system", "cpu")
+    result = {}
+    for cpu in cpus:
+        topo = os.path.join(base, f"cpu{cpu}", "topology")
+        package = _int(host.read(os.path.join(topo, "physical_package_id")))
+        core = _int(host.read(os.path.join(topo, "core_id")))
+        siblings = tuple(parse_cpulist(host.read(os.path.join(topo, "thread_siblings_list")) or str(cpu)))
+        result[cpu] = Cpu(cpu, package, core, siblings or (cpu,))
+    return result
+
+
+def physical_address_bits(host: HostRoot) -> int | None:
+    """The CPU's physical address width (``address sizes`` in /proc/cpuinfo)."""
+    match = re.search(r"address sizes\s*:\s*(\d+) bits physical", host.read(host.path("proc", "cpuinfo")) or "")
+    return int(match.group(1)) if match else None

@@ -85,3 +85,13 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and os.environ.get("GPUVFIO_REQUIRE_LANES") == "1" and item.get_closest_marker("kernel"):
         report.outcome = "failed"
         report.longrepr = f"kernel lane required (GPUVFIO_REQUIRE_LANES=1) but skipped: {report.longrepr}"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regenerate", action="store_true", default=False,
+                     help="rewrite golden files (tests/golden/) from the current output")
+
+
+@pytest.fixture
+def regenerate(request):
+    return request.config.getoption("--regenerate")

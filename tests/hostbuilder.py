@@ -133,6 +133,12 @@ class HostBuilder:
                f"0: {ioapic} 2-edge timer\n9: {ioapic} 9-fasteoi acpi\n"
                f"120: {chip} 524288-edge eth0\nNMI: Non-maskable interrupts\n")
 
+    def firmware(self, code: str = "usr/share/OVMF/OVMF_CODE_4M.fd",
+                 vars_: str = "usr/share/OVMF/OVMF_VARS_4M.fd") -> None:
+        """OVMF images installed on the host (empty placeholders: only their presence matters)."""
+        for rel in (code, vars_):
+            _write(os.path.join(self.root, rel), "")
+
     def framebuffer(self, name: str | None) -> None:
         _write(self.proc("fb"), f"0 {name}\n" if name else "")
 
@@ -156,6 +162,11 @@ class HostBuilder:
             per_socket[socket].append(cpu)
         _write(self.sys_path("devices", "system", "cpu", "online"), f"0-{total - 1}\n")
         return per_socket
+
+    def cpuinfo(self, model: str, phys_bits: int, virt_bits: int = 48, vendor: str = "GenuineIntel") -> None:
+        """/proc/cpuinfo, first processor only (what gpuvfio records): model and address sizes."""
+        _write(self.proc("cpuinfo"), f"processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: {model}\n"
+                                     f"address sizes\t: {phys_bits} bits physical, {virt_bits} bits virtual\n\n")
 
     def numa_node(self, node: int, cpus: list[int], mem_gib: int,
                   hugepages: dict[int, tuple[int, int]] | None = None) -> None:

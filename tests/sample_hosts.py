@@ -252,6 +252,8 @@ def build_dgx_h100(root: str) -> None:
                "ib_core", "mlx5_core", "mlxfw", "nvme", "nvme_core", "ast", "drm_kms_helper", "kvm_intel",
                "kvm", "irqbypass"])
     b.iommu("intel", units=16)  # one DMAR unit per PCIe/accelerator stack, 8 per socket
+    b.cpuinfo("Intel(R) Xeon(R) Platinum 8480C", 46, 57)
+    b.firmware()  # Ubuntu's ovmf package
     sockets = b.cpu_topology(2, 56, 2)  # 224 CPUs: node0 0-55,112-167; node1 56-111,168-223
     for node in (0, 1):
         b.numa_node(node, sockets[node], 1024, {HUGE_1G: (256, 256)})
@@ -349,6 +351,8 @@ def build_workstation(root: str) -> None:
                "igc", "nvme", "nvme_core", "xhci_pci", "ahci", "mei_me", "i2c_i801", "kvm_intel", "kvm",
                "irqbypass"])
     b.iommu("intel", units=1)  # a KF part has no iGPU, so no graphics DMAR unit: just dmar0
+    b.cpuinfo("12th Gen Intel(R) Core(TM) i9-12900KF", 39, 48)
+    b.firmware()  # Debian's ovmf package
     cpus = _hybrid_topology(b, 8, 8)
     b.numa_node(0, cpus, 64)  # no hugepages reserved
     b.framebuffer("EFI VGA")
@@ -431,6 +435,8 @@ def build_epyc_mixed(root: str) -> None:
                "iommufd", "kvm_amd", "kvm", "irqbypass", "mlx5_ib", "ib_uverbs", "ib_core", "mlx5_core", "nvme",
                "nvme_core", "ast", "ccp"])
     b.iommu("amd", units=4)
+    b.cpuinfo("AMD EPYC 7763 64-Core Processor", 48, 48, vendor="AuthenticAMD")
+    b.firmware("usr/share/edk2/ovmf/OVMF_CODE.fd", "usr/share/edk2/ovmf/OVMF_VARS.fd")  # RHEL's edk2-ovmf
     per_socket = b.cpu_topology(1, 64, 2)[0]
     halves = {0: [c for c in per_socket if c % 64 < 32], 1: [c for c in per_socket if c % 64 >= 32]}
     b.numa_node(0, halves[0], 256, {HUGE_2M: (32768, 32768)})
@@ -545,6 +551,7 @@ def build_iommu_off(root: str) -> None:
                "drm_kms_helper", "kvm_intel", "kvm", "irqbypass"])
     b.iommu(None)
     _interrupts(b, remapped=True)
+    b.cpuinfo("Intel(R) Xeon(R) Gold 6230 CPU @ 2.10GHz", 46, 48)
     sockets = b.cpu_topology(2, 20, 2)
     for node in (0, 1):
         b.numa_node(node, sockets[node], 192)

@@ -1,0 +1,86 @@
+"""Typer commands for domains: xml (and --define), vgpu types/create/remove."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.cli import JsonOption, RootOption, app, resolve_root
+from gpuvfio.commands import open_host
+from gpuvfio.main import COMMANDS, emit_json
+
+Addresses = Annotated[list[str], typer.Argument(metavar="ADDR...", help="GPUs (DDDD:BB:SS.F).")]
+
+
+@app.command("xml", help=COMMANDS["xml"])
+def xml_cmd(
+    addresses: Addresses,
+    name: Annotated[str, typer.Option("--name", help="Domain name.")],
+    vcpus: Annotated[int, typer.Option("--vcpus")] = 4,
+    memory: Annotated[str, typer.Option("--memory", help="Guest memory: 64G, 64GiB, 65536M.")] = "8G",
+    hugepages: Annotated[str, typer.Option("--hugepages", help="auto | 1G | 2M | none")] = "auto",
+    numa: Annotated[str, typer.Option("--numa", help="auto | none | N")] = "auto",
+    firmware: Annotated[str, typer.Option("--firmware", help="efi (OVMF) | bios")] = "efi",
+    hide_kvm: Annotated[bool, typer.Option("--hide-kvm", help="Hide the hypervisor from the guest driver.")] = False,
+    mdev: Annotated[Optional[str], typer.Option("--mdev", metavar="TYPE", help="Legacy mdev vGPU type.")] = None,
+    vgpu: Annotated[Optional[str], typer.Option("--vgpu", metavar="TYPE", help="SR-IOV vGPU type.")] = None,
+    uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: derived).")] = None,
+    disk: Annotated[Optional[str], typer.Option("--disk", metavar="PATH")] = None,
+    kernel: Annotated[Optional[str], typer.Option("--kernel", metavar="PATH")] = None,
+    initrd: Annotated[Optional[str], typer.Option("--initrd", metavar="PATH")] = None,
+    cmdline: Annotated[Optional[str], typer.Option("--cmdline", metavar="STR")] = None,
+    network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
+    virt_type: Annotated[str, typer.Option("--virt-type", help="kvm | qemu (TCG)")] = "kvm",
+    force: Annotated[bool, typer.Option("--force", help="Share cores / accept short hugepages.")] = False,
+    define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
+    update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
+    connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
+    as_json: JsonOption = False,
+    root: RootOption = None,
+) -> None:
+    from gpuvfio.address import PciAddress
+    from gpuvfio.domainspec import DomainOptions, build_spec
+    from gpuvfio.domainxml import domain_xml
+    from gpuvfio.errors import InputError
+    from gpuvfio.inventory import read_inventory
+    from gpuvfio.numa import read_numa
+    from gpuvfio.sizes import parse_size_kib
+
+    if uuid is not None:
+        import uuid as uuidlib
+
+        try:
+            uuid = str(uuidlib.UUID(uuid))
+        except ValueError:
+            raise InputError(f"not a UUID: {uuid!r}") from None
+    options = DomainOptions(name=name, vcpus=vcpus, memory_kib=parse_size_kib(memory), hugepages=hugepages,
+                            numa=numa, firmware=firmware, hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid,
+                            disk=disk, kernel=kernel, initrd=initrd, cmdline=cmdline, network=network,
+                            virt_type=virt_type, force=force)
+    wanted = [PciAddress.parse(a) for a in addresses]
+    from gpuvfio.pciids import PciIds
+
+    with open_host(resolve_root(root)) as (host, _label):
+        inventory = read_inventory(host, names=PciIds.load(host.root))
+        spec = build_spec(host, inventory, read_numa(host), wanted, options)
+    xml = domain_xml(spec)
+    for warning in spec.warnings:
+        sys.stderr.write(f"gpuvfio: warning: {warning}\n")
+    result = None
+    if define:
+        from gpuvfio.define import default_uri, define as define_domain
+
+        result = define_domain(xml, connect or default_uri(), update=update)
+    if as_json:
+        emit_json({"name": spec.name, "xml": xml, "warnings": spec.warnings, "define": result})
+        return
+    if result is None:
+        sys.stdout.write(xml)
+        return
+    sys.stderr.write(f"{result['name']}: {result['result']}\n")
+    for line in result["changes"]:
+        sys.stdout.write(line + "\n")
+    if result["result"] == "differs":
+        sys.stderr.write("the domain exists and differs; nothing changed (--update to redefine)\n")

@@ -1,0 +1,65 @@
+"""vGPU profiles: legacy mdev types and NVIDIA SR-IOV vGPU types (vGPU 17+, no mdev bus).
+
+Legacy (T4, V100, A100 on older drivers): ``<PF>/mdev_supported_types/<type>/create``
+takes a UUID (Documentation/driver-api/vfio-mediated-device.rst).
+SR-IOV (Ada/Hopper, vGPU 17+ on 6.8+ kernels): each VF lists
+``nvidia/creatable_vgpu_types`` and takes a type id in ``nvidia/current_vgpu_type``;
+the VF itself is then passed through as a PCI device (managed='no').
+"""
+
+from __future__ import annotations
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError
+from gpuvfio.inventory import Inventory
+from gpuvfio.model import PciFunction
+
+
+def _gpu(inventory: Inventory, address: PciAddress) -> PciFunction:
+    fn = inventory.functions.get(address)
+    if fn is None:
+        raise InputError(f"no such PCI function on this host: {address}")
+    return fn
+
+
+def pick_mdev(inventory: Inventory, address: PciAddress, wanted: str) -> str:
+    """The mdev type id for ``wanted`` (an id like nvidia-222 or a name like 'GRID T4-1Q')."""
+    fn = _gpu(inventory, address)
+    if not fn.mdev_types:
+        raise InputError(f"{address} offers no mdev types (legacy vGPU needs the NVIDIA vGPU host driver)")
+    for mdev in fn.mdev_types:
+        if wanted in (mdev.type_id, mdev.name):
+            if mdev.available_instances is not None and mdev.available_instances < 1:
+                raise InputError(f"{address}: mdev type {mdev.type_id} ({mdev.name}) has no available instances")
+            return mdev.type_id
+    offered = ", ".join(f"{m.type_id} ({m.name})" for m in fn.mdev_types)
+    raise InputError(f"{address} does not offer mdev type {wanted!r}; it offers: {offered}")
+
+
+def _type_id(fn: PciFunction, wanted: str) -> int | None:
+    for vtype in fn.vgpu_creatable or []:
+        if wanted in (str(vtype.type_id), vtype.name):
+            return vtype.type_id
+    return None
+
+
+def pick_vf(inventory: Inventory, address: PciAddress, wanted: str) -> PciAddress:
+    """A VF of GPU ``address`` for SR-IOV vGPU type ``wanted`` (id or name): one already set to
+    that type, else a free VF (current type 0) that can take it."""
+    pf = _gpu(inventory, address)
+    vfs = [inventory.functions[v] for v in pf.vfs if v in inventory.functions]
+    if not vfs:
+        raise InputError(f"{address} has no SR-IOV VFs enabled (SR-IOV vGPU needs them: "
+                         "the NVIDIA sriov-manage script enables them)")
+    # A VF whose type is set lists no creatable types any more: learn the id from the others.
+    ids = {t.type_id for vf in vfs for t in vf.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)}
+    if wanted.isdigit():
+        ids.add(int(wanted))
+    for vf in vfs:
+        if vf.vgpu_current and vf.vgpu_current in ids:
+            return vf.address
+    for vf in vfs:
+        if not vf.vgpu_current and _type_id(vf, wanted) is not None:
+            return vf.address
+    offered = sorted({f"{t.type_id} ({t.name})" for vf in vfs for t in vf.vgpu_creatable or []})
+    raise InputError(f"no VF of {address} can take vGPU type {wanted!r}; creatable: {', '.join(offered) or 'none'}")
