@@ -61,6 +61,7 @@ class GuestPort:
     parent: int  # 0 = pcie-root, else a pxb-pcie index
     chassis: int
     functions: list[PciFunction]
+    slot: int = 0  # slot on a pxb-pcie bus (on pcie-root libvirt assigns the address)
 
 
 @dataclass
@@ -306,10 +307,15 @@ def _lay_out_ports(spec: DomainSpec, devices: list[list[PciFunction]], placement
             spec.expanders.append(Expander(index, 0x80 + 0x20 * cell, cell))
             expander_of_cell[cell] = index
             index += 1
+    used_slots: dict[int, int] = {}
     for chassis, functions in enumerate(devices, start=1):
         parent = 0
         if spec.guest_cells:
             node = functions[0].numa_node
             parent = expander_of_cell.get(cell_of_node.get(node, 0), expander_of_cell[0])
-        spec.ports.append(GuestPort(index, parent, chassis, functions))
+        # Each root port on an expander bus needs its own slot there (libvirt rejects a
+        # double use of the same PCI address).
+        slot = used_slots.get(parent, 0)
+        used_slots[parent] = slot + 1
+        spec.ports.append(GuestPort(index, parent, chassis, functions, slot))
         index += 1

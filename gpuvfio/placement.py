@@ -49,14 +49,18 @@ def place_cell(node: int, node_cpus: list[int], cpus: dict[int, Cpu], vcpus: lis
         if wanted % threads == 0 and len(usable) >= wanted // threads:
             break
     else:
-        threads, usable = 1, cores
+        # No SMT width fits: distinct CPUs, whole cores first, one guest thread per CPU.
+        spare = len(node_cpus) > wanted
+        ordered = [c for c in cores if not (spare and 0 in c)] + [c for c in cores if spare and 0 in c]
+        flat = [(cpu,) for core in ordered for cpu in core]
+        threads, usable = 1, flat
     needed = wanted // threads
     if 0 in node_cpus and len(usable) > needed:
         usable = [c for c in usable if 0 not in c] + [c for c in usable if 0 in c]
     if needed > len(usable):
         if not force:
-            raise InputError(f"NUMA node {node} has {len(cores)} cores ({len(node_cpus)} CPUs); "
-                             f"{wanted} vCPUs need {needed} cores "
+            raise InputError(f"NUMA node {node} has {len(node_cpus)} CPUs ({len(cores)} cores); "
+                             f"{wanted} vCPUs do not fit "
                              "(lower --vcpus, use --numa none, or --force to share cores)")
         flat = [cpu for core in cores for cpu in core]
         host = [flat[i % len(flat)] for i in range(wanted)]

@@ -78,11 +78,11 @@ def workstation(tmp_path):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With GPUVFIO_REQUIRE_LANES=1 (set by `make test`), a skipped kernel-lane test fails:
+    """With GPUVFIO_REQUIRE_LANES=1 (set by `make test`), a skipped kernel- or daemon-lane test fails:
     CI must not go green because the lane quietly could not run."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("GPUVFIO_REQUIRE_LANES") == "1" and item.get_closest_marker("kernel"):
+    if report.skipped and os.environ.get("GPUVFIO_REQUIRE_LANES") == "1" and (item.get_closest_marker("kernel") or item.get_closest_marker("daemon")):
         report.outcome = "failed"
         report.longrepr = f"kernel lane required (GPUVFIO_REQUIRE_LANES=1) but skipped: {report.longrepr}"
 

@@ -147,7 +147,7 @@ def test_sriov_vgpu_uses_the_vf_already_set(generated):
     (["0000:01:00.0", "--name", "a/b"], "domain name"),
     (["0000:01:00.0", "--name", "bad\x07"], "domain name"),
     (["0000:01:00.0", "--name", "x", "--memory", "lots"], "not a size"),
-    (["0000:01:00.0", "--name", "x", "--vcpus", "64"], "vCPUs need"),
+    (["0000:01:00.0", "--name", "x", "--vcpus", "64"], "vCPUs do not fit"),
     (["0000:00:01.0", "--name", "x"], "PCI bridge"),
     (["0000:01:00.0", "--name", "x", "--mdev", "nvidia-1"], "offers no mdev types"),
     (["0000:01:00.0", "--name", "x", "--hugepages", "1G"], "not enough free 1G hugepages"),

@@ -1,0 +1,94 @@
+"""Daemon lane for domain XML: every golden domain defines in a real libvirtd's qemu driver;
+passthrough cannot start on this machine (no VFIO), the same spec without hostdevs boots."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import pytest
+
+from tests.lanes import daemon as dl
+from tests.lanes import guest as gl
+
+pytestmark = pytest.mark.daemon
+_REASON = dl.skip_reason() or gl.skip_reason()
+if _REASON:
+    pytest.skip(_REASON, allow_module_level=True)
+
+import libvirt  # noqa: E402
+
+from gpuvfio.address import PciAddress  # noqa: E402
+from gpuvfio.commands import open_host  # noqa: E402
+from gpuvfio.domainspec import DomainOptions, build_spec  # noqa: E402
+from gpuvfio.domainxml import domain_xml  # noqa: E402
+from gpuvfio.inventory import read_inventory  # noqa: E402
+from gpuvfio.numa import read_numa  # noqa: E402
+from tests.make_samples import sample_path  # noqa: E402
+
+libvirt.registerErrorHandler(lambda *a: None, None)
+GOLDEN = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "golden", "domain", "*.xml")))
+
+
+@pytest.fixture(scope="module")
+def conn():
+    gen = dl.libvirt_daemon()
+    daemon = next(gen)
+    connection = daemon.connect()
+    try:
+        yield connection
+    finally:
+        connection.close()
+        for _ in gen:
+            pass
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[os.path.basename(p)[:-4] for p in GOLDEN])
+def test_golden_defines_in_qemu_driver(conn, path):
+    with open(path) as handle:
+        xml = handle.read().replace("<name>", "<name>gpuvfio-", 1)
+    dom = conn.defineXML(xml)
+    try:
+        assert dom.name().startswith("gpuvfio-")
+        stored = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        assert stored.count("<hostdev ") == xml.count("<hostdev ")
+    finally:
+        dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+
+
+def _tcg_spec(image=None):
+    with open_host(sample_path("dgx-h100")) as (host, _):
+        options = DomainOptions(name="gpuvfio-tcg", vcpus=1, memory_kib=256 * 1024, virt_type="qemu",
+                                firmware="bios", numa="none", hugepages="none",
+                                kernel=image.kernel if image else None, initrd=image.initrd if image else None,
+                                cmdline=gl.KERNEL_CMDLINE if image else None)
+        return build_spec(host, read_inventory(host), read_numa(host), [PciAddress.parse("0000:1b:00.0")],
+                          options)
+
+
+def test_passthrough_cannot_start_here(conn):
+    dom = conn.defineXML(domain_xml(_tcg_spec()))
+    try:
+        with pytest.raises(libvirt.libvirtError) as info:
+            dom.create()
+        assert info.value.get_error_code() == libvirt.VIR_ERR_CONFIG_UNSUPPORTED
+        assert "host doesn't support passthrough of host PCI devices" in info.value.get_error_message()
+    finally:
+        dom.undefine()
+
+
+def test_same_spec_without_hostdevs_boots(conn):
+    image = gl.build_guest()
+    spec = _tcg_spec(image)
+    spec.ports = []  # everything else as gpuvfio decided it
+    spec.mmio64_mb = None
+    dom = conn.defineXML(domain_xml(spec))
+    try:
+        dom.create()
+        time.sleep(1.0)
+        state, _reason = dom.state()
+        assert state == libvirt.VIR_DOMAIN_RUNNING
+        dom.destroy()
+    finally:
+        dom.undefine()
