@@ -70,12 +70,17 @@ def restore(host: HostRoot, addresses: list[PciAddress], *, writer: SysfsWriter,
         unknown = [a for a in wanted if a not in journal.devices]
         if unknown:
             raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
+        vgpu_failures = []
+        if not wanted:  # a full restore also removes the vGPU instances gpuvfio created
+            from gpuvfio.vgpucmd import remove_all
+
+            vgpu_failures = remove_all(host, journal, writer, progress)
         results = reconcile(host, journal, writer, actions, wanted or None, progress)
         report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
                   "failed": {a: msg for a, (ok, msg) in results.items() if not ok},
                   "services_not_restarted": list(journal.data["services_stopped"])}
-        if report["failed"] or report["services_not_restarted"]:
-            problems = [f"{a}: {m}" for a, m in report["failed"].items()]
+        if report["failed"] or report["services_not_restarted"] or vgpu_failures:
+            problems = vgpu_failures + [f"{a}: {m}" for a, m in report["failed"].items()]
             problems += [f"service {s} not restarted" for s in report["services_not_restarted"]]
             error = GpuvfioError("restore incomplete: " + "; ".join(problems))
             error.report = report
@@ -115,6 +120,7 @@ def status(host: HostRoot) -> dict:
                    "steps": [{"description": s.get("description"), "state": s.get("state")}
                              for s in operation.get("steps", [])]}
     return {"state_dir": directory, "devices": devices, "services_stopped": journal.data["services_stopped"],
+            "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
             "unfinished_operation": pending}
 
 

@@ -84,3 +84,77 @@ def xml_cmd(
         sys.stdout.write(line + "\n")
     if result["result"] == "differs":
         sys.stderr.write("the domain exists and differs; nothing changed (--update to redefine)\n")
+
+
+vgpu_app = typer.Typer(help=COMMANDS["vgpu"], no_args_is_help=True)
+app.add_typer(vgpu_app, name="vgpu")
+
+
+def _writer(root: str | None):
+    from gpuvfio.hostroot import HostRoot
+    from gpuvfio.sysfs_write import SysfsWriter
+
+    host = HostRoot(resolve_root(root))
+    return host, SysfsWriter(host)
+
+
+@vgpu_app.command("types")
+def vgpu_types_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")], as_json: JsonOption = False,
+                   root: RootOption = None) -> None:
+    """The vGPU profiles a GPU offers (legacy mdev types, or SR-IOV types on its VFs)."""
+    from gpuvfio.address import PciAddress
+    from gpuvfio.inventory import read_inventory
+    from gpuvfio.vgpucmd import types
+
+    wanted = PciAddress.parse(address)
+    with open_host(resolve_root(root)) as (host, _label):
+        report = types(read_inventory(host), wanted)
+    if as_json:
+        emit_json(report)
+        return
+    if report["kind"] == "none":
+        sys.stdout.write(f"{address}: no vGPU types (no mdev_supported_types, no SR-IOV VFs)\n")
+    for mdev in report["mdev_types"]:
+        sys.stdout.write(f"{mdev['id']:16} {mdev['name'] or '':24} available {mdev['available_instances']}\n")
+    for vtype in report["sriov_types"]:
+        sys.stdout.write(f"{vtype['id']:<6} {vtype['name']:28} free VFs {vtype['available_instances']}\n")
+    for used in report["sriov_in_use"]:
+        sys.stdout.write(f"in use: VF {used['vf']} has type {used['type']}\n")
+
+
+@vgpu_app.command("create")
+def vgpu_create_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")],
+                    vgpu_type: Annotated[str, typer.Argument(metavar="TYPE", help="Type id or name.")],
+                    uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: random).")] = None,
+                    as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Create a vGPU instance (legacy: an mdev; SR-IOV: a type on a free VF), journaled."""
+    from gpuvfio.address import PciAddress
+    from gpuvfio.errors import InputError
+    from gpuvfio.vgpucmd import create
+
+    wanted = PciAddress.parse(address)
+    if uuid is not None:
+        import uuid as uuidlib
+
+        try:
+            uuid = str(uuidlib.UUID(uuid))
+        except ValueError:
+            raise InputError(f"not a UUID: {uuid!r}") from None
+    host, writer = _writer(root)
+    report = create(host, wanted, vgpu_type, writer=writer, uuid=uuid)
+    if as_json:
+        emit_json(report)
+    else:
+        what = report.get("uuid") or report.get("vf")
+        sys.stdout.write(f"{report['result']}: {report['kind']} {what} type {report['type']} on {report['parent']}\n")
+
+
+@vgpu_app.command("remove")
+def vgpu_remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], as_json: JsonOption = False,
+                    root: RootOption = None) -> None:
+    """Remove a vGPU instance gpuvfio created (an mdev UUID, or the VF address of an SR-IOV vGPU)."""
+    from gpuvfio.vgpucmd import remove
+
+    host, writer = _writer(root)
+    report = remove(host, instance, writer=writer)
+    emit_json(report) if as_json else sys.stdout.write(f"removed {instance}\n")

@@ -64,7 +64,8 @@ class Journal:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, "journal.json")
-        self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None}
+        self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None,
+                     "mdevs": {}, "vgpus": {}}
 
     @classmethod
     def load(cls, directory: str) -> "Journal":
@@ -90,7 +91,8 @@ class Journal:
             raise CorruptJournal(f"journal {journal.path} is corrupt (bad devices/services); it is kept as is")
         journal.data = {"version": JOURNAL_VERSION, "devices": data["devices"],
                         "services_stopped": data.get("services_stopped", []),
-                        "operation": data.get("operation")}
+                        "operation": data.get("operation"),
+                        "mdevs": data.get("mdevs", {}), "vgpus": data.get("vgpus", {})}
         return journal
 
     @property

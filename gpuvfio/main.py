@@ -29,6 +29,7 @@ COMMANDS = {
     "unpersist": "Stop keeping devices on vfio-pci across reboots.",
     "xml": "Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO "
            "window sized from the BARs), or a vGPU; --define defines it idempotently.",
+    "vgpu": "vGPU profiles: list the types a GPU offers, create and remove instances (journaled).",
 }
 
 

@@ -43,9 +43,9 @@ def _type_id(fn: PciFunction, wanted: str) -> int | None:
     return None
 
 
-def pick_vf(inventory: Inventory, address: PciAddress, wanted: str) -> PciAddress:
-    """A VF of GPU ``address`` for SR-IOV vGPU type ``wanted`` (id or name): one already set to
-    that type, else a free VF (current type 0) that can take it."""
+def pick_vf(inventory: Inventory, address: PciAddress, wanted: str, *, reuse: bool = True) -> PciAddress:
+    """A VF of GPU ``address`` for SR-IOV vGPU type ``wanted`` (id or name): with ``reuse``, one
+    already set to that type first; else a free VF (current type 0) that can take it."""
     pf = _gpu(inventory, address)
     vfs = [inventory.functions[v] for v in pf.vfs if v in inventory.functions]
     if not vfs:
@@ -55,7 +55,7 @@ def pick_vf(inventory: Inventory, address: PciAddress, wanted: str) -> PciAddres
     ids = {t.type_id for vf in vfs for t in vf.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)}
     if wanted.isdigit():
         ids.add(int(wanted))
-    for vf in vfs:
+    for vf in vfs if reuse else []:
         if vf.vgpu_current and vf.vgpu_current in ids:
             return vf.address
     for vf in vfs:

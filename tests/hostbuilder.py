@@ -323,6 +323,7 @@ class HostBuilder:
             _write(os.path.join(tdir, "available_instances"), f"{avail}\n")
             _write(os.path.join(tdir, "device_api"), "vfio-pci\n")
             _write(os.path.join(tdir, "description"), desc + "\n")
+            _write(os.path.join(tdir, "create"), "")  # write-only in sysfs
 
     def vgpu_types(self, vf: Function, types: list[tuple[int, str]], current: int = 0) -> None:
         """NVIDIA vGPU 17+ on SR-IOV VFs (nvidia/creatable_vgpu_types, current_vgpu_type)."""

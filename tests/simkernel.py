@@ -184,9 +184,79 @@ class SimKernel:
             if driver and self._loaded(driver):
                 self._bind(value, dev, driver)
             return
+        if name == "create" and len(rel) >= 3 and rel[-3] == "mdev_supported_types":
+            self._mdev_create(state, os.path.dirname(path), value)
+            return
+        if name == "remove" and os.path.islink(os.path.join(os.path.dirname(path), "mdev_type")):
+            self._mdev_remove(os.path.dirname(path))
+            return
+        if name == "current_vgpu_type" and rel[-2] == "nvidia":
+            self._set_vgpu_type(state, os.path.dirname(path), value)
+            return
         # Any other attribute: a plain store.
         with open(path, "w") as handle:
             handle.write(value + "\n")
+
+    # -- mediated devices (drivers/vfio/mdev/mdev_sysfs.c) and NVIDIA SR-IOV vGPU types ---------
+    def _mdev_create(self, state: dict, type_dir: str, uuid: str) -> None:
+        fault = self._fault(state, "mdev_create", None)
+        if fault:
+            self._fail(fault)
+        avail_path = os.path.join(type_dir, "available_instances")
+        with open(avail_path) as handle:
+            available = int(handle.read())
+        bus = os.path.join(self.sys, "bus", "mdev", "devices")
+        if os.path.lexists(os.path.join(bus, uuid)):
+            raise OSError(errno.EEXIST, os.strerror(errno.EEXIST))
+        if available < 1:
+            raise OSError(errno.EUSERS, os.strerror(errno.EUSERS))
+        parent = os.path.dirname(os.path.dirname(type_dir))
+        mdev = os.path.join(parent, uuid)
+        os.makedirs(mdev)
+        os.symlink(os.path.relpath(type_dir, mdev), os.path.join(mdev, "mdev_type"))
+        open(os.path.join(mdev, "remove"), "w").close()
+        os.makedirs(bus, exist_ok=True)
+        os.symlink(os.path.relpath(mdev, bus), os.path.join(bus, uuid))
+        os.symlink(os.path.relpath(mdev, os.path.join(type_dir, "devices")), os.path.join(type_dir, "devices", uuid))
+        with open(avail_path, "w") as handle:
+            handle.write(f"{available - 1}\n")
+
+    def _mdev_remove(self, mdev: str) -> None:
+        uuid = os.path.basename(mdev)
+        type_dir = os.path.realpath(os.path.join(mdev, "mdev_type"))
+        os.unlink(os.path.join(self.sys, "bus", "mdev", "devices", uuid))
+        os.unlink(os.path.join(type_dir, "devices", uuid))
+        import shutil
+        shutil.rmtree(mdev)
+        avail_path = os.path.join(type_dir, "available_instances")
+        with open(avail_path) as handle:
+            available = int(handle.read())
+        with open(avail_path, "w") as handle:
+            handle.write(f"{available + 1}\n")
+
+    def _set_vgpu_type(self, state: dict, nvidia_dir: str, value: str) -> None:
+        current_path = os.path.join(nvidia_dir, "current_vgpu_type")
+        creatable_path = os.path.join(nvidia_dir, "creatable_vgpu_types")
+        with open(current_path) as handle:
+            current = int(handle.read().strip() or 0)
+        wanted = int(value)
+        saved = state.setdefault("creatable", {})
+        if wanted and current:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+        with open(creatable_path) as handle:
+            creatable = handle.read()
+        if wanted:
+            ids = {int(line.split(":")[0]) for line in creatable.splitlines()[1:] if ":" in line}
+            if wanted not in ids:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            saved[nvidia_dir] = creatable
+            creatable = creatable.splitlines(True)[0]  # a VF with a type offers no other
+        elif nvidia_dir in saved:
+            creatable = saved.pop(nvidia_dir)
+        with open(creatable_path, "w") as handle:
+            handle.write(creatable)
+        with open(current_path, "w") as handle:
+            handle.write(f"{wanted}\n")
 
     # -- actions gpuvfio runs outside sysfs -------------------------------------------------
     def modprobe(self, name: str) -> None:
