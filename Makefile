@@ -16,7 +16,7 @@ BASETEMP := $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest,)
 all: test
 
 # System packages, installed once (idempotent: apt skips what is there).
-$(APT_STAMP):
+$(APT_STAMP): Makefile
 	@mkdir -p .deps
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
