@@ -1,0 +1,45 @@
+#!/bin/sh
+# gpuvfio guest probe: facts a minimal guest (busybox) can give, one record per line.
+# Runs without python3. Output (consumed by gpuvfio/verify.py):
+#   GPUVFIO-PROBE 1
+#   KERNEL <release>
+#   PYTHON3 <path>|none
+#   PCI <addr> <vendor> <device> <class> <driver|-> <cur speed> <cur width> <max speed> <max width>
+#   MODULE <name>
+#   NVIDIA-VERSION <first line of /proc/driver/nvidia/version>
+#   NVSMI-BEGIN / ... nvidia-smi -q -x ... / NVSMI-END
+#   END
+# GPUVFIO_PROBE_ROOT prefixes /sys and /proc (tests run it against recorded trees).
+R="${GPUVFIO_PROBE_ROOT:-}"
+echo "GPUVFIO-PROBE 1"
+echo "KERNEL $(uname -r)"
+py=$(command -v python3 2>/dev/null || true)
+echo "PYTHON3 ${py:-none}"
+one() { # value of a sysfs attribute without spaces, "-" when absent
+    v=$(cat "$1" 2>/dev/null | tr ' ' '_' | head -n 1)
+    echo "${v:--}"
+}
+for d in "$R"/sys/bus/pci/devices/*; do
+    [ -e "$d/vendor" ] || continue
+    a=${d##*/}
+    drv=-
+    if [ -L "$d/driver" ]; then
+        drv=$(readlink "$d/driver")
+        drv=${drv##*/}
+    fi
+    echo "PCI $a $(one "$d/vendor") $(one "$d/device") $(one "$d/class") $drv" \
+        "$(one "$d/current_link_speed") $(one "$d/current_link_width")" \
+        "$(one "$d/max_link_speed") $(one "$d/max_link_width")"
+done
+if [ -r "$R/proc/modules" ]; then
+    while read -r name _rest; do echo "MODULE $name"; done < "$R/proc/modules"
+fi
+if [ -r "$R/proc/driver/nvidia/version" ]; then
+    echo "NVIDIA-VERSION $(head -n 1 "$R/proc/driver/nvidia/version")"
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "NVSMI-BEGIN"
+    nvidia-smi -q -x 2>/dev/null
+    echo "NVSMI-END"
+fi
+echo "END"

@@ -1,0 +1,189 @@
+"""SSH into guests with paramiko: pinned host keys, retries while booting, quoted commands.
+
+Host keys: an unknown key is rejected unless the user pins it (``--known-hosts FILE``)
+or asks for trust on first use, which records the key it saw (in the given known_hosts
+file, else ``<state dir>/known_hosts``) and says so. A key that differs from a recorded
+one is always rejected. Commands are argument lists joined with shlex quoting; output
+is read to the end before the exit status is asked for (testinfra's order, so a full
+pipe cannot deadlock the remote side).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import socket
+import time
+from dataclasses import dataclass, field
+
+from gpuvfio.errors import GpuvfioError, InputError
+
+
+class SshError(GpuvfioError):
+    pass
+
+
+class HostKeyError(SshError):
+    pass
+
+
+@dataclass
+class SshTarget:
+    host: str
+    port: int = 22
+    user: str = "root"
+    key: str | None = None
+    known_hosts: str | None = None
+    trust_on_first_use: bool = False
+    connect_timeout: float = 120.0
+    notes: list[str] = field(default_factory=list)
+
+    def label(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def _known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def _fingerprint(key) -> str:
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class Session:
+    def __init__(self, target: SshTarget, default_known_hosts: str | None = None) -> None:
+        if not 0 < target.port < 65536:
+            raise InputError(f"SSH port out of range: {target.port}")
+        if target.key and not os.path.isfile(target.key):
+            raise InputError(f"SSH key file not found: {target.key}")
+        if target.known_hosts and not target.trust_on_first_use and not os.path.isfile(target.known_hosts):
+            raise InputError(f"known_hosts file not found: {target.known_hosts}")
+        self.target = target
+        self.record_to = target.known_hosts or default_known_hosts
+        self.client = None
+
+    def connect(self) -> "Session":
+        import paramiko
+
+        target = self.target
+        deadline = time.monotonic() + target.connect_timeout
+        delay, last = 0.25, None
+        while True:
+            client = paramiko.SSHClient()
+            for path in {p for p in (target.known_hosts, self.record_to) if p and os.path.isfile(p)}:
+                client.load_host_keys(path)
+            client.set_missing_host_key_policy(_Policy(self))
+            try:
+                client.connect(target.host, port=target.port, username=target.user, key_filename=target.key,
+                               timeout=5, banner_timeout=10, auth_timeout=10, allow_agent=False,
+                               look_for_keys=target.key is None)
+                self.client = client
+                return self
+            except HostKeyError:
+                client.close()
+                raise
+            except paramiko.BadHostKeyException as exc:
+                client.close()
+                raise HostKeyError(f"host key of {target.label()} changed ({_fingerprint(exc.key)}, expected "
+                                   f"{_fingerprint(exc.expected_key)}): refusing to connect") from None
+            except paramiko.AuthenticationException as exc:
+                client.close()
+                raise SshError(f"authentication to {target.label()} failed: {exc}") from None
+            except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+                client.close()
+                last = exc
+            if time.monotonic() + delay > deadline:
+                raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
+                               f"(last error: {last or 'none'})")
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+    def run(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None) -> tuple[int, str, str]:
+        """Run ``argv`` (quoted) and return (exit status, stdout, stderr)."""
+        if self.client is None:
+            raise SshError("not connected")
+        command = shlex.join(argv)
+        channel = self.client.get_transport().open_session(timeout=10)
+        channel.settimeout(timeout)
+        try:
+            channel.exec_command(command)
+            if stdin is not None:
+                channel.sendall(stdin)
+                channel.shutdown_write()
+            out, err = io.BytesIO(), io.BytesIO()
+            deadline = time.monotonic() + timeout
+            while True:
+                if channel.recv_ready():
+                    out.write(channel.recv(65536))
+                elif channel.recv_stderr_ready():
+                    err.write(channel.recv_stderr(65536))
+                elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                else:
+                    if time.monotonic() > deadline:
+                        raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s")
+                    time.sleep(0.01)
+            status = channel.recv_exit_status()
+        except socket.timeout:
+            raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s") from None
+        finally:
+            channel.close()
+        return status, out.getvalue().decode("utf-8", "replace"), err.getvalue().decode("utf-8", "replace")
+
+    def upload(self, data: bytes, remote: str, mode: int = 0o755) -> str:
+        """SFTP when the server has it; else ``cat >`` over exec (dropbear without sftp-server)."""
+        try:
+            sftp = self.client.open_sftp()
+        except Exception:  # noqa: BLE001 - paramiko raises several kinds when there is no subsystem
+            sftp = None
+        if sftp is not None:
+            try:
+                with sftp.open(remote, "wb") as handle:
+                    handle.write(data)
+                sftp.chmod(remote, mode)
+                return "sftp"
+            finally:
+                sftp.close()
+        status, _out, err = self.run(["sh", "-c", 'cat > "$1" && chmod "$2" "$1"', "upload", remote,
+                                      f"{mode:o}"], stdin=data)
+        if status:
+            raise SshError(f"uploading {remote} to {self.target.label()} failed: {err.strip()}")
+        return "exec"
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def __enter__(self) -> "Session":
+        return self.connect()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Policy:
+    """paramiko MissingHostKeyPolicy: reject, or trust on first use and record."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        target = self.session.target
+        name = _known_hosts_name(target.host, target.port)
+        if not target.trust_on_first_use:
+            raise HostKeyError(f"unknown host key for {name} ({key.get_name()} {_fingerprint(key)}); pin it "
+                               "with --known-hosts FILE or accept it once with --trust-on-first-use")
+        path = self.session.record_to
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+        target.notes.append(f"trusted on first use: {name} {key.get_name()} {_fingerprint(key)}"
+                            + (f", recorded in {path}" if path else ""))
+        client.get_host_keys().add(name, key.get_name(), key)

@@ -1,0 +1,119 @@
+"""Host-side verification logic: probe parsing, verifier output, checks from facts."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuvfio.guest import PROBE, VERIFIER
+from gpuvfio.verify import Expected, VerifyError, evaluate, parse_probe, parse_verifier
+from tests.conftest import gpu_workstation
+
+H100 = Expected("0000:1b:00.0", "10de", "2330", True, 5, 16)
+
+
+def probe_text(pci_lines, python="/usr/bin/python3"):
+    return "\n".join(["GPUVFIO-PROBE 1", "KERNEL 6.8.0", f"PYTHON3 {python}", *pci_lines,
+                      "MODULE nvidia 1", "NVIDIA-VERSION NVRM version: 550.54", "END"]) + "\n"
+
+
+GPU_LINE = "PCI 0000:01:00.0 0x10de 0x2330 0x030200 nvidia 32.0_GT/s_PCIe 16 32.0_GT/s_PCIe 16"
+
+
+def verifier_json(h2d=50.0, d2h=48.0, gen=5, width=16, verified=True, cuda=True):
+    bw = {"h2d": {"median": h2d, "samples": [h2d]}, "d2h": {"median": d2h, "samples": [d2h]},
+          "d2d": {"median": 1500.0, "samples": [1500.0]}, "verified": verified,
+          "link_under_load": {"current_gen": gen, "current_width": width, "max_gen": 5, "max_width": 16}}
+    data = {"version": 1, "nvml": {"driver_version": "550.54", "cuda_driver_version": 12040, "devices": [
+        {"name": "NVIDIA H100", "bus_id": "00000000:01:00.0", "virtualization_mode": "Pass-Through",
+         "link_idle": {"current_gen": 1, "current_width": 16, "max_gen": 5, "max_width": 16}}]},
+        "cuda": {"driver_version": 12040, "devices": [{"index": 0, "name": "NVIDIA H100",
+                                                        "bus_id": "0000:01:00.0"}]} if cuda else None,
+        "bandwidth": {"0000:01:00.0": bw} if cuda else {}, "latency": {}, "errors": {} if cuda else
+        {"cuda": "libcuda.so.1 not found"}}
+    return "noise\nGPUVFIO-VERIFIER " + json.dumps(data) + "\n"
+
+
+def statuses(report):
+    return {c["id"]: c["status"] for c in report["checks"]}
+
+
+def test_full_pass():
+    report = evaluate(parse_probe(probe_text([GPU_LINE])), parse_verifier(verifier_json()), [H100])
+    assert statuses(report) == {"pci_present": "pass", "driver": "pass", "cuda": "pass", "pcie_link": "pass",
+                                "h2d_bandwidth": "pass", "d2h_bandwidth": "pass", "data_verified": "pass"}
+    assert report["ok"] and report["bandwidth_gbps"]["0000:01:00.0"]["h2d"] == 50.0
+
+
+def test_slow_link_and_low_bandwidth_fail():
+    report = evaluate(parse_probe(probe_text([GPU_LINE])), parse_verifier(verifier_json(h2d=20.0, gen=4)), [H100])
+    got = statuses(report)
+    assert got["pcie_link"] == "fail" and got["h2d_bandwidth"] == "fail" and got["d2h_bandwidth"] == "pass"
+    link = next(c for c in report["checks"] if c["id"] == "pcie_link")
+    assert link["expected"] == "Gen5 x16" and link["observed"] == "Gen4 x16"
+    assert not report["ok"]
+
+
+def test_missing_device_and_driver():
+    other = "PCI 0000:00:02.0 0x1af4 0x1041 0x020000 virtio-pci - - - -"
+    report = evaluate(parse_probe(probe_text([other])), None, [H100])
+    got = statuses(report)
+    assert got["pci_present"] == "fail" and got["driver"] == "fail"
+
+
+def test_no_python_means_skips_with_reasons():
+    report = evaluate(parse_probe(probe_text([GPU_LINE], python="none")), None, [H100])
+    skipped = {c["id"]: c["reason"] for c in report["checks"] if c["status"] == "skip"}
+    assert skipped == {k: "no python3 in the guest" for k in ("cuda", "pcie_link", "h2d_bandwidth", "d2h_bandwidth")}
+
+
+def test_no_libcuda_is_a_skip_not_a_pass():
+    report = evaluate(parse_probe(probe_text([GPU_LINE])), parse_verifier(verifier_json(cuda=False)), [H100])
+    cuda = next(c for c in report["checks"] if c["id"] == "cuda")
+    assert cuda["status"] == "skip" and "libcuda" in cuda["reason"]
+
+
+def test_no_devices_assigned():
+    report = evaluate(parse_probe(probe_text([])), None, [])
+    assert set(statuses(report).values()) == {"skip"} and report["ok"]
+
+
+def test_data_corruption_fails():
+    report = evaluate(parse_probe(probe_text([GPU_LINE])), parse_verifier(verifier_json(verified=False)), [H100])
+    assert statuses(report)["data_verified"] == "fail"
+
+
+@pytest.mark.parametrize("text", ["", "hello\n", "GPUVFIO-PROBE 1\nKERNEL x\n",
+                                  "GPUVFIO-PROBE 1\nPCI 0000:01:00.0 broken\nEND\n"])
+def test_garbage_probe(text):
+    with pytest.raises(VerifyError):
+        parse_probe(text)
+
+
+@pytest.mark.parametrize("text", ["", "GPUVFIO-VERIFIER {not json\n", 'GPUVFIO-VERIFIER {"version": 9}\n'])
+def test_garbage_verifier(text):
+    with pytest.raises(VerifyError):
+        parse_verifier(text)
+
+
+def test_probe_runs_in_busybox_against_a_tree(tmp_path):
+    b = gpu_workstation(tmp_path / "host")
+    busybox = "/usr/bin/busybox" if os.path.exists("/usr/bin/busybox") else None
+    shell = [busybox, "sh"] if busybox else ["sh"]
+    out = subprocess.run(shell + [PROBE], capture_output=True, text=True, check=True,
+                         env={"GPUVFIO_PROBE_ROOT": b.root, "PATH": "/usr/bin:/bin"}).stdout
+    facts = parse_probe(out)
+    gpu = next(p for p in facts["pci"] if p["address"] == "0000:01:00.0")
+    assert (gpu["vendor_id"], gpu["device_id"], gpu["driver"]) == ("10de", "2684", "nvidia")
+    assert gpu["link"]["current_speed"] == "16.0_GT/s_PCIe" and gpu["link"]["current_width"] == "16"
+    assert "nvidia" in facts["modules"]
+
+
+def test_verifier_runs_here_without_a_gpu():
+    """The real verifier on this GPU-less machine: no NVML, no libcuda, said so."""
+    out = subprocess.run([sys.executable, VERIFIER], capture_output=True, text=True, check=True).stdout
+    data = parse_verifier(out)
+    assert data["nvml"] is None and data["cuda"] is None
+    assert "libnvidia-ml.so.1" in data["errors"]["nvml"] and "libcuda.so.1" in data["errors"]["cuda"]
