@@ -50,6 +50,7 @@ class DomainOptions:
     cmdline: str | None = None
     network: str | None = None
     virt_type: str = "kvm"  # kvm | qemu (TCG, for hosts without KVM such as the test lanes)
+    ssh_forward_port: int | None = None  # QEMU user networking, host 127.0.0.1:PORT -> guest:22
     force: bool = False
 
 
@@ -96,7 +97,23 @@ class DomainSpec:
     cmdline: str | None = None
     network: str | None = None
     virt_type: str = "kvm"
+    ssh_forward_port: int | None = None
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def qemu_args(self) -> list[str]:
+        """Extra QEMU arguments (<qemu:commandline>); libvirt marks the domain custom-argv."""
+        args = []
+        if self.mmio64_mb and self.firmware == "efi":
+            args += ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={self.mmio64_mb}"]
+        if self.ssh_forward_port:
+            # libvirt 9.0 in Debian has passt disabled: user networking with a host forward
+            # is the way to reach a guest without a bridge.
+            args += ["-netdev", f"user,id=gpuvfio-net0,hostfwd=tcp:127.0.0.1:{self.ssh_forward_port}-:22",
+                     # A fixed slot on pcie.0 high above the ones libvirt hands out from 0x01
+                     # for its own controllers (QEMU would otherwise take slot 1 first).
+                     "-device", "virtio-net-pci,netdev=gpuvfio-net0,bus=pcie.0,addr=0x1c,romfile="]
+        return args
 
     @property
     def emulator_cpuset(self) -> str:
@@ -188,8 +205,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
         raise InputError("--initrd and --cmdline need --kernel")
     if options.disk and options.kernel:
         raise InputError("--disk and --kernel exclude each other (one boot source)")
-    if not addresses:
-        raise InputError("no PCI address given")
+    if not addresses and (options.mdev or options.vgpu):
+        raise InputError("--mdev/--vgpu need the address of the GPU")
     warnings: list[str] = []
     devices: list[list[PciFunction]] = []
     mdevs: list[tuple[str, str]] = []
@@ -235,7 +252,10 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
                       mdevs=mdevs, vf_hostdevs=vfs, hide_kvm=options.hide_kvm,
                       disk=_absolute(options.disk, "--disk"), kernel=_absolute(options.kernel, "--kernel"),
                       initrd=_absolute(options.initrd, "--initrd"), cmdline=options.cmdline,
-                      network=options.network, virt_type=options.virt_type, warnings=warnings)
+                      network=options.network, virt_type=options.virt_type,
+                      ssh_forward_port=options.ssh_forward_port, warnings=warnings)
+    if options.ssh_forward_port is not None and not 0 < options.ssh_forward_port < 65536:
+        raise InputError(f"SSH forward port out of range: {options.ssh_forward_port}")
     if options.virt_type not in ("kvm", "qemu"):
         raise InputError(f"--virt-type must be kvm or qemu, not {options.virt_type!r}")
     if spec.disk and spec.disk.endswith((".qcow2", ".qcow")):

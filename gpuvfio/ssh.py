@@ -68,8 +68,14 @@ class Session:
         self.client = None
 
     def connect(self) -> "Session":
+        import logging
+
         import paramiko
 
+        # While a guest boots, slirp accepts connections before sshd listens and paramiko's
+        # transport thread logs each failed banner read as an error with a traceback: our
+        # retries are the expected path, the final failure is reported by us, once.
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
         target = self.target
         deadline = time.monotonic() + target.connect_timeout
         delay, last = 0.25, None
