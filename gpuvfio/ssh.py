@@ -66,6 +66,7 @@ class Session:
         self.target = target
         self.record_to = target.known_hosts or default_known_hosts
         self.client = None
+        self._sftp: bool | None = None  # None: not tried yet
 
     def connect(self) -> "Session":
         import logging
@@ -111,10 +112,23 @@ class Session:
 
     def run(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run ``argv`` (quoted) and return (exit status, stdout, stderr)."""
+        import paramiko
+
         if self.client is None:
             raise SshError("not connected")
         command = shlex.join(argv)
-        channel = self.client.get_transport().open_session(timeout=10)
+        channel = None
+        for attempt in range(6):
+            # A server that has just come up (dropbear right after boot) may refuse the
+            # first channel although authentication succeeded: retry briefly.
+            try:
+                channel = self.client.get_transport().open_session(timeout=10)
+                break
+            except (paramiko.SSHException, OSError, AttributeError) as exc:
+                transport = self.client.get_transport() if self.client else None
+                if attempt == 5 or transport is None or not transport.is_active():
+                    raise SshError(f"SSH session to {self.target.label()} lost: {exc}") from None
+                time.sleep(0.5 * (attempt + 1))
         channel.settimeout(timeout)
         try:
             channel.exec_command(command)
@@ -137,16 +151,24 @@ class Session:
             status = channel.recv_exit_status()
         except socket.timeout:
             raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s") from None
+        except (paramiko.SSHException, OSError) as exc:
+            raise SshError(f"{argv[0]} on {self.target.label()}: connection lost ({exc})") from None
         finally:
             channel.close()
         return status, out.getvalue().decode("utf-8", "replace"), err.getvalue().decode("utf-8", "replace")
 
     def upload(self, data: bytes, remote: str, mode: int = 0o755) -> str:
         """SFTP when the server has it; else ``cat >`` over exec (dropbear without sftp-server)."""
-        try:
-            sftp = self.client.open_sftp()
-        except Exception:  # noqa: BLE001 - paramiko raises several kinds when there is no subsystem
-            sftp = None
+        sftp = None
+        if self._sftp is not False:
+            try:
+                sftp = self.client.open_sftp()
+            except Exception:  # noqa: BLE001 - paramiko raises several kinds when there is no subsystem
+                self._sftp = False
+                # dropbear without sftp-server may tear the connection down shortly after
+                # refusing the subsystem: start over on a fresh connection.
+                self.close()
+                self.connect()
         if sftp is not None:
             try:
                 with sftp.open(remote, "wb") as handle:
