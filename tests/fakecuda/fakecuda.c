@@ -1,0 +1,78 @@
+/*
+ * A stand-in for libcuda.so.1 and libnvidia-ml.so.1 -- NOT a GPU.
+ *
+ * The unit lane has no NVIDIA hardware, but the in-guest verifier's ctypes code (argument
+ * types, call order, event timing, data verification, JSON) must still run somewhere.
+ * This library implements the handful of CUDA driver API and NVML entry points the
+ * verifier calls, with "device memory" in host RAM, copies as memcpy and events as
+ * CLOCK_MONOTONIC stamps. Built by the tests with gcc; never shipped.
+ * Knobs (environment): FAKECUDA_CORRUPT=1 flips a byte in D2H copies; FAKECUDA_GEN and
+ * FAKECUDA_WIDTH set the reported PCIe link; FAKECUDA_NODEV=1 reports no devices.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef uint64_t CUdeviceptr;
+typedef struct { double t; } event_t;
+
+static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec / 1e9; }
+static int env_int(const char *name, int dflt) { const char *v = getenv(name); return v ? atoi(v) : dflt; }
+
+CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
+CUresult cuDriverGetVersion(int *v) { *v = 12040; return 0; }
+CUresult cuDeviceGetCount(int *n) { *n = env_int("FAKECUDA_NODEV", 0) ? 0 : 1; return 0; }
+CUresult cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return ordinal == 0 ? 0 : 101; }
+CUresult cuDeviceGetName(char *name, int len, int dev) { (void)dev; snprintf(name, len, "FAKE CUDA (not a GPU)"); return 0; }
+CUresult cuDeviceGetPCIBusId(char *bus, int len, int dev) { (void)dev; snprintf(bus, len, "0000:01:00.0"); return 0; }
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)1 << 30; return 0; }
+CUresult cuGetErrorString(CUresult rc, const char **s) { (void)rc; *s = "fake error"; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = (void *)0x1; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
+CUresult cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
+CUresult cuStreamCreate(void **s, unsigned int flags) { (void)flags; *s = (void *)0x2; return 0; }
+CUresult cuStreamDestroy_v2(void *s) { (void)s; return 0; }
+CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) { (void)flags; *p = malloc(n); return *p ? 0 : 2; }
+CUresult cuMemFreeHost(void *p) { free(p); return 0; }
+CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n) { void *p = malloc(n); *d = (CUdeviceptr)(uintptr_t)p; return p ? 0 : 2; }
+CUresult cuMemFree_v2(CUdeviceptr d) { free((void *)(uintptr_t)d); return 0; }
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return 0; }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { (void)st; memcpy((void *)(uintptr_t)d, s, n); return 0; }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return 0; }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { (void)st; memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
+CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) {
+    (void)st; memcpy(d, (void *)(uintptr_t)s, n);
+    if (env_int("FAKECUDA_CORRUPT", 0) && n) ((unsigned char *)d)[n / 2] ^= 0xff;
+    return 0;
+}
+CUresult cuEventCreate(void **e, unsigned int flags) { (void)flags; *e = calloc(1, sizeof(event_t)); return 0; }
+CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
+CUresult cuEventRecord(void *e, void *st) { (void)st; ((event_t *)e)->t = now(); return 0; }
+CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+CUresult cuEventElapsedTime(float *ms, void *a, void *b) { *ms = (float)((((event_t *)b)->t - ((event_t *)a)->t) * 1000.0); if (*ms <= 0) *ms = 1e-3f; return 0; }
+
+/* NVML */
+typedef struct { char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } nvmlPciInfo_t;
+typedef struct { unsigned long long total, free_, used; } nvmlBAR1Memory_t;
+int nvmlInit_v2(void) { return 0; }
+int nvmlSystemGetDriverVersion(char *v, unsigned len) { snprintf(v, len, "0.0-fake"); return 0; }
+int nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 12040; return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = env_int("FAKECUDA_NODEV", 0) ? 0 : 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)(uintptr_t)(i + 1); return 0; }
+int nvmlDeviceGetName(void *h, char *n, unsigned len) { (void)h; snprintf(n, len, "FAKE CUDA (not a GPU)"); return 0; }
+int nvmlDeviceGetPciInfo_v3(void *h, nvmlPciInfo_t *p) {
+    (void)h; memset(p, 0, sizeof *p); p->bus = 1; p->pciDeviceId = 0x233010de;
+    snprintf(p->busId, sizeof p->busId, "00000000:01:00.0"); return 0;
+}
+int nvmlDeviceGetVirtualizationMode(void *h, int *m) { (void)h; *m = 1; return 0; }
+int nvmlDeviceGetBAR1MemoryInfo(void *h, nvmlBAR1Memory_t *b) { (void)h; b->total = 128ULL << 30; b->free_ = b->total; b->used = 0; return 0; }
+int nvmlDeviceGetEccMode(void *h, int *c, int *p) { (void)h; *c = *p = 1; return 0; }
+int nvmlDeviceGetMigMode(void *h, unsigned *c, unsigned *p) { (void)h; *c = *p = 0; return 0; }
+int nvmlDeviceGetCurrPcieLinkGeneration(void *h, unsigned *g) { (void)h; *g = env_int("FAKECUDA_GEN", 5); return 0; }
+int nvmlDeviceGetCurrPcieLinkWidth(void *h, unsigned *w) { (void)h; *w = env_int("FAKECUDA_WIDTH", 16); return 0; }
+int nvmlDeviceGetMaxPcieLinkGeneration(void *h, unsigned *g) { (void)h; *g = 5; return 0; }
+int nvmlDeviceGetMaxPcieLinkWidth(void *h, unsigned *w) { (void)h; *w = 16; return 0; }
