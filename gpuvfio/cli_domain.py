@@ -126,6 +126,8 @@ def vgpu_types_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")], as_j
 def vgpu_create_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")],
                     vgpu_type: Annotated[str, typer.Argument(metavar="TYPE", help="Type id or name.")],
                     uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: random).")] = None,
+                    persist: Annotated[bool, typer.Option("--persist", help="Recreate it at boot (mdevctl's "
+                                                          "store, /etc/mdevctl.d).")] = False,
                     as_json: JsonOption = False, root: RootOption = None) -> None:
     """Create a vGPU instance (legacy: an mdev; SR-IOV: a type on a free VF), journaled."""
     from gpuvfio.address import PciAddress
@@ -141,7 +143,7 @@ def vgpu_create_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")],
         except ValueError:
             raise InputError(f"not a UUID: {uuid!r}") from None
     host, writer = _writer(root)
-    report = create(host, wanted, vgpu_type, writer=writer, uuid=uuid)
+    report = create(host, wanted, vgpu_type, writer=writer, uuid=uuid, persist=persist)
     if as_json:
         emit_json(report)
     else:

@@ -10,6 +10,7 @@ the write, so ``gpuvfio vgpu remove`` and ``gpuvfio restore`` can undo it.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid as uuidlib
 
@@ -49,8 +50,25 @@ def mdev_dir(host: HostRoot, uuid: str) -> str:
     return host.sys_path("bus", "mdev", "devices", uuid)
 
 
+def mdevctl_path(host: HostRoot, parent: str, uuid: str) -> str:
+    """mdevctl's store for persistent mdevs: /etc/mdevctl.d/<parent>/<uuid>, JSON."""
+    return host.path("etc", "mdevctl.d", parent, uuid)
+
+
+def persist_mdev(host: HostRoot, parent: str, uuid: str, type_id: str) -> str:
+    """Define the mdev the way ``mdevctl define --auto`` does (same file, same JSON), so
+    mdevctl's udev/systemd integration recreates it at boot; atomic write."""
+    from gpuvfio.journal import atomic_write
+
+    path = mdevctl_path(host, parent, uuid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    body = json.dumps({"mdev_type": type_id, "start": "auto", "attrs": []}, indent=2)
+    atomic_write(path, body)
+    return path
+
+
 def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, uuid: str | None = None,
-           lock_timeout: float = 30.0) -> dict:
+           persist: bool = False, lock_timeout: float = 30.0) -> dict:
     from gpuvfio.pciids import PciIds
 
     with RunLock(state_dir(host), lock_timeout):
@@ -60,9 +78,19 @@ def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWri
         if fn is None:
             raise InputError(f"no such PCI function on this host: {address}")
         if fn.mdev_types:
-            return _create_mdev(host, inventory, address, wanted, uuid, writer, journal)
+            report = _create_mdev(host, inventory, address, wanted, uuid, writer, journal)
+            if persist:
+                report["persisted"] = persist_mdev(host, report["parent"], report["uuid"], report["type"])
+                journal.data["mdevs"].setdefault(report["uuid"], {})["persisted"] = report["persisted"]
+                journal.save()
+            return report
         if fn.vfs:
-            return _create_sriov(host, inventory, address, wanted, writer, journal)
+            report = _create_sriov(host, inventory, address, wanted, writer, journal)
+            if persist:
+                report["persisted"] = None
+                report["note"] = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
+                                  "again at boot, e.g. from a unit running gpuvfio vgpu create")
+            return report
         raise InputError(f"{address} offers no vGPU types (no mdev_supported_types, no SR-IOV VFs)")
 
 
@@ -134,6 +162,9 @@ def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: Sys
         raise InputError(f"mdev {uuid} was not created by gpuvfio (see gpuvfio status)")
     if os.path.lexists(mdev_dir(host, uuid)):
         writer.write(os.path.join(host.resolve_in_sys(mdev_dir(host, uuid)), "remove"), "1")
+    stored = mdevctl_path(host, mdevs[uuid].get("parent", "-"), uuid)
+    if os.path.exists(stored):
+        os.unlink(stored)
     del mdevs[uuid]
     journal.save()
     return {"kind": "mdev", "uuid": uuid, "result": "removed"}

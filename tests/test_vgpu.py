@@ -1,6 +1,7 @@
 """vGPU instances on the unit lane: legacy mdev and SR-IOV types, journaled and undone."""
 
 import errno
+import json
 import os
 
 import pytest
@@ -111,3 +112,14 @@ def test_cli_vgpu_bad_input(cli, host):
     result = cli("--root", h.root, "vgpu", "types", "0000:82:00.9")
     assert result.code == 2
     assert cli("--root", h.root, "vgpu", "types", A10, "--json").json()["kind"] == "sriov"
+
+
+def test_persist_writes_mdevctls_store(host):
+    """The file format is the one mdevctl 1.2.0's ``define --auto`` writes (seen on this machine)."""
+    h, w, _k = host
+    create(h, PciAddress.parse(T4), "nvidia-222", writer=w, uuid=UUID, persist=True)
+    path = os.path.join(h.root, "etc", "mdevctl.d", T4, UUID)
+    with open(path) as handle:
+        assert json.load(handle) == {"mdev_type": "nvidia-222", "start": "auto", "attrs": []}
+    remove(h, UUID, writer=w)
+    assert not os.path.exists(path)
