@@ -23,28 +23,45 @@ def default_uri() -> str:
     return os.environ.get("LIBVIRT_DEFAULT_URI") or "qemu:///system"
 
 
-def _facts(xml: str) -> set[str]:
-    """Each element as 'path[attrs]=text'; namespaces kept, metadata ignored."""
-    facts: set[str] = set()
+def _elements(xml: str) -> list[tuple[str, dict, str]]:
+    """(tag path, attributes, text) of every element; metadata ignored."""
+    out: list[tuple[str, dict, str]] = []
 
     def walk(element, path):
         if element.tag == "metadata":
             return
-        attrs = ",".join(f"{k}={v}" for k, v in sorted(element.attrib.items()))
-        text = (element.text or "").strip()
-        here = f"{path}/{element.tag}[{attrs}]"
-        facts.add(f"{here}={text}" if text else here)
+        here = f"{path}/{element.tag}"
+        out.append((here, dict(element.attrib), (element.text or "").strip()))
         for child in element:
             walk(child, here)
 
     walk(ET.fromstring(xml), "")
-    return facts
+    return out
+
+
+def _value_matches(key: str, ours: str, theirs: str | None) -> bool:
+    if theirs == ours:
+        return True
+    # libvirt stores the versioned machine type for an alias: q35 -> pc-q35-7.2
+    return key == "machine" and theirs is not None and theirs.startswith(f"pc-{ours}-")
 
 
 def difference(wanted: str, current: str) -> list[str]:
-    """What ``wanted`` sets that ``current`` lacks (as '+ fact' lines)."""
-    ours, theirs = _facts(wanted), _facts(current)
-    return [f"+ {fact}" for fact in sorted(ours - theirs)]
+    """What ``wanted`` sets that ``current`` lacks: every element of ours needs one at the
+    same tag path in ``current`` carrying at least our attributes and our text (libvirt
+    adds defaults, addresses and model attributes of its own)."""
+    index: dict[str, list[tuple[dict, str]]] = {}
+    for path, attrs, text in _elements(current):
+        index.setdefault(path, []).append((attrs, text))
+    missing = []
+    for path, attrs, text in _elements(wanted):
+        candidates = index.get(path, [])
+        if not any((not text or text == their_text)
+                   and all(_value_matches(k, v, their_attrs.get(k)) for k, v in attrs.items())
+                   for their_attrs, their_text in candidates):
+            shown = ",".join(f"{k}={v}" for k, v in sorted(attrs.items()))
+            missing.append(f"+ {path}[{shown}]" + (f"={text}" if text else ""))
+    return missing
 
 
 def _connect(uri: str):

@@ -190,5 +190,8 @@ def test_define_compares_before_changing():
 
     wanted = "<domain type='kvm'><name>a</name><vcpu>4</vcpu></domain>"
     current = "<domain type='kvm'><name>a</name><uuid>x</uuid><vcpu placement='static'>4</vcpu></domain>"
-    assert difference(wanted, current) == ["+ /domain[type=kvm]/vcpu[]=4"]
-    assert difference(wanted.replace("<vcpu>4</vcpu>", ""), current) == []
+    assert difference(wanted, current) == []  # libvirt's added attributes are not a difference
+    assert difference(wanted.replace(">4<", ">8<"), current) == ["+ /domain/vcpu[]=8"]
+    q35 = "<domain><os><type arch='x86_64' machine='q35'>hvm</type></os></domain>"
+    assert difference(q35, q35.replace("'q35'", "'pc-q35-7.2'")) == []
+    assert difference(q35, q35.replace("'q35'", "'pc-i440fx-7.2'")) != []

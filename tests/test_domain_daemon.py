@@ -92,3 +92,30 @@ def test_same_spec_without_hostdevs_boots(conn):
         dom.destroy()
     finally:
         dom.undefine()
+
+
+def test_define_is_idempotent_in_the_real_driver(conn, cli):
+    """--define: defined, then unchanged; a changed request shows the difference and changes
+    nothing until --update."""
+    uri = conn.getURI()
+    base = ["--root", sample_path("epyc-mixed"), "xml", "0000:81:00.0", "--name", "gpuvfio-idem", "--vcpus", "8",
+            "--memory", "16G", "--firmware", "bios", "--virt-type", "qemu", "--define", "--connect", uri, "--json"]
+    try:
+        first = cli(*base).json()["define"]
+        assert first["result"] == "defined"
+        assert cli(*base).json()["define"]["result"] == "unchanged"
+        changed = [a if a != "8" else "4" for a in base]
+        differs = cli(*changed).json()["define"]
+        assert differs["result"] == "differs" and any("vcpu" in line for line in differs["changes"])
+        stored = conn.lookupByName("gpuvfio-idem").XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        assert "<vcpu placement='static'>8</vcpu>" in stored  # nothing changed yet
+        uuid = conn.lookupByName("gpuvfio-idem").UUIDString()
+        assert cli(*changed, "--update").json()["define"]["result"] == "updated"
+        dom = conn.lookupByName("gpuvfio-idem")
+        assert "<vcpu placement='static'>4</vcpu>" in dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        assert dom.UUIDString() == uuid  # redefined under the same identity
+    finally:
+        try:
+            conn.lookupByName("gpuvfio-idem").undefine()
+        except libvirt.libvirtError:
+            pass
