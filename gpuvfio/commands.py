@@ -87,20 +87,10 @@ def dump_host(host: HostRoot, out: str) -> str:
     text = record(host)
     if out == "-":
         return text
-    import tempfile
+    from gpuvfio.journal import atomic_write
 
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise HostReadError(f"cannot write {out}: {directory} is not a directory")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpuvfio-dump-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(os.path.abspath(out), text)
     return text

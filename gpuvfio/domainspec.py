@@ -15,7 +15,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.hostroot import HostRoot
 from gpuvfio.inventory import Inventory
-from gpuvfio.model import NumaNode, PciFunction
+from gpuvfio.model import NumaNode, PciFunction, format_cpulist
 from gpuvfio.numa import physical_address_bits, read_cpus
 from gpuvfio.placement import (CellPlacement, guest_phys_bits_needed, hugepage_choice, mmio64_window_mb,
                                place_cell)
@@ -117,11 +117,11 @@ class DomainSpec:
 
     @property
     def emulator_cpuset(self) -> str:
-        return _cpuset(sorted({c for cell in self.cells for c in cell.emulator_cpus}))
+        return format_cpulist(sorted({c for cell in self.cells for c in cell.emulator_cpus}))
 
     @property
     def nodeset(self) -> str:
-        return _cpuset(sorted({cell.node for cell in self.cells}))
+        return format_cpulist(sorted({cell.node for cell in self.cells}))
 
     @property
     def host_devices(self) -> list[str]:
@@ -134,22 +134,6 @@ class DomainSpec:
     @property
     def sockets(self) -> int:
         return max(1, len(self.cells)) if self.guest_cells else 1
-
-
-def _cpuset(values: list[int]) -> str:
-    """[0,1,2,5] -> '0-2,5' (libvirt cpuset syntax)."""
-    parts, start, prev = [], None, None
-    for value in values:
-        if start is None:
-            start = prev = value
-        elif value == prev + 1:
-            prev = value
-        else:
-            parts.append(f"{start}-{prev}" if start != prev else str(start))
-            start = prev = value
-    if start is not None:
-        parts.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(parts)
 
 
 def validate_name(name: str) -> str:

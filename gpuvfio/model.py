@@ -238,3 +238,19 @@ def parse_cpulist(text: str | None) -> list[int]:
         else:
             cpus.append(int(part))
     return cpus
+
+
+def format_cpulist(values) -> str:
+    """[0,1,2,5] -> '0-2,5': the kernel's cpulist format, which libvirt's cpuset also reads."""
+    parts, start, prev = [], None, None
+    for value in sorted(set(values)):
+        if start is None:
+            start = prev = value
+        elif value == prev + 1:
+            prev = value
+        else:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = value
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(parts)

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
+from gpuvfio.model import format_cpulist, parse_cpulist
 
 IO, MEM, PREFETCH, MEM64 = 0x100, 0x200, 0x2000, 0x100000
 BAR64_PREF = MEM | PREFETCH | MEM64
@@ -172,7 +173,7 @@ class HostBuilder:
                   hugepages: dict[int, tuple[int, int]] | None = None) -> None:
         """``hugepages`` maps page size in kB to (total, free)."""
         ndir = self.sys_path("devices", "system", "node", f"node{node}")
-        cpulist = _cpulist(cpus)
+        cpulist = format_cpulist(cpus)
         self.node_cpus[node] = cpulist
         _write(os.path.join(ndir, "cpulist"), cpulist + "\n")
         total = mem_gib * 1024 * 1024
@@ -185,8 +186,8 @@ class HostBuilder:
             _write(os.path.join(hp, "nr_hugepages"), f"{t}\n")
             _write(os.path.join(hp, "free_hugepages"), f"{f}\n")
         nodes = sorted(self.node_cpus)
-        _write(self.sys_path("devices", "system", "node", "online"), _cpulist(nodes) + "\n")
-        _write(self.sys_path("devices", "system", "node", "possible"), _cpulist(nodes) + "\n")
+        _write(self.sys_path("devices", "system", "node", "online"), format_cpulist(nodes) + "\n")
+        _write(self.sys_path("devices", "system", "node", "possible"), format_cpulist(nodes) + "\n")
 
     # -- PCI ----------------------------------------------------------------------------
     def root_bus(self, domain: int = 0, bus: int = 0, numa: int = -1) -> Node:
@@ -228,8 +229,8 @@ class HostBuilder:
             "vendor": f"0x{vendor}", "device": f"0x{device}", "class": f"0x{klass}",
             "subsystem_vendor": f"0x{sv}", "subsystem_device": f"0x{sd}", "revision": f"0x{revision}",
             "irq": str(self._irq), "numa_node": str(numa), "enable": "1",
-            "local_cpulist": self.node_cpus.get(numa, _cpulist(sorted(
-                c for cl in self.node_cpus.values() for c in _parse(cl)))),
+            "local_cpulist": self.node_cpus.get(numa, format_cpulist(sorted(
+                c for cl in self.node_cpus.values() for c in parse_cpulist(cl)))),
             "modalias": f"pci:v0000{vendor.upper()}d0000{device.upper()}sv0000{sv.upper()}"
                         f"sd0000{sd.upper()}bc{klass[0:2].upper()}sc{klass[2:4].upper()}i{klass[4:6].upper()}",
             "driver_override": "(null)",
@@ -346,33 +347,6 @@ class HostBuilder:
 
 def _align(value: int, size: int) -> int:
     return (value + size - 1) // size * size if size else value
-
-
-def _parse(cpulist: str) -> list[int]:
-    out = []
-    for part in cpulist.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            out.extend(range(int(lo), int(hi) + 1))
-        elif part:
-            out.append(int(part))
-    return out
-
-
-def _cpulist(cpus: list[int]) -> str:
-    cpus = sorted(set(cpus))
-    ranges, start, prev = [], None, None
-    for c in cpus:
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
-        else:
-            ranges.append((start, prev))
-            start = prev = c
-    if start is not None:
-        ranges.append((start, prev))
-    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
 
 
 def _config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction, secondary_bus) -> bytes:
