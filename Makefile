@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := virtinst python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
+APT_PACKAGES := virtinst chromium python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
 	libvirt-daemon-system qemu-system-x86 pciutils pci.ids libxml2-utils ovmf \
 	busybox-static dropbear-bin linux-image-amd64
 APT_STAMP := .deps/apt.stamp
@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Test trees are thousands of small files: keep them in memory when /dev/shm is there.
 BASETEMP := $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest,)
 
-.PHONY: all deps demo test test-fast bench samples clean
+.PHONY: all deps demo test test-fast bench samples sample-report clean
 
 all: test
 
@@ -57,3 +57,9 @@ samples: deps
 
 clean:
 	rm -rf $(VENV) .deps
+
+# The sample testbed report in docs/ (synthetic numbers, labelled as such).
+sample-report: deps
+	rm -rf docs/testbed-sample && $(PY) -c "import sys; sys.path.insert(0, '.'); \
+	from tests.testbed_data import write_synthetic; write_synthetic('docs/testbed-sample')" && \
+	$(PY) -m gpuvfio testbed report docs/testbed-sample && rm -rf docs/testbed-sample/results docs/testbed-sample/identity.json

@@ -126,4 +126,4 @@ def typer_main(argv: list[str] | None = None) -> None:
 
 
 # Commands defined in their own modules register themselves on ``app``.
-from gpuvfio import cli_bind, cli_domain, cli_guest  # noqa: E402,F401
+from gpuvfio import cli_bind, cli_domain, cli_guest, cli_testbed  # noqa: E402,F401

@@ -33,6 +33,7 @@ COMMANDS = {
     "verify": "Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth.",
     "attach": "Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure.",
     "detach": "Stop a guest, undefine it if gpuvfio defined it, and give its devices back.",
+    "testbed": "Comparison testbeds: passthrough vs vGPU vs bare metal, measured and reported side by side.",
 }
 
 

@@ -1,0 +1,190 @@
+"""``gpuvfio testbed report``: results.json, report.md and a self-contained report.html.
+
+Each metric is a table with every variant as a share of bare metal (or of the best
+variant when no baseline ran); plots are matplotlib PNGs embedded in the HTML as data
+URIs, so the page opens without a network. A difference is called significant only when
+the spread of the repetitions allows it (stats.significant).
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import html
+import io
+import json
+import os
+
+from gpuvfio.errors import InputError
+from gpuvfio.journal import atomic_write
+from gpuvfio.testbed.stats import METRICS, significant, summarize
+
+
+def collect(out: str) -> dict:
+    files = sorted(glob.glob(os.path.join(out, "results", "*", "rep-*.json")))
+    if not files:
+        raise InputError(f"no results under {out}/results (run gpuvfio testbed run first)")
+    variants: dict[str, dict] = {}
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except ValueError:
+            raise InputError(f"{path} is not valid JSON (a damaged result: remove it and rerun)") from None
+        entry = variants.setdefault(record["variant"], {"kind": record["kind"], "reps": [], "guest": {}})
+        entry["reps"].append(record["metrics"])
+        entry["guest"] = {k: v for k, v in record.get("guest", {}).items() if v is not None} or entry["guest"]
+    identity = {}
+    if os.path.exists(os.path.join(out, "identity.json")):
+        with open(os.path.join(out, "identity.json"), encoding="utf-8") as handle:
+            identity = json.load(handle)
+    for entry in variants.values():
+        entry["metrics"] = {key: summarize([rep.get(key) for rep in entry["reps"]]) for key in METRICS}
+    baseline = next((name for name, e in variants.items() if e["kind"] == "baremetal"), None)
+    return {"identity": identity, "baseline": baseline, "variants": variants}
+
+
+def _reference(results: dict, key: str) -> tuple[str | None, float | None]:
+    higher_better = METRICS[key][2]
+    base = results["baseline"]
+    if base and results["variants"][base]["metrics"][key].get("count"):
+        return base, results["variants"][base]["metrics"][key]["mean"]
+    candidates = [(name, v["metrics"][key]["mean"]) for name, v in results["variants"].items()
+                  if v["metrics"][key].get("count")]
+    if not candidates:
+        return None, None
+    return (max if higher_better else min)(candidates, key=lambda c: c[1])
+
+
+def tables(results: dict) -> list[dict]:
+    out = []
+    for key, (label, unit, higher) in METRICS.items():
+        ref_name, ref = _reference(results, key)
+        if ref is None:
+            continue
+        rows = []
+        for name, variant in results["variants"].items():
+            stats = variant["metrics"][key]
+            if not stats.get("count"):
+                continue
+            share = 100.0 * (stats["mean"] / ref if higher else ref / stats["mean"]) if stats["mean"] and ref else None
+            sig = None if name == ref_name else significant(stats, results["variants"][ref_name]["metrics"][key])
+            rows.append({"variant": name, "kind": variant["kind"], **{k: stats[k] for k in
+                         ("mean", "median", "p99", "min", "max", "count", "stdev")},
+                         "percent_of_reference": share, "significant": sig})
+        out.append({"metric": key, "label": label, "unit": unit, "higher_is_better": higher,
+                    "reference": ref_name, "reference_is_baseline": ref_name == results["baseline"], "rows": rows})
+    return out
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def markdown(results: dict, metric_tables: list[dict]) -> str:
+    lines = ["# gpuvfio testbed report", "", "## System", ""]
+    lines += [f"- **{k}**: {v}" for k, v in results["identity"].items()]
+    for name, variant in results["variants"].items():
+        if variant["guest"]:
+            lines.append(f"- **{name}** ({variant['kind']}): " + ", ".join(f"{k} {v}" for k, v in
+                                                                              variant["guest"].items()))
+    for table in metric_tables:
+        ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
+        lines += ["", f"## {table['label']} ({table['unit']})", "",
+                  f"| variant | mean | median | p99 | min | max | n | % of {ref} | significant |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for row in table["rows"]:
+            sig = {True: "yes", False: "no", None: "n/a (too few runs)"}[row["significant"]]
+            if row["variant"] == table["reference"]:
+                sig = "reference"
+            pct = "-" if row["percent_of_reference"] is None else f"{row['percent_of_reference']:.1f}%"
+            lines.append(f"| {row['variant']} | {_fmt(row['mean'])} | {_fmt(row['median'])} | {_fmt(row['p99'])} | "
+                         f"{_fmt(row['min'])} | {_fmt(row['max'])} | {row['count']} | {pct} | {sig} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    images = {}
+    for table in metric_tables:
+        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+        names = [r["variant"] for r in table["rows"]]
+        means = [r["mean"] for r in table["rows"]]
+        errors = [r["stdev"] for r in table["rows"]]
+        ax.bar(names, means, yerr=errors, capsize=4, color="#4C72B0")
+        ax.set_ylabel(table["unit"])
+        ax.set_title(table["label"])
+        ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        plt.close(fig)
+        images[f"{table['metric']}.png"] = buffer.getvalue()
+    latencies = {name: v["metrics"]["latency_p50_us"].get("values", []) for name, v in results["variants"].items()}
+    latencies = {k: v for k, v in latencies.items() if v}
+    if latencies:
+        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+        ax.boxplot(list(latencies.values()))
+        ax.set_xticks(range(1, len(latencies) + 1), list(latencies))  # works before and after 3.9
+        ax.set_ylabel("µs")
+        ax.set_title("Small-copy latency (p50 per repetition)")
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        plt.close(fig)
+        images["latency_distribution.png"] = buffer.getvalue()
+    return images
+
+
+def html_page(results: dict, metric_tables: list[dict], images: dict[str, bytes]) -> str:
+    esc = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>gpuvfio testbed report</title><style>",
+             "body{font-family:sans-serif;margin:2em;max-width:60em}table{border-collapse:collapse;margin:1em 0}",
+             "td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right}td:first-child{text-align:left}",
+             "</style></head><body><h1>gpuvfio testbed report</h1><h2>System</h2><ul>"]
+    parts += [f"<li><b>{esc(str(k))}</b>: {esc(str(v))}</li>" for k, v in results["identity"].items()]
+    parts.append("</ul>")
+    for table in metric_tables:
+        ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
+        parts.append(f"<h2>{esc(table['label'])} ({esc(table['unit'])})</h2><table><tr><th>variant</th><th>mean</th>"
+                     f"<th>median</th><th>p99</th><th>min</th><th>max</th><th>n</th><th>% of {esc(ref)}</th>"
+                     "<th>significant</th></tr>")
+        for row in table["rows"]:
+            sig = {True: "yes", False: "no", None: "n/a"}[row["significant"]]
+            if row["variant"] == table["reference"]:
+                sig = "reference"
+            pct = "-" if row["percent_of_reference"] is None else f"{row['percent_of_reference']:.1f}%"
+            parts.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
+                row["variant"], _fmt(row["mean"]), _fmt(row["median"]), _fmt(row["p99"]), _fmt(row["min"]),
+                _fmt(row["max"]), row["count"], pct, sig)) + "</tr>")
+        parts.append("</table>")
+        image = images.get(f"{table['metric']}.png")
+        if image:
+            parts.append(f"<img alt='{esc(table['label'])}' src='data:image/png;base64,"
+                         f"{base64.b64encode(image).decode()}'>")
+    if "latency_distribution.png" in images:
+        parts.append("<h2>Latency distribution</h2><img alt='latency distribution' src='data:image/png;base64,"
+                     f"{base64.b64encode(images['latency_distribution.png']).decode()}'>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def write_report(out: str) -> dict:
+    results = collect(out)
+    metric_tables = tables(results)
+    images = plots(results, metric_tables)
+    for name, data in images.items():
+        with open(os.path.join(out, name), "wb") as handle:
+            handle.write(data)
+    machine = {"identity": results["identity"], "baseline": results["baseline"], "tables": metric_tables}
+    atomic_write(os.path.join(out, "results.json"), json.dumps(machine, indent=2))
+    atomic_write(os.path.join(out, "report.md"), markdown(results, metric_tables))
+    atomic_write(os.path.join(out, "report.html"), html_page(results, metric_tables, images))
+    return {"out": out, "files": ["results.json", "report.md", "report.html", *sorted(images)],
+            "variants": list(results["variants"]), "baseline": results["baseline"]}

@@ -1,0 +1,195 @@
+"""``gpuvfio testbed run``: provision each variant, measure, tear down, resume after interruption.
+
+The results directory is the record: ``<out>/results/<variant>/rep-<n>.json`` is written
+atomically when a repetition is done, so a second run skips what exists. A variant's
+guest is always detached (and its devices restored, its vGPU removed) before the next
+variant starts -- also on Ctrl-C or SIGTERM -- and a guest left over from an interrupted
+run is detached first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import uuid as uuidlib
+
+from gpuvfio.errors import GpuvfioError
+from gpuvfio.hostroot import HostRoot
+from gpuvfio.journal import atomic_write
+from gpuvfio.testbed.plan import addresses_for, options_for
+from gpuvfio.testbed.spec import Spec, Variant
+
+
+def _metrics(report: dict) -> dict:
+    bw = next(iter(report.get("bandwidth_gbps", {}).values()), {})
+    latency = next(iter(((report.get("facts") or {}).get("latency") or {}).values()), {})
+    return {"h2d_gbps": bw.get("h2d"), "d2h_gbps": bw.get("d2h"), "d2d_gbps": bw.get("d2d"),
+            "latency_p50_us": latency.get("p50_us"), "latency_p99_us": latency.get("p99_us")}
+
+
+def identity(host: HostRoot, conn=None) -> dict:
+    from gpuvfio.kernel import read_kernel
+    from gpuvfio.numa import read_numa
+
+    cpuinfo = host.read(host.path("proc", "cpuinfo")) or ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 None)
+    kernel = read_kernel(host)
+    nodes = read_numa(host)
+    ident = {"host_cpu": model, "host_memory_kb": sum(n.mem_total_kb or 0 for n in nodes) or None,
+             "host_kernel": kernel.release, "iommu": kernel.iommu_vendor,
+             "iommu_mode": "pt" if kernel.param("iommu") == "pt" else "translated", "numa_nodes": len(nodes),
+             "python": platform.python_version(), "qemu_version": None, "libvirt_version": None}
+    if conn is not None:
+        try:
+            version = conn.getVersion()
+            ident["qemu_version"] = f"{version // 1000000}.{version // 1000 % 1000}.{version % 1000}"
+            lib = conn.getLibVersion()
+            ident["libvirt_version"] = f"{lib // 1000000}.{lib // 1000 % 1000}.{lib % 1000}"
+        except Exception:  # noqa: BLE001 - identity is best effort
+            pass
+    return ident
+
+
+def _guest_facts(report: dict) -> dict:
+    facts = report.get("facts") or {}
+    nvml = facts.get("nvml") or {}
+    device = (nvml.get("devices") or [{}])[0]
+    link = None
+    for check in report.get("checks", []):
+        if check["id"] == "pcie_link" and check.get("observed"):
+            link = check["observed"]
+    return {"guest_kernel": facts.get("guest_kernel"), "driver_version": nvml.get("driver_version"),
+            "cuda_driver_version": nvml.get("cuda_driver_version"),
+            "virtualization_mode": device.get("virtualization_mode"), "pcie_link_under_load": link}
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def run_testbed(host: HostRoot, spec: Spec, out: str, *, conn, known_hosts_default: str | None,
+                bind_step, restore_step, vgpu_writer=None, progress=lambda line: None) -> dict:
+    os.makedirs(os.path.join(out, "results"), exist_ok=True)
+    atomic_write(os.path.join(out, "identity.json"), json.dumps(identity(host, conn), indent=2))
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
+
+    def on_term(signum, frame):
+        raise _Interrupted()
+
+    signal.signal(signal.SIGTERM, on_term)
+    summary = {}
+    try:
+        for variant in spec.variants:
+            summary[variant.name] = _run_variant(host, spec, variant, out, conn, known_hosts_default,
+                                                 bind_step, restore_step, vgpu_writer, progress)
+    except (_Interrupted, KeyboardInterrupt):
+        raise GpuvfioError("testbed run interrupted; everything was torn down; run it again to resume") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return summary
+
+
+def _rep_path(out: str, variant: Variant, rep: int) -> str:
+    return os.path.join(out, "results", variant.name, f"rep-{rep}.json")
+
+
+def _write_rep(out, variant, rep, report, extra) -> None:
+    os.makedirs(os.path.join(out, "results", variant.name), exist_ok=True)
+    extra = dict(extra)
+    metrics = {**_metrics(report), **extra.pop("metrics", {})}
+    record = {"variant": variant.name, "kind": variant.kind, "rep": rep, "metrics": metrics,
+              "guest": _guest_facts(report), "verify": report, **extra}
+    atomic_write(_rep_path(out, variant, rep), json.dumps(record, indent=2))
+
+
+def _run_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step, vgpu_writer,
+                 progress) -> dict:
+    todo = [r for r in range(spec.repetitions) if not os.path.exists(_rep_path(out, variant, r))]
+    if not todo:
+        progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
+        return {"ran": 0}
+    if variant.kind == "baremetal":
+        for rep in todo:
+            progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions} on this host")
+            _write_rep(out, variant, rep, _verify_here(), {})
+        return {"ran": len(todo)}
+    return _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step,
+                              vgpu_writer, todo, progress)
+
+
+def _verify_here() -> dict:
+    """The baseline: probe and verifier run directly on this host (no SSH)."""
+    from gpuvfio.guest import PROBE, VERIFIER
+    from gpuvfio.verify import evaluate, parse_probe, parse_verifier
+
+    probe = parse_probe(subprocess.run(["sh", PROBE], capture_output=True, text=True, check=True).stdout)
+    verifier = parse_verifier(subprocess.run([sys.executable, VERIFIER], capture_output=True, text=True,
+                                             check=True).stdout)
+    return evaluate(probe, verifier, [])
+
+
+def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step, vgpu_writer,
+                       todo, progress) -> dict:
+    from gpuvfio import guests
+    from gpuvfio.attach import attach, detach
+    from gpuvfio.inventory import read_inventory
+    from gpuvfio.numa import read_numa
+    from gpuvfio.ssh import Session, SshTarget
+    from gpuvfio.verify import expectations, verify_guest
+
+    inventory, nodes = read_inventory(host), read_numa(host)
+    options = options_for(spec, variant, inventory, nodes)
+    leftover = guests.lookup(conn, options.name)
+    if leftover is not None:
+        progress(f"{variant.name}: detaching {options.name} left from an interrupted run")
+        detach(conn, options.name, restore_step=restore_step, timeout=10)
+    addresses = addresses_for(spec, variant)
+    vgpu_instance = None
+    if variant.kind == "vgpu":
+        from gpuvfio.domainspec import MDEV_NAMESPACE
+        from gpuvfio.vgpucmd import create
+
+        fn = inventory.functions[addresses[0]]
+        uuid = None
+        if fn.mdev_types:
+            from gpuvfio.vgpu import pick_mdev
+
+            type_id = pick_mdev(inventory, addresses[0], variant.profile)
+            uuid = str(uuidlib.uuid5(MDEV_NAMESPACE, f"{options.name}/{addresses[0]}/{type_id}"))
+        made = create(host, addresses[0], variant.profile, writer=vgpu_writer, uuid=uuid)
+        vgpu_instance = made.get("uuid") or made.get("vf")
+    ssh = SshTarget(spec.ssh.get("host", "127.0.0.1"), spec.ssh.get("port", 22), spec.ssh.get("user", "root"),
+                    spec.ssh.get("key"), spec.ssh.get("known_hosts"), bool(spec.ssh.get("trust_on_first_use")))
+    try:
+        progress(f"{variant.name}: attach")
+        started = time.monotonic()
+        result = attach(host, addresses, options, conn=conn,
+                        ssh=ssh, bind_step=bind_step if variant.kind == "passthrough" else None,
+                        restore_step=restore_step, known_hosts_default=known_hosts_default,
+                        boot_timeout=300)
+        took = time.monotonic() - started
+        first, rest = todo[0], todo[1:]
+        _write_rep(out, variant, first, result.report, {"metrics": {"time_to_verified_s": took},
+                                                          "attach_steps": result.steps})
+        expected = expectations(inventory, [a for a in addresses if variant.kind == "passthrough"])
+        for rep in rest:
+            progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
+            with Session(SshTarget(ssh.host, ssh.port, ssh.user, ssh.key, ssh.known_hosts, ssh.trust_on_first_use),
+                         known_hosts_default) as session:
+                _write_rep(out, variant, rep, verify_guest(session, expected), {})
+    finally:
+        if guests.lookup(conn, options.name) is not None:
+            progress(f"{variant.name}: detach")
+            detach(conn, options.name, restore_step=restore_step, timeout=10)
+        if vgpu_instance is not None:
+            from gpuvfio.vgpucmd import remove
+
+            remove(host, vgpu_instance, writer=vgpu_writer)
+    return {"ran": len(todo)}

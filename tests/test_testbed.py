@@ -1,0 +1,135 @@
+"""Testbeds on the unit lane: spec validation, plan, report (tables, plots, headless Chromium)."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from gpuvfio.errors import InputError
+from gpuvfio.testbed.report import collect, tables, write_report
+from gpuvfio.testbed.spec import load_spec
+from tests.make_samples import sample_path
+from tests.testbed_data import write_synthetic
+
+GOOD = """\
+[guest]
+disk = "/var/lib/libvirt/images/g.qcow2"
+vcpus = 8
+memory = "32G"
+[guest.ssh]
+port = 2222
+
+[run]
+repetitions = 3
+gpus = ["0000:1b:00.0"]
+
+[[variant]]
+name = "pt-1g"
+kind = "passthrough"
+hugepages = "1G"
+
+[[variant]]
+name = "pt-remote"
+kind = "passthrough"
+numa = "remote"
+
+[[variant]]
+name = "baremetal"
+kind = "baremetal"
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_good_spec(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD))
+    assert [v.name for v in spec.variants] == ["pt-1g", "pt-remote", "baremetal"]
+    assert spec.repetitions == 3 and spec.ssh["port"] == 2222
+
+
+@pytest.mark.parametrize("old, new, line, fragment", [
+    ('kind = "passthrough"\nhugepages = "1G"', 'kind = "passthru"\nhugepages = "1G"', 14, "variant kind"),
+    ('hugepages = "1G"', 'hugepages = "3G"', 15, "hugepages must be"),
+    ('name = "pt-remote"', 'name = "pt-1g"', 18, "duplicate variant name"),
+    ('repetitions = 3', 'repetitions = 0', 9, "repetitions"),
+    ('gpus = ["0000:1b:00.0"]', 'gpus = ["0000:1b:00.9"]', 10, "not a PCI address"),
+    ('memory = "32G"', 'memory = "lots"', 4, "not a size"),
+    ('numa = "remote"', 'numa = "far"', 20, "numa must be"),
+    ('vcpus = 8', 'vcpus = 8\ncolour = "red"', 4, "unknown key 'colour'"),
+])
+def test_bad_spec_points_at_the_line(tmp_path, old, new, line, fragment):
+    assert old in GOOD
+    with pytest.raises(InputError) as info:
+        load_spec(write(tmp_path, GOOD.replace(old, new, 1)))
+    message = str(info.value)
+    assert f"spec.toml:{line}:" in message and fragment in message, message
+
+
+def test_toml_syntax_error(tmp_path):
+    with pytest.raises(InputError, match="not valid TOML"):
+        load_spec(write(tmp_path, GOOD.replace('kind = "baremetal"', 'kind = "baremetal')))
+
+
+def test_plan_shows_bind_and_xml_diff(cli, tmp_path):
+    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", write(tmp_path, GOOD), "--json")
+    assert result.code == 0, result.err
+    plan = result.json()
+    first, remote, bare = plan["variants"]
+    assert first["bind"]["devices"] == ["0000:1b:00.0"] and first["hugepages_kib"] == 1048576
+    assert remote["numa_nodes"] == [1] and "DMA crosses sockets" in remote["warnings"][0]
+    assert "-    <vcpupin vcpu='0' cpuset='1'/>" in remote["xml_diff"]
+    assert bare["kind"] == "baremetal" and "xml" not in bare
+
+
+def test_report_from_synthetic_results(tmp_path):
+    out = str(tmp_path / "run")
+    write_synthetic(out)
+    results = collect(out)
+    metric_tables = {t["metric"]: t for t in tables(results)}
+    h2d = {r["variant"]: r for r in metric_tables["h2d_gbps"]["rows"]}
+    assert metric_tables["h2d_gbps"]["reference"] == "baremetal"
+    assert 98 < h2d["passthrough-1g"]["percent_of_reference"] < 101
+    assert h2d["passthrough-remote-4k"]["significant"] is True and h2d["passthrough-remote-4k"][
+        "percent_of_reference"] < 90
+    boot = metric_tables["time_to_verified_s"]
+    assert boot["reference"] != "baremetal" and all(r["count"] == 1 for r in boot["rows"])
+    assert all(r["significant"] is None for r in boot["rows"] if r["variant"] != boot["reference"])
+    summary = write_report(out)
+    assert {"report.md", "report.html", "results.json", "h2d_gbps.png"} <= set(summary["files"])
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "| passthrough-1g |" in md and "% of bare metal" in md
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["baseline"] == "baremetal"
+
+
+def test_report_without_results(cli, tmp_path):
+    result = cli("testbed", "report", str(tmp_path))
+    assert result.code == 2 and "no results" in result.err
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")
+def test_html_report_renders_in_chromium(tmp_path):
+    out = str(tmp_path / "run")
+    write_synthetic(out)
+    write_report(out)
+    page = os.path.join(out, "report.html")
+    html = open(page).read()
+    assert "http://" not in html and "https://" not in html  # self-contained
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                          f"file://{page}"], capture_output=True, text=True, timeout=120)
+    assert "<table>" in dom.stdout and "passthrough-remote-4k" in dom.stdout
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--no-first-run", f"--user-data-dir={tmp_path / 'profile2'}", f"--screenshot={shot}",
+                    "--window-size=1000,1400", f"file://{page}"], capture_output=True, timeout=120)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000  # tables and plots, not a blank page

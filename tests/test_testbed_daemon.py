@@ -1,0 +1,110 @@
+"""A two-variant testbed end to end on the daemon lane, interrupted once and resumed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.lanes import daemon as dl
+from tests.lanes import guest as gl
+
+pytestmark = pytest.mark.daemon
+_REASON = dl.skip_reason() or gl.skip_reason()
+if _REASON:
+    pytest.skip(_REASON, allow_module_level=True)
+
+from gpuvfio.errors import GpuvfioError  # noqa: E402
+from gpuvfio.hostroot import HostRoot  # noqa: E402
+from gpuvfio.testbed.report import write_report  # noqa: E402
+from gpuvfio.testbed.run import run_testbed  # noqa: E402
+from gpuvfio.testbed.spec import load_spec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    gen = dl.libvirt_daemon()
+    d = next(gen)
+    try:
+        yield d
+    finally:
+        for _ in gen:
+            pass
+
+
+def spec_file(tmp_path, image, port, known):
+    text = f"""
+[guest]
+kernel = "{image.kernel}"
+initrd = "{image.initrd}"
+cmdline = "{gl.KERNEL_CMDLINE}"
+vcpus = 1
+memory = "256M"
+virt_type = "qemu"
+firmware = "bios"
+[guest.ssh]
+port = {port}
+key = "{image.client_key}"
+known_hosts = "{known}"
+
+[run]
+repetitions = 2
+
+[[variant]]
+name = "tiny-4k"
+kind = "passthrough"
+hugepages = "none"
+numa = "none"
+
+[[variant]]
+name = "tiny-auto"
+kind = "passthrough"
+hugepages = "auto"
+numa = "none"
+
+[[variant]]
+name = "baremetal"
+kind = "baremetal"
+"""
+    path = tmp_path / "testbed.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    image = gl.build_guest()
+    port = gl.free_port()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {image.host_key_line}\n")
+    spec = load_spec(spec_file(tmp_path, image, port, known))
+    out = str(tmp_path / "out")
+    host = HostRoot("/")
+    conn = daemon.connect()
+    seen = []
+
+    def interrupt_once(line):
+        seen.append(line)
+        if line == "tiny-auto: repetition 2/2" and not any("resumed" in s for s in seen):
+            raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(GpuvfioError, match="interrupted"):
+            run_testbed(host, spec, out, conn=conn, known_hosts_default=None, bind_step=None, restore_step=None,
+                        progress=interrupt_once)
+        assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
+        done = sorted(os.listdir(os.path.join(out, "results", "tiny-4k")))
+        assert done == ["rep-0.json", "rep-1.json"]
+        assert os.listdir(os.path.join(out, "results", "tiny-auto")) == ["rep-0.json"]
+        seen.append("resumed")
+        run_testbed(host, spec, out, conn=conn, known_hosts_default=None, bind_step=None, restore_step=None,
+                    progress=seen.append)
+        assert "tiny-4k: done already (2 repetitions)" in seen
+        assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "rep-1.json"]
+        assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
+    finally:
+        conn.close()
+    summary = write_report(out)
+    assert summary["baseline"] == "baremetal"
+    md = open(os.path.join(out, "report.md")).read()
+    assert "Attach to verified guest" in md and "| tiny-auto |" in md
