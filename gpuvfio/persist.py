@@ -27,6 +27,15 @@ from gpuvfio.hostroot import HostRoot
 UDEV_RULES = ("etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules")
 SOFTDEP = ("etc", "modprobe.d", "gpuvfio-vfio.conf")
 MODULES_LOAD = ("etc", "modules-load.d", "gpuvfio-vfio.conf")
+UNIT = ("etc", "systemd", "system", "gpuvfio-vfio-pci.service")
+UNIT_WANTS = ("etc", "systemd", "system", "multi-user.target.wants", "gpuvfio-vfio-pci.service")
+# A device already bound when udev ran (a driver in the initramfs, a built-in driver) keeps
+# its driver: this oneshot unit moves it, like driverctl@.service does. The addresses are
+# separate arguments of the script (validated PciAddress values), never spliced into it.
+UNIT_SCRIPT = ('SYS=/sys; for d in "$@"; do p=$SYS/bus/pci/devices/$d; [ -e "$p" ] || continue; '
+               'cur=$(basename "$(readlink "$p/driver" 2>/dev/null)"); [ "$cur" = vfio-pci ] && continue; '
+               'echo vfio-pci > "$p/driver_override"; [ -e "$p/driver" ] && echo "$d" > "$p/driver/unbind"; '
+               'echo "$d" > $SYS/bus/pci/drivers_probe; done')
 DRIVERCTL_DIR = ("etc", "driverctl.d")
 DRIVERCTL_BINARIES = (("usr", "sbin", "driverctl"), ("usr", "bin", "driverctl"), ("sbin", "driverctl"))
 HEADER = "# Managed by gpuvfio persist; edit with gpuvfio persist/unpersist.\n"
@@ -39,12 +48,36 @@ class FileChange:
     path: str
     old: str | None  # None: the file does not exist
     new: str | None  # None: the file is removed
+    link: bool = False  # old/new are symlink targets (systemd's enablement link)
 
     def diff(self, root: str) -> str:
         rel = "/" + os.path.relpath(self.path, root)
+        if self.link:
+            return f"--- {rel}\n+++ {rel}\n-> {self.old or '(none)'}\n+> {self.new or '(removed)'}\n"
         return "".join(difflib.unified_diff((self.old or "").splitlines(True), (self.new or "").splitlines(True),
                                             f"a{rel}" if self.old is not None else "/dev/null",
                                             f"b{rel}" if self.new is not None else "/dev/null"))
+
+
+def _read_link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _unit(addresses: list[PciAddress]) -> str:
+    import shlex
+
+    args = " ".join(shlex.quote(str(a)) for a in addresses)
+    return (HEADER + "[Unit]\nDescription=gpuvfio: keep persisted PCI devices on vfio-pci\n"
+            "After=systemd-udev-settle.service systemd-modules-load.service\n"
+            "Before=libvirtd.service virtqemud.service nvidia-persistenced.service\n"
+            "ConditionPathExists=/sys/bus/pci/drivers/vfio-pci\n\n"
+            "[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+            # systemd expands $VAR in ExecStart itself: $$ passes a literal $ to the shell.
+            f"ExecStart=/bin/sh -c {shlex.quote(UNIT_SCRIPT).replace('$', '$$')} gpuvfio-vfio-pci {args}\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
 
 
 def _read(path: str) -> str | None:
@@ -99,6 +132,10 @@ def plan_persist(host: HostRoot, add: list[PciAddress], remove: list[PciAddress]
             f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{addr}", ATTR{{driver_override}}="vfio-pci"\n'
             for addr in sorted(udev_set))
     changes.append(FileChange(rules_path, _read(rules_path), rules))
+    unit_path = host.path(*UNIT)
+    changes.append(FileChange(unit_path, _read(unit_path), _unit(sorted(udev_set)) if udev_set else None))
+    wants = host.path(*UNIT_WANTS)
+    changes.append(FileChange(wants, _read_link(wants), "/" + "/".join(UNIT) if udev_set else None, link=True))
     softdep_path = host.path(*SOFTDEP)
     drivers = set(_SOFTDEP.findall(_read(softdep_path) or "")) | set(host_drivers)
     drivers -= {"vfio-pci", "vfio_pci", "pcieport"}
@@ -119,6 +156,12 @@ def commit(changes: list[FileChange], rename=os.replace) -> None:
                 continue
             os.makedirs(os.path.dirname(change.path), exist_ok=True)
             tmp = os.path.join(os.path.dirname(change.path), f".{os.path.basename(change.path)}.gpuvfio-tmp")
+            if change.link:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                os.symlink(change.new, tmp)
+                temps.append((change, tmp))
+                continue
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(change.new)
@@ -129,7 +172,7 @@ def commit(changes: list[FileChange], rename=os.replace) -> None:
         try:
             for change, tmp in temps:
                 if tmp is None:
-                    if os.path.exists(change.path):
+                    if os.path.lexists(change.path):
                         os.unlink(change.path)
                 else:
                     rename(tmp, change.path)
@@ -141,14 +184,16 @@ def commit(changes: list[FileChange], rename=os.replace) -> None:
                                "earlier files were put back") from None
     finally:
         for _change, tmp in temps:
-            if tmp and os.path.exists(tmp):
+            if tmp and os.path.lexists(tmp):
                 os.unlink(tmp)
 
 
 def _put_back(change: FileChange) -> None:
-    if change.old is None:
-        if os.path.exists(change.path):
+    if change.old is None or change.link:
+        if os.path.lexists(change.path):
             os.unlink(change.path)
+        if change.link and change.old is not None:
+            os.symlink(change.old, change.path)
         return
     with open(change.path, "w", encoding="utf-8") as handle:
         handle.write(change.old)

@@ -1,6 +1,8 @@
 """The bind family through the CLI: contracts, refusals, bad input, persistence files."""
 
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -84,9 +86,16 @@ def test_persist_udev_and_softdep(cli, ws):
         rules = handle.read()
     assert 'KERNEL=="0000:01:00.0", ATTR{driver_override}="vfio-pci"' in rules
     assert "10de" not in rules  # by address, never by vendor:device
+    unit = os.path.join(ws.root, "etc", "systemd", "system", "gpuvfio-vfio-pci.service")
+    with open(unit) as handle:
+        text = handle.read()
+    assert "gpuvfio-vfio-pci 0000:01:00.0 0000:01:00.1" in text and "WantedBy=multi-user.target" in text
+    wants = os.path.join(ws.root, "etc", "systemd", "system", "multi-user.target.wants", "gpuvfio-vfio-pci.service")
+    assert os.readlink(wants) == "/etc/systemd/system/gpuvfio-vfio-pci.service"
     assert cli("--root", ws.root, "persist", "0000:01:00.0", "--json").json()["result"] == "nothing_to_do"
     cli("--root", ws.root, "unpersist", "0000:01:00.0")
     assert not os.path.exists(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
+    assert not os.path.lexists(wants) and not os.path.exists(unit)
     assert not os.path.exists(os.path.join(ws.root, "etc", "modprobe.d", "gpuvfio-vfio.conf"))
 
 
@@ -142,3 +151,15 @@ def test_bind_help_lists_options(cli):
     assert result.code == 0
     for option in ("--dry-run", "--force", "--stop-services", "--allow-unsafe-host", "--timeout", "--json"):
         assert option in result.out
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+def test_persist_unit_passes_systemd_analyze(ws, tmp_path):
+    """The unit is checked by systemd's own parser; its shell script by sh -n."""
+    from gpuvfio.persist import UNIT_SCRIPT, _unit
+
+    unit = tmp_path / "gpuvfio-vfio-pci.service"
+    unit.write_text(_unit([PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:01:00.1")]))
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert subprocess.run(["sh", "-n", "-c", UNIT_SCRIPT]).returncode == 0
