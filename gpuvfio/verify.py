@@ -196,7 +196,8 @@ def _report(checks: list[dict], probe: dict, verifier: dict | None) -> dict:
              "nvidia_version": probe["nvidia_version"]}
     if verifier is not None:
         facts.update({"nvml": verifier.get("nvml"), "cuda": verifier.get("cuda"),
-                      "latency": verifier.get("latency"), "errors": verifier.get("errors")})
+                      "latency": verifier.get("latency"), "compute": verifier.get("compute"),
+                      "errors": verifier.get("errors")})
     return {"checks": checks, "facts": facts, "bandwidth_gbps": bandwidth,
             "ok": not any(c["status"] == "fail" for c in checks)}
 

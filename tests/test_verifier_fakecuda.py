@@ -46,6 +46,8 @@ def test_measures_verifies_and_reads_link_under_load(libdir):
     assert bw["verified"] is True and len(bw["h2d"]["samples"]) == 3
     assert all(bw[d]["median"] > 0 for d in ("h2d", "d2h", "d2d"))
     assert bw["link_under_load"] == {"current_gen": 5, "current_width": 16, "max_gen": 5, "max_width": 16}
+    compute = data["compute"]["0000:01:00.0"]
+    assert compute["verified"] is True and compute["elements"] == (8 << 20) // 4 and compute["gflops"] > 0
     lat = data["latency"]["0000:01:00.0"]
     assert lat["count"] == 2000 and lat["min_us"] <= lat["p50_us"] <= lat["p99_us"] <= lat["max_us"]
 

@@ -25,6 +25,7 @@ def write_synthetic(out: str, reps: int = 5, seed: int = 7) -> None:
             jitter = lambda v, s=0.01: None if v is None else v * (1 + rng.gauss(0, s))  # noqa: E731
             metrics = {"h2d_gbps": jitter(h2d), "d2h_gbps": jitter(d2h), "d2d_gbps": jitter(d2d),
                        "latency_p50_us": jitter(lat, 0.03), "latency_p99_us": jitter(lat * 1.8, 0.05),
+                       "saxpy_ms": jitter({"vgpu": 0.38}.get(kind, 0.19), 0.02),
                        "time_to_verified_s": jitter(boot, 0.05) if rep == 0 else None}
             record = {"variant": name, "kind": kind, "rep": rep, "metrics": metrics,
                       "guest": {"virtualization_mode": {"baremetal": "None", "passthrough": "Pass-Through",

@@ -27,9 +27,12 @@ from gpuvfio.testbed.spec import Spec, Variant
 
 def _metrics(report: dict) -> dict:
     bw = next(iter(report.get("bandwidth_gbps", {}).values()), {})
-    latency = next(iter(((report.get("facts") or {}).get("latency") or {}).values()), {})
+    facts = report.get("facts") or {}
+    latency = next(iter((facts.get("latency") or {}).values()), {})
+    compute = next(iter((facts.get("compute") or {}).values()), {})
     return {"h2d_gbps": bw.get("h2d"), "d2h_gbps": bw.get("d2h"), "d2d_gbps": bw.get("d2d"),
-            "latency_p50_us": latency.get("p50_us"), "latency_p99_us": latency.get("p99_us")}
+            "latency_p50_us": latency.get("p50_us"), "latency_p99_us": latency.get("p99_us"),
+            "saxpy_ms": compute.get("launch_ms")}
 
 
 def identity(host: HostRoot, conn=None) -> dict:

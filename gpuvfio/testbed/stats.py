@@ -12,6 +12,7 @@ METRICS = {
     "d2d_gbps": ("Device-to-device bandwidth", "GB/s", True),
     "latency_p50_us": ("4-byte H2D copy latency, p50", "µs", False),
     "latency_p99_us": ("4-byte H2D copy latency, p99", "µs", False),
+    "saxpy_ms": ("SAXPY kernel, fixed size (compute)", "ms", False),
     "time_to_verified_s": ("Attach to verified guest", "s", False),
 }
 

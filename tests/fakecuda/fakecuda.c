@@ -55,6 +55,23 @@ CUresult cuEventRecord(void *e, void *st) { (void)st; ((event_t *)e)->t = now();
 CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) { *ms = (float)((((event_t *)b)->t - ((event_t *)a)->t) * 1000.0); if (*ms <= 0) *ms = 1e-3f; return 0; }
 
+/* Modules and launches: the "kernel" is SAXPY run on the host, with the verifier's
+ * parameter layout (unsigned n, float a, float *x, float *y). */
+CUresult cuModuleLoadData(void **m, const void *image) { *m = strstr((const char *)image, "gpuvfio_saxpy") ? (void *)0x3 : NULL; return *m ? 0 : 200; }
+CUresult cuModuleGetFunction(void **f, void *m, const char *name) { (void)m; *f = strcmp(name, "gpuvfio_saxpy") ? NULL : (void *)0x4; return *f ? 0 : 500; }
+CUresult cuModuleUnload(void *m) { (void)m; return 0; }
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, void *stream, void **params, void **extra) {
+    (void)f; (void)gy; (void)gz; (void)by; (void)bz; (void)shmem; (void)stream; (void)extra;
+    unsigned n = *(unsigned *)params[0];
+    float a = *(float *)params[1];
+    float *x = (float *)(uintptr_t)*(uint64_t *)params[2];
+    float *y = (float *)(uintptr_t)*(uint64_t *)params[3];
+    unsigned long total = (unsigned long)gx * bx;
+    for (unsigned long i = 0; i < total && i < n; i++) y[i] = a * x[i] + y[i];
+    return 0;
+}
+
 /* NVML */
 typedef struct { char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } nvmlPciInfo_t;
 typedef struct { unsigned long long total, free_, used; } nvmlBAR1Memory_t;
