@@ -57,7 +57,10 @@ def live_actions(host: HostRoot, timeout: float = 60.0) -> Actions:
 
 
 def current_driver(host: HostRoot, address: PciAddress | str) -> str | None:
-    return host.link_name(host.sys_path("bus", "pci", "devices", str(address), "driver"))
+    # The driver link is relative to the device's real directory (under sys/devices, as deep
+    # as its bridges), not to the sys/bus/pci/devices entry: resolve that first.
+    device = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
+    return host.link_name(os.path.join(device, "driver"))
 
 
 def current_override(host: HostRoot, address: PciAddress | str) -> str | None:

@@ -36,6 +36,8 @@ def bind(host: HostRoot, addresses: list[PciAddress], *, writer: SysfsWriter, ac
     with RunLock(directory, lock_timeout):
         journal = Journal.load(directory)
         report, plan = _plan_report(host, addresses, force, stop_services, allow_unsafe_host, domains_using, None)
+        if plan.nothing_to_do:  # already on vfio-pci: nothing to refuse (e.g. a domain using it)
+            return report
         refusals = plan.refusals(force)
         if refusals:
             report["result"] = "refused"

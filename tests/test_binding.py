@@ -343,3 +343,28 @@ def test_bind_on_non_live_tree_rolls_back(h):
         h.bind(GPU, writer=SysfsWriter(h.host, timeout=5))  # real write(2), no kernel behind it
     assert "still bound to nvidia after unbind" in str(info.value) and "live sysfs" in str(info.value)
     assert {a: d for a, (d, _o) in h.snapshot().items()} == {a: d for a, (d, _o) in before.items()}
+
+
+def test_device_behind_a_switch(tmp_path):
+    """Deep devices (root port -> switch upstream -> downstream -> GPU): the driver link is
+    relative to the real device directory, several levels below sys/devices."""
+    b = HostBuilder(str(tmp_path / "deep"))
+    b.iommu("intel", 1)
+    rb = b.root_bus()
+    rp = b.bridge(rb, "0000:00:01.0", "8086", "352a", secondary_bus=0x10)
+    up = b.bridge(rp, "0000:10:00.0", "1000", "c030", secondary_bus=0x11)
+    down = b.bridge(up, "0000:11:00.0", "1000", "c030", secondary_bus=0x12)
+    b.function(down, "0000:12:00.0", "10de", "2330", "030200", driver="nvidia")
+    kernel = SimKernel(b.root)
+    host = HostRoot(b.root)
+    actions = Actions(kernel.modprobe, print, print)
+    writer = SysfsWriter(host, backend=kernel)
+    assert bind(host, [A("0000:12:00.0")], writer=writer, actions=actions)["result"] == "applied"
+    assert kernel.driver_of("0000:12:00.0") == "vfio-pci"
+    assert current_driver(host, "0000:12:00.0") == "vfio-pci"
+    # already bound: nothing to do, even when a libvirt domain uses it (that is the point)
+    again = bind(host, [A("0000:12:00.0")], writer=writer, actions=actions,
+                 domains_using=lambda addresses: {a: ["guest"] for a in addresses})
+    assert again["result"] == "nothing_to_do"
+    restore(host, [], writer=writer, actions=actions)
+    assert kernel.driver_of("0000:12:00.0") == "nvidia"
