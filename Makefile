@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := virtinst chromium python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
+APT_PACKAGES := virtinst chromium vagrant vagrant-libvirt python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
 	libvirt-daemon-system qemu-system-x86 pciutils pci.ids libxml2-utils ovmf \
 	busybox-static dropbear-bin linux-image-amd64
 APT_STAMP := .deps/apt.stamp
@@ -51,6 +51,8 @@ test-fast: deps
 bench: deps
 	$(PY) benchmarks/bench_inventory.py
 	$(PY) benchmarks/bench_domain_xml.py
+	$(PY) benchmarks/bench_fleet.py
+	$(PY) benchmarks/bench_attach.py
 
 samples: deps
 	$(PY) tests/make_samples.py --regenerate

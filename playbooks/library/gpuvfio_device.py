@@ -1,0 +1,237 @@
+#!/usr/bin/python
+# Apache-2.0, like gpuvfio.
+"""gpuvfio_device: PCI devices on vfio-pci or back on their host drivers, now or across reboots."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpuvfio_device
+short_description: Bind GPUs to vfio-pci, give them back, or make the binding survive reboots
+description:
+  - C(state=vfio) moves the whole IOMMU group of each device to vfio-pci with gpuvfio's
+    planner and executor (pre-checks, journal, rollback on failure), as C(gpuvfio bind).
+  - C(state=host) returns the devices gpuvfio holds (and the other members of their IOMMU
+    groups that gpuvfio moved) to exactly their recorded drivers, as C(gpuvfio restore).
+  - C(state=persisted) and C(state=unpersisted) keep or stop keeping the devices on
+    vfio-pci across reboots (driverctl, or a udev rule + softdep), as C(gpuvfio persist).
+  - C(changed) is true only when a device moved or a file changed. In check mode the
+    plan is returned (C(plan)) and nothing is written; a refused plan fails in check
+    mode too. With C(--diff) the drivers before and after are shown, and for
+    persistence the file changes.
+options:
+  root:
+    description: The host as a directory that looks like C(/).
+    type: str
+    default: /
+  state_dir:
+    description: gpuvfio's state directory (journal, lock). Default C(<root>/var/lib/gpuvfio).
+    type: path
+  devices:
+    description: PCI addresses (C(DDDD:BB:SS.F)) of the devices, normally the GPUs.
+    type: list
+    elements: str
+    required: true
+  state:
+    description: Where the devices should be.
+    type: str
+    choices: [vfio, host, persisted, unpersisted]
+    default: vfio
+  force:
+    description: Override the overridable refusals (non-viable group, boot VGA). Dangerous.
+    type: bool
+    default: false
+  stop_services:
+    description: Stop nvidia-persistenced, fabricmanager, DCGM while binding (restore restarts them).
+    type: bool
+    default: false
+  allow_unsafe_host:
+    description: Bind even with ACS override, unsafe interrupts or no-IOMMU mode. Dangerous.
+    type: bool
+    default: false
+  libvirt_uri:
+    description:
+      - libvirt URI asked which domains use the devices before binding. Default
+        C(qemu:///system) when C(root) is C(/), else no libvirt check.
+    type: str
+  write_timeout:
+    description: Seconds to wait for one sysfs write.
+    type: float
+    default: 10.0
+  lock_timeout:
+    description: Seconds to wait for another gpuvfio run to finish.
+    type: float
+    default: 30.0
+requirements:
+  - gpuvfio (Python package) importable by the module's interpreter
+author:
+  - gpuvfio contributors
+"""
+
+EXAMPLES = r"""
+- name: GPU 0 and its audio function to vfio-pci
+  gpuvfio_device:
+    devices: ["0000:18:00.0"]
+    state: vfio
+
+- name: Keep it there after a reboot
+  gpuvfio_device:
+    devices: ["0000:18:00.0"]
+    state: persisted
+
+- name: Give it back to nvidia
+  gpuvfio_device:
+    devices: ["0000:18:00.0"]
+    state: host
+"""
+
+RETURN = r"""
+devices:
+  description: The devices the request covers (whole IOMMU groups for vfio and persistence).
+  returned: always
+  type: list
+  elements: str
+plan:
+  description: gpuvfio's bind plan (checks and steps) for C(state=vfio).
+  returned: when state is vfio
+  type: dict
+drivers:
+  description: Driver of each device before (C(before)) and after (C(after)) the task.
+  returned: when state is vfio or host
+  type: dict
+restore:
+  description: gpuvfio's restore report for C(state=host).
+  returned: when state is host and something was restored
+  type: dict
+persist:
+  description: gpuvfio's persist report (mechanism, files, next step).
+  returned: when state is persisted or unpersisted
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, actions_for, current_drivers,
+                                                 driver_diff, fail_gpuvfio, parse_addresses, require_gpuvfio,
+                                                 state_dir, write_host, writer_for)
+
+VFIO = "vfio-pci"
+
+
+def to_vfio(module, host, addresses) -> dict:
+    from gpuvfio import bindcmd
+    from gpuvfio.libvirt_domains import domain_lookup
+
+    params = module.params
+    uri = params["libvirt_uri"] or ("qemu:///system" if host.root == "/" else None)
+    kwargs = dict(writer=writer_for(host, params["write_timeout"]), actions=actions_for(host),
+                  force=params["force"], stop_services=params["stop_services"],
+                  allow_unsafe_host=params["allow_unsafe_host"],
+                  domains_using=domain_lookup(uri) if uri else None, lock_timeout=params["lock_timeout"])
+    plan = bindcmd.bind(host, addresses, dry_run=True, **kwargs)
+    result = {"devices": plan["devices"], "plan": plan}
+    before = current_drivers(host, plan["devices"])
+    if plan.get("result") == "nothing_to_do":
+        # Already there: the pre-checks guard a move, and nothing moves (a domain that uses
+        # the devices, as after attach.yml, is the expected state, not a refusal).
+        result.update(changed=False, drivers={"before": before, "after": before})
+        return result
+    if plan["refused"]:
+        raise bindcmd.Refused("refused: " + "; ".join(c["message"] for c in plan["refused"]), plan)
+    after = {a: VFIO for a in plan["devices"]}
+    result.update(changed=True, drivers={"before": before, "after": after},
+                  diff=driver_diff(before, after, "IOMMU group(s) of " + ", ".join(map(str, addresses))))
+    if module.check_mode:
+        return result
+    report = bindcmd.bind(host, addresses, **kwargs)
+    result["plan"] = report
+    result["drivers"]["after"] = current_drivers(host, report["devices"])
+    result["changed"] = report.get("result") == "applied"
+    return result
+
+
+def to_host(module, host, addresses) -> dict:
+    from gpuvfio import bindcmd
+    from gpuvfio.errors import InputError
+    from gpuvfio.inventory import read_inventory
+    from gpuvfio.journal import Journal
+
+    journal = Journal.load(state_dir(host))
+    inventory = read_inventory(host)
+    unknown = [str(a) for a in addresses if a not in inventory.functions]
+    if unknown:
+        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+    # bind moved whole groups: give back every member gpuvfio holds from the same groups.
+    groups = {inventory.functions[a].iommu_group for a in addresses} - {None}
+    held = sorted(a for a, record in journal.devices.items()
+                  if a in {str(x) for x in addresses} or (record.get("group") is not None
+                                                          and record.get("group") in groups))
+    before = current_drivers(host, held)
+    foreign = [str(a) for a in addresses if str(a) not in held
+               and inventory.functions[a].driver == VFIO]
+    for address in foreign:
+        module.warn(f"{address} is on vfio-pci but gpuvfio does not hold it (bound before or by another tool); "
+                    "left as it is")
+    result = {"devices": held, "changed": bool(held)}
+    if not held:
+        result["drivers"] = {"before": {}, "after": {}}
+        return result
+    after = {a: journal.devices[a].get("original_driver") for a in held}
+    result.update(drivers={"before": before, "after": after},
+                  diff=driver_diff(before, after, "devices held by gpuvfio"))
+    if module.check_mode:
+        return result
+    report = bindcmd.restore(host, parse_addresses(held), writer=writer_for(host, module.params["write_timeout"]),
+                             actions=actions_for(host), lock_timeout=module.params["lock_timeout"])
+    result["restore"] = report
+    result["drivers"]["after"] = current_drivers(host, held)
+    return result
+
+
+def persistence(module, host, addresses, remove: bool) -> dict:
+    from gpuvfio import bindcmd
+
+    report = bindcmd.persist(host, addresses, remove=remove, dry_run=module.check_mode,
+                             lock_timeout=module.params["lock_timeout"])
+    changed = bool(report["changes"])
+    result = {"devices": report["devices"], "persist": report, "changed": changed}
+    if changed:
+        result["diff"] = {"prepared": "".join(c["diff"] for c in report["changes"])}
+        if report.get("next"):
+            module.warn(report["next"])
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(COMMON_ARGS,
+                           devices=dict(type="list", elements="str", required=True),
+                           state=dict(type="str", choices=["vfio", "host", "persisted", "unpersisted"],
+                                      default="vfio"),
+                           force=dict(type="bool", default=False),
+                           stop_services=dict(type="bool", default=False),
+                           allow_unsafe_host=dict(type="bool", default=False),
+                           libvirt_uri=dict(type="str"),
+                           write_timeout=dict(type="float", default=10.0),
+                           lock_timeout=dict(type="float", default=30.0)),
+        supports_check_mode=True,
+    )
+    require_gpuvfio(module)
+    state = module.params["state"]
+    try:
+        addresses = parse_addresses(module.params["devices"])
+        host = write_host(module)
+        if state == "vfio":
+            result = to_vfio(module, host, addresses)
+        elif state == "host":
+            result = to_host(module, host, addresses)
+        else:
+            result = persistence(module, host, addresses, remove=state == "unpersisted")
+    except GpuvfioError as exc:
+        fail_gpuvfio(module, exc)
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+#!/usr/bin/python
+# Apache-2.0, like gpuvfio.
+"""gpuvfio_facts: the host's GPUs, IOMMU groups and readiness, as facts."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpuvfio_facts
+short_description: GPU inventory, IOMMU groups and passthrough readiness of a KVM host
+description:
+  - Reads the host through gpuvfio's Python API (the data of C(gpuvfio list --json),
+    C(gpuvfio doctor --json) and C(gpuvfio status --json)) and returns it as the fact
+    C(ansible_facts.gpuvfio), with a summary (GPU count and models, viable and
+    non-viable IOMMU groups, failed readiness checks).
+  - Changes nothing; runs the same in check mode.
+options:
+  root:
+    description:
+      - The host as a directory that looks like C(/), or a gpuvfio host fixture file.
+    type: str
+    default: /
+  state_dir:
+    description:
+      - gpuvfio's state directory (journal, lock). Default C(<root>/var/lib/gpuvfio).
+    type: path
+  gather:
+    description: What to collect.
+    type: list
+    elements: str
+    choices: [devices, doctor, status]
+    default: [devices, doctor, status]
+  all_functions:
+    description: Every PCI function and group (C(gpuvfio list --all)), not only NVIDIA devices.
+    type: bool
+    default: false
+requirements:
+  - gpuvfio (Python package) importable by the module's interpreter
+author:
+  - gpuvfio contributors
+"""
+
+EXAMPLES = r"""
+- name: Collect GPU facts
+  gpuvfio_facts:
+
+- name: Facts of a recorded host
+  gpuvfio_facts:
+    root: /srv/fixtures/dgx-h100.host
+
+- name: Show the GPUs
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.gpuvfio.summary.gpu_models }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: C(gpuvfio) fact.
+  returned: always
+  type: complex
+  contains:
+    gpuvfio:
+      description: devices, groups, doctor, status and summary.
+      type: dict
+      returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, fail_gpuvfio, read_host,
+                                                 require_gpuvfio)
+
+
+def summarize(listing: dict, doctor: dict | None) -> dict:
+    """The numbers a fleet report wants without walking every device."""
+    gpus = [d for d in listing["devices"] if d["vendor_id"] == "10de" and d["class_id"].startswith("03")
+            and not d.get("physfn")]
+    groups = {g["id"]: g for g in listing["groups"] or []}
+    models: dict[str, int] = {}
+    for gpu in gpus:
+        name = gpu["device_name"] or f"{gpu['vendor_id']}:{gpu['device_id']}"
+        models[name] = models.get(name, 0) + 1
+    gpu_groups = sorted({g["iommu_group"] for g in gpus if g["iommu_group"] is not None})
+    summary = {
+        "gpu_count": len(gpus),
+        "gpu_models": models,
+        "gpus": [{"address": g["address"], "model": g["device_name"], "driver": g["driver"],
+                  "iommu_group": g["iommu_group"], "numa_node": g["numa_node"],
+                  "viable": groups[g["iommu_group"]]["viable"] if g["iommu_group"] in groups else None}
+                 for g in gpus],
+        "drivers": sorted({g["driver"] or "none" for g in gpus}),
+        "iommu_groups_present": listing["groups"] is not None,
+        "viable_groups": [gid for gid in gpu_groups if gid in groups and groups[gid]["viable"]],
+        "non_viable_groups": [{"id": gid, "devices": groups[gid]["devices"], "problems": groups[gid]["problems"]}
+                              for gid in gpu_groups if gid in groups and not groups[gid]["viable"]],
+    }
+    if doctor is not None:
+        summary["doctor_failed"] = [c["id"] for c in doctor["checks"] if c["status"] == "fail"]
+        summary["doctor_warned"] = [c["id"] for c in doctor["checks"] if c["status"] == "warn"]
+        summary["ready"] = not summary["doctor_failed"]
+    return summary
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(COMMON_ARGS,
+                           gather=dict(type="list", elements="str", choices=["devices", "doctor", "status"],
+                                       default=["devices", "doctor", "status"]),
+                           all_functions=dict(type="bool", default=False)),
+        supports_check_mode=True,
+    )
+    require_gpuvfio(module)
+    from gpuvfio import bindcmd
+    from gpuvfio.commands import doctor_report, list_report
+
+    gather = set(module.params["gather"]) | {"devices"}  # the summary needs the listing
+    facts: dict = {"root": module.params["root"]}
+    try:
+        with read_host(module) as host:
+            listing = list_report(host, show_all=module.params["all_functions"])
+            facts.update(listing)
+            doctor = doctor_report(host) if "doctor" in gather else None
+            if doctor is not None:
+                facts["doctor"] = doctor
+            if "status" in gather:
+                status = bindcmd.status(host)
+                status.pop("state_dir", None)  # a temp dir for fixture files: not a fact
+                facts["status"] = status
+            facts["summary"] = summarize(listing, doctor)
+    except GpuvfioError as exc:
+        fail_gpuvfio(module, exc)
+    module.exit_json(changed=False, ansible_facts={"gpuvfio": facts})
+
+
+if __name__ == "__main__":
+    main()

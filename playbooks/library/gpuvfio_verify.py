@@ -1,0 +1,179 @@
+#!/usr/bin/python
+# Apache-2.0, like gpuvfio.
+"""gpuvfio_verify: in-guest checks of a guest with GPUs passed through."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpuvfio_verify
+short_description: Check a guest over SSH - devices present, driver, CUDA, PCIe link, bandwidth
+description:
+  - Runs gpuvfio's verifier in the guest (as C(gpuvfio verify)) and returns its report.
+    The expectations (vendor:device of each assigned device, the host's PCIe link) come
+    from the host root. Fails when a check fails, with the failing checks in C(msg).
+  - Changes nothing on the host (it uploads the probe to the guest's C(/tmp)); runs the same in check mode.
+options:
+  root:
+    description: The host as a directory that looks like C(/), or a gpuvfio host fixture file.
+    type: str
+    default: /
+  state_dir:
+    description: gpuvfio's state directory (known_hosts of guests). Default C(<root>/var/lib/gpuvfio).
+    type: path
+  domain:
+    description: Find the guest's address through libvirt (forwarded port, DHCP lease, agent, ARP).
+    type: str
+  uri:
+    description: libvirt URI for C(domain). Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
+    type: str
+  expect_devices:
+    description:
+      - Host PCI addresses that must be in the guest. Default, with C(domain), the devices gpuvfio
+        recorded in the domain.
+    type: list
+    elements: str
+  bandwidth:
+    description: Measure H2D/D2H/D2D copies.
+    type: bool
+    default: true
+  timeout:
+    description: Seconds to wait for SSH.
+    type: float
+    default: 60.0
+  ssh_host:
+    description: Guest address.
+    type: str
+  ssh_port:
+    description: Guest SSH port.
+    type: int
+  ssh_user:
+    description: Guest user.
+    type: str
+    default: root
+  ssh_key:
+    description: Private key file on the managed host.
+    type: path
+  ssh_private_key:
+    description: Private key content (kept out of logs); written to a mode 0600 temp file for the task.
+    type: str
+  known_hosts:
+    description: Pinned guest host keys.
+    type: path
+  trust_on_first_use:
+    description: Accept and record an unknown guest host key.
+    type: bool
+    default: false
+requirements:
+  - gpuvfio and paramiko importable by the module's interpreter (libvirt-python with C(domain))
+author:
+  - gpuvfio contributors
+"""
+
+EXAMPLES = r"""
+- name: Verify train-0
+  gpuvfio_verify:
+    domain: train-0
+    known_hosts: /etc/gpuvfio/known_hosts
+"""
+
+RETURN = r"""
+report:
+  description: gpuvfio's verify report (checks, facts, bandwidth_gbps, ok, expected).
+  returned: when the guest answered
+  type: dict
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, fail_gpuvfio, parse_addresses,
+                                                 read_host, require_gpuvfio, state_dir)
+
+
+def find_target(module, key_file):
+    from gpuvfio import guests
+    from gpuvfio.attach import domain_devices
+    from gpuvfio.define import default_uri
+    from gpuvfio.errors import InputError
+    from gpuvfio.ssh import SshTarget
+
+    params = module.params
+    recorded = []
+    address, port = params["ssh_host"], params["ssh_port"] or 22
+    if params["domain"]:
+        conn = guests.connect(params["uri"] or default_uri())
+        try:
+            dom = guests.lookup(conn, params["domain"])
+            if dom is None:
+                raise InputError(f"no domain named {params['domain']}")
+            recorded = domain_devices(dom) if guests.made_by_gpuvfio(dom) else []
+            if not address:
+                address, found_port = guests.ssh_address(conn, dom)
+                port = params["ssh_port"] or found_port
+        finally:
+            conn.close()
+    if not address:
+        raise InputError("give ssh_host (and ssh_port) or domain")
+    target = SshTarget(address, port, params["ssh_user"], key_file, params["known_hosts"],
+                       params["trust_on_first_use"])
+    target.connect_timeout = params["timeout"]
+    return target, recorded
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            COMMON_ARGS,
+            domain=dict(type="str"),
+            uri=dict(type="str"),
+            expect_devices=dict(type="list", elements="str"),
+            bandwidth=dict(type="bool", default=True),
+            timeout=dict(type="float", default=60.0),
+            ssh_host=dict(type="str"),
+            ssh_port=dict(type="int"),
+            ssh_user=dict(type="str", default="root"),
+            ssh_key=dict(type="path"),
+            ssh_private_key=dict(type="str", no_log=True),
+            known_hosts=dict(type="path"),
+            trust_on_first_use=dict(type="bool", default=False),
+        ),
+        required_one_of=[("domain", "ssh_host")],
+        mutually_exclusive=[("ssh_key", "ssh_private_key")],
+        supports_check_mode=True,
+    )
+    require_gpuvfio(module)
+    from gpuvfio.inventory import read_inventory
+    from gpuvfio.ssh import Session
+    from gpuvfio.verify import expectations, verify_guest
+
+    params = module.params
+    key_file = None
+    try:
+        if params["ssh_private_key"]:
+            handle = tempfile.NamedTemporaryFile("w", prefix="gpuvfio-key-", delete=False)
+            os.chmod(handle.name, 0o600)
+            with handle:
+                handle.write(params["ssh_private_key"].rstrip("\n") + "\n")
+            key_file = handle.name
+        target, recorded = find_target(module, key_file or params["ssh_key"])
+        wanted = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else recorded
+        with read_host(module) as host:
+            expected = expectations(read_inventory(host), wanted)
+            with Session(target, os.path.join(state_dir(host), "known_hosts")) as session:
+                report = verify_guest(session, expected, bandwidth=params["bandwidth"])
+        report["ssh_notes"] = list(target.notes)
+    except GpuvfioError as exc:
+        fail_gpuvfio(module, exc)
+    finally:
+        if key_file:
+            os.unlink(key_file)
+    if not report["ok"]:
+        failing = [f"{c['id']} ({c['reason'] or c['observed']})" for c in report["checks"] if c["status"] == "fail"]
+        module.fail_json(msg="verification failed: " + "; ".join(failing), report=report)
+    module.exit_json(changed=False, report=report)
+
+
+if __name__ == "__main__":
+    main()
