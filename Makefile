@@ -41,6 +41,8 @@ demo: deps
 	  $(VENV)/bin/gpuvfio --root $$host list; \
 	  $(VENV)/bin/gpuvfio --root $$host doctor || true; \
 	done
+	@echo; echo "=== end to end: passthrough on an emulated GPU host (kernel + nested lanes, ~4-10 min) ==="
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m tests.lanes.demo
 
 test: deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(BASETEMP) $(PYTEST_ARGS)

@@ -76,8 +76,9 @@ def parse_probe(text: str) -> dict:
             facts["kernel"] = rest
         elif kind == "PYTHON3":
             facts["python3"] = None if rest == "none" else rest
-        elif kind == "PCI":
-            parts = rest.split()
+        elif kind.startswith("PCI"):
+            # "PCI|a|b|..." (values may hold spaces, e.g. "16.0 GT/s PCIe"); older probes: spaces
+            parts = line.split("|")[1:] if line.startswith("PCI|") else rest.split()
             if len(parts) != 9:
                 raise VerifyError(f"malformed PCI line from the guest probe: {line[:80]!r}")
             addr, vendor, device, klass, driver, cur_s, cur_w, max_s, max_w = parts

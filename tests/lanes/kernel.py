@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 # --- Guest topology -------------------------------------------------------------
 #
@@ -298,7 +298,8 @@ def build_vng_command(*, kernel: str, work: str, devices: Sequence[str],
 def run_in_guest(script_text: str, *, devices: Sequence[str], timeout: int = 300,
                  extra_qemu: Sequence[str] = (), numa_nodes: int | None = None,
                  memory_mib: int = DEFAULT_MEMORY_MIB, cpus: int = 2,
-                 kernel: str | None = None) -> GuestResult:
+                 kernel: str | None = None,
+                 follow: Callable[[str], None] | None = None) -> GuestResult:
     """Boot the guest with the emulated IOMMU and ``devices``; run the script as root.
 
     ``script_text`` is written to a file and executed directly, so it may start
@@ -306,6 +307,10 @@ def run_in_guest(script_text: str, *, devices: Sequence[str], timeout: int = 300
     to the per-run work directory and ``$OUT`` pointing at an empty directory
     whose files are returned in ``GuestResult.files``.  ``numa_nodes`` defaults
     to what the device specs' ``numa_node=`` properties need.
+
+    ``follow``: called with each new piece of the script's stdout while the
+    guest runs (the file is on the shared 9p directory, mounted sync), for
+    callers that show progress live; the result still carries all of it.
 
     Raises GuestError if the guest never reports the script's exit status,
     GuestTimeout if it runs past ``timeout`` seconds.
@@ -343,7 +348,14 @@ def run_in_guest(script_text: str, *, devices: Sequence[str], timeout: int = 300
                                 stderr=subprocess.PIPE, env=env, cwd=work, text=True,
                                 errors="replace", start_new_session=True)
         try:
-            vng_out, vng_err = proc.communicate(timeout=timeout)
+            if follow is None:
+                vng_out, vng_err = proc.communicate(timeout=timeout)
+            else:
+                vng_out, vng_err, timed_out = _communicate_following(
+                    proc, timeout, os.path.join(work, "stdout"), follow)
+                if timed_out:
+                    raise GuestTimeout(f"guest did not finish within {timeout}s",
+                                       vng_stdout=vng_out, vng_stderr=vng_err, command=cmd)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -381,6 +393,58 @@ def run_in_guest(script_text: str, *, devices: Sequence[str], timeout: int = 300
             print(f"kernel lane: kept work dir {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _communicate_following(proc: subprocess.Popen, timeout: float, path: str,
+                           follow: Callable[[str], None]) -> tuple[str, str, bool]:
+    """``proc.communicate(timeout)`` that also hands ``follow`` what the guest adds to ``path``.
+
+    Returns (stdout, stderr, timed_out); on a timeout the process group is killed here.
+    """
+    import threading
+
+    collected: dict[str, str] = {}
+
+    def drain(name: str, stream) -> None:
+        collected[name] = stream.read()
+
+    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
+               for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    offset = 0
+
+    def pump(whole_lines: bool = True) -> None:
+        nonlocal offset
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        # Whole lines only while it runs (a multi-byte character may be split mid-write).
+        cut = data.rfind(b"\n") + 1 if whole_lines else len(data)
+        if cut:
+            offset += cut
+            follow(data[:cut].decode(errors="replace"))
+
+    timed_out = False
+    while proc.poll() is None:
+        pump()
+        if time.monotonic() > deadline:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            break
+        time.sleep(0.3)
+    pump(whole_lines=False)
+    for reader in readers:
+        reader.join(timeout=10)
+    return collected.get("out", ""), collected.get("err", ""), timed_out
 
 
 # --- Parsing helpers for tests ------------------------------------------------------
