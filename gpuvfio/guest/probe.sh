@@ -21,7 +21,7 @@ one() { # first line of a sysfs attribute in V ("-" when absent), without a fork
     { IFS= read -r V < "$1"; } 2>/dev/null || :
     [ -n "$V" ] || V=-
 }
-for d in "$R"/sys/bus/pci/devices/*; do
+for d in "$R/sys/bus/pci/devices/"*; do
     [ -e "$d/vendor" ] || continue
     a=${d##*/}
     drv=-
