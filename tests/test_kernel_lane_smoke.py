@@ -33,7 +33,7 @@ uname -r > "$OUT/uname.txt"
 
 @pytest.fixture(scope="module")
 def guest():
-    result = kl.run_in_guest(SCRIPT, devices=kl.GPU_HOST_DEVICES, timeout=300)
+    result = kl.run_in_guest(SCRIPT, devices=kl.GPU_HOST_DEVICES, timeout=180)
     print(f"kernel lane boot+run: {result.seconds:.1f}s")
     assert result.returncode == 0, result.stderr
     return result
