@@ -95,3 +95,17 @@ def pytest_addoption(parser):
 @pytest.fixture
 def regenerate(request):
     return request.config.getoption("--regenerate")
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """A private libvirtd (+ virtlogd) for one daemon-lane module (tests/lanes/daemon.py)."""
+    from tests.lanes import daemon as dl
+
+    gen = dl.libvirt_daemon()
+    started = next(gen)
+    try:
+        yield started
+    finally:
+        for _ in gen:  # teardown and its leftover checks
+            pass

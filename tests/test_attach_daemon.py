@@ -20,17 +20,6 @@ libvirt.registerErrorHandler(lambda *a: None, None)
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    gen = dl.libvirt_daemon()
-    d = next(gen)
-    try:
-        yield d
-    finally:
-        for _ in gen:
-            pass
-
-
-@pytest.fixture(scope="module")
 def image():
     return gl.build_guest()
 

@@ -32,16 +32,12 @@ GOLDEN = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "golden", "dom
 
 
 @pytest.fixture(scope="module")
-def conn():
-    gen = dl.libvirt_daemon()
-    daemon = next(gen)
+def conn(daemon):
     connection = daemon.connect()
     try:
         yield connection
     finally:
         connection.close()
-        for _ in gen:
-            pass
 
 
 @pytest.mark.parametrize("path", GOLDEN, ids=[os.path.basename(p)[:-4] for p in GOLDEN])

@@ -21,17 +21,6 @@ from gpuvfio.testbed.run import run_testbed  # noqa: E402
 from gpuvfio.testbed.spec import load_spec  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    gen = dl.libvirt_daemon()
-    d = next(gen)
-    try:
-        yield d
-    finally:
-        for _ in gen:
-            pass
-
-
 def spec_file(tmp_path, image, port, known):
     text = f"""
 [guest]
