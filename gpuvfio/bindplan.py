@@ -64,8 +64,11 @@ class Step:
             return f"{self.address}: unbind from {self.name}"
         return f"{self.address}: drivers_probe, expect {self.expect}"
 
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "address": self.address, "path": self.path, "value": self.value,
+    def to_json(self, root: str | None = None) -> dict:
+        path = self.path
+        if root and path and path.startswith(root.rstrip("/") + "/"):
+            path = path[len(root.rstrip("/")):]  # as the host itself names it
+        return {"kind": self.kind, "address": self.address, "path": path, "value": self.value,
                 "expect": self.expect, "name": self.name, "description": self.describe()}
 
 
@@ -87,8 +90,9 @@ class BindPlan:
     def nothing_to_do(self) -> bool:
         return not self.moving
 
-    def to_json(self) -> dict:
-        return {"devices": [str(d) for d in self.devices], "steps": [s.to_json() for s in self.steps],
+    def to_json(self, root: str | None = None) -> dict:
+        """``root``: show step paths as the host names them (for plans made on a recorded host)."""
+        return {"devices": [str(d) for d in self.devices], "steps": [s.to_json(root) for s in self.steps],
                 "checks": [c.to_json() for c in self.checks]}
 
 

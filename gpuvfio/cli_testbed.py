@@ -13,21 +13,49 @@ from gpuvfio.main import COMMANDS, emit_json
 testbed_app = typer.Typer(help=COMMANDS["testbed"], no_args_is_help=True)
 app.add_typer(testbed_app, name="testbed")
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Testbed spec (TOML).")]
+HereOption = Annotated[bool, typer.Option(
+    "--here", help="Use this machine even when the spec names a remote [host] (how gpuvfio runs itself there).")]
+
+
+def _local_known_hosts(root: str | None) -> str:
+    """Where host keys trusted on first use are recorded: this machine's state dir."""
+    from gpuvfio.cli_guest import _known_hosts_default
+    from gpuvfio.hostroot import HostRoot
+
+    return _known_hosts_default(HostRoot(resolve_root(root) or "/"))
+
+
+def _progress(line: str) -> None:
+    # On a remote run our stderr is a pty that goes away on hangup: a progress line that
+    # cannot be written must not stop the teardown that follows it.
+    try:
+        sys.stderr.write(f"gpuvfio: {line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 @testbed_app.command("plan")
-def plan_cmd(spec_path: SpecArg, as_json: JsonOption = False, root: RootOption = None) -> None:
+def plan_cmd(spec_path: SpecArg, as_json: JsonOption = False, here: HereOption = False,
+             root: RootOption = None) -> None:
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing."""
     from gpuvfio.commands import open_host
     from gpuvfio.testbed.plan import plan
     from gpuvfio.testbed.spec import load_spec
 
     spec = load_spec(spec_path)
-    with open_host(resolve_root(root)) as (host, _label):
-        report = plan(host, spec)
+    if spec.host is not None and not here:
+        from gpuvfio.testbed.remote import plan_remote
+
+        report = plan_remote(spec, _local_known_hosts(root))
+    else:
+        with open_host(resolve_root(root)) as (host, _label):
+            report = plan(host, spec)
     if as_json:
         emit_json(report)
         return
+    if "host" in report:
+        sys.stdout.write(f"hypervisor {report['host']} (over SSH)\n")
     for variant in report["variants"]:
         sys.stdout.write(f"== {variant['name']} ({variant['kind']})\n")
         if "action" in variant:
@@ -47,7 +75,7 @@ def plan_cmd(spec_path: SpecArg, as_json: JsonOption = False, root: RootOption =
 @testbed_app.command("run")
 def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")],
             connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
-            root: RootOption = None) -> None:
+            here: HereOption = False, root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
     import os
 
@@ -59,6 +87,12 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
     from gpuvfio.testbed.spec import load_spec
 
     spec = load_spec(spec_path)
+    if spec.host is not None and not here:
+        from gpuvfio.testbed.remote import run_remote
+
+        run_remote(spec, out, default_known_hosts=_local_known_hosts(root), connect=connect, progress=_progress)
+        sys.stderr.write(f"gpuvfio: results in {out}; gpuvfio testbed report {out}\n")
+        return
     host = HostRoot(resolve_root(root))
     os.makedirs(out, exist_ok=True)
 
@@ -72,7 +106,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
     try:
         run_testbed(host, spec, out, conn=conn, known_hosts_default=_known_hosts_default(host),
                     bind_step=bind_step, restore_step=_restore_held(host), vgpu_writer=SysfsWriter(host),
-                    progress=lambda line: sys.stderr.write(f"gpuvfio: {line}\n"))
+                    progress=_progress)
     finally:
         conn.close()
     sys.stderr.write(f"gpuvfio: results in {out}; gpuvfio testbed report {out}\n")

@@ -112,6 +112,18 @@ class Session:
 
     def run(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run ``argv`` (quoted) and return (exit status, stdout, stderr)."""
+        status, out, err = self.run_bytes(argv, timeout=timeout, stdin=stdin)
+        return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def run_bytes(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None,
+                  on_output=None, pty: bool = False) -> tuple[int, bytes, bytes]:
+        """Run ``argv`` (quoted); (exit status, stdout bytes, stderr bytes).
+
+        ``on_output`` gets each chunk of output as it arrives (for progress lines).
+        ``pty``: ask for a terminal, so that closing the channel (Ctrl-C here, a lost
+        connection) hangs the remote command up -- ``ssh -t``; output then arrives merged
+        on stdout. The exit status is asked for only after all output was read.
+        """
         import paramiko
 
         if self.client is None:
@@ -131,6 +143,8 @@ class Session:
                 time.sleep(0.5 * (attempt + 1))
         channel.settimeout(timeout)
         try:
+            if pty:
+                channel.get_pty(term="dumb", width=200)
             channel.exec_command(command)
             if stdin is not None:
                 channel.sendall(stdin)
@@ -139,9 +153,15 @@ class Session:
             deadline = time.monotonic() + timeout
             while True:
                 if channel.recv_ready():
-                    out.write(channel.recv(65536))
+                    chunk = channel.recv(65536)
+                    out.write(chunk)
+                    if on_output is not None:
+                        on_output(chunk)
                 elif channel.recv_stderr_ready():
-                    err.write(channel.recv_stderr(65536))
+                    chunk = channel.recv_stderr(65536)
+                    err.write(chunk)
+                    if on_output is not None:
+                        on_output(chunk)
                 elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 else:
@@ -149,13 +169,15 @@ class Session:
                         raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s")
                     time.sleep(0.01)
             status = channel.recv_exit_status()
+            if status == -1:  # paramiko's value when the channel closed without an exit status
+                raise SshError(f"{argv[0]} on {self.target.label()}: connection lost before it finished")
         except socket.timeout:
             raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s") from None
         except (paramiko.SSHException, OSError) as exc:
             raise SshError(f"{argv[0]} on {self.target.label()}: connection lost ({exc})") from None
         finally:
             channel.close()
-        return status, out.getvalue().decode("utf-8", "replace"), err.getvalue().decode("utf-8", "replace")
+        return status, out.getvalue(), err.getvalue()
 
     def upload(self, data: bytes, remote: str, mode: int = 0o755) -> str:
         """SFTP when the server has it; else ``cat >`` over exec (dropbear without sftp-server)."""

@@ -133,3 +133,37 @@ def test_html_report_renders_in_chromium(tmp_path):
                     "--window-size=1000,1400", f"file://{page}"], capture_output=True, timeout=120)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000  # tables and plots, not a blank page
+
+
+HOST = """
+[host]
+address = "hv1.example.org"
+known_hosts = "/etc/ssh/ssh_known_hosts"
+gpuvfio = ["/usr/local/bin/gpuvfio"]
+"""
+
+
+def test_remote_host_section(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD + HOST))
+    assert spec.host.address == "hv1.example.org" and spec.host.port == 22 and spec.host.gpuvfio == [
+        "/usr/local/bin/gpuvfio"]
+    assert spec.host.label() == "root@hv1.example.org" and load_spec(write(tmp_path, GOOD)).host is None
+
+
+@pytest.mark.parametrize("old, new, fragment", [
+    ('address = "hv1.example.org"', 'address = "hv1;reboot"', "address must be"),
+    ('address = "hv1.example.org"', 'address = "hv1.example.org"\nport = 0', "port must be"),
+    ('known_hosts = "/etc/ssh/ssh_known_hosts"', 'trust_on_first_use = "yes"', "trust_on_first_use must be"),
+    ('known_hosts = "/etc/ssh/ssh_known_hosts"', 'user = "root"', "needs known_hosts"),
+    ('gpuvfio = ["/usr/local/bin/gpuvfio"]', 'gpuvfio = "gpuvfio --root /"', "list of strings"),
+    ('gpuvfio = ["/usr/local/bin/gpuvfio"]', 'root = "relative/host.fixture"', "absolute path"),
+    ('gpuvfio = ["/usr/local/bin/gpuvfio"]', 'password = "hunter2"', "unknown key 'password'"),
+])
+def test_bad_remote_host_points_at_the_line(tmp_path, old, new, fragment):
+    text = GOOD + HOST.replace(old, new)
+    with pytest.raises(InputError) as info:
+        load_spec(write(tmp_path, text))
+    message = str(info.value)
+    wrong = text.splitlines().index(new.splitlines()[-1]) + 1 if new.splitlines()[-1] in text.splitlines() else None
+    assert fragment in message and "hunter2" not in message, message
+    assert f"spec.toml:{wrong}:" in message if "needs" not in fragment else "spec.toml:" in message, message

@@ -72,7 +72,7 @@ def plan(host: HostRoot, spec: Spec) -> dict:
         entry.update({"domain": options.name, "hugepages_kib": domain.hugepage_kib,
                       "numa_nodes": [c.node for c in domain.cells], "warnings": domain.warnings, "xml": xml})
         if variant.kind == "passthrough" and addresses:
-            entry["bind"] = plan_bind(host, inventory, kernel, addresses).to_json()
+            entry["bind"] = plan_bind(host, inventory, kernel, addresses).to_json(host.root)
         if first_xml is None:
             first_xml, first_name = xml, variant.name
         else:

@@ -3,7 +3,8 @@
 The results directory is the record: ``<out>/results/<variant>/rep-<n>.json`` is written
 atomically when a repetition is done, so a second run skips what exists. A variant's
 guest is always detached (and its devices restored, its vGPU removed) before the next
-variant starts -- also on Ctrl-C or SIGTERM -- and a guest left over from an interrupted
+variant starts -- also on Ctrl-C, SIGTERM or SIGHUP (a remote run's SSH channel closing,
+see testbed/remote.py) -- and a guest left over from an interrupted
 run is detached first.
 """
 
@@ -80,12 +81,13 @@ def run_testbed(host: HostRoot, spec: Spec, out: str, *, conn, known_hosts_defau
                 bind_step, restore_step, vgpu_writer=None, progress=lambda line: None) -> dict:
     os.makedirs(os.path.join(out, "results"), exist_ok=True)
     atomic_write(os.path.join(out, "identity.json"), json.dumps(identity(host, conn), indent=2))
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
     def on_term(signum, frame):
         raise _Interrupted()
 
-    signal.signal(signal.SIGTERM, on_term)
+    for sig in previous:
+        signal.signal(sig, on_term)
     summary = {}
     try:
         for variant in spec.variants:

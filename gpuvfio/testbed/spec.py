@@ -14,6 +14,16 @@
     known_hosts = "/root/.ssh/known_hosts"   # or trust_on_first_use = true
     port = 2222                  # QEMU user-net forward (127.0.0.1:port -> guest:22)
 
+    [host]                       # optional: a remote hypervisor, driven over SSH
+    address = "hv1.example.org"
+    port = 22
+    user = "root"
+    key = "/root/.ssh/hv1"
+    known_hosts = "/root/.ssh/known_hosts"   # or trust_on_first_use = true
+    gpuvfio = ["gpuvfio"]        # how to run gpuvfio there (an argument list)
+    root = "/"                   # --root for the remote gpuvfio (a fixture file for dry plans)
+    workdir = "/var/tmp"         # where the run's scratch directory is made
+
     [run]
     repetitions = 3
     gpus = ["0000:1b:00.0"]
@@ -63,6 +73,25 @@ class Spec:
     gpus: list[str]
     connect: str | None
     variants: list[Variant] = field(default_factory=list)
+    host: RemoteHost | None = None
+
+
+@dataclass
+class RemoteHost:
+    """The [host] section: a hypervisor reached over SSH where gpuvfio itself runs."""
+
+    address: str
+    port: int = 22
+    user: str = "root"
+    key: str | None = None
+    known_hosts: str | None = None
+    trust_on_first_use: bool = False
+    gpuvfio: list[str] = field(default_factory=lambda: ["gpuvfio"])
+    root: str | None = None
+    workdir: str = "/var/tmp"
+
+    def label(self) -> str:
+        return f"{self.user}@{self.address}" + (f":{self.port}" if self.port != 22 else "")
 
 
 class _Lines:
@@ -185,4 +214,43 @@ def load_spec(path: str) -> Spec:
         variants.append(Variant(name, kind, "none" if hugepages == "4K" else hugepages, numa,
                                 raw.get("profile"), raw.get("scheduler")))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
-                variants=variants)
+                variants=variants, host=_remote_host(data.get("host"), fail))
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]{0,252})$|^\[?[0-9A-Fa-f:.]+\]?$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+
+
+def _remote_host(raw, fail) -> RemoteHost | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        fail("[host] must be a table", "host")
+    allowed = {"address", "port", "user", "key", "known_hosts", "trust_on_first_use", "gpuvfio", "root", "workdir"}
+    for key in raw:
+        if key not in allowed:
+            fail(f"unknown key {key!r} in [host] (allowed: {', '.join(sorted(allowed))})", "host", 0, key)
+    address = raw.get("address")
+    if not isinstance(address, str) or not _HOSTNAME.match(address):
+        fail("[host] address must be a host name or IP address", "host", 0, "address")
+    port = raw.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        fail("[host] port must be an integer 1-65535", "host", 0, "port")
+    user = raw.get("user", "root")
+    if not isinstance(user, str) or not _USER.match(user):
+        fail("[host] user must be a user name", "host", 0, "user")
+    for key in ("key", "known_hosts", "root", "workdir"):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value.startswith("/") or "\0" in value):
+            fail(f"[host] {key} must be an absolute path", "host", 0, key)
+    tofu = raw.get("trust_on_first_use", False)
+    if not isinstance(tofu, bool):
+        fail("[host] trust_on_first_use must be true or false", "host", 0, "trust_on_first_use")
+    if not raw.get("known_hosts") and not tofu:
+        fail("[host] needs known_hosts (pinned host keys) or trust_on_first_use = true", "host")
+    command = raw.get("gpuvfio", ["gpuvfio"])
+    if (not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command)):
+        fail('[host] gpuvfio must be a non-empty list of strings, e.g. ["gpuvfio"]', "host", 0, "gpuvfio")
+    return RemoteHost(address=address, port=port, user=user, key=raw.get("key"), known_hosts=raw.get("known_hosts"),
+                      trust_on_first_use=tofu, gpuvfio=list(command), root=raw.get("root"),
+                      workdir=raw.get("workdir", "/var/tmp"))

@@ -1,0 +1,224 @@
+"""Testbeds on a remote hypervisor ([host]): real SSH (dropbear on 127.0.0.1), real gpuvfio there.
+
+The hypervisor lane (tests/lanes/hypervisor.py) makes this machine the "remote" host:
+``testbed plan`` records it with ``gpuvfio dump-host`` over SSH and plans here; ``testbed
+run`` (daemon lane) runs gpuvfio there against the test libvirtd, streams its progress,
+fetches the results; a local Ctrl-C hangs the remote run up, which tears its guest down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.lanes import hypervisor as hv
+from tests.make_samples import sample_path
+
+pytestmark = pytest.mark.daemon
+_REASON = hv.skip_reason()
+if _REASON:
+    pytest.skip(_REASON, allow_module_level=True)
+
+PLAN_SPEC = """
+[guest]
+disk = "/var/lib/libvirt/images/g.qcow2"
+vcpus = 8
+memory = "32G"
+[guest.ssh]
+port = 2222
+
+[run]
+gpus = ["0000:1b:00.0"]
+
+[[variant]]
+name = "pt-1g"
+kind = "passthrough"
+hugepages = "1G"
+
+[[variant]]
+name = "pt-remote"
+kind = "passthrough"
+numa = "remote"
+"""
+
+
+@pytest.fixture
+def hypervisor(tmp_path):
+    state = tmp_path / "remote-state"
+    state.mkdir()
+    server = hv.start(str(tmp_path / "hv"), env={"GPUVFIO_STATE_DIR": str(state)})
+    yield server
+    server.stop()
+
+
+def host_section(server, root: str | None = None, pin: bool = True) -> str:
+    lines = ["[host]", 'address = "127.0.0.1"', f"port = {server.port}", f'key = "{server.client_key}"',
+             f"gpuvfio = {json.dumps([sys.executable, '-m', 'gpuvfio'])}"]
+    lines.append(f'known_hosts = "{server.known_hosts}"' if pin else "trust_on_first_use = true")
+    if root:
+        lines.append(f'root = "{root}"')
+    return "\n".join(lines) + "\n"
+
+
+def test_remote_plan_is_the_plan_made_there(cli, tmp_path, hypervisor):
+    sample = sample_path("dgx-h100")
+    local = tmp_path / "local.toml"
+    local.write_text(PLAN_SPEC)
+    remote = tmp_path / "remote.toml"
+    remote.write_text(PLAN_SPEC + host_section(hypervisor, root=sample))
+    here = cli("--root", sample, "testbed", "plan", str(local), "--json")
+    there = cli("testbed", "plan", str(remote), "--json")
+    assert here.code == 0 and there.code == 0, there.err
+    remote_plan = there.json()
+    assert remote_plan.pop("host") == f"root@127.0.0.1:{hypervisor.port}"
+    local_plan = here.json()
+    for plan in (local_plan, remote_plan):
+        plan.pop("spec")
+    assert remote_plan == local_plan
+    assert remote_plan["variants"][0]["bind"]["devices"] == ["0000:1b:00.0"]
+    text = cli("testbed", "plan", str(remote))
+    assert text.out.startswith(f"hypervisor root@127.0.0.1:{hypervisor.port} (over SSH)\n")
+
+
+def test_unknown_host_key_is_refused_and_trust_on_first_use_records_it(cli, tmp_path, hypervisor, monkeypatch):
+    local_state = tmp_path / "local-state"
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(local_state))
+    spec = tmp_path / "remote.toml"
+    other = tmp_path / "other_known_hosts"
+    other.write_text("[127.0.0.1]:1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDsSEvQbDPLi0A4sMpn3Xr9sqMSgqKMwP5Jl0l5AqEQ5\n")
+    spec.write_text(PLAN_SPEC + host_section(hypervisor, root=sample_path("workstation")).replace(
+        hypervisor.known_hosts, str(other)))
+    refused = cli("testbed", "plan", str(spec))
+    assert refused.code == 1 and "unknown host key" in refused.err and refused.err.count("\n") == 1, refused.err
+    spec.write_text(PLAN_SPEC + host_section(hypervisor, root=sample_path("dgx-h100"), pin=False))
+    trusted = cli("testbed", "plan", str(spec), "--json")
+    assert trusted.code == 0, trusted.err
+    recorded = (local_state / "known_hosts").read_text()
+    assert recorded.startswith(f"[127.0.0.1]:{hypervisor.port} ssh-ed25519 ")
+    assert recorded.split()[2] == open(hypervisor.known_hosts).read().split()[2]
+
+
+def test_remote_failure_is_one_line(cli, tmp_path, hypervisor):
+    spec = tmp_path / "remote.toml"
+    spec.write_text(PLAN_SPEC + host_section(hypervisor, root="/nonexistent/host.fixture"))
+    result = cli("testbed", "plan", str(spec))
+    assert result.code == 1 and result.err.count("\n") == 1, result.err
+    assert "gpuvfio dump-host on root@127.0.0.1" in result.err and "/nonexistent/host.fixture" in result.err
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def run_spec(tmp_path, image, port, known, server, uri) -> str:
+    from tests.lanes import guest as gl
+
+    text = f"""
+[guest]
+kernel = "{image.kernel}"
+initrd = "{image.initrd}"
+cmdline = "{gl.KERNEL_CMDLINE}"
+vcpus = 1
+memory = "256M"
+virt_type = "qemu"
+firmware = "bios"
+[guest.ssh]
+port = {port}
+key = "{image.client_key}"
+known_hosts = "{known}"
+
+[run]
+repetitions = 2
+connect = "{uri}"
+
+[[variant]]
+name = "tiny-4k"
+kind = "passthrough"
+hugepages = "none"
+numa = "none"
+
+[[variant]]
+name = "baremetal"
+kind = "baremetal"
+""" + host_section(server)
+    path = tmp_path / "testbed.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hypervisor):
+    """Ctrl-C here closes the SSH channel: the run there tears its guest down; a rerun resumes."""
+    from gpuvfio.errors import GpuvfioError
+    from gpuvfio.testbed.remote import run_remote
+    from gpuvfio.testbed.report import write_report
+    from gpuvfio.testbed.spec import load_spec
+    from tests.lanes import guest as gl
+
+    image = gl.build_guest()
+    port = gl.free_port()
+    known = tmp_path / "guest_known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {image.host_key_line}\n")
+    spec = load_spec(run_spec(tmp_path, image, port, known, hypervisor, daemon.uri))
+    out = str(tmp_path / "out")
+    seen: list[str] = []
+
+    def interrupt_on_second_repetition(line):
+        seen.append(line)
+        if line == "tiny-4k: repetition 2/2":
+            raise KeyboardInterrupt
+
+    conn = daemon.connect()
+    try:
+        with pytest.raises(GpuvfioError, match="interrupted"):
+            run_remote(spec, out, default_known_hosts=None, progress=interrupt_on_second_repetition)
+        assert "tiny-4k: attach" in seen
+        assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
+        assert os.listdir(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"], (seen, os.listdir(os.path.join(out, "results")))
+        assert json.load(open(os.path.join(out, "identity.json")))["host_kernel"] == os.uname().release
+        scratch = next(line.split("scratch directory ", 1)[1] for line in seen if "scratch directory" in line)
+        assert not os.path.exists(scratch)
+
+        def drop_connection_on_attach(line):
+            seen.append(line)
+            if line == "tiny-4k: attach":  # the server side of our connection dies: a network loss
+                for pid in children(hypervisor.process.pid):
+                    os.kill(pid, signal.SIGKILL)
+
+        seen.clear()
+        with pytest.raises(GpuvfioError, match="connection lost.*hung up and tears itself down") as lost:
+            run_remote(spec, out, default_known_hosts=None, progress=drop_connection_on_attach)
+        scratch = next(line.split("scratch directory ", 1)[1] for line in seen if "scratch directory" in line)
+        assert scratch in str(lost.value)
+        remote_pid = int(open(os.path.join(scratch, "pid")).read())
+        deadline = time.monotonic() + 120
+        while os.path.exists(f"/proc/{remote_pid}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(f"/proc/{remote_pid}"), "the hung-up run did not end"
+        assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
+        assert os.listdir(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"]
+        shutil.rmtree(scratch)
+        seen.clear()
+        summary = run_remote(spec, out, default_known_hosts=None, progress=seen.append)
+        assert "results/tiny-4k/rep-1.json" in summary["files"] and "results/baremetal/rep-1.json" in summary["files"]
+        assert not any(line == "tiny-4k: repetition 1/2" for line in seen)  # rep 0 went up and was kept
+        assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
+    finally:
+        conn.close()
+    assert write_report(out)["baseline"] == "baremetal"
+    assert "| tiny-4k |" in open(os.path.join(out, "report.md")).read()
