@@ -72,15 +72,24 @@ def restore(host: HostRoot, addresses: list[PciAddress], *, writer: SysfsWriter,
         unknown = [a for a in wanted if a not in journal.devices]
         if unknown:
             raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
-        vgpu_failures = []
+        vgpu_failures, undone = [], []
+
+        def note(line: str) -> None:
+            undone.append(line)
+            progress(line)
+
         if not wanted:  # a full restore also removes the vGPU instances gpuvfio created
             from gpuvfio.vgpucmd import remove_all
 
-            vgpu_failures = remove_all(host, journal, writer, progress)
+            vgpu_failures = remove_all(host, journal, writer, note)
+            if journal.data.get("schedulers"):  # after the vGPUs: NVML changes it only with none running
+                from gpuvfio.vgpusched import put_back
+
+                vgpu_failures += put_back(host, journal, progress=note)
         results = reconcile(host, journal, writer, actions, wanted or None, progress)
         report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
                   "failed": {a: msg for a, (ok, msg) in results.items() if not ok},
-                  "services_not_restarted": list(journal.data["services_stopped"])}
+                  "services_not_restarted": list(journal.data["services_stopped"]), "vgpu": undone}
         if report["failed"] or report["services_not_restarted"] or vgpu_failures:
             problems = vgpu_failures + [f"{a}: {m}" for a, m in report["failed"].items()]
             problems += [f"service {s} not restarted" for s in report["services_not_restarted"]]
@@ -123,7 +132,7 @@ def status(host: HostRoot) -> dict:
                              for s in operation.get("steps", [])]}
     return {"state_dir": directory, "devices": devices, "services_stopped": journal.data["services_stopped"],
             "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
-            "unfinished_operation": pending}
+            "schedulers": journal.data.get("schedulers", {}), "unfinished_operation": pending}
 
 
 def persist(host: HostRoot, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,

@@ -130,7 +130,7 @@ def restore_cmd(addresses: OptionalAddresses = None, timeout: WriteTimeout = 10.
         raise
     if as_json:
         emit_json(report)
-    elif not report["restored"]:
+    elif not report["restored"] and not report.get("vgpu"):
         _say("nothing to restore")
 
 

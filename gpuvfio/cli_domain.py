@@ -117,7 +117,9 @@ def vgpu_types_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")], as_j
     for mdev in report["mdev_types"]:
         sys.stdout.write(f"{mdev['id']:16} {mdev['name'] or '':24} available {mdev['available_instances']}\n")
     for vtype in report["sriov_types"]:
-        sys.stdout.write(f"{vtype['id']:<6} {vtype['name']:28} free VFs {vtype['available_instances']}\n")
+        mig = vtype.get("mig_backed")
+        note = f"  MIG-backed: {mig['slices']} slice(s), {mig['memory_gb']} GB" if mig else ""
+        sys.stdout.write(f"{vtype['id']:<6} {vtype['name']:28} free VFs {vtype['available_instances']}{note}\n")
     for used in report["sriov_in_use"]:
         sys.stdout.write(f"in use: VF {used['vf']} has type {used['type']}\n")
 
@@ -160,3 +162,27 @@ def vgpu_remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")],
     host, writer = _writer(root)
     report = remove(host, instance, writer=writer)
     emit_json(report) if as_json else sys.stdout.write(f"removed {instance}\n")
+
+
+@vgpu_app.command("scheduler")
+def vgpu_scheduler_cmd(address: Annotated[str, typer.Argument(metavar="ADDR")],
+                       policy: Annotated[Optional[str], typer.Option(
+                           "--set", metavar="POLICY", help="best-effort, equal-share or fixed-share (journaled; "
+                           "gpuvfio restore puts the previous one back).")] = None,
+                       as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Show (or set) a GPU's vGPU scheduler policy, where the driver exposes it through NVML."""
+    from gpuvfio.address import PciAddress
+    from gpuvfio.vgpusched import Nvml, parse_policy, set_policy
+
+    wanted = PciAddress.parse(address)
+    if policy is not None:
+        parse_policy(policy)
+    host, _writer_unused = _writer(root)
+    with Nvml() as nvml:
+        report = set_policy(host, nvml, wanted, policy) if policy else nvml.read(wanted)
+    if as_json:
+        emit_json(report)
+        return
+    sys.stdout.write(f"{address}: vGPU scheduler {report['policy']} (ARR {report['arr']}, timeslice "
+                     f"{report['timeslice']}; supported: {', '.join(report['supported'])})"
+                     + (f"; was {report['previous']}" if report.get("previous") else "") + "\n")

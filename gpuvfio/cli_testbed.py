@@ -67,6 +67,12 @@ def plan_cmd(spec_path: SpecArg, as_json: JsonOption = False, here: HereOption =
         if "bind" in variant:
             sys.stdout.write(f"   bind: {', '.join(variant['bind']['devices'])} -> vfio-pci "
                              f"({len(variant['bind']['steps'])} steps)\n")
+        if "vgpu" in variant:
+            vgpu = variant["vgpu"]
+            mig = vgpu["mig_backed"]
+            sys.stdout.write(f"   vGPU {vgpu['profile']}" + (f" (MIG-backed: {mig['slices']} slice(s), "
+                                                               f"{mig['memory_gb']} GB)" if mig else "")
+                             + f"; scheduler {vgpu['scheduler_note']}\n")
         for warning in variant["warnings"]:
             sys.stdout.write(f"   warning: {warning}\n")
         sys.stdout.write(variant.get("xml_diff") or "")

@@ -65,7 +65,7 @@ class Journal:
         self.directory = directory
         self.path = os.path.join(directory, "journal.json")
         self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None,
-                     "mdevs": {}, "vgpus": {}}
+                     "mdevs": {}, "vgpus": {}, "schedulers": {}}
 
     @classmethod
     def load(cls, directory: str) -> "Journal":
@@ -92,7 +92,8 @@ class Journal:
         journal.data = {"version": JOURNAL_VERSION, "devices": data["devices"],
                         "services_stopped": data.get("services_stopped", []),
                         "operation": data.get("operation"),
-                        "mdevs": data.get("mdevs", {}), "vgpus": data.get("vgpus", {})}
+                        "mdevs": data.get("mdevs", {}), "vgpus": data.get("vgpus", {}),
+                        "schedulers": data.get("schedulers", {})}
         return journal
 
     @property

@@ -29,7 +29,7 @@ COMMANDS = {
     "unpersist": "Stop keeping devices on vfio-pci across reboots.",
     "xml": "Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO "
            "window sized from the BARs), or a vGPU; --define defines it idempotently.",
-    "vgpu": "vGPU profiles: list the types a GPU offers, create and remove instances (journaled).",
+    "vgpu": "vGPU profiles: list the types a GPU offers, create and remove instances, set the scheduler (journaled).",
     "verify": "Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth.",
     "attach": "Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure.",
     "detach": "Stop a guest, undefine it if gpuvfio defined it, and give its devices back.",

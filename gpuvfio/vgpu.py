@@ -5,14 +5,33 @@ takes a UUID (Documentation/driver-api/vfio-mediated-device.rst).
 SR-IOV (Ada/Hopper, vGPU 17+ on 6.8+ kernels): each VF lists
 ``nvidia/creatable_vgpu_types`` and takes a type id in ``nvidia/current_vgpu_type``;
 the VF itself is then passed through as a PCI device (managed='no').
+
+MIG-backed types (A100/A30/H100/H200 in MIG mode) are SR-IOV types too; NVIDIA names them
+``<GPU>-<slices>-<GB>C`` ("NVIDIA A100-3-20C": 3 compute slices, 20 GB; a trailing "ME"
+adds the media engines). The driver lists one on a VF only while MIG mode is on and a
+GPU instance of that profile is free (NVIDIA vGPU user guide, "Configuring a GPU for
+MIG-backed vGPUs"); gpuvfio does not repartition GPUs, it says what is missing.
 """
 
 from __future__ import annotations
+
+import re
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.inventory import Inventory
 from gpuvfio.model import PciFunction
+
+
+_MIG_BACKED = re.compile(r"-([1-8])-(\d+)C(ME)?$")
+
+
+def mig_backed(name: str | None) -> dict | None:
+    """{"slices", "memory_gb", "media"} for a MIG-backed vGPU type name, else None."""
+    match = _MIG_BACKED.search(name or "")
+    if not match:
+        return None
+    return {"slices": int(match.group(1)), "memory_gb": int(match.group(2)), "media": bool(match.group(3))}
 
 
 def _gpu(inventory: Inventory, address: PciAddress) -> PciFunction:
@@ -62,4 +81,11 @@ def pick_vf(inventory: Inventory, address: PciAddress, wanted: str, *, reuse: bo
         if not vf.vgpu_current and _type_id(vf, wanted) is not None:
             return vf.address
     offered = sorted({f"{t.type_id} ({t.name})" for vf in vfs for t in vf.vgpu_creatable or []})
-    raise InputError(f"no VF of {address} can take vGPU type {wanted!r}; creatable: {', '.join(offered) or 'none'}")
+    hint = ""
+    mig = mig_backed(wanted)
+    if mig:
+        hint = (f"; {wanted!r} is MIG-backed ({mig['slices']} GPU slice(s), {mig['memory_gb']} GB): the driver "
+                "offers it only with MIG mode on and a free GPU instance of that size "
+                f"(nvidia-smi -i <gpu> -mig 1, then nvidia-smi mig -cgi <profile>)")
+    raise InputError(f"no VF of {address} can take vGPU type {wanted!r}; creatable: "
+                     f"{', '.join(offered) or 'none'}{hint}")

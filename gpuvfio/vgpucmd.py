@@ -20,7 +20,7 @@ from gpuvfio.hostroot import HostRoot
 from gpuvfio.inventory import Inventory, read_inventory
 from gpuvfio.journal import Journal, RunLock, state_dir
 from gpuvfio.sysfs_write import SysfsWriter
-from gpuvfio.vgpu import pick_mdev, pick_vf
+from gpuvfio.vgpu import mig_backed, pick_mdev, pick_vf
 
 
 def types(inventory: Inventory, address: PciAddress) -> dict:
@@ -35,7 +35,8 @@ def types(inventory: Inventory, address: PciAddress) -> dict:
         if vf is None:
             continue
         for vtype in vf.vgpu_creatable or []:
-            entry = sriov.setdefault(vtype.type_id, {"id": vtype.type_id, "name": vtype.name, "free_vfs": []})
+            entry = sriov.setdefault(vtype.type_id, {"id": vtype.type_id, "name": vtype.name, "free_vfs": [],
+                                                     "mig_backed": mig_backed(vtype.name)})
             if not vf.vgpu_current:
                 entry["free_vfs"].append(str(vf_address))
     in_use = [{"vf": str(v), "type": inventory.functions[v].vgpu_current} for v in fn.vfs

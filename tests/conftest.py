@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -95,6 +96,22 @@ def pytest_addoption(parser):
 @pytest.fixture
 def regenerate(request):
     return request.config.getoption("--regenerate")
+
+
+@pytest.fixture(scope="session")
+def fakecuda_libdir(tmp_path_factory):
+    """tests/fakecuda built as libcuda.so.1 + libnvidia-ml.so.1: a stand-in driver library for
+    LD_LIBRARY_PATH (no GPU here); the vGPU scheduler state lives in $FAKENVML_SCHED."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    out = tmp_path_factory.mktemp("fakecuda")
+    lib = out / "libcuda.so.1"
+    source = os.path.join(REPO, "tests", "fakecuda", "fakecuda.c")
+    # The soname lets a test preload it in-process (ctypes) where pynvml then finds it by name.
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
+                    "-o", str(lib), source], check=True)
+    os.symlink(lib, out / "libnvidia-ml.so.1")
+    return str(out)
 
 
 @pytest.fixture(scope="module")

@@ -167,3 +167,25 @@ def test_bad_remote_host_points_at_the_line(tmp_path, old, new, fragment):
     wrong = text.splitlines().index(new.splitlines()[-1]) + 1 if new.splitlines()[-1] in text.splitlines() else None
     assert fragment in message and "hunter2" not in message, message
     assert f"spec.toml:{wrong}:" in message if "needs" not in fragment else "spec.toml:" in message, message
+
+
+def test_report_says_how_each_variant_was_provisioned(tmp_path):
+    out = str(tmp_path / "run")
+    write_synthetic(out)
+    write_report(out)
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert ("- **vgpu-h100-40c** (vgpu): hugepages 1G, NUMA auto, vGPU NVIDIA H100-40C (sriov type 1054), "
+            "scheduler equal-share (host default best-effort)") in md
+    assert "- **passthrough-remote-4k** (passthrough): hugepages none, NUMA remote" in md
+    assert "- **baremetal** (baremetal): the verifier on the host itself (baseline)" in md
+    machine = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert machine["variants"]["passthrough-1g"]["provisioning"] == "hugepages 1G, NUMA auto"
+
+
+def test_describe_mig_backed_variant():
+    from gpuvfio.testbed.report import describe
+
+    record = {"kind": "vgpu", "provisioning": {"profile": "NVIDIA A100-3-20C"},
+              "vgpu": {"profile": "NVIDIA A100-3-20C", "kind": "sriov", "type": 700,
+                       "mig_backed": {"slices": 3, "memory_gb": 20, "media": False}}}
+    assert describe(record) == "vGPU NVIDIA A100-3-20C (sriov type 700), MIG-backed: 3 slice(s), 20 GB"

@@ -21,12 +21,8 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not ins
 
 
 @pytest.fixture(scope="module")
-def libdir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fakecuda")
-    lib = out / "libcuda.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(lib), SOURCE], check=True)
-    os.symlink(lib, out / "libnvidia-ml.so.1")
-    return str(out)
+def libdir(fakecuda_libdir):
+    return fakecuda_libdir
 
 
 def run(libdir, *extra, env=None):

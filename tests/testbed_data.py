@@ -6,6 +6,15 @@ import os
 import random
 
 
+PROVISIONING = {"passthrough-1g": {"hugepages": "1G", "numa": "auto"},
+                "passthrough-remote-4k": {"hugepages": "none", "numa": "remote"},
+                "vgpu-h100-40c": {"hugepages": "1G", "numa": "auto", "profile": "NVIDIA H100-40C",
+                                  "scheduler": "equal-share"}}
+VGPU = {"vgpu-h100-40c": {"profile": "NVIDIA H100-40C", "kind": "sriov", "type": 1054, "mig_backed": None,
+                          "scheduler": {"policy": "equal-share", "arr": "disabled", "timeslice": 2000,
+                                        "previous": "best-effort"}}}
+
+
 def write_synthetic(out: str, reps: int = 5, seed: int = 7) -> None:
     rng = random.Random(seed)
     variants = {
@@ -28,6 +37,7 @@ def write_synthetic(out: str, reps: int = 5, seed: int = 7) -> None:
                        "saxpy_ms": jitter({"vgpu": 0.38}.get(kind, 0.19), 0.02),
                        "time_to_verified_s": jitter(boot, 0.05) if rep == 0 else None}
             record = {"variant": name, "kind": kind, "rep": rep, "metrics": metrics,
+                      "provisioning": PROVISIONING.get(name, {}), "vgpu": VGPU.get(name),
                       "guest": {"virtualization_mode": {"baremetal": "None", "passthrough": "Pass-Through",
                                                         "vgpu": "VGPU"}[kind]}, "verify": {}}
             with open(os.path.join(directory, f"rep-{rep}.json"), "w") as handle:

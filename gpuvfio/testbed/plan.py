@@ -71,6 +71,14 @@ def plan(host: HostRoot, spec: Spec) -> dict:
         xml = domain_xml(domain)
         entry.update({"domain": options.name, "hugepages_kib": domain.hugepage_kib,
                       "numa_nodes": [c.node for c in domain.cells], "warnings": domain.warnings, "xml": xml})
+        if variant.kind == "vgpu":
+            from gpuvfio.vgpu import mig_backed
+
+            entry["vgpu"] = {"profile": variant.profile, "mig_backed": mig_backed(variant.profile),
+                             "scheduler": variant.scheduler,
+                             "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the "
+                                                "previous policy put back after" if variant.scheduler else
+                                                "left as the host driver has it")}
         if variant.kind == "passthrough" and addresses:
             entry["bind"] = plan_bind(host, inventory, kernel, addresses).to_json(host.root)
         if first_xml is None:

@@ -33,6 +33,7 @@ def collect(out: str) -> dict:
             raise InputError(f"{path} is not valid JSON (a damaged result: remove it and rerun)") from None
         entry = variants.setdefault(record["variant"], {"kind": record["kind"], "reps": [], "guest": {}})
         entry["reps"].append(record["metrics"])
+        entry["provisioning"] = describe(record)
         entry["guest"] = {k: v for k, v in record.get("guest", {}).items() if v is not None} or entry["guest"]
     identity = {}
     if os.path.exists(os.path.join(out, "identity.json")):
@@ -42,6 +43,28 @@ def collect(out: str) -> dict:
         entry["metrics"] = {key: summarize([rep.get(key) for rep in entry["reps"]]) for key in METRICS}
     baseline = next((name for name, e in variants.items() if e["kind"] == "baremetal"), None)
     return {"identity": identity, "baseline": baseline, "variants": variants}
+
+
+def describe(record: dict) -> str:
+    """One line on how a variant was provisioned, from what its run recorded."""
+    if record.get("kind") == "baremetal":
+        return "the verifier on the host itself (baseline)"
+    given = record.get("provisioning") or {}
+    parts = [f"hugepages {given['hugepages']}" if "hugepages" in given else None,
+             f"NUMA {given['numa']}" if "numa" in given else None]
+    vgpu = record.get("vgpu") or {}
+    if vgpu or given.get("profile"):
+        profile = vgpu.get("profile") or given.get("profile")
+        text = f"vGPU {profile}" + (f" ({vgpu['kind']} type {vgpu['type']})" if vgpu.get("type") else "")
+        mig = vgpu.get("mig_backed")
+        if mig:
+            text += f", MIG-backed: {mig['slices']} slice(s), {mig['memory_gb']} GB"
+        parts.append(text)
+    scheduler = vgpu.get("scheduler") or ({"policy": given["scheduler"]} if given.get("scheduler") else None)
+    if scheduler:
+        parts.append(f"scheduler {scheduler['policy']}" + (f" (host default {scheduler['previous']})"
+                                                            if scheduler.get("previous") else ""))
+    return ", ".join(p for p in parts if p) or record.get("kind", "")
 
 
 def _reference(results: dict, key: str) -> tuple[str | None, float | None]:
@@ -86,6 +109,11 @@ def _fmt(value: float | None) -> str:
 def markdown(results: dict, metric_tables: list[dict]) -> str:
     lines = ["# gpuvfio testbed report", "", "## System", ""]
     lines += [f"- **{k}**: {v}" for k, v in results["identity"].items()]
+    lines += ["", "## Variants", ""]
+    lines += [f"- **{name}** ({variant['kind']}): {variant.get('provisioning', '')}"
+              for name, variant in results["variants"].items()]
+    if any(variant["guest"] for variant in results["variants"].values()):
+        lines += ["", "## What the verifier saw", ""]
     for name, variant in results["variants"].items():
         if variant["guest"]:
             lines.append(f"- **{name}** ({variant['kind']}): " + ", ".join(f"{k} {v}" for k, v in
@@ -149,6 +177,9 @@ def html_page(results: dict, metric_tables: list[dict], images: dict[str, bytes]
              "td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right}td:first-child{text-align:left}",
              "</style></head><body><h1>gpuvfio testbed report</h1><h2>System</h2><ul>"]
     parts += [f"<li><b>{esc(str(k))}</b>: {esc(str(v))}</li>" for k, v in results["identity"].items()]
+    parts.append("</ul><h2>Variants</h2><ul>")
+    parts += [f"<li><b>{esc(name)}</b> ({esc(v['kind'])}): {esc(v.get('provisioning', ''))}</li>"
+              for name, v in results["variants"].items()]
     parts.append("</ul>")
     for table in metric_tables:
         ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
@@ -182,7 +213,9 @@ def write_report(out: str) -> dict:
     for name, data in images.items():
         with open(os.path.join(out, name), "wb") as handle:
             handle.write(data)
-    machine = {"identity": results["identity"], "baseline": results["baseline"], "tables": metric_tables}
+    machine = {"identity": results["identity"], "baseline": results["baseline"],
+               "variants": {name: {"kind": v["kind"], "provisioning": v.get("provisioning")}
+                            for name, v in results["variants"].items()}, "tables": metric_tables}
     atomic_write(os.path.join(out, "results.json"), json.dumps(machine, indent=2))
     atomic_write(os.path.join(out, "report.md"), markdown(results, metric_tables))
     atomic_write(os.path.join(out, "report.html"), html_page(results, metric_tables, images))

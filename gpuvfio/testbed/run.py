@@ -78,7 +78,9 @@ class _Interrupted(BaseException):
 
 
 def run_testbed(host: HostRoot, spec: Spec, out: str, *, conn, known_hosts_default: str | None,
-                bind_step, restore_step, vgpu_writer=None, progress=lambda line: None) -> dict:
+                bind_step, restore_step, vgpu_writer=None, progress=lambda line: None, nvml_factory=None) -> dict:
+    if nvml_factory is None:
+        from gpuvfio.vgpusched import Nvml as nvml_factory
     os.makedirs(os.path.join(out, "results"), exist_ok=True)
     atomic_write(os.path.join(out, "identity.json"), json.dumps(identity(host, conn), indent=2))
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -92,7 +94,7 @@ def run_testbed(host: HostRoot, spec: Spec, out: str, *, conn, known_hosts_defau
     try:
         for variant in spec.variants:
             summary[variant.name] = _run_variant(host, spec, variant, out, conn, known_hosts_default,
-                                                 bind_step, restore_step, vgpu_writer, progress)
+                                                 bind_step, restore_step, vgpu_writer, progress, nvml_factory)
     except (_Interrupted, KeyboardInterrupt):
         raise GpuvfioError("testbed run interrupted; everything was torn down; run it again to resume") from None
     finally:
@@ -109,13 +111,17 @@ def _write_rep(out, variant, rep, report, extra) -> None:
     os.makedirs(os.path.join(out, "results", variant.name), exist_ok=True)
     extra = dict(extra)
     metrics = {**_metrics(report), **extra.pop("metrics", {})}
+    provisioning = {k: v for k, v in (("hugepages", variant.hugepages), ("numa", variant.numa),
+                                       ("profile", variant.profile), ("scheduler", variant.scheduler))
+                    if v is not None and variant.kind != "baremetal"}
     record = {"variant": variant.name, "kind": variant.kind, "rep": rep, "metrics": metrics,
+              "provisioning": provisioning,
               "guest": _guest_facts(report), "verify": report, **extra}
     atomic_write(_rep_path(out, variant, rep), json.dumps(record, indent=2))
 
 
 def _run_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step, vgpu_writer,
-                 progress) -> dict:
+                 progress, nvml_factory) -> dict:
     todo = [r for r in range(spec.repetitions) if not os.path.exists(_rep_path(out, variant, r))]
     if not todo:
         progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
@@ -126,7 +132,7 @@ def _run_variant(host, spec, variant, out, conn, known_hosts_default, bind_step,
             _write_rep(out, variant, rep, _verify_here(), {})
         return {"ran": len(todo)}
     return _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step,
-                              vgpu_writer, todo, progress)
+                              vgpu_writer, todo, progress, nvml_factory)
 
 
 def _verify_here() -> dict:
@@ -140,8 +146,59 @@ def _verify_here() -> dict:
     return evaluate(probe, verifier, [])
 
 
+def _create_vgpu(host, inventory, variant, options, addresses, vgpu_writer):
+    from gpuvfio.domainspec import MDEV_NAMESPACE
+    from gpuvfio.vgpu import mig_backed
+    from gpuvfio.vgpucmd import create
+
+    fn = inventory.functions[addresses[0]]
+    uuid = None
+    if fn.mdev_types:
+        from gpuvfio.vgpu import pick_mdev
+
+        type_id = pick_mdev(inventory, addresses[0], variant.profile)
+        uuid = str(uuidlib.uuid5(MDEV_NAMESPACE, f"{options.name}/{addresses[0]}/{type_id}"))
+    made = create(host, addresses[0], variant.profile, writer=vgpu_writer, uuid=uuid)
+    record = {"profile": variant.profile, "kind": made["kind"], "type": made["type"],
+              "mig_backed": mig_backed(variant.profile)}
+    return made.get("uuid") or made.get("vf"), record
+
+
+def _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_writer, scheduled, nvml_factory,
+              progress) -> None:
+    """Guest, then vGPU, then scheduler policy (NVML changes it only with no vGPU VM running);
+    every step is tried even when one before it failed."""
+    from gpuvfio import guests
+    from gpuvfio.attach import detach
+
+    failures = []
+    try:
+        if guests.lookup(conn, options.name) is not None:
+            progress(f"{variant.name}: detach")
+            detach(conn, options.name, restore_step=restore_step, timeout=10)
+    except GpuvfioError as exc:
+        failures.append(f"detach {options.name}: {exc}")
+    if vgpu_instance is not None:
+        from gpuvfio.vgpucmd import remove
+
+        try:
+            remove(host, vgpu_instance, writer=vgpu_writer)
+        except GpuvfioError as exc:
+            failures.append(f"vGPU {vgpu_instance}: {exc}")
+    if scheduled:
+        from gpuvfio.vgpusched import restore as restore_scheduler
+
+        failed = restore_scheduler(host, nvml_factory=nvml_factory)
+        failures += failed
+        if not failed:
+            progress(f"{variant.name}: vGPU scheduler put back")
+    if failures:
+        raise GpuvfioError(f"{variant.name}: teardown incomplete ({'; '.join(failures)}); gpuvfio restore "
+                           "retries from the journal")
+
+
 def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step, vgpu_writer,
-                       todo, progress) -> dict:
+                       todo, progress, nvml_factory) -> dict:
     from gpuvfio import guests
     from gpuvfio.attach import attach, detach
     from gpuvfio.inventory import read_inventory
@@ -156,45 +213,41 @@ def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind
         progress(f"{variant.name}: detaching {options.name} left from an interrupted run")
         detach(conn, options.name, restore_step=restore_step, timeout=10)
     addresses = addresses_for(spec, variant)
-    vgpu_instance = None
-    if variant.kind == "vgpu":
-        from gpuvfio.domainspec import MDEV_NAMESPACE
-        from gpuvfio.vgpucmd import create
-
-        fn = inventory.functions[addresses[0]]
-        uuid = None
-        if fn.mdev_types:
-            from gpuvfio.vgpu import pick_mdev
-
-            type_id = pick_mdev(inventory, addresses[0], variant.profile)
-            uuid = str(uuidlib.uuid5(MDEV_NAMESPACE, f"{options.name}/{addresses[0]}/{type_id}"))
-        made = create(host, addresses[0], variant.profile, writer=vgpu_writer, uuid=uuid)
-        vgpu_instance = made.get("uuid") or made.get("vf")
+    vgpu_instance, vgpu_record, scheduled = None, {}, False
     ssh = SshTarget(spec.ssh.get("host", "127.0.0.1"), spec.ssh.get("port", 22), spec.ssh.get("user", "root"),
                     spec.ssh.get("key"), spec.ssh.get("known_hosts"), bool(spec.ssh.get("trust_on_first_use")))
     try:
+        if variant.kind == "vgpu":
+            if variant.scheduler:
+                # Before the vGPU exists: NVML changes the policy only while no vGPU VM runs.
+                from gpuvfio.vgpusched import set_policy
+
+                scheduled = True
+                with nvml_factory() as nvml:
+                    applied = set_policy(host, nvml, addresses[0], variant.scheduler)
+                progress(f"{variant.name}: vGPU scheduler of {addresses[0]}: {applied['policy']} "
+                         f"({applied['result']})")
+                vgpu_record["scheduler"] = {k: applied.get(k) for k in ("policy", "arr", "timeslice", "previous")}
+            vgpu_instance, made = _create_vgpu(host, inventory, variant, options, addresses, vgpu_writer)
+            vgpu_record.update(made)
+        extra = {"vgpu": vgpu_record} if vgpu_record else {}
         progress(f"{variant.name}: attach")
         started = time.monotonic()
         result = attach(host, addresses, options, conn=conn,
                         ssh=ssh, bind_step=bind_step if variant.kind == "passthrough" else None,
                         restore_step=restore_step, known_hosts_default=known_hosts_default,
-                        boot_timeout=300)
+                        boot_timeout=spec.ssh.get("boot_timeout", 300))
         took = time.monotonic() - started
         first, rest = todo[0], todo[1:]
         _write_rep(out, variant, first, result.report, {"metrics": {"time_to_verified_s": took},
-                                                          "attach_steps": result.steps})
+                                                          "attach_steps": result.steps, **extra})
         expected = expectations(inventory, [a for a in addresses if variant.kind == "passthrough"])
         for rep in rest:
             progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
             with Session(SshTarget(ssh.host, ssh.port, ssh.user, ssh.key, ssh.known_hosts, ssh.trust_on_first_use),
                          known_hosts_default) as session:
-                _write_rep(out, variant, rep, verify_guest(session, expected), {})
+                _write_rep(out, variant, rep, verify_guest(session, expected), extra)
     finally:
-        if guests.lookup(conn, options.name) is not None:
-            progress(f"{variant.name}: detach")
-            detach(conn, options.name, restore_step=restore_step, timeout=10)
-        if vgpu_instance is not None:
-            from gpuvfio.vgpucmd import remove
-
-            remove(host, vgpu_instance, writer=vgpu_writer)
+        _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_writer, scheduled, nvml_factory,
+                  progress)
     return {"ran": len(todo)}

@@ -13,6 +13,7 @@
     key = "/root/.ssh/testbed"
     known_hosts = "/root/.ssh/known_hosts"   # or trust_on_first_use = true
     port = 2222                  # QEMU user-net forward (127.0.0.1:port -> guest:22)
+    boot_timeout = 300           # seconds from start until the guest must answer SSH
 
     [host]                       # optional: a remote hypervisor, driven over SSH
     address = "hv1.example.org"
@@ -38,7 +39,8 @@
     [[variant]]
     name = "vgpu-a10-4q"
     kind = "vgpu"
-    profile = "NVIDIA A10-4Q"    # an mdev type, or an SR-IOV vGPU type
+    profile = "NVIDIA A10-4Q"    # an mdev type, or an SR-IOV vGPU type (MIG-backed: "NVIDIA A100-3-20C")
+    scheduler = "equal-share"    # best-effort | equal-share | fixed-share: set for the variant, put back after
 """
 
 from __future__ import annotations
@@ -168,6 +170,9 @@ def load_spec(path: str) -> Spec:
         fail("[guest.ssh] needs port (user-net forward) or host", "guest.ssh")
     if "port" in ssh and (not isinstance(ssh["port"], int) or not 0 < ssh["port"] < 65536):
         fail("ssh port must be an integer 1-65535", "guest.ssh", 0, "port")
+    timeout = ssh.get("boot_timeout", 300)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 86400:
+        fail("boot_timeout must be a number of seconds, 1-86400", "guest.ssh", 0, "boot_timeout")
     run = data.get("run", {})
     reps = run.get("repetitions", 3)
     if not isinstance(reps, int) or not 1 <= reps <= 1000:
@@ -209,8 +214,17 @@ def load_spec(path: str) -> Spec:
             fail(f"vgpu variant {name} needs a profile", "variant", index)
         if kind != "baremetal" and kind != "vgpu" and raw.get("profile"):
             fail(f"profile is for vgpu variants only ({name} is {kind})", "variant", index, "profile")
-        if kind in ("passthrough", "vgpu") and not gpus and kind == "vgpu":
+        if kind == "vgpu" and not gpus:
             fail("vgpu variants need [run] gpus", "run")
+        scheduler = raw.get("scheduler")
+        if scheduler is not None:
+            from gpuvfio.vgpusched import POLICIES
+
+            if kind != "vgpu":
+                fail(f"scheduler is for vgpu variants only ({name} is {kind})", "variant", index, "scheduler")
+            if scheduler not in POLICIES:
+                fail(f"scheduler must be one of {', '.join(POLICIES)}, not {scheduler!r}", "variant", index,
+                     "scheduler")
         variants.append(Variant(name, kind, "none" if hugepages == "4K" else hugepages, numa,
                                 raw.get("profile"), raw.get("scheduler")))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),

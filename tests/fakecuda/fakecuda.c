@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -76,6 +77,41 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 typedef struct { char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } nvmlPciInfo_t;
 typedef struct { unsigned long long total, free_, used; } nvmlBAR1Memory_t;
 int nvmlInit_v2(void) { return 0; }
+int nvmlInitWithFlags(unsigned flags) { (void)flags; return 0; }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int rc) { return rc == 3 ? "Not Supported" : rc == 2 ? "Invalid Argument" : "Unknown Error"; }
+int nvmlDeviceGetHandleByPciBusId_v2(const char *bus, void **h) {
+    const char *want = getenv("FAKENVML_BUSID");  /* the GPU's address on the host under test */
+    if (want && strcasecmp(bus, want) != 0) return 6;  /* NVML_ERROR_NOT_FOUND */
+    *h = (void *)1; return 0;
+}
+
+/* vGPU scheduler (NVML R525+). The state lives in the file FAKENVML_SCHED ("policy arr timeslice"),
+   so that one process sets what the next one reads; without it the API is "not supported". */
+typedef struct { unsigned supported[3], maxTs, minTs, arrSupported, maxFreq, minFreq, maxAvg, minAvg; } nvmlVgpuSchedulerCapabilities_t;
+typedef struct { unsigned policy, arrMode; unsigned p0, p1; } nvmlVgpuSchedulerGetState_t;
+typedef struct { unsigned policy, enableArr; unsigned p0, p1; } nvmlVgpuSchedulerSetState_t;
+static int sched_read(unsigned *policy, unsigned *arr, unsigned *ts) {
+    const char *path = getenv("FAKENVML_SCHED"); FILE *f; int n;
+    if (!path || !(f = fopen(path, "r"))) return 3;
+    n = fscanf(f, "%u %u %u", policy, arr, ts); fclose(f); return n == 3 ? 0 : 999;
+}
+int nvmlDeviceGetVgpuSchedulerCapabilities(void *h, nvmlVgpuSchedulerCapabilities_t *c) {
+    unsigned p, a, t; int rc = sched_read(&p, &a, &t); (void)h; if (rc) return rc;
+    memset(c, 0, sizeof *c); c->supported[0] = 1; c->supported[1] = 2; c->supported[2] = 3;
+    c->maxTs = 30000; c->minTs = 1000; c->arrSupported = 1; return 0;
+}
+int nvmlDeviceGetVgpuSchedulerState(void *h, nvmlVgpuSchedulerGetState_t *s) {
+    unsigned p, a, t; int rc = sched_read(&p, &a, &t); (void)h; if (rc) return rc;
+    memset(s, 0, sizeof *s); s->policy = p; s->arrMode = a; s->p0 = t; if (a == 2) { s->p0 = 0; s->p1 = t; } return 0;
+}
+int nvmlDeviceSetVgpuSchedulerState(void *h, nvmlVgpuSchedulerSetState_t *s) {
+    unsigned p, a, t; int rc = sched_read(&p, &a, &t); FILE *f; (void)h; if (rc) return rc;
+    if (s->policy < 1 || s->policy > 3) return 2;
+    if (getenv("FAKENVML_VM_RUNNING")) return 2;  /* NVML refuses while a vGPU VM runs */
+    if (!(f = fopen(getenv("FAKENVML_SCHED"), "w"))) return 999;
+    fprintf(f, "%u %u %u\n", s->policy, s->enableArr ? 2u : 1u, s->enableArr ? t : (s->p0 ? s->p0 : t)); fclose(f); return 0;
+}
 int nvmlSystemGetDriverVersion(char *v, unsigned len) { snprintf(v, len, "0.0-fake"); return 0; }
 int nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 12040; return 0; }
 int nvmlDeviceGetCount_v2(unsigned *n) { *n = env_int("FAKECUDA_NODEV", 0) ? 0 : 1; return 0; }

@@ -1,0 +1,184 @@
+"""MIG-backed vGPU types and the vGPU scheduler policy (NVML), alone and in a testbed variant.
+
+NVML here is tests/fakecuda built as libnvidia-ml.so.1 and found through LD_LIBRARY_PATH
+by the real pynvml in a real gpuvfio process; its scheduler state is a file, so one process
+sets what the next reads. The testbed case runs ``gpuvfio testbed run`` on a built host
+with libvirt's test:/// driver: the guest never answers SSH, and the test checks that the
+vGPU and the scheduler policy are put back all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError
+from gpuvfio.hostroot import HostRoot
+from gpuvfio.inventory import read_inventory
+from gpuvfio.vgpu import mig_backed, pick_vf
+from gpuvfio.vgpucmd import types
+from tests.conftest import run_gpuvfio
+from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
+
+H100 = "0000:41:00.0"
+VFS = ["0000:41:00.4", "0000:41:00.5"]
+MIG_TYPES = [(1046, "NVIDIA H100-1-10C"), (1049, "NVIDIA H100-3-40C"), (1061, "NVIDIA H100-1-10CME"),
+             (1052, "NVIDIA H100-20C")]
+
+
+def build(root: str) -> str:
+    b = HostBuilder(root)
+    b.iommu("intel", 1)
+    b.numa_node(0, list(range(8)), 64)
+    rb = b.root_bus(numa=0)
+    gpu = b.function(rb, H100, "10de", "2331", "030200", driver="nvidia", bars=[(1, 128 * GiB, BAR64_PREF)])
+    for vf in b.sriov(gpu, 16, VFS, "2331", "10de", "030200", driver="nvidia", vf_bar=GiB):
+        b.vgpu_types(vf, MIG_TYPES)
+    return b.root
+
+
+def test_mig_backed_names():
+    assert mig_backed("NVIDIA A100-3-20C") == {"slices": 3, "memory_gb": 20, "media": False}
+    assert mig_backed("NVIDIA H100-1-10CME") == {"slices": 1, "memory_gb": 10, "media": True}
+    assert mig_backed("NVIDIA A10-4Q") is None and mig_backed("NVIDIA H100-20C") is None
+    assert mig_backed("GRID T4-1B") is None
+
+
+def test_types_mark_mig_backed_and_missing_instance_is_explained(tmp_path, cli):
+    root = build(str(tmp_path / "host"))
+    report = types(read_inventory(HostRoot(root)), PciAddress.parse(H100))
+    marked = {t["name"]: t["mig_backed"] for t in report["sriov_types"]}
+    assert marked["NVIDIA H100-3-40C"] == {"slices": 3, "memory_gb": 40, "media": False}
+    assert marked["NVIDIA H100-20C"] is None
+    text = cli("--root", root, "vgpu", "types", H100).out
+    assert "NVIDIA H100-1-10C            free VFs 2  MIG-backed: 1 slice(s), 10 GB" in text
+    with pytest.raises(InputError) as info:
+        pick_vf(read_inventory(HostRoot(root)), PciAddress.parse(H100), "NVIDIA H100-7-80C")
+    assert "MIG-backed (7 GPU slice(s), 80 GB)" in str(info.value) and "nvidia-smi mig -cgi" in str(info.value)
+
+
+@pytest.fixture
+def nvml(tmp_path, fakecuda_libdir):
+    sched = tmp_path / "nvml-sched"
+    sched.write_text("1 1 2000\n")  # best effort, ARR off, 2 ms
+    env = {"LD_LIBRARY_PATH": fakecuda_libdir, "FAKENVML_SCHED": str(sched),
+           "GPUVFIO_STATE_DIR": str(tmp_path / "state"), "FAKENVML_BUSID": H100}
+    return env, sched
+
+
+def test_scheduler_set_journaled_and_restored(nvml, tmp_path):
+    env, sched = nvml
+    shown = run_gpuvfio("vgpu", "scheduler", H100, "--json", env=env)
+    assert shown.code == 0, shown.err
+    assert shown.json()["policy"] == "best-effort" and shown.json()["supported"] == [
+        "best-effort", "equal-share", "fixed-share"]
+    changed = run_gpuvfio("vgpu", "scheduler", H100, "--set", "fixed-share", env=env)
+    assert changed.code == 0 and "fixed-share" in changed.out and "was best-effort" in changed.out, changed.err
+    assert sched.read_text().split()[0] == "3"
+    journal = json.loads((tmp_path / "state" / "journal.json").read_text())
+    assert journal["schedulers"][H100] == {"policy": "best-effort", "arr": False, "timeslice": 2000}
+    status = run_gpuvfio("status", "--json", env=env)
+    assert H100 in status.json()["schedulers"]
+    restored = run_gpuvfio("restore", env=env)
+    assert restored.code == 0 and "back to best-effort" in restored.err + restored.out, restored.err
+    assert sched.read_text().split() == ["1", "1", "2000"]
+    assert json.loads((tmp_path / "state" / "journal.json").read_text())["schedulers"] == {}
+
+
+@pytest.mark.parametrize("extra_env, args, code, fragment", [
+    ({"FAKENVML_SCHED": "/nonexistent"}, ["--set", "equal-share"], 1, "does not expose the vGPU scheduler"),
+    ({"LD_LIBRARY_PATH": "/nonexistent"}, [], 1, "NVML is not available on this host"),
+    ({"FAKENVML_VM_RUNNING": "1"}, ["--set", "equal-share"], 1, "setting the vGPU scheduler failed"),
+    ({}, ["--set", "round-robin"], 2, "must be one of best-effort, equal-share, fixed-share"),
+    ({}, ["--set", "equal-share", "--root", "/nonexistent"], 2, "/nonexistent"),
+])
+def test_scheduler_refusals_are_one_line(nvml, tmp_path, extra_env, args, code, fragment):
+    env, sched = nvml
+    result = run_gpuvfio("vgpu", "scheduler", H100, *args, env={**env, **extra_env})
+    assert result.code == code and fragment in result.err and result.err.count("\n") == 1, result.err
+    assert "Traceback" not in result.err
+    assert sched.read_text().split()[0] == "1"  # unchanged
+    journal = tmp_path / "state" / "journal.json"
+    assert not journal.exists() or json.loads(journal.read_text()).get("schedulers") == {}
+
+
+TESTBED = """
+[guest]
+kernel = "{kernel}"
+vcpus = 1
+memory = "256M"
+virt_type = "qemu"
+firmware = "bios"
+[guest.ssh]
+port = {port}
+boot_timeout = 2
+trust_on_first_use = true
+
+[run]
+repetitions = 1
+gpus = ["{gpu}"]
+connect = "test:///default"
+
+[[variant]]
+name = "vgpu-mig-1g"
+kind = "vgpu"
+profile = "NVIDIA H100-1-10C"
+scheduler = "equal-share"
+numa = "none"
+hugepages = "none"
+"""
+
+
+def test_testbed_vgpu_variant_applies_scheduler_and_puts_everything_back(nvml, tmp_path, monkeypatch,
+                                                                         fakecuda_libdir):
+    """The guest never answers: the run fails at attach, and the VF's type, the journal and the
+    scheduler policy are back to what they were (simulated kernel for the sysfs writes, the
+    stand-in NVML preloaded so that pynvml finds it by name, libvirt's test:/// driver)."""
+    import ctypes
+
+    import libvirt
+
+    from gpuvfio.errors import GpuvfioError
+    from gpuvfio.sysfs_write import SysfsWriter
+    from gpuvfio.testbed.run import run_testbed
+    from gpuvfio.testbed.spec import load_spec
+    from tests.lanes.guest import free_port
+    from tests.simkernel import SimKernel
+
+    env, sched = nvml
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    ctypes.CDLL(os.path.join(fakecuda_libdir, "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+    root = build(str(tmp_path / "host"))
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(b"\0")
+    spec_path = tmp_path / "testbed.toml"
+    spec_path.write_text(TESTBED.format(kernel=kernel, port=free_port(), gpu=H100))
+    plan = run_gpuvfio("--root", root, "testbed", "plan", str(spec_path), "--json", env=env)
+    assert plan.code == 0, plan.err
+    vgpu = plan.json()["variants"][0]["vgpu"]
+    assert vgpu["mig_backed"]["slices"] == 1 and vgpu["scheduler"] == "equal-share"
+
+    host = HostRoot(root)
+    writer = SysfsWriter(host, backend=SimKernel(root))
+    seen: list[str] = []
+    conn = libvirt.open("test:///default")
+    try:
+        with pytest.raises(GpuvfioError, match="did not answer SSH") as failed:
+            run_testbed(host, load_spec(str(spec_path)), str(tmp_path / "out"), conn=conn, known_hosts_default=None,
+                        bind_step=None, restore_step=None, vgpu_writer=writer, progress=seen.append)
+        assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
+    finally:
+        conn.close()
+    assert "rolled back: destroy, undefine" in str(failed.value)  # attach undid its own domain
+    assert seen[0] == f"vgpu-mig-1g: vGPU scheduler of {H100}: equal-share (set)", seen
+    assert seen[-1] == "vgpu-mig-1g: vGPU scheduler put back", seen
+    assert sched.read_text().split() == ["1", "1", "2000"]
+    types_now = {vf: open(os.path.join(root, "sys", "bus", "pci", "devices", vf, "nvidia",
+                                       "current_vgpu_type")).read().strip() for vf in VFS}
+    assert types_now == {vf: "0" for vf in VFS}
+    journal = json.loads((tmp_path / "state" / "journal.json").read_text())
+    assert journal["vgpus"] == {} and journal["schedulers"] == {}
