@@ -29,7 +29,7 @@ class Check:
 
 
 def _bootloader_fix(host: HostRoot, params: str) -> str:
-    os_release = host.read(host.path("etc", "os-release")) or ""
+    os_release = host.read(host.config_path("etc", "os-release")) or ""
     ids = " ".join(line.split("=", 1)[1].strip('"') for line in os_release.splitlines()
                    if line.startswith(("ID=", "ID_LIKE=")))
     if any(name in ids.split() for name in ("rhel", "fedora", "centos", "rocky", "almalinux")):

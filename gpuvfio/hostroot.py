@@ -109,6 +109,30 @@ class HostRoot:
         self._resolved[path] = candidate
         return candidate
 
+    def config_path(self, *parts: str) -> str:
+        """A configuration file of the host (``etc/os-release``), its symlinks followed the way
+        the host would follow them: absolute targets are taken under the root, and the result
+        must stay inside the root (/etc/os-release -> ../usr/lib/os-release on systemd hosts)."""
+        candidate = self.path(*parts)
+        for _hop in range(16):
+            try:
+                target = os.readlink(candidate)
+            except FileNotFoundError:
+                return candidate
+            except OSError:  # not a symlink (EINVAL), or unreadable: read() reports it
+                break
+            if os.path.isabs(target):
+                candidate = os.path.join(self.root, target.lstrip("/"))
+            else:
+                candidate = os.path.join(os.path.dirname(candidate), target)
+            candidate = os.path.normpath(candidate)
+        else:
+            raise UnsafePathError(f"too many symlinks at {self.path(*parts)}")
+        real = os.path.realpath(candidate)
+        if not self._inside(real, self.root):
+            raise UnsafePathError(f"{self.path(*parts)} leads outside the root {self.root}")
+        return candidate
+
     # -- reading -----------------------------------------------------------------------
     def read(self, path: str) -> str | None:
         """Text of one attribute file, stripped; None when absent or the kernel has no value.

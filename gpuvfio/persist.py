@@ -200,7 +200,7 @@ def _put_back(change: FileChange) -> None:
 
 
 def initramfs_hint(host: HostRoot) -> str:
-    os_release = _read(host.path("etc", "os-release")) or ""
+    os_release = _read(host.config_path("etc", "os-release")) or ""
     ids = set()
     for line in os_release.splitlines():
         if line.startswith(("ID=", "ID_LIKE=")):

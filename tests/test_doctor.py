@@ -83,3 +83,40 @@ def test_fix_follows_distribution(tmp_path):
     b.iommu(None)
     b.os_release("Rocky Linux 9", "rocky", "rhel centos fedora")
     assert "grubby" in checks(b.root)["iommu"]["fix"]
+
+
+def _linked_os_release(tmp_path, target: str):
+    import os
+
+    b = gpu_workstation(tmp_path)
+    b.iommu(None)
+    b.os_release("Rocky Linux 9", "rocky", "rhel centos fedora")
+    etc = os.path.join(b.root, "etc", "os-release")
+    lib = os.path.join(b.root, "usr", "lib")
+    os.makedirs(lib, exist_ok=True)
+    os.replace(etc, os.path.join(lib, "os-release"))
+    os.symlink(target, etc)
+    return b
+
+
+def test_os_release_symlink_is_followed_inside_the_root(tmp_path):
+    """systemd hosts ship /etc/os-release -> ../usr/lib/os-release (this machine too)."""
+    b = _linked_os_release(tmp_path / "relative", "../usr/lib/os-release")
+    assert "grubby" in checks(b.root)["iommu"]["fix"]
+    b = _linked_os_release(tmp_path / "absolute", "/usr/lib/os-release")  # taken under the root
+    assert "grubby" in checks(b.root)["iommu"]["fix"]
+
+
+def test_os_release_symlink_out_of_the_root_is_refused(tmp_path, cli):
+    b = _linked_os_release(tmp_path, "../../../../../../../../etc/hostname")
+    result = cli("--root", b.root, "doctor")
+    assert result.code == 2 and "leads outside the root" in result.err and result.err.count("\n") == 1
+
+
+def test_doctor_on_this_machine_reports():
+    """The live host (root /): whatever its checks say, they are a report, not bad input."""
+    from tests.conftest import run_gpuvfio
+
+    result = run_gpuvfio("doctor", "--json")
+    assert result.code in (0, 1), result.err
+    assert {c["id"] for c in result.json()["checks"]} >= {"iommu", "vfio_modules", "hugepages"}

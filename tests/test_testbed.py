@@ -189,3 +189,27 @@ def test_describe_mig_backed_variant():
               "vgpu": {"profile": "NVIDIA A100-3-20C", "kind": "sriov", "type": 700,
                        "mig_backed": {"slices": 3, "memory_gb": 20, "media": False}}}
     assert describe(record) == "vGPU NVIDIA A100-3-20C (sriov type 700), MIG-backed: 3 slice(s), 20 GB"
+
+
+def test_identity_describes_the_system(tmp_path):
+    from gpuvfio.commands import open_host
+    from gpuvfio.testbed.run import identity
+
+    with open_host(sample_path("dgx-h100")) as (host, _label):
+        ident = identity(host, None, ["0000:1b:00.0", "0000:43:00.0"])
+    assert ident["accelerator_count"] == 2 and ident["accelerators"][0]["numa_node"] == 0
+    assert ident["accelerators"][0]["link_max"] == "Gen5 x16"
+    assert ident["numa_nodes"] == 2 and ident["host_cpus"] and ident["host_memory_kb"]
+    assert 1048576 in ident["hugepage_sizes_kb"] and ident["iommu"] == "intel"
+    assert ident["host_kernel"]
+
+
+def test_placement_is_read_from_the_domain_xml(regenerate):
+    from gpuvfio.testbed.run import placement
+
+    golden = os.path.join(os.path.dirname(__file__), "golden", "domain")
+    xml = open(os.path.join(golden, sorted(f for f in os.listdir(golden) if "local" in f)[0])).read()
+    placed = placement(xml)
+    assert placed["hugepage_kib"] == 1048576 and placed["numa_nodeset"] is not None
+    assert placed["vcpus"] > 0 and placed["vcpu_pins"] and placed["machine"] == "q35"
+    assert placement(None) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -93,6 +94,12 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
     finally:
         conn.close()
+    record = json.load(open(os.path.join(out, "results", "tiny-4k", "rep-0.json")))
+    assert record["placement"]["vcpus"] == 1 and record["placement"]["hugepage_kib"] is None
+    assert record["placement"]["memory_kib"] == 262144 and record["provisioning"] == {"hugepages": "none",
+                                                                                      "numa": "none"}
+    ident = json.load(open(os.path.join(out, "identity.json")))
+    assert ident["qemu_version"] and ident["libvirt_version"] and ident["host_kernel"] == os.uname().release
     summary = write_report(out)
     assert summary["baseline"] == "baremetal"
     md = open(os.path.join(out, "report.md")).read()

@@ -64,6 +64,11 @@ def describe(record: dict) -> str:
     if scheduler:
         parts.append(f"scheduler {scheduler['policy']}" + (f" (host default {scheduler['previous']})"
                                                             if scheduler.get("previous") else ""))
+    placed = record.get("placement") or {}
+    if placed:
+        pages = f"{placed['hugepage_kib']} KiB pages" if placed.get("hugepage_kib") else "4K pages"
+        nodes = f"memory on node(s) {placed['numa_nodeset']}" if placed.get("numa_nodeset") else "not NUMA-pinned"
+        parts.append(f"placed: {placed.get('vcpus')} vCPUs, {pages}, {nodes}")
     return ", ".join(p for p in parts if p) or record.get("kind", "")
 
 

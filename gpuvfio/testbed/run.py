@@ -36,18 +36,42 @@ def _metrics(report: dict) -> dict:
             "saxpy_ms": compute.get("launch_ms")}
 
 
-def identity(host: HostRoot, conn=None) -> dict:
+def identity(host: HostRoot, conn=None, gpus: list[str] | None = None) -> dict:
+    """The system description every result is read against (MLPerf's system-description
+    fields where they apply to a hypervisor, plus the IOMMU and hugepage facts)."""
+    from gpuvfio.address import PciAddress
+    from gpuvfio.inventory import read_inventory
     from gpuvfio.kernel import read_kernel
     from gpuvfio.numa import read_numa
+    from gpuvfio.pciids import PciIds
 
     cpuinfo = host.read(host.path("proc", "cpuinfo")) or ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                  None)
+    sockets = {line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("physical id")}
     kernel = read_kernel(host)
     nodes = read_numa(host)
-    ident = {"host_cpu": model, "host_memory_kb": sum(n.mem_total_kb or 0 for n in nodes) or None,
-             "host_kernel": kernel.release, "iommu": kernel.iommu_vendor,
+    os_release = host.read(host.config_path("etc", "os-release")) or ""
+    pretty = next((line.split("=", 1)[1].strip().strip('"') for line in os_release.splitlines()
+                   if line.startswith("PRETTY_NAME=")), None)
+    driver = (host.read(host.sys_path("module", "nvidia", "version")) or "").strip() or None
+    accelerators = []
+    if gpus:
+        inventory = read_inventory(host, names=PciIds.load(host.root))
+        for gpu in gpus:
+            fn = inventory.functions.get(PciAddress.parse(gpu))
+            if fn is not None:
+                accelerators.append({"address": gpu, "model": fn.device_name or f"{fn.vendor}:{fn.device}",
+                                     "numa_node": fn.numa_node,
+                                     "link_max": f"Gen{fn.link.max_gen} x{fn.link.max_width}"
+                                     if fn.link and fn.link.max_gen else None})
+    ident = {"host_cpu": model, "host_sockets": len(sockets) or None,
+             "host_cpus": sum(len(n.cpus) for n in nodes) or None,
+             "host_memory_kb": sum(n.mem_total_kb or 0 for n in nodes) or None, "host_os": pretty,
+             "host_kernel": kernel.release, "host_nvidia_driver": driver, "accelerators": accelerators,
+             "accelerator_count": len(accelerators), "iommu": kernel.iommu_vendor,
              "iommu_mode": "pt" if kernel.param("iommu") == "pt" else "translated", "numa_nodes": len(nodes),
+             "hugepage_sizes_kb": sorted({size for n in nodes for size in n.hugepages}),
              "python": platform.python_version(), "qemu_version": None, "libvirt_version": None}
     if conn is not None:
         try:
@@ -58,6 +82,23 @@ def identity(host: HostRoot, conn=None) -> dict:
         except Exception:  # noqa: BLE001 - identity is best effort
             pass
     return ident
+
+
+def placement(xml: str | None) -> dict | None:
+    """What the variant's domain really got (auto choices resolved), read from its XML."""
+    if not xml:
+        return None
+    from lxml import etree
+
+    root = etree.fromstring(xml.encode())
+    page = root.find("memoryBacking/hugepages/page")
+    pins = sorted({cpu for pin in root.iterfind("cputune/vcpupin") for cpu in (pin.get("cpuset") or "").split(",")
+                   if cpu}, key=lambda c: int(c.split("-")[0]))
+    return {"vcpus": int(root.findtext("vcpu") or 0), "memory_kib": int(root.findtext("memory") or 0),
+            "hugepage_kib": int(page.get("size")) if page is not None else None,
+            "numa_nodeset": root.find("numatune/memory").get("nodeset") if root.find("numatune/memory") is not None
+            else None,
+            "vcpu_pins": ",".join(pins) or None, "machine": root.find("os/type").get("machine")}
 
 
 def _guest_facts(report: dict) -> dict:
@@ -82,7 +123,7 @@ def run_testbed(host: HostRoot, spec: Spec, out: str, *, conn, known_hosts_defau
     if nvml_factory is None:
         from gpuvfio.vgpusched import Nvml as nvml_factory
     os.makedirs(os.path.join(out, "results"), exist_ok=True)
-    atomic_write(os.path.join(out, "identity.json"), json.dumps(identity(host, conn), indent=2))
+    atomic_write(os.path.join(out, "identity.json"), json.dumps(identity(host, conn, spec.gpus), indent=2))
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
     def on_term(signum, frame):
@@ -239,6 +280,7 @@ def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind
                         boot_timeout=spec.ssh.get("boot_timeout", 300))
         took = time.monotonic() - started
         first, rest = todo[0], todo[1:]
+        extra["placement"] = placement(result.xml)
         _write_rep(out, variant, first, result.report, {"metrics": {"time_to_verified_s": took},
                                                           "attach_steps": result.steps, **extra})
         expected = expectations(inventory, [a for a in addresses if variant.kind == "passthrough"])
