@@ -62,6 +62,8 @@ def test_good_spec(tmp_path):
     ('memory = "32G"', 'memory = "lots"', 4, "not a size"),
     ('numa = "remote"', 'numa = "far"', 20, "numa must be"),
     ('vcpus = 8', 'vcpus = 8\ncolour = "red"', 4, "unknown key 'colour'"),
+    ('port = 2222', 'port = 2222\npasword = "x"', 7, "unknown key 'pasword' in [guest.ssh]"),
+    ('port = 2222', 'port = 2222\nboot_timeout = -1', 7, "boot_timeout must be"),
 ])
 def test_bad_spec_points_at_the_line(tmp_path, old, new, line, fragment):
     assert old in GOOD

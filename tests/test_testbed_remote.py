@@ -222,3 +222,39 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
         conn.close()
     assert write_report(out)["baseline"] == "baremetal"
     assert "| tiny-4k |" in open(os.path.join(out, "report.md")).read()
+
+
+BAREMETAL_ONLY = """
+[guest]
+disk = "/var/lib/libvirt/images/unused.qcow2"
+[guest.ssh]
+port = 2222
+
+[run]
+repetitions = 2
+connect = "test:///default"
+
+[[variant]]
+name = "baremetal"
+kind = "baremetal"
+"""
+
+
+def test_cli_remote_run_then_report_here(tmp_path, hypervisor):
+    """The whole CLI path: testbed run on the hypervisor, results back here, report made here."""
+    from tests.conftest import run_gpuvfio
+
+    spec = tmp_path / "remote.toml"
+    spec.write_text(BAREMETAL_ONLY + host_section(hypervisor))
+    out = tmp_path / "out"
+    ran = run_gpuvfio("testbed", "run", str(spec), "--out", str(out))
+    assert ran.code == 0, ran.err
+    assert "baremetal: repetition 2/2 on this host" in ran.err and f"results in {out}" in ran.err
+    assert sorted(os.listdir(out / "results" / "baremetal")) == ["rep-0.json", "rep-1.json"]
+    assert not [p for p in os.listdir("/var/tmp") if p.startswith("gpuvfio-testbed.")
+                and os.path.exists(os.path.join("/var/tmp", p, "spec.toml"))
+                and open(os.path.join("/var/tmp", p, "spec.toml")).read() == spec.read_text()]
+    again = run_gpuvfio("testbed", "run", str(spec), "--out", str(out))
+    assert again.code == 0 and "baremetal: done already (2 repetitions)" in again.err, again.err
+    reported = run_gpuvfio("testbed", "report", str(out), "--json")
+    assert reported.code == 0 and reported.json()["baseline"] == "baremetal", reported.err

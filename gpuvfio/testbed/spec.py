@@ -168,6 +168,10 @@ def load_spec(path: str) -> Spec:
     ssh = guest.get("ssh", {})
     if not isinstance(ssh, dict) or "port" not in ssh and "host" not in ssh:
         fail("[guest.ssh] needs port (user-net forward) or host", "guest.ssh")
+    ssh_keys = {"host", "port", "user", "key", "known_hosts", "trust_on_first_use", "boot_timeout"}
+    for key in ssh:
+        if key not in ssh_keys:
+            fail(f"unknown key {key!r} in [guest.ssh] (allowed: {', '.join(sorted(ssh_keys))})", "guest.ssh", 0, key)
     if "port" in ssh and (not isinstance(ssh["port"], int) or not 0 < ssh["port"] < 65536):
         fail("ssh port must be an integer 1-65535", "guest.ssh", 0, "port")
     timeout = ssh.get("boot_timeout", 300)
