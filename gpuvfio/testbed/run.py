@@ -148,7 +148,7 @@ def _rep_path(out: str, variant: Variant, rep: int) -> str:
     return os.path.join(out, "results", variant.name, f"rep-{rep}.json")
 
 
-def _write_rep(out, variant, rep, report, extra) -> None:
+def write_rep(out, variant, rep, report, extra) -> None:
     os.makedirs(os.path.join(out, "results", variant.name), exist_ok=True)
     extra = dict(extra)
     metrics = {**_metrics(report), **extra.pop("metrics", {})}
@@ -170,7 +170,7 @@ def _run_variant(host, spec, variant, out, conn, known_hosts_default, bind_step,
     if variant.kind == "baremetal":
         for rep in todo:
             progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions} on this host")
-            _write_rep(out, variant, rep, _verify_here(), {})
+            write_rep(out, variant, rep, _verify_here(), {})
         return {"ran": len(todo)}
     return _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step,
                               vgpu_writer, todo, progress, nvml_factory)
@@ -281,14 +281,14 @@ def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind
         took = time.monotonic() - started
         first, rest = todo[0], todo[1:]
         extra["placement"] = placement(result.xml)
-        _write_rep(out, variant, first, result.report, {"metrics": {"time_to_verified_s": took},
+        write_rep(out, variant, first, result.report, {"metrics": {"time_to_verified_s": took},
                                                           "attach_steps": result.steps, **extra})
         expected = expectations(inventory, [a for a in addresses if variant.kind == "passthrough"])
         for rep in rest:
             progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
             with Session(SshTarget(ssh.host, ssh.port, ssh.user, ssh.key, ssh.known_hosts, ssh.trust_on_first_use),
                          known_hosts_default) as session:
-                _write_rep(out, variant, rep, verify_guest(session, expected), extra)
+                write_rep(out, variant, rep, verify_guest(session, expected), extra)
     finally:
         _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_writer, scheduled, nvml_factory,
                   progress)
