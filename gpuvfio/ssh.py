@@ -66,7 +66,6 @@ class Session:
         self.target = target
         self.record_to = target.known_hosts or default_known_hosts
         self.client = None
-        self._sftp: bool | None = None  # None: not tried yet
 
     def connect(self) -> "Session":
         import logging
@@ -178,32 +177,6 @@ class Session:
         finally:
             channel.close()
         return status, out.getvalue(), err.getvalue()
-
-    def upload(self, data: bytes, remote: str, mode: int = 0o755) -> str:
-        """SFTP when the server has it; else ``cat >`` over exec (dropbear without sftp-server)."""
-        sftp = None
-        if self._sftp is not False:
-            try:
-                sftp = self.client.open_sftp()
-            except Exception:  # noqa: BLE001 - paramiko raises several kinds when there is no subsystem
-                self._sftp = False
-                # dropbear without sftp-server may tear the connection down shortly after
-                # refusing the subsystem: start over on a fresh connection.
-                self.close()
-                self.connect()
-        if sftp is not None:
-            try:
-                with sftp.open(remote, "wb") as handle:
-                    handle.write(data)
-                sftp.chmod(remote, mode)
-                return "sftp"
-            finally:
-                sftp.close()
-        status, _out, err = self.run(["sh", "-c", 'cat > "$1" && chmod "$2" "$1"', "upload", remote,
-                                      f"{mode:o}"], stdin=data)
-        if status:
-            raise SshError(f"uploading {remote} to {self.target.label()} failed: {err.strip()}")
-        return "exec"
 
     def close(self) -> None:
         if self.client is not None:

@@ -1,4 +1,4 @@
-"""Verify a guest over SSH: upload the probe and verifier, gather facts, turn them into checks.
+"""Verify a guest over SSH: run the probe and verifier there, gather facts, turn them into checks.
 
 The guest side only reports facts (gpuvfio/guest/); the expectations come from this
 host: which devices were assigned (vendor:device must appear in the guest), the host's
@@ -17,7 +17,7 @@ from gpuvfio.errors import GpuvfioError
 from gpuvfio.guest import PROBE, VERIFIER
 from gpuvfio.inventory import Inventory
 
-REMOTE_DIR = "/tmp/gpuvfio-verify"
+PROBE_NAME = "gpuvfio-probe"  # $0 of the probe shell, how a harness recognises the command
 # Usable GB/s per lane and direction after line coding (PCIe base spec: 8b/10b to Gen2,
 # 128b/130b from Gen3; Gen6 FLIT ~242/256).
 LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -203,24 +203,34 @@ def _report(checks: list[dict], probe: dict, verifier: dict | None) -> dict:
             "ok": not any(c["status"] == "fail" for c in checks)}
 
 
-def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, timeout: float = 600.0) -> dict:
-    """Upload, run and evaluate. ``session`` is a connected gpuvfio.ssh.Session."""
-    with open(PROBE, "rb") as handle:
+def probe_argv(script: str) -> list[str]:
+    """The probe as one command: its text is ``sh -c``'s argument (shlex-quoted by Session.run),
+    so nothing is uploaded and nothing stays in the guest. It must stay well under dropbear's
+    9000-byte command limit (MAX_CMD_LEN); tests/test_verify.py checks its size."""
+    return ["sh", "-c", script, PROBE_NAME]
+
+
+def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, timeout: float = 600.0,
+                 probe_timeout: float = 120.0) -> dict:
+    """Run the probe (and the verifier where the guest has python3) and evaluate.
+
+    The probe travels as ``sh -c``'s argument, the verifier on ``python3 -``'s stdin: one SSH
+    channel each, no SFTP subsystem to ask for (dropbear has none), no files left in the guest.
+    """
+    with open(PROBE, encoding="utf-8") as handle:
         probe_sh = handle.read()
-    status, _out, err = session.run(["mkdir", "-p", REMOTE_DIR])
-    if status:
-        raise VerifyError(f"cannot create {REMOTE_DIR} in the guest: {err.strip()}")
-    session.upload(probe_sh, f"{REMOTE_DIR}/probe.sh")
-    status, out, err = session.run(["sh", f"{REMOTE_DIR}/probe.sh"], timeout=120)
+    status, out, err = session.run(probe_argv(probe_sh), timeout=probe_timeout)
     if status:
         raise VerifyError(f"the guest probe failed (exit {status}): {err.strip()[:200]}")
     probe = parse_probe(out)
     verifier = None
     if probe["python3"]:
         with open(VERIFIER, "rb") as handle:
-            session.upload(handle.read(), f"{REMOTE_DIR}/verifier.py")
-        argv = [probe["python3"], f"{REMOTE_DIR}/verifier.py"] + ([] if bandwidth else ["--no-bandwidth"])
-        status, out, err = session.run(argv, timeout=timeout)
+            code = handle.read()
+        # Too long for a command line everywhere (dropbear refuses commands over 9000 bytes,
+        # MAX_CMD_LEN): python3 reads the program from stdin, all of it before running it.
+        argv = [probe["python3"], "-"] + ([] if bandwidth else ["--no-bandwidth"])
+        status, out, err = session.run(argv, timeout=timeout, stdin=code)
         if status:
             raise VerifyError(f"the in-guest verifier failed (exit {status}): {err.strip()[-200:]}")
         verifier = parse_verifier(out)

@@ -114,6 +114,22 @@ def fakecuda_libdir(tmp_path_factory):
     return str(out)
 
 
+@pytest.fixture
+def hypervisor(tmp_path):
+    """This machine behind a dropbear server on 127.0.0.1 (tests/lanes/hypervisor.py); its
+    sessions get a state dir of their own."""
+    from tests.lanes import hypervisor as hv
+
+    reason = hv.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path / "remote-state"
+    state.mkdir()
+    server = hv.start(str(tmp_path / "hv"), env={"GPUVFIO_STATE_DIR": str(state)})
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def daemon():
     """A private libvirtd (+ virtlogd) for one daemon-lane module (tests/lanes/daemon.py)."""

@@ -518,9 +518,6 @@ class _FakeSession:
     def __exit__(self, *exc):
         return False
 
-    def upload(self, data, path):
-        pass
-
     def run(self, argv, timeout=None):
         if argv[0] == "mkdir":
             return 0, "", ""

@@ -48,15 +48,6 @@ numa = "remote"
 """
 
 
-@pytest.fixture
-def hypervisor(tmp_path):
-    state = tmp_path / "remote-state"
-    state.mkdir()
-    server = hv.start(str(tmp_path / "hv"), env={"GPUVFIO_STATE_DIR": str(state)})
-    yield server
-    server.stop()
-
-
 def host_section(server, root: str | None = None, pin: bool = True) -> str:
     lines = ["[host]", 'address = "127.0.0.1"', f"port = {server.port}", f'key = "{server.client_key}"',
              f"gpuvfio = {json.dumps([sys.executable, '-m', 'gpuvfio'])}"]

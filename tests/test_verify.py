@@ -118,3 +118,14 @@ def test_verifier_runs_here_without_a_gpu():
     data = parse_verifier(out)
     assert data["nvml"] is None and data["cuda"] is None
     assert "libnvidia-ml.so.1" in data["errors"]["nvml"] and "libcuda.so.1" in data["errors"]["cuda"]
+
+
+def test_probe_fits_a_dropbear_command_line():
+    """The probe travels as sh -c's argument; dropbear refuses commands over 9000 bytes."""
+    import shlex
+
+    from gpuvfio.guest import PROBE
+    from gpuvfio.verify import probe_argv
+
+    with open(PROBE, encoding="utf-8") as handle:
+        assert len(shlex.join(probe_argv(handle.read())).encode()) < 8000

@@ -1,4 +1,4 @@
-"""Files that run inside the guest. They are uploaded and executed there, never imported
+"""Files that run inside the guest, sent over SSH (sh -c, python3 -) and never imported
 by gpuvfio itself: probe.sh (POSIX sh, busybox is enough) and verifier.py (stdlib only)."""
 
 import os

@@ -12,7 +12,7 @@ description:
   - Runs gpuvfio's verifier in the guest (as C(gpuvfio verify)) and returns its report.
     The expectations (vendor:device of each assigned device, the host's PCIe link) come
     from the host root. Fails when a check fails, with the failing checks in C(msg).
-  - Changes nothing on the host (it uploads the probe to the guest's C(/tmp)); runs the same in check mode.
+  - Changes nothing on the host, and leaves nothing in the guest (the probe runs as an argument of C(sh -c)); runs the same in check mode.
 options:
   root:
     description: The host as a directory that looks like C(/), or a gpuvfio host fixture file.

@@ -206,19 +206,27 @@ def _tap_progress(probe_timeout: float) -> None:
 
         setattr(attach_module, fname, tapped)
 
-    # What the SSH session does (connect, each command, uploads) and how long it takes:
+    # What the SSH session does (connect, each command) and how long it takes:
     # under two layers of emulation that is most of the verify step.
     import gpuvfio.ssh as ssh_module
 
     import gpuvfio.verify as verify_module
 
-    probe = ["sh", f"{verify_module.REMOTE_DIR}/probe.sh"]
+    def is_probe(argv) -> bool:
+        return list(argv[:2]) == ["sh", "-c"] and argv[-1] == verify_module.PROBE_NAME
+
+    def describe(argv) -> str:
+        if is_probe(argv):
+            return "run the probe (sh -c)"
+        if len(argv) > 1 and argv[1] == "-":
+            return f"run {argv[0]} - <verifier on stdin>"
+        return "run " + shlex.join(argv)
 
     def timed(method, label):
         def wrapper(self, *args, **kwargs):
             began = time.monotonic()
             note = ""
-            if method.__name__ == "run" and args and list(args[0]) == probe \
+            if method.__name__ == "run" and args and is_probe(args[0]) \
                     and kwargs.get("timeout", 120.0) < probe_timeout:
                 note = f"; timeout stretched from {kwargs.get('timeout', 120.0):g}s to {probe_timeout:g}s"
                 kwargs["timeout"] = probe_timeout
@@ -229,8 +237,7 @@ def _tap_progress(probe_timeout: float) -> None:
         return wrapper
 
     cls = ssh_module.Session
-    cls.run = timed(cls.run, lambda a: "run " + shlex.join(a[0]) if a else "run")
-    cls.upload = timed(cls.upload, lambda a: f"upload {a[1]}" if len(a) > 1 else "upload")
+    cls.run = timed(cls.run, lambda a: describe(a[0]) if a else "run")
 
 
 def _render_report(run: Run, report: dict) -> None:
