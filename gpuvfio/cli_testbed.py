@@ -81,7 +81,7 @@ def plan_cmd(spec_path: SpecArg, as_json: JsonOption = False, here: HereOption =
 @testbed_app.command("run")
 def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")],
             connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
-            here: HereOption = False, root: RootOption = None) -> None:
+            here: HereOption = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
     import os
 
@@ -96,8 +96,9 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
     if spec.host is not None and not here:
         from gpuvfio.testbed.remote import run_remote
 
-        run_remote(spec, out, default_known_hosts=_local_known_hosts(root), connect=connect, progress=_progress)
-        sys.stderr.write(f"gpuvfio: results in {out}; gpuvfio testbed report {out}\n")
+        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(root), connect=connect,
+                            progress=_progress)
+        _finished(spec, out, remote["host"], as_json)
         return
     host = HostRoot(resolve_root(root))
     os.makedirs(out, exist_ok=True)
@@ -115,6 +116,20 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
                     progress=_progress)
     finally:
         conn.close()
+    _finished(spec, out, None, as_json)
+
+
+def _finished(spec, out: str, host: str | None, as_json: bool) -> None:
+    """What the run left in OUT, per variant (the same for a local and a remote run)."""
+    import os
+
+    if as_json:
+        results = {}
+        for variant in spec.variants:
+            directory = os.path.join(out, "results", variant.name)
+            reps = sorted(f for f in os.listdir(directory) if f.startswith("rep-")) if os.path.isdir(directory) else []
+            results[variant.name] = {"kind": variant.kind, "repetitions": len(reps), "wanted": spec.repetitions}
+        emit_json({"out": out, "host": host, "results": results})
     sys.stderr.write(f"gpuvfio: results in {out}; gpuvfio testbed report {out}\n")
 
 

@@ -245,7 +245,9 @@ def test_cli_remote_run_then_report_here(tmp_path, hypervisor):
     assert not [p for p in os.listdir("/var/tmp") if p.startswith("gpuvfio-testbed.")
                 and os.path.exists(os.path.join("/var/tmp", p, "spec.toml"))
                 and open(os.path.join("/var/tmp", p, "spec.toml")).read() == spec.read_text()]
-    again = run_gpuvfio("testbed", "run", str(spec), "--out", str(out))
+    again = run_gpuvfio("testbed", "run", str(spec), "--out", str(out), "--json")
     assert again.code == 0 and "baremetal: done already (2 repetitions)" in again.err, again.err
+    assert again.json() == {"out": str(out), "host": f"root@127.0.0.1:{hypervisor.port}",
+                            "results": {"baremetal": {"kind": "baremetal", "repetitions": 2, "wanted": 2}}}
     reported = run_gpuvfio("testbed", "report", str(out), "--json")
     assert reported.code == 0 and reported.json()["baseline"] == "baremetal", reported.err
