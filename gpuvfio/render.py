@@ -88,7 +88,8 @@ def print_doctor(report: dict, title: str, console: Console | None = None) -> No
 
 def print_status(report: dict, console: Console | None = None) -> None:
     console = console or make_console()
-    if not report["devices"] and not report["unfinished_operation"]:
+    if not report["devices"] and not report["unfinished_operation"] and not any(
+            report.get(k) for k in ("mdevs", "vgpus", "schedulers")):
         console.print(f"gpuvfio holds no devices (state in {escape(report['state_dir'])})")
     if report["devices"]:
         table = Table(title="Devices held by gpuvfio", title_justify="left")
@@ -101,6 +102,13 @@ def print_status(report: dict, console: Console | None = None) -> None:
         console.print(table)
     if report["services_stopped"]:
         console.print("Services stopped by gpuvfio (restore restarts them): " + ", ".join(report["services_stopped"]))
+    for uuid, mdev in sorted((report.get("mdevs") or {}).items()):
+        console.print(f"mdev {uuid}: type {escape(str(mdev.get('type')))} on {mdev.get('parent')} "
+                      f"({escape(str(mdev.get('state', 'created')))})")
+    for vf, vgpu in sorted((report.get("vgpus") or {}).items()):
+        console.print(f"SR-IOV vGPU on VF {vf}: type {vgpu.get('type')} (parent {vgpu.get('parent')})")
+    for gpu, previous in sorted((report.get("schedulers") or {}).items()):
+        console.print(f"vGPU scheduler of {gpu} changed by gpuvfio; restore puts back {escape(previous['policy'])}")
     op = report["unfinished_operation"]
     if op:
         console.print(f"[yellow]Unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore:[/]")
