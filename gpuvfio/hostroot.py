@@ -117,9 +117,7 @@ class HostRoot:
         for _hop in range(16):
             try:
                 target = os.readlink(candidate)
-            except FileNotFoundError:
-                return candidate
-            except OSError:  # not a symlink (EINVAL), or unreadable: read() reports it
+            except OSError:  # not a symlink (EINVAL), missing, or unreadable: read() reports it
                 break
             if os.path.isabs(target):
                 candidate = os.path.join(self.root, target.lstrip("/"))

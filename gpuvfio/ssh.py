@@ -28,6 +28,10 @@ class HostKeyError(SshError):
     pass
 
 
+class ConnectionLost(SshError):
+    """The SSH connection itself went away (not just the command)."""
+
+
 @dataclass
 class SshTarget:
     host: str
@@ -88,6 +92,9 @@ class Session:
                 client.connect(target.host, port=target.port, username=target.user, key_filename=target.key,
                                timeout=5, banner_timeout=10, auth_timeout=10, allow_agent=False,
                                look_for_keys=target.key is None)
+                # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
+                # noticed while a long command (a remote testbed run) waits.
+                client.get_transport().set_keepalive(15)
                 self.client = client
                 return self
             except HostKeyError:
@@ -169,11 +176,15 @@ class Session:
                     time.sleep(0.01)
             status = channel.recv_exit_status()
             if status == -1:  # paramiko's value when the channel closed without an exit status
-                raise SshError(f"{argv[0]} on {self.target.label()}: connection lost before it finished")
+                transport = self.client.get_transport() if self.client else None
+                if transport is not None and transport.is_active():
+                    # paramiko drops the exit-signal message: the command died of a signal.
+                    raise SshError(f"{argv[0]} on {self.target.label()} was terminated by a signal")
+                raise ConnectionLost(f"{argv[0]} on {self.target.label()}: connection lost before it finished")
         except socket.timeout:
             raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s") from None
         except (paramiko.SSHException, OSError) as exc:
-            raise SshError(f"{argv[0]} on {self.target.label()}: connection lost ({exc})") from None
+            raise ConnectionLost(f"{argv[0]} on {self.target.label()}: connection lost ({exc})") from None
         finally:
             channel.close()
         return status, out.getvalue(), err.getvalue()

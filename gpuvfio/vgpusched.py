@@ -96,22 +96,42 @@ class Nvml:
             "arr_supported": bool(caps.isArrModeSupported),
         }
 
-    def write(self, address: PciAddress, policy: str, *, arr: bool = False, timeslice: int = 0) -> None:
+    def write(self, address: PciAddress, policy: str, *, arr: bool = False, timeslice: int = 0,
+              avg_factor: int = 0) -> None:
+        """With ARR on, NVML takes an average factor and a frequency (0: the driver's default);
+        it reports a timeslice, not a frequency, so a non-default ARR frequency is not kept."""
         state = self.nvml.c_nvmlVgpuSchedulerSetState_t()
         state.schedulerPolicy = POLICIES[policy]
         state.enableARRMode = 1 if arr else 0
-        if not arr:
+        if arr:
+            state.schedulerParams.vgpuSchedDataWithARR.avgFactor = avg_factor
+        else:
             state.schedulerParams.vgpuSchedData.timeslice = timeslice
         self._call("setting the vGPU scheduler", address, self.nvml.nvmlDeviceSetVgpuSchedulerState,
                    self.handle(address), state)
 
 
-def _previous(current: dict) -> dict:
-    return {"policy": current["policy"], "arr": current["arr"] == "enabled", "timeslice": current["timeslice"] or 0}
+def snapshot(current: dict) -> dict:
+    """What it takes to write ``current`` back (the journal's record of a GPU's scheduler)."""
+    low, high = current["timeslice_range"]
+    timeslice = current["timeslice"] or 0
+    return {"policy": current["policy"], "arr_mode": current["arr"],
+            "timeslice": timeslice if low <= timeslice <= high else 0, "avg_factor": current.get("avg_factor") or 0}
+
+
+def _write_back(nvml: Nvml, address: PciAddress, record: dict) -> None:
+    arr = record.get("arr_mode") == "enabled" or record.get("arr") is True  # "arr": an older record
+    nvml.write(address, record["policy"], arr=arr, timeslice=record.get("timeslice", 0),
+               avg_factor=record.get("avg_factor", 0))
 
 
 def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, lock_timeout: float = 30.0) -> dict:
-    """Set ``policy`` on the GPU, journaling what it was; a no-op when it is set already."""
+    """Set ``policy`` on the GPU (its ARR mode and timeslice kept), journaling the original.
+
+    Returns the state after, with ``before`` (what to write back to undo this call) and
+    ``journaled`` (whether this call made the journal entry: an earlier change by gpuvfio
+    keeps the first original for ``gpuvfio restore``). A no-op when the policy is set already.
+    """
     parse_policy(policy)
     with RunLock(state_dir(host), lock_timeout):
         journal = Journal.load(state_dir(host))
@@ -124,14 +144,13 @@ def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, 
         if current["policy"] not in POLICIES:
             raise GpuvfioError(f"{address}: the current vGPU scheduler policy ({current['policy']}) could not "
                                "be put back afterwards; not changing it")
+        before = snapshot(current)
         schedulers = journal.data.setdefault("schedulers", {})
         added = str(address) not in schedulers
-        schedulers.setdefault(str(address), _previous(current))  # the first original wins
+        schedulers.setdefault(str(address), before)  # the first original wins
         journal.save()
-        low, high = current["timeslice_range"]
-        timeslice = current["timeslice"] if low <= (current["timeslice"] or 0) <= high else 0
         try:
-            nvml.write(address, policy, timeslice=timeslice)
+            _write_back(nvml, address, {**before, "policy": policy})
         except GpuvfioError:
             if added and nvml.read(address)["policy"] == current["policy"]:  # nothing changed: forget it
                 del schedulers[str(address)]
@@ -140,11 +159,28 @@ def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, 
         after = nvml.read(address)
         if after["policy"] != policy:
             raise GpuvfioError(f"{address}: the vGPU scheduler reads back {after['policy']}, not {policy}")
-        return {**after, "result": "set", "previous": schedulers[str(address)]["policy"]}
+        return {**after, "result": "set", "previous": current["policy"], "before": before, "journaled": added}
+
+
+def undo_set(host: HostRoot, address: PciAddress, before: dict, journaled: bool, *, nvml_factory=Nvml,
+             lock_timeout: float = 30.0) -> list[str]:
+    """Undo one ``set_policy`` (a testbed variant's): write ``before`` back; drop the journal
+    entry only if that call made it. Returns failures (the journal then still holds it)."""
+    with RunLock(state_dir(host), lock_timeout):
+        journal = Journal.load(state_dir(host))
+        try:
+            with nvml_factory() as nvml:
+                _write_back(nvml, address, before)
+        except GpuvfioError as exc:
+            return [f"vGPU scheduler of {address}: {exc}"]
+        if journaled and str(address) in journal.data.get("schedulers", {}):
+            del journal.data["schedulers"][str(address)]
+            journal.save()
+    return []
 
 
 def put_back(host: HostRoot, journal: Journal, nvml_factory=Nvml, progress=lambda line: None) -> list[str]:
-    """Restore every journaled scheduler policy (for ``gpuvfio restore`` and testbed teardown)."""
+    """Restore every journaled scheduler policy (for ``gpuvfio restore``)."""
     schedulers = journal.data.get("schedulers") or {}
     if not schedulers:
         return []
@@ -157,8 +193,7 @@ def put_back(host: HostRoot, journal: Journal, nvml_factory=Nvml, progress=lambd
         for key, previous in list(schedulers.items()):
             address = PciAddress.parse(key)
             try:
-                nvml.write(address, previous["policy"], arr=previous.get("arr", False),
-                           timeslice=previous.get("timeslice", 0))
+                _write_back(nvml, address, previous)
                 del schedulers[key]
                 journal.save()
                 progress(f"vGPU scheduler of {key}: back to {previous['policy']}")
@@ -166,8 +201,3 @@ def put_back(host: HostRoot, journal: Journal, nvml_factory=Nvml, progress=lambd
                 failures.append(f"vGPU scheduler of {key}: {exc}")
     return failures
 
-
-def restore(host: HostRoot, *, lock_timeout: float = 30.0, nvml_factory=Nvml) -> list[str]:
-    with RunLock(state_dir(host), lock_timeout):
-        journal = Journal.load(state_dir(host))
-        return put_back(host, journal, nvml_factory)

@@ -120,3 +120,20 @@ def test_doctor_on_this_machine_reports():
     result = run_gpuvfio("doctor", "--json")
     assert result.code in (0, 1), result.err
     assert {c["id"] for c in result.json()["checks"]} >= {"iommu", "vfio_modules", "hugepages"}
+
+
+def test_os_release_dangling_link_out_of_the_root_is_refused(tmp_path):
+    import os
+
+    import pytest
+
+    from gpuvfio.errors import UnsafePathError
+
+    b = gpu_workstation(tmp_path)
+    etc = os.path.join(b.root, "etc", "os-release")
+    os.makedirs(os.path.dirname(etc), exist_ok=True)
+    if os.path.lexists(etc):
+        os.unlink(etc)
+    os.symlink("../../../../../../../../nonexistent/os-release", etc)
+    with pytest.raises(UnsafePathError, match="leads outside the root"):
+        HostRoot(b.root).config_path("etc", "os-release")

@@ -215,3 +215,67 @@ def test_placement_is_read_from_the_domain_xml(regenerate):
     assert placed["hugepage_kib"] == 1048576 and placed["numa_nodeset"] is not None
     assert placed["vcpus"] > 0 and placed["vcpu_pins"] and placed["machine"] == "q35"
     assert placement(None) is None
+
+
+def test_signals_during_teardown_wait_for_it():
+    """A TERM or hangup while a variant is torn down is held until the teardown is over, and a
+    second one after the first interrupt changes nothing (a remote Ctrl-C brings both)."""
+    import signal
+
+    from gpuvfio.testbed.run import _Interrupted, _Signals
+
+    signals = _Signals()
+    signals.install()
+    try:
+        finished = []
+        with pytest.raises(_Interrupted):
+            with signals.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGHUP)
+                finished.append("teardown")
+        assert finished == ["teardown"] and signals.fired
+        with signals.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)  # after the interrupt: noted, not raised again
+    finally:
+        signals.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is not signals.handler
+
+
+def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
+    """Only identity.json and results/<variant>/rep-N.json come in, as regular files; and only
+    regular result files go up (root unpacks them there)."""
+    import io
+    import tarfile
+
+    from gpuvfio.errors import GpuvfioError
+    from gpuvfio.testbed.remote import _pack, _unpack
+
+    def archive(*entries):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name, data, kind in entries:
+                info = tarfile.TarInfo(name)
+                info.type = kind
+                if kind == tarfile.SYMTYPE:
+                    info.linkname = "/root/.ssh/authorized_keys"
+                info.size = len(data) if kind == tarfile.REGTYPE else 0
+                tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+        return buffer.getvalue()
+
+    good = archive(("./", b"", tarfile.DIRTYPE), ("./results", b"", tarfile.DIRTYPE),
+                   ("./results/pt-1g", b"", tarfile.DIRTYPE), ("./results/pt-1g/rep-0.json", b"{}", tarfile.REGTYPE),
+                   ("./identity.json", b"{}", tarfile.REGTYPE))
+    assert sorted(_unpack(good, str(tmp_path / "out"))) == ["identity.json", "results/pt-1g/rep-0.json"]
+    for bad in (("./.ssh/authorized_keys", b"key", tarfile.REGTYPE), ("./results/../../x", b"", tarfile.REGTYPE),
+                ("./results/pt-1g/rep-1.json", b"", tarfile.SYMTYPE), ("./results/pt-1g/notes.txt", b"", tarfile.REGTYPE)):
+        with pytest.raises(GpuvfioError, match="refusing a result archive entry"):
+            _unpack(archive(bad), str(tmp_path / "out"))
+    with pytest.raises(GpuvfioError, match="damaged"):
+        _unpack(b"not a tar archive at all" * 40, str(tmp_path / "out"))
+    out = tmp_path / "out"
+    os.symlink("/etc/passwd", out / "results" / "pt-1g" / "rep-1.json")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(GOOD)
+    with tarfile.open(fileobj=io.BytesIO(_pack(str(spec), str(out)))) as tar:
+        assert [(m.name, m.isfile()) for m in tar.getmembers()] == [
+            ("spec.toml", True), ("out/results/pt-1g/rep-0.json", True)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -203,11 +202,13 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
         assert not os.path.exists(f"/proc/{remote_pid}"), "the hung-up run did not end"
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
         assert os.listdir(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"]
-        shutil.rmtree(scratch)
+        assert json.load(open(os.path.join(out, "remote.json")))["scratch"] == scratch  # kept for the next run
         seen.clear()
         summary = run_remote(spec, out, default_known_hosts=None, progress=seen.append)
         assert "results/tiny-4k/rep-1.json" in summary["files"] and "results/baremetal/rep-1.json" in summary["files"]
         assert not any(line == "tiny-4k: repetition 1/2" for line in seen)  # rep 0 went up and was kept
+        assert f"root@127.0.0.1:{hypervisor.port}: fetching the results of an earlier run from {scratch}" in seen
+        assert not os.path.exists(scratch) and not os.path.exists(os.path.join(out, "remote.json"))
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
     finally:
         conn.close()

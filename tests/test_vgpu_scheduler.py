@@ -79,7 +79,8 @@ def test_scheduler_set_journaled_and_restored(nvml, tmp_path):
     assert changed.code == 0 and "fixed-share" in changed.out and "was best-effort" in changed.out, changed.err
     assert sched.read_text().split()[0] == "3"
     journal = json.loads((tmp_path / "state" / "journal.json").read_text())
-    assert journal["schedulers"][H100] == {"policy": "best-effort", "arr": False, "timeslice": 2000}
+    assert journal["schedulers"][H100] == {"policy": "best-effort", "arr_mode": "disabled", "timeslice": 2000,
+                                           "avg_factor": 0}
     status = run_gpuvfio("status", "--json", env=env)
     assert H100 in status.json()["schedulers"]
     assert f"vGPU scheduler of {H100} changed by gpuvfio; restore puts back best-effort" in run_gpuvfio(
@@ -134,11 +135,10 @@ hugepages = "none"
 """
 
 
-def test_testbed_vgpu_variant_applies_scheduler_and_puts_everything_back(nvml, tmp_path, monkeypatch,
-                                                                         fakecuda_libdir):
-    """The guest never answers: the run fails at attach, and the VF's type, the journal and the
-    scheduler policy are back to what they were (simulated kernel for the sysfs writes, the
-    stand-in NVML preloaded so that pynvml finds it by name, libvirt's test:/// driver)."""
+def _testbed_that_cannot_reach_its_guest(tmp_path, monkeypatch, env, fakecuda_libdir):
+    """Run a one-variant vGPU testbed whose guest never answers SSH (simulated kernel for the
+    sysfs writes, the stand-in NVML preloaded so that pynvml finds it by name, libvirt's
+    test:/// driver); returns (error, progress lines, host root)."""
     import ctypes
 
     import libvirt
@@ -150,7 +150,6 @@ def test_testbed_vgpu_variant_applies_scheduler_and_puts_everything_back(nvml, t
     from tests.lanes.guest import free_port
     from tests.simkernel import SimKernel
 
-    env, sched = nvml
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     ctypes.CDLL(os.path.join(fakecuda_libdir, "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
@@ -163,24 +162,43 @@ def test_testbed_vgpu_variant_applies_scheduler_and_puts_everything_back(nvml, t
     assert plan.code == 0, plan.err
     vgpu = plan.json()["variants"][0]["vgpu"]
     assert vgpu["mig_backed"]["slices"] == 1 and vgpu["scheduler"] == "equal-share"
-
     host = HostRoot(root)
-    writer = SysfsWriter(host, backend=SimKernel(root))
     seen: list[str] = []
     conn = libvirt.open("test:///default")
     try:
         with pytest.raises(GpuvfioError, match="did not answer SSH") as failed:
             run_testbed(host, load_spec(str(spec_path)), str(tmp_path / "out"), conn=conn, known_hosts_default=None,
-                        bind_step=None, restore_step=None, vgpu_writer=writer, progress=seen.append)
+                        bind_step=None, restore_step=None, vgpu_writer=SysfsWriter(host, backend=SimKernel(root)),
+                        progress=seen.append)
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
     finally:
         conn.close()
     assert "rolled back: destroy, undefine" in str(failed.value)  # attach undid its own domain
-    assert seen[0] == f"vgpu-mig-1g: vGPU scheduler of {H100}: equal-share (set)", seen
-    assert seen[-1] == "vgpu-mig-1g: vGPU scheduler put back", seen
-    assert sched.read_text().split() == ["1", "1", "2000"]
     types_now = {vf: open(os.path.join(root, "sys", "bus", "pci", "devices", vf, "nvidia",
                                        "current_vgpu_type")).read().strip() for vf in VFS}
     assert types_now == {vf: "0" for vf in VFS}
+    return failed.value, seen, root
+
+
+def test_testbed_vgpu_variant_applies_scheduler_and_puts_everything_back(nvml, tmp_path, monkeypatch,
+                                                                         fakecuda_libdir):
+    """The guest never answers: the run fails at attach, and the VF's type, the journal and the
+    scheduler policy are back to what they were."""
+    env, sched = nvml
+    _error, seen, _root = _testbed_that_cannot_reach_its_guest(tmp_path, monkeypatch, env, fakecuda_libdir)
+    assert seen[0] == f"vgpu-mig-1g: vGPU scheduler of {H100}: equal-share (set)", seen
+    assert seen[-1] == "vgpu-mig-1g: vGPU scheduler put back", seen
+    assert sched.read_text().split() == ["1", "1", "2000"]
     journal = json.loads((tmp_path / "state" / "journal.json").read_text())
     assert journal["vgpus"] == {} and journal["schedulers"] == {}
+
+
+def test_testbed_puts_back_what_it_found_not_the_first_original(nvml, tmp_path, monkeypatch, fakecuda_libdir):
+    """An operator set fixed-share with gpuvfio before (journal: original best-effort): the variant's
+    teardown returns the GPU to fixed-share, and gpuvfio restore still knows best-effort."""
+    env, sched = nvml
+    assert run_gpuvfio("vgpu", "scheduler", H100, "--set", "fixed-share", env=env).code == 0
+    _error, seen, _root = _testbed_that_cannot_reach_its_guest(tmp_path, monkeypatch, env, fakecuda_libdir)
+    assert sched.read_text().split()[0] == "3"
+    journal = json.loads((tmp_path / "state" / "journal.json").read_text())
+    assert journal["schedulers"][H100]["policy"] == "best-effort"

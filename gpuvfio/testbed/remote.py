@@ -8,22 +8,27 @@ half-applied plan: the remote run is started on a pty (as ``ssh -t`` does), so c
 the channel hangs it up and it tears its variant down like on Ctrl-C.
 
 plan: ``gpuvfio dump-host -`` there; the plan is computed here on that record.
-run:  a scratch directory there (``mktemp -d`` under [host] workdir); the spec and the
-      results recorded here so far go up (tar), so an interrupted run resumes even when
-      the scratch is gone; ``gpuvfio testbed run --here`` runs there and its progress
-      streams back; the results come back (tar) into OUT; the scratch is removed.
+run:  a scratch directory there (``mktemp -d`` under [host] workdir, named in
+      OUT/remote.json until it is gone); the spec and the results recorded here so far go
+      up (tar), so an interrupted run resumes even when the scratch is gone; ``gpuvfio
+      testbed run --here`` runs there and its progress streams back; the results come back
+      (tar: identity.json and results/<variant>/rep-N.json only) into OUT; the scratch is
+      removed once they are here. A run whose connection dropped leaves its scratch; the
+      next run from the same OUT refuses while it still runs, else fetches it first.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import tarfile
 import tempfile
 
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.ssh import SshError
-from gpuvfio.testbed.spec import RemoteHost, Spec
+from gpuvfio.ssh import ConnectionLost, SshError
+from gpuvfio.testbed.spec import NAME, RemoteHost, Spec
 
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
 
@@ -72,37 +77,80 @@ def plan_remote(spec: Spec, default_known_hosts: str | None) -> dict:
     return report
 
 
+_REP = re.compile(r"rep-[0-9]{1,4}\.json")
+
+
+def _result_files(out: str) -> list[str]:
+    """The results recorded in OUT, as relative paths: regular files of the expected names only."""
+    found = []
+    results = os.path.join(out, "results")
+    for variant in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+        directory = os.path.join(results, variant)
+        if not NAME.fullmatch(variant) or os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if _REP.fullmatch(name) and not os.path.islink(path) and os.path.isfile(path):
+                found.append(f"results/{variant}/{name}")
+    return found
+
+
 def _pack(spec_path: str, out: str) -> bytes:
-    """spec.toml plus every result already recorded in OUT, as a tar stream."""
+    """spec.toml plus every result already recorded in OUT, as a tar stream (regular files only:
+    root on the hypervisor unpacks it, and a symlink there would be written through)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(spec_path, arcname="spec.toml")
-        results = os.path.join(out, "results")
-        if os.path.isdir(results):
-            tar.add(results, arcname="out/results")
+        with open(spec_path, "rb") as handle:
+            _add(tar, "spec.toml", handle.read())
+        for relative in _result_files(out):
+            with open(os.path.join(out, relative), "rb") as handle:
+                _add(tar, f"out/{relative}", handle.read())
     return buffer.getvalue()
 
 
-def _unpack(data: bytes, out: str) -> list[str]:
-    """Extract the remote OUT into ours: plain files and directories only, nothing outside."""
-    names = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        members = tar.getmembers()
-        for member in members:
-            parts = os.path.normpath(member.name).split(os.sep)
-            if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
-                raise GpuvfioError(f"refusing a result archive entry from the hypervisor: {member.name!r}")
-        for member in members:
-            target = os.path.join(out, os.path.normpath(member.name))
-            if member.isdir():
-                os.makedirs(target, exist_ok=True)
-                continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            source = tar.extractfile(member)
-            from gpuvfio.journal import atomic_write
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o600
+    tar.addfile(info, io.BytesIO(data))
 
-            atomic_write(target, source.read().decode("utf-8"))
-            names.append(os.path.normpath(member.name))
+
+def _wanted(name: str) -> bool:
+    """The only entries a result archive may hold: identity.json, results/<variant>/rep-N.json."""
+    parts = name.split("/")
+    if parts == ["identity.json"] or parts == ["results"]:
+        return True
+    if len(parts) >= 2 and parts[0] == "results" and NAME.fullmatch(parts[1]):
+        return len(parts) == 2 or (len(parts) == 3 and bool(_REP.fullmatch(parts[2])))
+    return False
+
+
+def _unpack(data: bytes, out: str) -> list[str]:
+    """Extract the hypervisor's OUT into ours: only the expected names, as regular files."""
+    from gpuvfio.journal import atomic_write
+
+    names = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = []
+            for member in tar.getmembers():
+                name = member.name.removeprefix("./").rstrip("/")
+                if name in ("", "."):
+                    continue
+                if not _wanted(name) or not (member.isfile() or member.isdir()):
+                    raise GpuvfioError(f"refusing a result archive entry from the hypervisor: {member.name!r}")
+                members.append((name, member))
+            for name, member in members:
+                target = os.path.join(out, name)
+                if member.isdir():
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                atomic_write(target, tar.extractfile(member).read().decode("utf-8"))
+                names.append(name)
+    except (tarfile.TarError, UnicodeDecodeError) as exc:
+        raise GpuvfioError(f"the result archive from the hypervisor is damaged: {exc}") from None
+    except OSError as exc:
+        raise GpuvfioError(f"cannot write the results into {out}: {exc.strerror or exc}") from None
     return names
 
 
@@ -121,48 +169,121 @@ class _Lines:
                 self.progress(text.removeprefix("gpuvfio: "))
 
 
+# Shell snippets run there with the scratch directory as $1 (argv lists, quoted by Session.run).
+_STATE = ('[ -d "$1" ] || exit 3; pid=$(cat "$1/pid" 2>/dev/null) || exit 0; '
+          'kill -0 "$pid" 2>/dev/null && { echo "$pid"; exit 4; }; exit 0')
+_STOP = ('i=0; while [ ! -s "$1/pid" ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i+1)); done; '
+         'pid=$(cat "$1/pid" 2>/dev/null) || exit 0; kill -TERM "$pid" 2>/dev/null; '
+         'while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done')
+_FETCH = 'cd "$1/out" 2>/dev/null || exit 0; tar -c -f - .'
+
+
+class _Scratch:
+    """The run's scratch directory there, remembered in OUT/remote.json until it is fetched
+    and removed: a run that lost its connection is picked up by the next one."""
+
+    def __init__(self, session, remote: RemoteHost, out: str, progress) -> None:
+        self.session, self.remote, self.out, self.progress = session, remote, out, progress
+        self.record = os.path.join(out, "remote.json")
+        self.label = session.target.label()
+        self.path: str | None = None
+
+    def _valid(self, path: str) -> bool:
+        prefix = f"{self.remote.workdir.rstrip('/')}/gpuvfio-testbed."
+        return isinstance(path, str) and path.startswith(prefix) and "/" not in path[len(prefix):] \
+            and "\n" not in path and ".." not in path
+
+    def make(self) -> str:
+        from gpuvfio.journal import atomic_write
+
+        pattern = f"{self.remote.workdir.rstrip('/')}/gpuvfio-testbed.XXXXXXXX"
+        path = _checked(self.session, ["mktemp", "-d", pattern], "mktemp").decode().strip()
+        if not self._valid(path):
+            raise GpuvfioError(f"mktemp on {self.label} answered an unexpected path: {path!r}")
+        self.path = path
+        atomic_write(self.record, json.dumps({"host": self.label, "scratch": path}))
+        self.progress(f"{self.label}: scratch directory {path}")
+        return path
+
+    def fetch(self) -> list[str]:
+        archive = _checked(self.session, ["sh", "-c", _FETCH, "fetch", self.path], "fetching results",
+                           timeout=600)
+        return _unpack(archive, self.out) if archive else []
+
+    def remove(self) -> None:
+        try:
+            status, _out, err = self.session.run(["rm", "-rf", "--", self.path], timeout=120)
+        except SshError as exc:
+            status, err = 1, str(exc)
+        if status:
+            self.progress(f"{self.label}: could not remove {self.path} ({err.strip()}); the next run retries")
+            return
+        os.unlink(self.record)
+
+    def pick_up_earlier(self) -> None:
+        """An earlier run from this OUT whose scratch is still there: refuse while it runs,
+        else fetch what it measured and remove it."""
+        try:
+            with open(self.record, encoding="utf-8") as handle:
+                earlier = json.load(handle)
+        except FileNotFoundError:
+            return
+        except ValueError:
+            raise GpuvfioError(f"{self.record} is damaged; remove it (it names an earlier run's scratch "
+                               "directory on the hypervisor)") from None
+        if earlier.get("host") != self.label or not self._valid(earlier.get("scratch")):
+            raise GpuvfioError(f"{self.record} names a run on {earlier.get('host')}, not {self.label}; "
+                               "use another --out, or remove it")
+        self.path = earlier["scratch"]
+        status, out, _err = self.session.run(["sh", "-c", _STATE, "state", self.path])
+        if status == 4:
+            raise GpuvfioError(f"an earlier run from {self.out} is still going on {self.label} "
+                               f"(pid {out.strip()}, in {self.path}); wait for it or stop it first")
+        if status == 0:
+            self.progress(f"{self.label}: fetching the results of an earlier run from {self.path}")
+            self.fetch()
+            self.remove()
+        else:
+            os.unlink(self.record)
+
+
 def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect: str | None = None,
                progress=lambda line: None) -> dict:
     remote = spec.host
     os.makedirs(out, exist_ok=True)
     interrupted = False
     with session_for(remote, default_known_hosts) as session:
-        label = session.target.label()
-        pattern = f"{remote.workdir.rstrip('/')}/gpuvfio-testbed."
-        scratch = _checked(session, ["mktemp", "-d", pattern + "XXXXXXXX"], "mktemp").decode().strip()
-        if not scratch.startswith(pattern) or "\n" in scratch:
-            raise GpuvfioError(f"mktemp on {label} answered an unexpected path: {scratch!r}")
-        progress(f"{label}: scratch directory {scratch}")
-        status, tail, scratch_kept = 0, b"", False
+        scratch = _Scratch(session, remote, out, progress)
+        label = scratch.label
+        scratch.pick_up_earlier()
+        path = scratch.make()
+        _checked(session, ["tar", "-x", "-C", path, "-f", "-"], "uploading the spec", stdin=_pack(spec.path, out))
+        command = remote_argv(remote, "testbed", "run", f"{path}/spec.toml", "--out", f"{path}/out", "--here",
+                              *(["--connect", connect] if connect else []))
+        # The pid file lets us signal the run and wait for its teardown; exec keeps gpuvfio the
+        # session leader, which a hangup of the pty (a dropped connection) reaches.
+        wrapper = ["sh", "-c", 'echo $$ > "$1/pid" && shift && exec "$@"', "gpuvfio-testbed", path, *command]
+        status, tail = 0, b""
         try:
-            _checked(session, ["tar", "-x", "-C", scratch, "-f", "-"], "uploading the spec", stdin=_pack(spec.path, out))
-            command = remote_argv(remote, "testbed", "run", f"{scratch}/spec.toml", "--out", f"{scratch}/out",
-                                  "--here", *(["--connect", connect] if connect else []))
-            # The pid file lets us wait for the teardown after a hangup; exec keeps gpuvfio
-            # the session leader that the pty's hangup reaches.
-            wrapper = ["sh", "-c", 'echo $$ > "$1/pid" && shift && exec "$@"', "gpuvfio-testbed", scratch, *command]
+            status, tail, _ = session.run_bytes(wrapper, timeout=RUN_FOREVER, pty=True, on_output=_Lines(progress))
+        except KeyboardInterrupt:
+            # Closing the channel alone does not hang a pty up on every server (dropbear keeps
+            # it while the child lives): signal the run ourselves, then wait for its teardown.
+            interrupted = True
+            progress(f"{label}: interrupted; waiting for the hypervisor to tear the variant down")
             try:
-                status, tail, _ = session.run_bytes(wrapper, timeout=RUN_FOREVER, pty=True,
-                                                    on_output=_Lines(progress))
-            except KeyboardInterrupt:
-                # Closing the channel alone does not hang a pty up on every server (dropbear
-                # keeps it open while the child lives; a dropped connection does hang it up):
-                # signal the run ourselves, then wait until its teardown is over.
-                interrupted = True
-                progress(f"{label}: interrupted; waiting for the hypervisor to tear the variant down")
-                session.run(["sh", "-c", 'pid=$(cat "$1/pid" 2>/dev/null) || exit 0; kill -TERM "$pid"; '
-                                         'while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done', "stop", scratch],
-                            timeout=900)
-            except SshError as exc:
-                scratch_kept = True
-                raise GpuvfioError(f"{exc}; the run there was hung up and tears itself down; its results stay in "
-                                   f"{scratch} on {label}; run it again to resume") from None
-            archive = _checked(session, ["sh", "-c", 'cd "$1/out" 2>/dev/null || exit 0; tar -c -f - .', "fetch",
-                                         scratch], "fetching results", timeout=600)
-            fetched = _unpack(archive, out) if archive else []
-        finally:
-            if not scratch_kept:
-                session.run(["rm", "-rf", "--", scratch], timeout=120)
+                session.run(["sh", "-c", _STOP, "stop", path], timeout=900)
+            except (KeyboardInterrupt, SshError):
+                raise GpuvfioError(f"interrupted again: the run on {label} may still be tearing down in {path}; "
+                                   f"the next run from {out} fetches its results") from None
+        except ConnectionLost as exc:
+            raise GpuvfioError(f"{exc}; the run there was hung up and tears itself down; its results stay in "
+                               f"{path} on {label}, and the next run from {out} fetches them") from None
+        except SshError as exc:
+            raise GpuvfioError(f"{exc}; its results stay in {path} on {label}, and the next run from {out} "
+                               "fetches them") from None
+        fetched = scratch.fetch()  # on failure the scratch stays, remote.json names it
+        scratch.remove()
     if interrupted:
         raise GpuvfioError(f"testbed run interrupted; {label} tore everything down; results so far are in {out}; "
                            "run it again to resume")
@@ -171,4 +292,3 @@ def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect
         raise GpuvfioError(f"testbed run on {label} failed (exit {status})" + (f": {last[-1]}" if last else "")
                            + f"; results so far are in {out}")
     return {"host": label, "files": sorted(fetched)}
-

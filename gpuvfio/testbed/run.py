@@ -10,12 +10,14 @@ run is detached first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid as uuidlib
 
@@ -118,29 +120,62 @@ class _Interrupted(BaseException):
     pass
 
 
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP interrupt the run once. While a teardown runs they are only
+    noted, and raised after it: a remote Ctrl-C brings a hangup and a TERM moments apart,
+    and a teardown cut in half would leave a guest, a vGPU or a binding behind."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.deferring, self.pending, self.fired = 0, None, False
+        self.previous: dict = {}
+
+    def handler(self, signum, frame) -> None:
+        if self.deferring or self.fired:
+            self.pending = signum
+            return
+        self.fired = True
+        raise _Interrupted()
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self.handler) for sig in self.SIGNALS}
+
+    def uninstall(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.deferring += 1
+        try:
+            yield
+        finally:
+            self.deferring -= 1
+        if not self.deferring and self.pending is not None and not self.fired:
+            self.fired = True
+            raise _Interrupted()
+
+
 def run_testbed(host: HostRoot, spec: Spec, out: str, *, conn, known_hosts_default: str | None,
                 bind_step, restore_step, vgpu_writer=None, progress=lambda line: None, nvml_factory=None) -> dict:
     if nvml_factory is None:
         from gpuvfio.vgpusched import Nvml as nvml_factory
     os.makedirs(os.path.join(out, "results"), exist_ok=True)
     atomic_write(os.path.join(out, "identity.json"), json.dumps(identity(host, conn, spec.gpus), indent=2))
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-    def on_term(signum, frame):
-        raise _Interrupted()
-
-    for sig in previous:
-        signal.signal(sig, on_term)
+    signals = _Signals()
+    signals.install()
     summary = {}
     try:
         for variant in spec.variants:
             summary[variant.name] = _run_variant(host, spec, variant, out, conn, known_hosts_default,
-                                                 bind_step, restore_step, vgpu_writer, progress, nvml_factory)
+                                                 bind_step, restore_step, vgpu_writer, progress, nvml_factory,
+                                                 signals)
     except (_Interrupted, KeyboardInterrupt):
         raise GpuvfioError("testbed run interrupted; everything was torn down; run it again to resume") from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals.uninstall()
     return summary
 
 
@@ -162,7 +197,7 @@ def write_rep(out, variant, rep, report, extra) -> None:
 
 
 def _run_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step, vgpu_writer,
-                 progress, nvml_factory) -> dict:
+                 progress, nvml_factory, signals) -> dict:
     todo = [r for r in range(spec.repetitions) if not os.path.exists(_rep_path(out, variant, r))]
     if not todo:
         progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
@@ -173,7 +208,7 @@ def _run_variant(host, spec, variant, out, conn, known_hosts_default, bind_step,
             write_rep(out, variant, rep, _verify_here(), {})
         return {"ran": len(todo)}
     return _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step,
-                              vgpu_writer, todo, progress, nvml_factory)
+                              vgpu_writer, todo, progress, nvml_factory, signals)
 
 
 def _verify_here() -> dict:
@@ -227,9 +262,10 @@ def _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_wr
         except GpuvfioError as exc:
             failures.append(f"vGPU {vgpu_instance}: {exc}")
     if scheduled:
-        from gpuvfio.vgpusched import restore as restore_scheduler
+        from gpuvfio.vgpusched import undo_set
 
-        failed = restore_scheduler(host, nvml_factory=nvml_factory)
+        address, before, journaled = scheduled
+        failed = undo_set(host, address, before, journaled, nvml_factory=nvml_factory)
         failures += failed
         if not failed:
             progress(f"{variant.name}: vGPU scheduler put back")
@@ -239,7 +275,7 @@ def _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_wr
 
 
 def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind_step, restore_step, vgpu_writer,
-                       todo, progress, nvml_factory) -> dict:
+                       todo, progress, nvml_factory, signals) -> dict:
     from gpuvfio import guests
     from gpuvfio.attach import attach, detach
     from gpuvfio.inventory import read_inventory
@@ -254,7 +290,7 @@ def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind
         progress(f"{variant.name}: detaching {options.name} left from an interrupted run")
         detach(conn, options.name, restore_step=restore_step, timeout=10)
     addresses = addresses_for(spec, variant)
-    vgpu_instance, vgpu_record, scheduled = None, {}, False
+    vgpu_instance, vgpu_record, scheduled = None, {}, None
     ssh = SshTarget(spec.ssh.get("host", "127.0.0.1"), spec.ssh.get("port", 22), spec.ssh.get("user", "root"),
                     spec.ssh.get("key"), spec.ssh.get("known_hosts"), bool(spec.ssh.get("trust_on_first_use")))
     try:
@@ -263,9 +299,10 @@ def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind
                 # Before the vGPU exists: NVML changes the policy only while no vGPU VM runs.
                 from gpuvfio.vgpusched import set_policy
 
-                scheduled = True
                 with nvml_factory() as nvml:
                     applied = set_policy(host, nvml, addresses[0], variant.scheduler)
+                if applied["result"] == "set":  # what teardown puts back: this variant's change only
+                    scheduled = (addresses[0], applied["before"], applied["journaled"])
                 progress(f"{variant.name}: vGPU scheduler of {addresses[0]}: {applied['policy']} "
                          f"({applied['result']})")
                 vgpu_record["scheduler"] = {k: applied.get(k) for k in ("policy", "arr", "timeslice", "previous")}
@@ -290,6 +327,7 @@ def _run_guest_variant(host, spec, variant, out, conn, known_hosts_default, bind
                          known_hosts_default) as session:
                 write_rep(out, variant, rep, verify_guest(session, expected), extra)
     finally:
-        _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_writer, scheduled, nvml_factory,
-                  progress)
+        with signals.deferred():
+            _teardown(host, conn, variant, options, restore_step, vgpu_instance, vgpu_writer, scheduled,
+                      nvml_factory, progress)
     return {"ran": len(todo)}

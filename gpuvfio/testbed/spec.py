@@ -53,7 +53,7 @@ from gpuvfio.errors import InputError
 KINDS = ("passthrough", "vgpu", "baremetal")
 _TABLE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*=")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,40}")  # variant names: also directory names
 
 
 @dataclass
@@ -197,7 +197,7 @@ def load_spec(path: str) -> Spec:
     variants, names = [], set()
     for index, raw in enumerate(variants_raw):
         name = raw.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
             fail("variant name must be 1-41 letters, digits, '.', '_' or '-'", "variant", index, "name")
         if name in names:
             fail(f"duplicate variant name {name!r}", "variant", index, "name")
@@ -235,8 +235,8 @@ def load_spec(path: str) -> Spec:
                 variants=variants, host=_remote_host(data.get("host"), fail))
 
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]{0,252})$|^\[?[0-9A-Fa-f:.]+\]?$")
-_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]{0,252}|[0-9A-Fa-f:.]+|\[[0-9A-Fa-f:.]+\]")
+_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 
 
 def _remote_host(raw, fail) -> RemoteHost | None:
@@ -249,13 +249,13 @@ def _remote_host(raw, fail) -> RemoteHost | None:
         if key not in allowed:
             fail(f"unknown key {key!r} in [host] (allowed: {', '.join(sorted(allowed))})", "host", 0, key)
     address = raw.get("address")
-    if not isinstance(address, str) or not _HOSTNAME.match(address):
+    if not isinstance(address, str) or not _HOSTNAME.fullmatch(address):
         fail("[host] address must be a host name or IP address", "host", 0, "address")
     port = raw.get("port", 22)
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         fail("[host] port must be an integer 1-65535", "host", 0, "port")
     user = raw.get("user", "root")
-    if not isinstance(user, str) or not _USER.match(user):
+    if not isinstance(user, str) or not _USER.fullmatch(user):
         fail("[host] user must be a user name", "host", 0, "user")
     for key in ("key", "known_hosts", "root", "workdir"):
         value = raw.get(key)
