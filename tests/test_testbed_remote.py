@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -252,3 +253,49 @@ def test_cli_remote_run_then_report_here(tmp_path, hypervisor):
                             "results": {"baremetal": {"kind": "baremetal", "repetitions": 2, "wanted": 2}}}
     reported = run_gpuvfio("testbed", "report", str(out), "--json")
     assert reported.code == 0 and reported.json()["baseline"] == "baremetal", reported.err
+
+
+def test_command_killed_by_a_signal_is_not_a_lost_connection(hypervisor):
+    from gpuvfio.ssh import ConnectionLost, Session, SshError, SshTarget
+
+    target = SshTarget("127.0.0.1", hypervisor.port, "root", hypervisor.client_key, hypervisor.known_hosts)
+    with Session(target) as session:
+        with pytest.raises(SshError, match="terminated by a signal") as info:
+            session.run(["sh", "-c", 'kill -9 "$$"'])
+        assert not isinstance(info.value, ConnectionLost)
+        assert session.run(["true"])[0] == 0  # the connection is still there
+
+
+def test_an_earlier_run_still_going_there_is_not_started_twice(tmp_path, hypervisor):
+    import subprocess
+    import tempfile
+
+    from gpuvfio.errors import GpuvfioError
+    from gpuvfio.testbed.remote import run_remote
+    from gpuvfio.testbed.spec import load_spec
+
+    spec_path = tmp_path / "remote.toml"
+    spec_path.write_text(BAREMETAL_ONLY + host_section(hypervisor))
+    spec = load_spec(str(spec_path))
+    scratch = tempfile.mkdtemp(prefix="gpuvfio-testbed.", dir="/var/tmp")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(os.path.join(scratch, "pid"), "w") as handle:
+            handle.write(f"{sleeper.pid}\n")
+        out = tmp_path / "out"
+        out.mkdir()
+        (out / "remote.json").write_text(json.dumps({"host": f"root@127.0.0.1:{hypervisor.port}",
+                                                     "scratch": scratch}))
+        with pytest.raises(GpuvfioError, match=f"still going .*pid {sleeper.pid}, in {scratch}"):
+            run_remote(spec, str(out), default_known_hosts=None)
+        assert os.path.isdir(scratch) and not os.path.exists(out / "results")
+        sleeper.kill()
+        sleeper.wait()
+        seen: list[str] = []
+        run_remote(spec, str(out), default_known_hosts=None, progress=seen.append)  # now it is picked up
+        assert any("fetching the results of an earlier run" in line for line in seen)
+        assert not os.path.exists(scratch) and sorted(os.listdir(out / "results" / "baremetal")) == [
+            "rep-0.json", "rep-1.json"]
+    finally:
+        sleeper.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
