@@ -147,7 +147,7 @@ gpuvfio = ["/usr/local/bin/gpuvfio"]
 
 def test_remote_host_section(tmp_path):
     spec = load_spec(write(tmp_path, GOOD + HOST))
-    assert spec.host.address == "hv1.example.org" and spec.host.port == 22 and spec.host.gpuvfio == [
+    assert spec.host.ssh.host == "hv1.example.org" and spec.host.ssh.port == 22 and spec.host.gpuvfio == [
         "/usr/local/bin/gpuvfio"]
     assert spec.host.label() == "root@hv1.example.org" and load_spec(write(tmp_path, GOOD)).host is None
 

@@ -9,6 +9,7 @@ import pytest
 
 from tests.lanes import daemon as dl
 from tests.lanes import guest as gl
+from tests.testbed_data import tiny_guest_toml
 
 pytestmark = pytest.mark.daemon
 _REASON = dl.skip_reason() or gl.skip_reason()
@@ -23,20 +24,7 @@ from gpuvfio.testbed.spec import load_spec  # noqa: E402
 
 
 def spec_file(tmp_path, image, port, known):
-    text = f"""
-[guest]
-kernel = "{image.kernel}"
-initrd = "{image.initrd}"
-cmdline = "{gl.KERNEL_CMDLINE}"
-vcpus = 1
-memory = "256M"
-virt_type = "qemu"
-firmware = "bios"
-[guest.ssh]
-port = {port}
-key = "{image.client_key}"
-known_hosts = "{known}"
-
+    text = tiny_guest_toml(image, port, known) + """
 [run]
 repetitions = 2
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.lanes import hypervisor as hv
 from tests.make_samples import sample_path
+from tests.testbed_data import guest_toml
 
 pytestmark = pytest.mark.daemon
 _REASON = hv.skip_reason()
@@ -118,22 +119,9 @@ def children(pid: int) -> list[int]:
 
 
 def run_spec(tmp_path, image, port, known, server, uri) -> str:
-    from tests.lanes import guest as gl
+    from tests.testbed_data import tiny_guest_toml
 
-    text = f"""
-[guest]
-kernel = "{image.kernel}"
-initrd = "{image.initrd}"
-cmdline = "{gl.KERNEL_CMDLINE}"
-vcpus = 1
-memory = "256M"
-virt_type = "qemu"
-firmware = "bios"
-[guest.ssh]
-port = {port}
-key = "{image.client_key}"
-known_hosts = "{known}"
-
+    text = tiny_guest_toml(image, port, known) + f"""
 [run]
 repetitions = 2
 connect = "{uri}"
@@ -217,12 +205,7 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
     assert "| tiny-4k |" in open(os.path.join(out, "report.md")).read()
 
 
-BAREMETAL_ONLY = """
-[guest]
-disk = "/var/lib/libvirt/images/unused.qcow2"
-[guest.ssh]
-port = 2222
-
+BAREMETAL_ONLY = guest_toml(disk="/var/lib/libvirt/images/unused.qcow2", ssh={"port": 2222}) + """
 [run]
 repetitions = 2
 connect = "test:///default"

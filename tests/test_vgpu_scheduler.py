@@ -22,6 +22,7 @@ from gpuvfio.vgpu import mig_backed, pick_vf
 from gpuvfio.vgpucmd import types
 from tests.conftest import run_gpuvfio
 from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
+from tests.testbed_data import guest_toml
 
 H100 = "0000:41:00.0"
 VFS = ["0000:41:00.4", "0000:41:00.5"]
@@ -108,18 +109,12 @@ def test_scheduler_refusals_are_one_line(nvml, tmp_path, extra_env, args, code, 
     assert not journal.exists() or json.loads(journal.read_text()).get("schedulers") == {}
 
 
-TESTBED = """
-[guest]
-kernel = "{kernel}"
-vcpus = 1
-memory = "256M"
-virt_type = "qemu"
-firmware = "bios"
-[guest.ssh]
-port = {port}
-boot_timeout = 2
-trust_on_first_use = true
+def vgpu_spec_toml(kernel, port: int) -> str:
+    return guest_toml(kernel=str(kernel), vcpus=1, memory="256M", virt_type="qemu", firmware="bios",
+                      ssh={"port": port, "boot_timeout": 2, "trust_on_first_use": True}) + TESTBED
 
+
+TESTBED = """
 [run]
 repetitions = 1
 gpus = ["{gpu}"]
@@ -157,7 +152,7 @@ def _testbed_that_cannot_reach_its_guest(tmp_path, monkeypatch, env, fakecuda_li
     kernel = tmp_path / "vmlinuz"
     kernel.write_bytes(b"\0")
     spec_path = tmp_path / "testbed.toml"
-    spec_path.write_text(TESTBED.format(kernel=kernel, port=free_port(), gpu=H100))
+    spec_path.write_text(vgpu_spec_toml(kernel, free_port()).replace("{gpu}", H100))
     plan = run_gpuvfio("--root", root, "testbed", "plan", str(spec_path), "--json", env=env)
     assert plan.code == 0, plan.err
     vgpu = plan.json()["variants"][0]["vgpu"]

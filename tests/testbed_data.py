@@ -42,3 +42,20 @@ def write_synthetic(out: str, reps: int = 5, seed: int = 7) -> None:
                                                         "vgpu": "VGPU"}[kind]}, "verify": {}}
             with open(os.path.join(directory, f"rep-{rep}.json"), "w") as handle:
                 json.dump(record, handle)
+
+
+def guest_toml(*, ssh: dict, **guest) -> str:
+    """The [guest] and [guest.ssh] tables of a testbed spec (json.dumps writes valid TOML
+    strings, integers and booleans)."""
+    lines = ["[guest]", *(f"{k} = {json.dumps(v)}" for k, v in guest.items()),
+             "[guest.ssh]", *(f"{k} = {json.dumps(v)}" for k, v in ssh.items())]
+    return "\n".join(lines) + "\n"
+
+
+def tiny_guest_toml(image, port: int, known_hosts) -> str:
+    """The daemon lane's tiny guest (tests/lanes/guest.py) under TCG, its host key pinned."""
+    from tests.lanes import guest as gl
+
+    return guest_toml(kernel=image.kernel, initrd=image.initrd, cmdline=gl.KERNEL_CMDLINE, vcpus=1, memory="256M",
+                      virt_type="qemu", firmware="bios",
+                      ssh={"port": port, "key": image.client_key, "known_hosts": str(known_hosts)})

@@ -19,6 +19,7 @@ run:  a scratch directory there (``mktemp -d`` under [host] workdir, named in
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -34,11 +35,9 @@ RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is stream
 
 
 def session_for(remote: RemoteHost, default_known_hosts: str | None):
-    from gpuvfio.ssh import Session, SshTarget
+    from gpuvfio.ssh import Session
 
-    target = SshTarget(remote.address, remote.port, remote.user, remote.key, remote.known_hosts,
-                       remote.trust_on_first_use, connect_timeout=30.0)
-    return Session(target, default_known_hosts)
+    return Session(dataclasses.replace(remote.ssh, notes=[]), default_known_hosts)
 
 
 def remote_argv(remote: RemoteHost, *args: str) -> list[str]:

@@ -49,6 +49,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuvfio.errors import InputError
+from gpuvfio.ssh import SshTarget  # paramiko itself is imported only when a session connects
 
 KINDS = ("passthrough", "vgpu", "baremetal")
 _TABLE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?\s*(#.*)?$")
@@ -82,18 +83,13 @@ class Spec:
 class RemoteHost:
     """The [host] section: a hypervisor reached over SSH where gpuvfio itself runs."""
 
-    address: str
-    port: int = 22
-    user: str = "root"
-    key: str | None = None
-    known_hosts: str | None = None
-    trust_on_first_use: bool = False
+    ssh: SshTarget
     gpuvfio: list[str] = field(default_factory=lambda: ["gpuvfio"])
     root: str | None = None
     workdir: str = "/var/tmp"
 
     def label(self) -> str:
-        return f"{self.user}@{self.address}" + (f":{self.port}" if self.port != 22 else "")
+        return f"{self.ssh.user}@{self.ssh.host}" + (f":{self.ssh.port}" if self.ssh.port != 22 else "")
 
 
 class _Lines:
@@ -269,6 +265,6 @@ def _remote_host(raw, fail) -> RemoteHost | None:
     command = raw.get("gpuvfio", ["gpuvfio"])
     if (not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command)):
         fail('[host] gpuvfio must be a non-empty list of strings, e.g. ["gpuvfio"]', "host", 0, "gpuvfio")
-    return RemoteHost(address=address, port=port, user=user, key=raw.get("key"), known_hosts=raw.get("known_hosts"),
-                      trust_on_first_use=tofu, gpuvfio=list(command), root=raw.get("root"),
-                      workdir=raw.get("workdir", "/var/tmp"))
+    return RemoteHost(SshTarget(address, port, user, raw.get("key"), raw.get("known_hosts"), tofu,
+                                connect_timeout=30.0),
+                      gpuvfio=list(command), root=raw.get("root"), workdir=raw.get("workdir", "/var/tmp"))
