@@ -51,6 +51,23 @@ def _known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def _banner_ready(host: str, port: int) -> bool:
+    """Does something on host:port send an SSH banner ("SSH-...") right now? slirp accepts
+    the connection before the guest's server listens, then closes it: that is a no."""
+    try:
+        with socket.create_connection((host, port), timeout=2) as sock:
+            sock.settimeout(2)
+            data = b""
+            while len(data) < 4:
+                chunk = sock.recv(256)
+                if not chunk:
+                    return False
+                data += chunk
+            return data.startswith(b"SSH-")
+    except OSError:
+        return False
+
+
 def _fingerprint(key) -> str:
     import base64
     import hashlib
@@ -82,8 +99,19 @@ class Session:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
         target = self.target
         deadline = time.monotonic() + target.connect_timeout
-        delay, last = 0.25, None
+        delay, last = 0.1, None
         while True:
+            # A booting guest: poll for the server's banner, which is cheap, often; start the
+            # SSH handshake once it is there. (Full attempts with a long backoff used to land
+            # up to 4 s after the guest was ready.)
+            if not _banner_ready(target.host, target.port):
+                last = last or "no SSH banner yet"
+                if time.monotonic() + delay > deadline:
+                    raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
+                                   f"(last error: {last})")
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+                continue
             client = paramiko.SSHClient()
             for path in {p for p in (target.known_hosts, self.record_to) if p and os.path.isfile(p)}:
                 client.load_host_keys(path)
@@ -114,7 +142,7 @@ class Session:
                 raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
                                f"(last error: {last or 'none'})")
             time.sleep(delay)
-            delay = min(delay * 2, 4.0)
+            delay = min(delay * 1.5, 1.0)
 
     def run(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run ``argv`` (quoted) and return (exit status, stdout, stderr)."""

@@ -129,3 +129,33 @@ def test_probe_fits_a_dropbear_command_line():
 
     with open(PROBE, encoding="utf-8") as handle:
         assert len(shlex.join(probe_argv(handle.read())).encode()) < 8000
+
+
+def test_banner_poll_tells_a_listening_server_from_slirps_accept():
+    """While a guest boots, QEMU's user networking accepts and closes at once: not ready."""
+    import socket
+    import threading
+
+    from gpuvfio.ssh import _banner_ready
+
+    def serve(greeting: bytes):
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        def accept_once():
+            conn, _ = server.accept()
+            conn.sendall(greeting)
+            conn.close()
+            server.close()
+
+        threading.Thread(target=accept_once, daemon=True).start()
+        return server.getsockname()[1]
+
+    assert _banner_ready("127.0.0.1", serve(b"SSH-2.0-dropbear_2022.83\r\n")) is True
+    assert _banner_ready("127.0.0.1", serve(b"")) is False
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert _banner_ready("127.0.0.1", port) is False
