@@ -118,7 +118,7 @@ class Session:
             client.set_missing_host_key_policy(_Policy(self))
             try:
                 client.connect(target.host, port=target.port, username=target.user, key_filename=target.key,
-                               timeout=5, banner_timeout=10, auth_timeout=10, allow_agent=False,
+                               timeout=5, banner_timeout=15, auth_timeout=20, allow_agent=False,
                                look_for_keys=target.key is None)
                 # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
                 # noticed while a long command (a remote testbed run) waits.
@@ -134,7 +134,11 @@ class Session:
                                    f"{_fingerprint(exc.expected_key)}): refusing to connect") from None
             except paramiko.AuthenticationException as exc:
                 client.close()
-                raise SshError(f"authentication to {target.label()} failed: {exc}") from None
+                if "timeout" not in str(exc).lower():
+                    raise SshError(f"authentication to {target.label()} failed: {exc}") from None
+                # A server that has only just started (a guest still booting, all the more under
+                # emulation) can take longer than auth_timeout to answer: try again.
+                last = exc
             except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
                 client.close()
                 last = exc

@@ -504,43 +504,34 @@ def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
     assert _driver(root, GPU) == "nvidia"
 
 
-class _FakeSession:
-    """Stands in for gpuvfio.ssh.Session: the probe's answer, no verifier (no python3)."""
+def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_host, tmp_path):
+    """Real SSH: this machine behind dropbear (tests/lanes/hypervisor.py) plays the guest, its
+    probe pointed at the built host's tree (GPUVFIO_PROBE_ROOT), so the GPU is "in the guest";
+    then the GPU's driver goes away there and the module fails on that check."""
+    from tests.lanes import hypervisor as hv
 
-    driver = "nvidia"
-
-    def __init__(self, target, default_known_hosts=None):
-        self.target = target
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def run(self, argv, timeout=None):
-        if argv[0] == "mkdir":
-            return 0, "", ""
-        return 0, ("GPUVFIO-PROBE 1\nKERNEL 6.1.0\nPYTHON3 none\n"
-                   f"PCI 0000:07:00.0 0x10de 0x2684 0x030000 {self.driver} 16.0_GT/s_PCIe 16 16.0_GT/s_PCIe 16\n"
-                   "MODULE nvidia 1\nEND\n"), ""
-
-
-def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_host, monkeypatch):
-    from gpuvfio import ssh
-
+    if hv.skip_reason():
+        pytest.skip(hv.skip_reason())
     root, state, _kernel = built_host
-    monkeypatch.setattr(ssh, "Session", _FakeSession)
-    args = {"root": root, "state_dir": state, "ssh_host": "192.0.2.10", "expect_devices": [GPU],
-            "ssh_private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n"}
-    failed, result = run_module("gpuvfio_verify", args, check=True)
-    assert not failed and result["changed"] is False, result
-    assert result["report"]["ok"] is True
-    assert {c["id"]: c["status"] for c in result["report"]["checks"]}["pci_present"] == "pass"
-    monkeypatch.setattr(_FakeSession, "driver", "-")
-    failed, result = run_module("gpuvfio_verify", args)
-    assert failed and result["msg"].startswith("verification failed: driver")
-    assert result["report"]["ok"] is False
+    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root})
+    try:
+        with open(server.client_key) as handle:
+            private_key = handle.read()
+        args = {"root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": server.port,
+                "known_hosts": server.known_hosts, "expect_devices": [GPU], "ssh_private_key": private_key}
+        failed, result = run_module("gpuvfio_verify", args, check=True)
+        assert not failed and result["changed"] is False, result
+        assert result["report"]["ok"] is True
+        checks = {c["id"]: c for c in result["report"]["checks"]}
+        assert checks["pci_present"]["status"] == "pass" and checks["pci_present"]["observed"] == GPU
+        assert checks["driver"]["status"] == "pass"
+        assert private_key.splitlines()[1] not in json.dumps(result)
+        os.unlink(os.path.join(root, "sys", "bus", "pci", "devices", GPU, "driver"))
+        failed, result = run_module("gpuvfio_verify", args)
+        assert failed and result["msg"].startswith("verification failed: driver")
+        assert result["report"]["ok"] is False
+    finally:
+        server.stop()
     failed, result = run_module("gpuvfio_verify", {"root": root})
     assert failed and "domain" in result["msg"] and "ssh_host" in result["msg"]
 
