@@ -1,3 +1,3 @@
-from gpuvfio.main import main
+from gpuvfio.main import run
 
-main()
+run()
