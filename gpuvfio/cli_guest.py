@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, Optional
 
@@ -26,12 +25,6 @@ def _target(host, port, user, key, known_hosts, tofu):
     if host is None:
         return None
     return SshTarget(host, port or 22, user, key, known_hosts, tofu)
-
-
-def _known_hosts_default(host) -> str:
-    from gpuvfio.journal import state_dir
-
-    return os.path.join(state_dir(host), "known_hosts")
 
 
 def _print_report(report: dict) -> None:
@@ -66,13 +59,14 @@ def verify_cmd(
     from gpuvfio.commands import open_host
     from gpuvfio.errors import InputError
     from gpuvfio.inventory import read_inventory
+    from gpuvfio.journal import known_hosts_file
     from gpuvfio.ssh import Session, SshTarget
     from gpuvfio.verify import expectations, verify_guest
 
     wanted = [PciAddress.parse(a) for a in expect_device or []]
     with open_host(resolve_root(root)) as (host, _label):
         expected = expectations(read_inventory(host), wanted)
-        default_known = _known_hosts_default(host)
+        default_known = known_hosts_file(host)
     target = _target(ssh_host, ssh_port, ssh_user, ssh_key, known_hosts, trust_on_first_use)
     if target is None:
         if domain is None:
@@ -153,6 +147,7 @@ def attach_cmd(
     from gpuvfio.hostroot import HostRoot
     from gpuvfio.libvirt_domains import domain_lookup
     from gpuvfio.sizes import parse_size_kib
+    from gpuvfio.journal import known_hosts_file
     from gpuvfio.sysfs_write import SysfsWriter
 
     wanted = [PciAddress.parse(a) for a in addresses or []]
@@ -176,7 +171,7 @@ def attach_cmd(
     try:
         result = attach(host, wanted, options, conn=conn, ssh=target, bind_step=bind_step,
                         restore_step=_restore_held(host), verify=not no_verify, keep_on_failure=keep_on_failure,
-                        boot_timeout=boot_timeout, known_hosts_default=_known_hosts_default(host), progress=say)
+                        boot_timeout=boot_timeout, known_hosts_default=known_hosts_file(host), progress=say)
     except AttachFailed as exc:
         if as_json:
             emit_json(exc.result.to_json())

@@ -19,10 +19,10 @@ HereOption = Annotated[bool, typer.Option(
 
 def _local_known_hosts(root: str | None) -> str:
     """Where host keys trusted on first use are recorded: this machine's state dir."""
-    from gpuvfio.cli_guest import _known_hosts_default
     from gpuvfio.hostroot import HostRoot
+    from gpuvfio.journal import known_hosts_file
 
-    return _known_hosts_default(HostRoot(resolve_root(root) or "/"))
+    return known_hosts_file(HostRoot(resolve_root(root) or "/"))
 
 
 def _progress(line: str) -> None:
@@ -86,7 +86,8 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
     import os
 
     from gpuvfio import guests
-    from gpuvfio.cli_guest import _known_hosts_default, _restore_held
+    from gpuvfio.cli_guest import _restore_held
+    from gpuvfio.journal import known_hosts_file
     from gpuvfio.hostroot import HostRoot
     from gpuvfio.sysfs_write import SysfsWriter
     from gpuvfio.testbed.run import run_testbed
@@ -111,7 +112,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
 
     conn = guests.connect(connect or spec.connect)
     try:
-        run_testbed(host, spec, out, conn=conn, known_hosts_default=_known_hosts_default(host),
+        run_testbed(host, spec, out, conn=conn, known_hosts_default=known_hosts_file(host),
                     bind_step=bind_step, restore_step=_restore_held(host), vgpu_writer=SysfsWriter(host),
                     progress=_progress)
     finally:

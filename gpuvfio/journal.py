@@ -37,6 +37,11 @@ def state_dir(host: HostRoot) -> str:
     return os.environ.get(STATE_ENV) or host.path("var", "lib", "gpuvfio")
 
 
+def known_hosts_file(host: HostRoot) -> str:
+    """Where SSH host keys trusted on first use are recorded (guests, remote hypervisors)."""
+    return os.path.join(state_dir(host), "known_hosts")
+
+
 def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")

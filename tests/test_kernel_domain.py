@@ -29,10 +29,7 @@ META = "{https://gpuvfio.invalid/xmlns/domain/1}"
 
 @pytest.fixture(scope="module")
 def rec() -> nested.NestedResult:
-    result = nested.shared_run()
-    print(f"nested lane run: {result.guest.seconds:.1f}s\n" + result.files.get("timings", ""))
-    assert result.guest.returncode == 0, result.summary()
-    return result
+    return nested.checked_shared_run()
 
 
 def _errors_of(rec, part: str) -> str:

@@ -31,10 +31,7 @@ VENDOR, DEVICE = nested.EDU_IDS
 
 @pytest.fixture(scope="module")
 def rec() -> nested.NestedResult:
-    result = nested.shared_run()
-    print(f"nested lane run: {result.guest.seconds:.1f}s\n" + result.files.get("timings", ""))
-    assert result.guest.returncode == 0, result.summary()
-    return result
+    return nested.checked_shared_run()
 
 
 @pytest.fixture(scope="module")

@@ -210,13 +210,11 @@ plan:
   type: dict
 """
 
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, actions_for, fail_gpuvfio,
-                                                 parse_addresses, require_gpuvfio, state_dir, write_host,
-                                                 writer_for)
+                                                 known_hosts_file, parse_addresses, private_key_file,
+                                                 require_gpuvfio, state_dir, write_host, writer_for)
 
 
 def domain_options(params):
@@ -370,22 +368,12 @@ def running(module, host, conn, uri, addresses) -> dict:
                                         dry_run=True)
         result["plan"] = plan
         return result
-    key_file = None
-    try:
-        if params["ssh_private_key"]:
-            handle = tempfile.NamedTemporaryFile("w", prefix="gpuvfio-key-", delete=False)
-            os.chmod(handle.name, 0o600)
-            with handle:
-                handle.write(params["ssh_private_key"].rstrip("\n") + "\n")
-            key_file = handle.name
-        outcome = attach(host, addresses, options, conn=conn, ssh=ssh_target(module, key_file or params["ssh_key"]),
+    with private_key_file(module) as key_file:
+        outcome = attach(host, addresses, options, conn=conn, ssh=ssh_target(module, key_file),
                          bind_step=bind_step_for(module, host, uri, name),
                          restore_step=restore_step_for(module, host), verify=params["verify"],
                          keep_on_failure=params["keep_on_failure"], boot_timeout=params["boot_timeout"],
-                         known_hosts_default=os.path.join(state_dir(host), "known_hosts"))
-    finally:
-        if key_file:
-            os.unlink(key_file)
+                         known_hosts_default=known_hosts_file(host))
     result["attach"] = outcome.to_json()
     if not outcome.ok:
         failing = [c["id"] for c in (outcome.report or {}).get("checks", []) if c["status"] == "fail"]

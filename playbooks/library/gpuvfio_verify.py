@@ -84,12 +84,10 @@ report:
   type: dict
 """
 
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, fail_gpuvfio, parse_addresses,
-                                                 read_host, require_gpuvfio, state_dir)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, fail_gpuvfio, known_hosts_file,
+                                                 parse_addresses, private_key_file, read_host, require_gpuvfio)
 
 
 def find_target(module, key_file):
@@ -149,26 +147,17 @@ def main() -> None:
     from gpuvfio.verify import expectations, verify_guest
 
     params = module.params
-    key_file = None
     try:
-        if params["ssh_private_key"]:
-            handle = tempfile.NamedTemporaryFile("w", prefix="gpuvfio-key-", delete=False)
-            os.chmod(handle.name, 0o600)
-            with handle:
-                handle.write(params["ssh_private_key"].rstrip("\n") + "\n")
-            key_file = handle.name
-        target, recorded = find_target(module, key_file or params["ssh_key"])
-        wanted = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else recorded
-        with read_host(module) as host:
-            expected = expectations(read_inventory(host), wanted)
-            with Session(target, os.path.join(state_dir(host), "known_hosts")) as session:
-                report = verify_guest(session, expected, bandwidth=params["bandwidth"])
+        with private_key_file(module) as key_file:
+            target, recorded = find_target(module, key_file)
+            wanted = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else recorded
+            with read_host(module) as host:
+                expected = expectations(read_inventory(host), wanted)
+                with Session(target, known_hosts_file(host)) as session:
+                    report = verify_guest(session, expected, bandwidth=params["bandwidth"])
         report["ssh_notes"] = list(target.notes)
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
-    finally:
-        if key_file:
-            os.unlink(key_file)
     if not report["ok"]:
         failing = [f"{c['id']} ({c['reason'] or c['observed']})" for c in report["checks"] if c["status"] == "fail"]
         module.fail_json(msg="verification failed: " + "; ".join(failing), report=report)

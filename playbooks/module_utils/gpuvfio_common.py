@@ -84,6 +84,32 @@ def state_dir(host) -> str:
     return gpuvfio_state_dir(host)
 
 
+def known_hosts_file(host) -> str:
+    from gpuvfio.journal import known_hosts_file as gpuvfio_known_hosts_file
+
+    return gpuvfio_known_hosts_file(host)
+
+
+@contextlib.contextmanager
+def private_key_file(module):
+    """ssh_private_key (no_log) as a mode-0600 temporary file for the task, else ssh_key;
+    the file is removed afterwards."""
+    import tempfile
+
+    content = module.params.get("ssh_private_key")
+    if not content:
+        yield module.params.get("ssh_key")
+        return
+    handle = tempfile.NamedTemporaryFile("w", prefix="gpuvfio-key-", delete=False)
+    try:
+        os.chmod(handle.name, 0o600)
+        with handle:
+            handle.write(content.rstrip("\n") + "\n")
+        yield handle.name
+    finally:
+        os.unlink(handle.name)
+
+
 def parse_addresses(values) -> list:
     from gpuvfio.address import PciAddress
 

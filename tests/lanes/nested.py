@@ -176,3 +176,11 @@ def shared_run(parts: tuple[str, ...] = TEST_PARTS) -> NestedResult:
     if isinstance(value, BaseException):
         raise value
     return value
+
+
+def checked_shared_run() -> NestedResult:
+    """The shared run for a test module's fixture: its timings shown, a failed guest an error."""
+    result = shared_run()
+    print(f"nested lane run: {result.guest.seconds:.1f}s\n" + result.files.get("timings", ""))
+    assert result.guest.returncode == 0, result.summary()
+    return result
