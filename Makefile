@@ -51,6 +51,7 @@ test-fast: deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -m "not kernel and not daemon" $(PYTEST_ARGS)
 
 bench: deps
+	$(PY) benchmarks/bench_startup.py
 	$(PY) benchmarks/bench_inventory.py
 	$(PY) benchmarks/bench_domain_xml.py
 	$(PY) benchmarks/bench_fleet.py

@@ -21,6 +21,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+# The console script users run (the venv's, installed from this checkout).
+GPUVFIO = os.path.join(os.path.dirname(sys.executable), "gpuvfio")
 
 
 def main() -> int:
@@ -29,12 +31,9 @@ def main() -> int:
     args = parser.parse_args()
     import libvirt
 
-    from gpuvfio.commands import open_host
-    from gpuvfio.domainspec import DomainOptions, build_spec
-    from gpuvfio.domainxml import domain_xml
-    from gpuvfio.inventory import read_inventory
-    from gpuvfio.numa import read_numa
-    from gpuvfio.ssh import Session, SshTarget
+    from gpuvfio.guest.ssh import Session, SshTarget
+    from gpuvfio.ops.context import live_context
+    from gpuvfio.ops.domains import domain_request, provision_xml
     from tests.lanes import guest as gl
     from tests.lanes.daemon import LibvirtDaemon
 
@@ -49,7 +48,7 @@ def main() -> int:
             with open(known, "w") as handle:
                 handle.write(f"[127.0.0.1]:{port} {image.host_key_line}\n")
             name = "gpuvfio-bench"
-            cmd = [sys.executable, "-m", "gpuvfio", "attach", "--name", name, "--virt-type", "qemu", "--firmware",
+            cmd = [GPUVFIO, "attach", "--name", name, "--virt-type", "qemu", "--firmware",
                    "bios", "--numa", "none", "--hugepages", "none", "--vcpus", "1", "--memory", "256M",
                    "--kernel", image.kernel, "--initrd", image.initrd, "--cmdline", gl.KERNEL_CMDLINE,
                    "--user-net-ssh-port", str(port), "--ssh-key", image.client_key, "--known-hosts", known,
@@ -59,20 +58,18 @@ def main() -> int:
             ours.append(time.perf_counter() - start)
             if proc.returncode:
                 raise SystemExit(f"gpuvfio attach failed: {proc.stderr.strip()[-300:]}")
-            subprocess.run([sys.executable, "-m", "gpuvfio", "detach", name, "--connect", daemon.uri, "--timeout",
+            subprocess.run([GPUVFIO, "detach", name, "--connect", daemon.uri, "--timeout",
                             "0"], capture_output=True, env=env, check=True)
             # By hand: the same XML, virsh create, SSH until uname answers.
             port = gl.free_port()
             with open(known, "w") as handle:
                 handle.write(f"[127.0.0.1]:{port} {image.host_key_line}\n")
-            with open_host("/") as (host, _):
-                spec = build_spec(host, read_inventory(host), read_numa(host), [], DomainOptions(
-                    name="gpuvfio-byhand", vcpus=1, memory_kib=256 * 1024, hugepages="none", numa="none",
-                    firmware="bios", virt_type="qemu", kernel=image.kernel, initrd=image.initrd,
-                    cmdline=gl.KERNEL_CMDLINE, ssh_forward_port=port))
+            request = domain_request("gpuvfio-byhand", vcpus=1, memory="256M", hugepages="none", numa="none",
+                                     firmware="bios", virt_type="qemu", kernel=image.kernel, initrd=image.initrd,
+                                     cmdline=gl.KERNEL_CMDLINE, ssh_forward_port=port)
             xml_path = os.path.join(tmp, "byhand.xml")
             with open(xml_path, "w") as handle:
-                handle.write(domain_xml(spec))
+                handle.write(provision_xml(live_context("/"), [], request).xml)
             start = time.perf_counter()
             subprocess.run(["virsh", "-c", daemon.uri, "create", xml_path], check=True, capture_output=True)
             session = Session(SshTarget("127.0.0.1", port, "root", image.client_key, known)).connect()

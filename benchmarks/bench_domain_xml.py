@@ -60,12 +60,13 @@ def main() -> int:
     import libvirt
 
     from gpuvfio.address import PciAddress
-    from gpuvfio.domainspec import DomainOptions, build_spec
-    from gpuvfio.domainxml import domain_xml
-    from gpuvfio.fixture import load_fixture
-    from gpuvfio.hostroot import HostRoot
-    from gpuvfio.inventory import read_inventory
-    from gpuvfio.numa import read_numa
+    from gpuvfio.domain.render import domain_xml
+    from gpuvfio.domain.request import domain_request
+    from gpuvfio.domain.spec import build_spec
+    from gpuvfio.host.fixture import load_fixture
+    from gpuvfio.host.root import HostRoot
+    from gpuvfio.host.inventory import read_inventory
+    from gpuvfio.host.numa import read_numa
     from tests.lanes.daemon import LibvirtDaemon
     from tests.make_samples import sample_path
 
@@ -76,7 +77,7 @@ def main() -> int:
             load_fixture(handle.read(), root)
         host = HostRoot(root)
         inventory, nodes = read_inventory(host), read_numa(host)
-        options = DomainOptions(name="dgx", vcpus=64, memory_kib=512 * 1024 * 1024)
+        options = domain_request("dgx", vcpus=64, memory="512G")
         spec = build_spec(host, inventory, nodes, [PciAddress.parse(g) for g in GPUS], options)
         domain_xml(spec)  # warm: templates and the RelaxNG schema compiled once per process
         samples = []
@@ -91,7 +92,8 @@ def main() -> int:
         conn.close()
         nodedevs = (local * 8)[:8]
         env = {**os.environ, "PYTHONPATH": REPO}
-        ours_cmd = [sys.executable, "-m", "gpuvfio", "--root", root, "xml", *GPUS, "--name", "dgx", "--vcpus", "64",
+        ours_cmd = [os.path.join(os.path.dirname(sys.executable), "gpuvfio"), "--root", root, "xml", *GPUS,
+                    "--name", "dgx", "--vcpus", "64",
                     "--memory", "512G"]
         theirs_cmd = virt_install_args(daemon.uri, nodedevs, pins)
         timed(theirs_cmd)  # warm libvirt's capability cache

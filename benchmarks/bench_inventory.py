@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Inventory and start-up timings, side by side with their anchors, as ratios in one run.
 
-1. Whole-process ``gpuvfio list --all --json`` vs ``lspci -vmm -D -k`` on the same
-   generated host of ~600 PCI functions (2-socket server: 8 GPUs behind switches,
-   4 NVSwitches, 4 dual-port NICs with SR-IOV VFs enabled). Goal: ratio <= 1.0.
+1. Whole-process ``gpuvfio list --all --json`` (the console script) vs ``lspci -vmm -D -k``
+   on the same generated host of ~600 PCI functions (2-socket server: 8 GPUs behind
+   switches, 4 NVSwitches, 4 dual-port NICs with SR-IOV VFs enabled). Goal: ratio <= 1.0.
 2. ``gpuvfio --help`` vs ``python3 -c pass``. Goal: ratio < 3.
+(benchmarks/bench_startup.py compares start-up with virt-install and lspci on this host.)
 
 Median of repeated runs; runs alternate between the two commands so drift hits both.
 Usage: benchmarks/bench_inventory.py [--runs N] [--json]
@@ -94,7 +95,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": REPO}
-    gpuvfio = [sys.executable, "-m", "gpuvfio"]
+    gpuvfio = [os.path.join(os.path.dirname(sys.executable), "gpuvfio")]
     with tempfile.TemporaryDirectory(prefix="gpuvfio-bench-") as root:
         count = build_large_host(root)
         inv_ours, inv_lspci = compare(

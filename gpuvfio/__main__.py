@@ -1,3 +1,3 @@
-from gpuvfio.main import run
+from gpuvfio.cli import run
 
 run()

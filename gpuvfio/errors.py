@@ -1,14 +1,26 @@
-"""Typed errors. The CLI edge turns each into one line and an exit status.
+"""Typed errors. The CLI edge (and the Ansible modules) turn each into one line and an exit status.
 
-Exit status 2 is bad input (the user can fix the invocation or the root);
-exit status 1 is a refusal or a failed check on a valid request.
+Exit status 2 is bad input: the user can fix the invocation, the spec or the root.
+Exit status 1 is a refusal (the request is well formed, but the host's state forbids it:
+a group that is not viable, a GPU in use, too few hugepages) or a failed step or check.
 """
 
 
 class GpuvfioError(Exception):
-    """Base of every error gpuvfio raises on purpose."""
+    """Base of every error gpuvfio raises on purpose; exit status 1."""
 
     exit_code = 1
+
+
+class Refused(GpuvfioError):
+    """A well-formed request the host's state does not allow; nothing was changed.
+
+    ``report`` carries the plan or checks behind the refusal, for --json and check mode.
+    """
+
+    def __init__(self, message: str, report: dict | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 class InputError(GpuvfioError):

@@ -49,7 +49,7 @@ def make_fleet(out: str, hosts: int, python: str | None = None, extra_vars: dict
     """Load ``hosts`` simulated hosts under ``out``/roots and write ``out``/hosts.yml.
 
     Returns {host name: {"sample": name, "root": dir, "state_dir": dir}}."""
-    from gpuvfio.fixture import load_fixture
+    from gpuvfio.host.fixture import load_fixture
 
     python = python or sys.executable
     texts = {}

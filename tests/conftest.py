@@ -23,14 +23,10 @@ class CliResult:
 @pytest.fixture
 def cli(capsys):
     """Run the CLI in-process (fast) and return exit code, stdout and stderr."""
-    from gpuvfio.main import main
+    from gpuvfio.cli import main
 
     def run(*args: str) -> CliResult:
-        code = 0
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = main(list(args))
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
 

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
-from gpuvfio.model import format_cpulist, parse_cpulist
+from gpuvfio.host.model import format_cpulist, parse_cpulist
 
 IO, MEM, PREFETCH, MEM64 = 0x100, 0x200, 0x2000, 0x100000
 BAR64_PREF = MEM | PREFETCH | MEM64
@@ -21,6 +21,10 @@ BAR32 = MEM
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
          5: "32.0 GT/s PCIe", 6: "64.0 GT/s PCIe"}
+
+
+# PCI driver name -> the module that provides it, where they differ (None: built into the kernel).
+DRIVER_MODULES = {"pcieport": None, "xhci_hcd": "xhci_pci", "nvidia-gpu": "i2c_nvidia_gpu", "shpchp": None}
 
 
 @dataclass
@@ -277,12 +281,18 @@ class HostBuilder:
         return fn
 
     def driver(self, name: str) -> str:
-        """A loaded PCI driver: its directory with the bind/unbind/new_id attributes."""
+        """A loaded PCI driver: its directory with the bind/unbind/new_id attributes, and the
+        ``module`` link to the module that provides it (drivers/base/module.c; none when built in)."""
         ddir = self.sys_path("bus", "pci", "drivers", name)
         os.makedirs(ddir, exist_ok=True)
         for attr in ("bind", "unbind", "new_id", "remove_id"):
             if not os.path.exists(os.path.join(ddir, attr)):
                 _write(os.path.join(ddir, attr), "")
+        module = DRIVER_MODULES.get(name, name.replace("-", "_"))
+        if module is not None and not os.path.lexists(os.path.join(ddir, "module")):
+            mdir = self.sys_path("module", module)
+            os.makedirs(mdir, exist_ok=True)
+            os.symlink(os.path.relpath(mdir, ddir), os.path.join(ddir, "module"))
         return ddir
 
     def bind(self, addr: PciAddress, driver: str, path: str | None = None) -> None:

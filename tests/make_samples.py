@@ -27,8 +27,8 @@ for _path in (REPO, HERE):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from gpuvfio.fixture import dump_host  # noqa: E402
-from gpuvfio.hostroot import HostRoot  # noqa: E402
+from gpuvfio.host.fixture import dump_host  # noqa: E402
+from gpuvfio.host.root import HostRoot  # noqa: E402
 
 try:
     from tests.sample_hosts import SAMPLES  # noqa: E402

@@ -56,7 +56,8 @@ def test_attach_without_devices_verify_and_detach(cli, daemon, image, state):
     result = cli(*args(daemon, image, "plain", port, "--known-hosts", known_hosts(state, image, port), "--json"))
     assert result.code == 0, result.err
     report = result.json()
-    assert report["ok"] and [s["step"] for s in report["steps"]] == ["define", "start", "wait for ssh", "verify"]
+    assert report["ok"] and [s["step"] for s in report["steps"]] == ["define", "start", "find address",
+                                                                    "wait for ssh", "verify"]
     checks = {c["id"]: c for c in report["verify"]["checks"]}
     assert checks["pci_present"]["status"] == "skip" and "no devices assigned" in checks["pci_present"]["reason"]
     assert checks["cuda"]["status"] == "skip"
@@ -118,7 +119,7 @@ def test_name_owned_by_someone_else(cli, daemon, image, state):
     dom = conn.defineXML(xml)
     try:
         result = cli(*args(daemon, image, "foreign", gl.free_port()))
-        assert result.code == 2 and "not created by gpuvfio" in result.err
+        assert result.code == 1 and "not created by gpuvfio" in result.err
         assert dom.isPersistent()  # untouched
     finally:
         dom.undefine()

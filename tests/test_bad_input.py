@@ -5,8 +5,8 @@ import os
 import pytest
 
 from gpuvfio.errors import UnsafePathError
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.inventory import read_inventory
+from gpuvfio.host.root import HostRoot
+from gpuvfio.host.inventory import read_inventory
 from tests.conftest import run_gpuvfio
 
 

@@ -7,10 +7,10 @@ import subprocess
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bindcmd import persist
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.hostroot import HostRoot
+from gpuvfio.ops.binding import persist
 from tests.conftest import gpu_workstation
+from tests.contexts import sim_context
 
 
 @pytest.fixture
@@ -36,6 +36,21 @@ def test_refusal_exit_1_names_the_foreign_device(cli, ws):
     assert "0000:03:00.0 [8086:15f3] Ethernet controller (igc)" in result.err
     assert len(result.err.strip().splitlines()) == 1
     assert result.json()["result"] == "refused"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_dry_run_of_a_refused_bind_exits_1_and_shows_the_refusal(cli, ws, as_json):
+    """A plan exits as the real run would: on main a dry run printed "refuse" and exited 0."""
+    result = cli("--root", ws.root, "bind", "0000:04:00.0", "--dry-run", *(["--json"] if as_json else []))
+    assert result.code == 1, result.out
+    assert "gpuvfio: error: refused:" in result.err and "(igc)" in result.err
+    if as_json:
+        assert result.json()["result"] == "refused" and result.json()["refused"]
+    else:
+        assert "refuse" in result.out and "group_viable" in result.out and "--force" in result.out
+    assert not os.path.exists(os.path.join(ws.root, "var", "lib", "gpuvfio"))
+    forced = cli("--root", ws.root, "bind", "0000:04:00.0", "--dry-run", "--force", "--json")
+    assert forced.code == 0 and forced.json()["result"] == "dry_run"
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -120,7 +135,7 @@ def test_persist_failure_leaves_no_partial_files(ws):
         os.replace(src, dst)
 
     with pytest.raises(GpuvfioError, match="No space left on device"):
-        persist(HostRoot(ws.root), [PciAddress.parse("0000:01:00.0")], commit=failing_rename)
+        persist(sim_context(ws.root), [PciAddress.parse("0000:01:00.0")], rename=failing_rename)
     leftovers = []
     for directory, _dirs, files in os.walk(os.path.join(ws.root, "etc")):
         leftovers += [os.path.join(directory, f) for f in files]
@@ -139,7 +154,7 @@ def test_persist_failure_restores_previous_content(ws):
         os.replace(src, dst)
 
     with pytest.raises(GpuvfioError):
-        persist(HostRoot(ws.root), [PciAddress.parse("0000:01:00.0")], commit=failing_rename)
+        persist(sim_context(ws.root), [PciAddress.parse("0000:01:00.0")], rename=failing_rename)
     with open(os.path.join(path, "gpuvfio-vfio.conf")) as handle:
         assert handle.read() == "old\n"
     assert not os.path.exists(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
@@ -156,10 +171,42 @@ def test_bind_help_lists_options(cli):
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
 def test_persist_unit_passes_systemd_analyze(ws, tmp_path):
     """The unit is checked by systemd's own parser; its shell script by sh -n."""
-    from gpuvfio.persist import UNIT_SCRIPT, _unit
+    from gpuvfio.bind.persist import UNIT_SCRIPT, unit_file
 
     unit = tmp_path / "gpuvfio-vfio-pci.service"
-    unit.write_text(_unit([PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:01:00.1")]))
+    unit.write_text(unit_file([PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:01:00.1")]))
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert subprocess.run(["sh", "-n", "-c", UNIT_SCRIPT]).returncode == 0
+
+
+def test_persist_softdep_names_modules_not_drivers(cli, tmp_path):
+    """modprobe.d's softdep takes module names: the USB-C functions of a GPU are driven by
+    xhci_hcd (module xhci_pci) and nvidia-gpu (module i2c_nvidia_gpu)."""
+    from tests.hostbuilder import HostBuilder
+
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("intel", 1)
+    rb = b.root_bus()
+    group = b.new_group()
+    port = b.bridge(rb, "0000:00:01.0", "8086", "1901", secondary_bus=1, group=group)
+    for fn, device, klass, driver in (("0", "1e87", "030000", "nvidia"), ("1", "10f8", "040300", "snd_hda_intel"),
+                                      ("2", "1ad8", "0c0330", "xhci_hcd"), ("3", "1ad9", "0c8000", "nvidia-gpu")):
+        b.function(port, f"0000:01:00.{fn}", "10de", device, klass, driver=driver, group=group,
+                   multifunction=fn == "0")
+    result = cli("--root", b.root, "persist", "0000:01:00.0", "--json")
+    assert result.code == 0, result.err
+    with open(os.path.join(b.root, "etc", "modprobe.d", "gpuvfio-vfio.conf")) as handle:
+        softdeps = [line for line in handle.read().splitlines() if line.startswith("softdep")]
+    assert softdeps == ["softdep i2c_nvidia_gpu pre: vfio-pci", "softdep nvidia pre: vfio-pci",
+                        "softdep snd_hda_intel pre: vfio-pci", "softdep xhci_pci pre: vfio-pci"]
+
+
+def test_persist_refuses_a_group_with_a_foreign_device(cli, ws):
+    """persist follows bind's group policy: the chipset NIC in the RTX 3060's group is not taken at
+    the next boot (a lock-out on a remote host) unless forced."""
+    result = cli("--root", ws.root, "persist", "0000:04:00.0")
+    assert result.code == 1 and "(igc)" in result.err and "--force" in result.err
+    assert not os.path.exists(os.path.join(ws.root, "etc", "udev"))
+    forced = cli("--root", ws.root, "persist", "0000:04:00.0", "--force", "--json")
+    assert forced.code == 0 and "0000:03:00.0" in forced.json()["devices"]

@@ -9,12 +9,13 @@ import time
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bindapply import Actions, BindError, current_driver
-from gpuvfio.bindcmd import Refused, bind, restore, status, unbind
-from gpuvfio.errors import GpuvfioError
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.journal import CorruptJournal, Journal, LockTimeout, RunLock, state_dir
-from gpuvfio.sysfs_write import SysfsWriter
+from gpuvfio.bind.apply import BindError, current_driver
+from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, state_dir
+from gpuvfio.bind.sysfs_write import kernel_write
+from gpuvfio.errors import GpuvfioError, Refused
+from gpuvfio.host.root import HostRoot
+from gpuvfio.ops.binding import BindPolicy, bind, release, restore, status, unbind
+from tests.contexts import Services, sim_context, libvirt_test_uri
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
 from tests.simkernel import SimKernel
 
@@ -43,21 +44,25 @@ class Host:
         self.root = b.root
         self.host = HostRoot(b.root)
         self.kernel = SimKernel(b.root)
-        self.services = []
-        self.actions = Actions(modprobe=self.kernel.modprobe,
-                               stop_service=lambda unit: self.services.append(("stop", unit)),
-                               start_service=lambda unit: self.services.append(("start", unit)))
+        self.recorded = Services()
 
-    def writer(self, timeout=5.0):
-        return SysfsWriter(self.host, timeout=timeout, backend=self.kernel)
+    @property
+    def services(self):
+        return self.recorded.calls
 
-    def bind(self, *addresses, **kw):
-        kw.setdefault("writer", self.writer())
-        return bind(HostRoot(self.root), [A(a) for a in addresses], actions=self.actions, **kw)
+    def context(self, **kw):
+        return sim_context(self.root, self.kernel, services=self.recorded, **kw)
 
-    def restore(self, *addresses, **kw):
-        return restore(HostRoot(self.root), [A(a) for a in addresses], writer=self.writer(),
-                       actions=self.actions, **kw)
+    def bind(self, *addresses, dry_run=False, uri=None, write_timeout=5.0, lock_timeout=30.0, backend=None,
+             **policy):
+        with self.context(write_timeout=write_timeout, lock_timeout=lock_timeout) as ctx:
+            if backend is not None:
+                ctx.backend = backend
+            return bind(ctx, [A(a) for a in addresses], BindPolicy(**policy), uri=uri, dry_run=dry_run)
+
+    def restore(self, *addresses):
+        with self.context() as ctx:
+            return restore(ctx, [A(a) for a in addresses])
 
     def drivers(self):
         return {a: self.kernel.driver_of(a) for a in (GPU, AUDIO, PORT, NIC)}
@@ -100,7 +105,7 @@ def test_restore_returns_exactly(h):
     assert h.restore()["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.snapshot() == before
     assert Journal.load(state_dir(h.host)).devices == {}
-    assert status(h.host)["devices"] == []
+    assert status(h.context())["devices"] == []
 
 
 def test_already_bound_is_a_noop(h):
@@ -119,6 +124,19 @@ def test_dry_run_changes_nothing(h):
     assert not os.path.exists(state_dir(h.host))
 
 
+def test_dry_run_refuses_exactly_when_the_real_run_would(h):
+    """A plan that shows a refusal is a refusal: the dry run raises it, with the plan attached."""
+    h.builder.holder(900, "nvidia-persiste", ["/dev/nvidiactl"])
+    with pytest.raises(Refused) as dry:
+        h.bind(GPU, dry_run=True)
+    with pytest.raises(Refused) as real:
+        h.bind(GPU)
+    assert str(dry.value) == str(real.value) and "nvidia-persistenced is running" in str(dry.value)
+    assert dry.value.report["result"] == "refused" and dry.value.report["refused"]
+    assert h.kernel.writes() == []
+    assert h.bind(GPU, dry_run=True, stop_services=True)["result"] == "dry_run"
+
+
 @pytest.mark.parametrize("err", [errno.EBUSY, errno.ENODEV])
 def test_unbind_fails_rolls_back(h, err):
     before = h.snapshot()
@@ -134,16 +152,23 @@ def test_unbind_fails_rolls_back(h, err):
 
 
 def test_unbind_never_returns(h):
-    before = h.snapshot()
+    """A hung unbind holds the device in the kernel: the rollback leaves that device alone (a write
+    to its driver_override would block on the same device lock) and puts the others back."""
     h.kernel.inject("unbind", GPU, hang=True)
     started = time.monotonic()
     with pytest.raises(BindError) as info:
-        h.bind(GPU, writer=h.writer(timeout=0.5))
+        h.bind(GPU, write_timeout=0.5)
     assert time.monotonic() - started < 10
-    assert "did not return within 0.5s" in str(info.value)
-    assert h.snapshot() == before  # the simulated write never happened; rollback cleared the overrides
-    steps = Journal.load(state_dir(h.host)).data
-    assert steps["devices"] == {}
+    message = str(info.value)
+    assert "did not return within 0.5s" in message
+    assert f"{GPU} left as it is" in message and f"{AUDIO} on snd_hda_intel" in message
+    writes = [path for path, _value in h.kernel.writes()]
+    hung = writes.index(f"sys/bus/pci/drivers/nvidia/unbind")
+    assert not any(GPU in path for path in writes[hung + 1:])  # nothing more for the stuck device
+    assert h.drivers()[AUDIO] == "snd_hda_intel"
+    assert set(Journal.load(state_dir(h.host)).devices) == {GPU}  # kept for gpuvfio restore
+    assert h.restore()["restored"] == {GPU: "nvidia"}  # once the kernel let go
+    assert h.drivers() == ORIGINAL
 
 
 def test_vfio_bind_fails_after_unbind_restores_and_restarts_services(h):
@@ -240,25 +265,42 @@ def test_iommu_off_refused(tmp_path):
     b.iommu(None)
     rb = b.root_bus()
     b.function(rb, GPU, "10de", "1db4", "030200", driver="nvidia")
-    kernel = SimKernel(b.root)
     with pytest.raises(Refused) as info:
-        bind(HostRoot(b.root), [A(GPU)], writer=SysfsWriter(HostRoot(b.root), backend=kernel),
-             actions=Actions(kernel.modprobe, print, print), force=True)
+        bind(sim_context(b.root), [A(GPU)], BindPolicy(force=True))
     assert "IOMMU is off" in str(info.value)
 
 
-def test_libvirt_domain_refuses(h):
-    report_calls = []
+HOSTDEV_DOMAIN = """<domain type='test'><name>{name}</name><memory>1048576</memory><os><type>hvm</type></os>
+<devices><hostdev mode='subsystem' type='pci' managed='no'><source>
+<address domain='0x0000' bus='0x01' slot='0x00' function='0x1'/></source></hostdev></devices></domain>"""
 
-    def used(addresses):
-        report_calls.append(addresses)
-        return {a: (["win11"] if str(a) == AUDIO else []) for a in addresses}
 
+def test_libvirt_domain_refuses(h, tmp_path):
+    """libvirt's test driver knows a domain with the audio function: the group cannot move."""
+    uri = libvirt_test_uri(str(tmp_path))
+    with h.context() as ctx:
+        ctx.libvirt(uri).defineXML(HOSTDEV_DOMAIN.format(name="win11"))
+        with pytest.raises(Refused) as info:
+            bind(ctx, [A(GPU)], BindPolicy(), uri=uri)
+    assert "libvirt domain(s) win11" in str(info.value) and h.kernel.writes() == []
+
+
+def test_libvirt_that_does_not_answer_refuses(h):
+    """Fail closed: a libvirt that was asked and did not answer is a refusal, not a skipped check;
+    --connect none binds without asking, and says so."""
     with pytest.raises(Refused) as info:
-        h.bind(GPU, domains_using=used)
-    assert "libvirt domain(s) win11" in str(info.value)
-    report = h.bind(GPU, domains_using=lambda addresses: None)
-    assert any(c["id"] == "libvirt" and c["status"] == "skip" for c in report["checks"])
+        h.bind(GPU, uri="qemu+unix:///system?socket=/nonexistent/libvirt-sock")
+    assert "cannot ask libvirt" in str(info.value) and "--connect none" in str(info.value)
+    report = h.bind(GPU, uri="none")
+    assert report["result"] == "applied"
+    assert any(c["id"] == "libvirt" and c["status"] == "skip" and "--connect none" in c["message"]
+               for c in report["checks"])
+
+
+def test_recorded_root_does_not_ask_this_machines_libvirt(h):
+    report = h.bind(GPU, dry_run=True)
+    (check,) = [c for c in report["checks"] if c["id"] == "libvirt"]
+    assert check["status"] == "skip" and "not this machine" in check["message"]
 
 
 @pytest.mark.parametrize("stop_after", range(1, 8))
@@ -287,7 +329,7 @@ def test_crash_between_steps_then_restore(h, stop_after):
     assert h.snapshot() != before or stop_after == 1  # the crash left the host half-way
     h.restore()
     assert h.snapshot() == before
-    assert status(h.host)["devices"] == []
+    assert status(h.context())["devices"] == []
 
 
 def _bind_in_child(h):
@@ -311,7 +353,7 @@ def test_corrupt_journal_refused_and_kept(h):
     path = os.path.join(directory, "journal.json")
     with open(path, "w") as f:
         f.write("{not json")
-    for action in (lambda: h.bind(GPU), lambda: h.restore(), lambda: status(h.host),
+    for action in (lambda: h.bind(GPU), lambda: h.restore(), lambda: status(h.context()),
                    lambda: h.bind(GPU, dry_run=True)):
         with pytest.raises(CorruptJournal):
             action()
@@ -326,7 +368,7 @@ def test_corrupt_journal_refused_and_kept(h):
 
 def test_unbind_gives_back_without_journal(h):
     h.bind(GPU)
-    result = unbind(h.host, [A(GPU), A(AUDIO)], writer=h.writer())
+    result = unbind(h.context(), [A(GPU), A(AUDIO)])
     assert result["drivers"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.drivers() == ORIGINAL
 
@@ -340,7 +382,7 @@ def test_bind_on_non_live_tree_rolls_back(h):
     """The real kernel backend against a plain directory tree: nothing binds, all is undone."""
     before = h.snapshot()
     with pytest.raises(BindError) as info:
-        h.bind(GPU, writer=SysfsWriter(h.host, timeout=5))  # real write(2), no kernel behind it
+        h.bind(GPU, backend=kernel_write)  # real write(2), no kernel behind it
     assert "still bound to nvidia after unbind" in str(info.value) and "live sysfs" in str(info.value)
     assert {a: d for a, (d, _o) in h.snapshot().items()} == {a: d for a, (d, _o) in before.items()}
 
@@ -356,15 +398,75 @@ def test_device_behind_a_switch(tmp_path):
     down = b.bridge(up, "0000:11:00.0", "1000", "c030", secondary_bus=0x12)
     b.function(down, "0000:12:00.0", "10de", "2330", "030200", driver="nvidia")
     kernel = SimKernel(b.root)
-    host = HostRoot(b.root)
-    actions = Actions(kernel.modprobe, print, print)
-    writer = SysfsWriter(host, backend=kernel)
-    assert bind(host, [A("0000:12:00.0")], writer=writer, actions=actions)["result"] == "applied"
+    ctx = sim_context(b.root, kernel)
+    assert bind(ctx, [A("0000:12:00.0")], BindPolicy())["result"] == "applied"
     assert kernel.driver_of("0000:12:00.0") == "vfio-pci"
-    assert current_driver(host, "0000:12:00.0") == "vfio-pci"
+    assert current_driver(ctx.host, "0000:12:00.0") == "vfio-pci"
     # already bound: nothing to do, even when a libvirt domain uses it (that is the point)
-    again = bind(host, [A("0000:12:00.0")], writer=writer, actions=actions,
-                 domains_using=lambda addresses: {a: ["guest"] for a in addresses})
+    uri = libvirt_test_uri(str(tmp_path))
+    ctx.libvirt(uri).defineXML(HOSTDEV_DOMAIN.format(name="guest").replace("bus='0x01'", "bus='0x12'")
+                               .replace("function='0x1'", "function='0x0'"))
+    again = bind(ctx, [A("0000:12:00.0")], BindPolicy(), uri=uri)
     assert again["result"] == "nothing_to_do"
-    restore(host, [], writer=writer, actions=actions)
+    restore(ctx, [])
     assert kernel.driver_of("0000:12:00.0") == "nvidia"
+
+
+def test_release_gives_back_the_whole_group_gpuvfio_holds(h):
+    """detach, attach's rollback and the testbed give back by IOMMU group, as bind took them:
+    naming the GPU gives its audio function back too."""
+    h.bind(GPU)
+    with h.context() as ctx:
+        report = release(ctx, [A(GPU)])
+    assert report["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    assert h.drivers() == ORIGINAL
+    with h.context() as ctx:
+        assert release(ctx, [A(GPU)])["restored"] == {}  # nothing held: nothing to do
+
+
+def test_release_leaves_devices_gpuvfio_does_not_hold(h):
+    """A device already on vfio-pci before gpuvfio stays there."""
+    with h.context() as ctx:
+        unbind(ctx, [A(NIC)])
+    h.kernel.modprobe("vfio-pci")
+    h.bind(GPU)
+    with h.context() as ctx:
+        assert release(ctx, [A(NIC)])["restored"] == {}
+
+
+def _fabric_mode(h, mode: int) -> None:
+    path = os.path.join(h.root, "usr", "share", "nvidia", "nvswitch")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "fabricmanager.cfg"), "w") as f:
+        f.write(f"# Fabric Manager\nLOG_LEVEL=4\nFABRIC_MODE={mode}\n")
+
+
+def test_fabric_manager_in_shared_nvswitch_mode_keeps_running(h):
+    """HGX shared-NVSwitch mode (FABRIC_MODE=1): the Fabric Manager manages the guests' NVSwitch
+    partitions and must keep running; it is neither a refusal nor stopped by --stop-services."""
+    h.builder.holder(700, "nv-fabricmanage", ["/dev/nvidia-nvswitchctl", "/dev/nvidia-nvswitch0",
+                                              "/dev/nvidiactl"])
+    h.builder.holder(900, "nvidia-persiste", ["/dev/nvidiactl"])
+    with pytest.raises(Refused) as info:  # full-passthrough mode (no config: FABRIC_MODE 0)
+        h.bind(GPU, dry_run=True)
+    assert "nvidia-fabricmanager is running" in str(info.value)
+    _fabric_mode(h, 1)
+    with pytest.raises(Refused) as info:
+        h.bind(GPU, dry_run=True)
+    assert "nvidia-fabricmanager" not in str(info.value) and "nvidia-persistenced is running" in str(info.value)
+    report = h.bind(GPU, stop_services=True)
+    assert report["result"] == "applied"
+    assert h.services == [("stop", "nvidia-persistenced")]  # the Fabric Manager kept running
+    (kept,) = [c for c in report["checks"] if c["id"] == "services" and "shared-NVSwitch" in c["message"]]
+    assert kept["status"] == "ok"
+
+
+def test_fabric_manager_holding_the_gpu_itself_still_refuses(h):
+    _fabric_mode(h, 1)
+    os.makedirs(os.path.join(h.root, "proc", "driver", "nvidia", "gpus", GPU))
+    with open(os.path.join(h.root, "proc", "driver", "nvidia", "gpus", GPU, "information"), "w") as f:
+        f.write("Device Minor: 0\n")
+    h.builder.holder(700, "nv-fabricmanage", ["/dev/nvidia0", "/dev/nvidiactl"])
+    with pytest.raises(Refused) as info:
+        h.bind(GPU, stop_services=True)
+    assert "nv-fabricmanage (pid 700) holds /dev/nvidia0" in str(info.value)

@@ -1,6 +1,6 @@
 import os
 
-from gpuvfio.fixture import load_fixture
+from gpuvfio.host.fixture import load_fixture
 from tests.conftest import HostBuilder
 
 

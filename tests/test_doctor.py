@@ -1,7 +1,7 @@
 from gpuvfio.address import PciAddress
-from gpuvfio.commands import doctor_report
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.kernel import nvidia_holders
+from gpuvfio.ops.inventory import doctor_report
+from gpuvfio.host.root import HostRoot
+from gpuvfio.host.nvidia import nvidia_holders
 from tests.conftest import gpu_workstation
 
 

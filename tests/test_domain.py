@@ -8,7 +8,7 @@ import re
 import pytest
 from lxml import etree
 
-from gpuvfio.domainxml import validate
+from gpuvfio.domain.render import validate
 from tests.make_samples import sample_path
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "domain")
@@ -50,19 +50,16 @@ def pretty(xml: str) -> list[str]:
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """Every case rendered once, through the real CLI entry point."""
-    from gpuvfio.main import main
-
     import contextlib
     import io
+
+    from gpuvfio.cli import main
 
     out = {}
     for case, (sample, args) in CASES.items():
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(io.StringIO()):
-            try:
-                main(["--root", sample_path(sample), "xml", *args])
-            except SystemExit as exc:
-                assert not exc.code, (case, exc.code)
+            assert main(["--root", sample_path(sample), "xml", *args]) == 0, case
         out[case] = buffer.getvalue()
     return out
 
@@ -129,8 +126,6 @@ def test_names_are_escaped(generated):
 
 
 def test_mdev_uuid_is_deterministic(generated):
-    from gpuvfio.main import main  # noqa: F401  (same command twice gives the same UUID)
-
     uuids = re.findall(r"uuid='([0-9a-f-]+)'", generated["epyc-t4-mdev"])
     assert len(uuids) == 1
     assert uuids == re.findall(r"uuid='([0-9a-f-]+)'", generated["epyc-t4-mdev"])
@@ -143,17 +138,16 @@ def test_sriov_vgpu_uses_the_vf_already_set(generated):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["0000:04:00.0", "--name", "x"], "not viable"),
     (["0000:01:00.0", "--name", "a/b"], "domain name"),
     (["0000:01:00.0", "--name", "bad\x07"], "domain name"),
     (["0000:01:00.0", "--name", "x", "--memory", "lots"], "not a size"),
-    (["0000:01:00.0", "--name", "x", "--vcpus", "64"], "vCPUs do not fit"),
     (["0000:00:01.0", "--name", "x"], "PCI bridge"),
-    (["0000:01:00.0", "--name", "x", "--mdev", "nvidia-1"], "offers no mdev types"),
-    (["0000:01:00.0", "--name", "x", "--hugepages", "1G"], "not enough free 1G hugepages"),
     (["0000:01:00.0", "--name", "x", "--numa", "7"], "NUMA node 7 does not exist"),
+    (["0000:01:00.0", "--name", "x", "--numa", "far"], "numa must be"),
+    (["0000:01:00.0", "--name", "x", "--hugepages", "3G"], "hugepages must be"),
     (["0000:01:00.0", "--name", "x", "--uuid", "nope"], "not a UUID"),
     (["0000:01:00.0", "--name", "x", "--kernel", "relative/vmlinuz"], "absolute path"),
+    (["0000:01:00.0", "--name", "x", "--console-log", "relative.log"], "absolute path"),
 ])
 def test_bad_input(cli, args, fragment):
     result = cli("--root", sample_path("workstation"), "xml", *args)
@@ -162,9 +156,96 @@ def test_bad_input(cli, args, fragment):
     assert result.out == ""
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["0000:04:00.0", "--name", "x"], "not viable"),
+    (["0000:01:00.0", "--name", "x", "--vcpus", "64"], "vCPUs do not fit"),
+    (["0000:01:00.0", "--name", "x", "--mdev", "nvidia-1"], "offers no mdev types"),
+    (["0000:01:00.0", "--name", "x", "--hugepages", "1G"], "not enough free 1G hugepages"),
+    (["0000:01:00.0", "--name", "x", "--numa", "remote"], "numa 'remote' needs"),
+])
+def test_refused_by_the_host_exits_1(cli, args, fragment):
+    """Well-formed requests this host cannot satisfy are refusals (exit 1), not bad input."""
+    result = cli("--root", sample_path("workstation"), "xml", *args)
+    assert result.code == 1, result.err
+    assert fragment in result.err and len(result.err.strip().splitlines()) == 1
+    assert result.out == ""
+
+
 def test_mdev_type_not_offered(cli):
     result = cli("--root", sample_path("epyc-mixed"), "xml", "0000:82:00.0", "--name", "x", "--mdev", "nvidia-9999")
-    assert result.code == 2 and "does not offer mdev type" in result.err and "GRID T4" in result.err
+    assert result.code == 1 and "does not offer mdev type" in result.err and "GRID T4" in result.err
+
+
+@pytest.mark.parametrize("spelling, size", [("4K", None), ("4k", None), ("none", None), ("2M", "2048"),
+                                            ("2m", "2048"), ("2MiB", "2048"), ("2048K", "2048"),
+                                            ("1G", "1048576"), ("1g", "1048576"), ("1GiB", "1048576")])
+def test_hugepage_spellings_the_testbed_takes(cli, spelling, size):
+    """One parser for xml, attach, Ansible and the testbed spec (on main xml refused 4K and 1g)."""
+    # The DGX sample reserves 1 GiB pages, the EPYC one 2 MiB pages.
+    sample, gpu = ("epyc-mixed", "0000:81:00.0") if size == "2048" else ("dgx-h100", "0000:9d:00.0")
+    result = cli("--root", sample_path(sample), "xml", gpu, "--name", "p", "--vcpus", "4",
+                 "--memory", "8G", "--hugepages", spelling, "--json")
+    assert result.code == 0, result.err
+    page = etree.fromstring(result.json()["xml"].encode()).find("memoryBacking/hugepages/page")
+    assert (page.get("size") if page is not None else None) == size
+
+
+def test_numa_remote_places_the_guest_away_from_its_gpu(cli):
+    result = cli("--root", sample_path("dgx-h100"), "xml", "0000:9d:00.0", "--name", "r", "--vcpus", "4",
+                 "--memory", "8G", "--numa", "remote", "--json")
+    assert result.code == 0, result.err
+    doc = etree.fromstring(result.json()["xml"].encode())
+    assert doc.find("numatune/memory").get("nodeset") == "0"  # 0000:9d:00.0 sits on node 1
+    assert any("DMA crosses sockets" in w for w in result.json()["warnings"])
+
+
+def test_numa_none_keeps_hugepages(cli):
+    """--numa none pins nothing; the pages still come from the host's pools (any node). On main
+    hugepages silently became 4K pages whenever NUMA placement was off."""
+    auto = cli("--root", sample_path("dgx-h100"), "xml", "0000:9d:00.0", "--name", "n", "--vcpus", "4",
+               "--memory", "8G", "--numa", "none", "--json")
+    assert auto.code == 0, auto.err
+    doc = etree.fromstring(auto.json()["xml"].encode())
+    assert doc.find("memoryBacking/hugepages/page").get("size") == "1048576"
+    assert doc.find("numatune") is None and doc.find("cputune") is None
+    short = cli("--root", sample_path("workstation"), "xml", "0000:01:00.0", "--name", "n", "--memory", "8G",
+                "--numa", "none", "--hugepages", "1G")
+    assert short.code == 1 and "all nodes: 0 free x 1G" in short.err
+
+
+def test_sriov_pf_with_vfs_is_refused_like_bind(cli):
+    """On main xml of an SR-IOV physical function passed its VFs too (one of them with a vGPU in
+    use), with exit 0, while bind refused the same device."""
+    result = cli("--root", sample_path("epyc-mixed"), "xml", "0000:41:00.0", "--name", "pf")
+    assert result.code == 1 and "SR-IOV VFs enabled" in result.err  # bind: test_binding.test_sriov_enabled_refused
+
+
+def test_a_vf_alone_is_passed_alone(cli):
+    result = cli("--root", sample_path("epyc-mixed"), "xml", "0000:41:00.5", "--name", "vf", "--json")
+    assert result.code == 0, result.err
+    sources = [h.find("source/address").attrib["function"]
+               for h in etree.fromstring(result.json()["xml"].encode()).iter("hostdev")]
+    assert sources == ["0x5"]  # not the other VFs in its slot
+
+
+def test_console_log_goes_into_the_serial_device(cli, tmp_path):
+    log = str(tmp_path / "console.log")
+    result = cli("--root", sample_path("dgx-h100"), "xml", "0000:9d:00.0", "--name", "c", "--vcpus", "4",
+                 "--memory", "8G", "--console-log", log, "--json")
+    assert result.code == 0, result.err
+    serial = etree.fromstring(result.json()["xml"].encode()).find("devices/serial")
+    assert serial.find("log").get("file") == log
+
+
+def test_digest_follows_every_input(cli):
+    def digest(*extra):
+        out = cli("--root", sample_path("dgx-h100"), "xml", "0000:9d:00.0", "--name", "d", "--vcpus", "4",
+                  "--memory", "8G", "--json", *extra).json()["xml"]
+        return re.search(r"digest='(sha256:[0-9a-f]{64})'", out).group(1)
+
+    first = digest()
+    assert digest() == first  # deterministic
+    assert len({first, digest("--hugepages", "none"), digest("--numa", "none"), digest("--firmware", "bios")}) == 4
 
 
 def test_define_is_idempotent(cli, tmp_path):
@@ -186,12 +267,47 @@ def test_define_is_idempotent(cli, tmp_path):
 
 
 def test_define_compares_before_changing():
-    from gpuvfio.define import difference
+    from gpuvfio.virt.define import difference
 
     wanted = "<domain type='kvm'><name>a</name><vcpu>4</vcpu></domain>"
     current = "<domain type='kvm'><name>a</name><uuid>x</uuid><vcpu placement='static'>4</vcpu></domain>"
     assert difference(wanted, current) == []  # libvirt's added attributes are not a difference
-    assert difference(wanted.replace(">4<", ">8<"), current) == ["+ /domain/vcpu[]=8"]
+    assert difference(wanted.replace(">4<", ">8<"), current) == ["+ /vcpu=8"]
     q35 = "<domain><os><type arch='x86_64' machine='q35'>hvm</type></os></domain>"
     assert difference(q35, q35.replace("'q35'", "'pc-q35-7.2'")) == []
     assert difference(q35, q35.replace("'q35'", "'pc-i440fx-7.2'")) != []
+
+
+def _hostdev(bus: str, guest_bus: str) -> str:
+    return (f"<hostdev mode='subsystem' type='pci' managed='no'><source><address domain='0x0000' bus='{bus}' "
+            f"slot='0x00' function='0x0'/></source><address type='pci' domain='0x0000' bus='{guest_bus}' "
+            "slot='0x00' function='0x0'/></hostdev>")
+
+
+def test_define_sees_removals_and_moves():
+    """What others added to gpuvfio's parts, and devices swapped between guest buses, differ (on
+    main each element was only looked for somewhere at its path, and extras were ignored)."""
+    from gpuvfio.virt.define import difference
+
+    def domain(devices: str, memory: str = "") -> str:
+        return f"<domain><name>a</name>{memory}<devices>{devices}</devices></domain>"
+
+    one = domain(_hostdev("0x1b", "0x01"))
+    two = domain(_hostdev("0x1b", "0x01") + _hostdev("0x43", "0x02"))
+    assert difference(one, one) == []
+    assert [c[:18] for c in difference(one, two)] == ["- /devices/hostdev"]  # an extra GPU
+    swapped = domain(_hostdev("0x1b", "0x02") + _hostdev("0x43", "0x01"))
+    assert len(difference(two, swapped)) == 4  # both moved: two missing, two extra
+    pages = domain(_hostdev("0x1b", "0x01"), "<memoryBacking><hugepages/></memoryBacking>")
+    assert difference(one, pages) == ["- /memoryBacking hugepages[]"]
+
+
+def test_define_sees_a_changed_digest():
+    from gpuvfio.virt.define import difference
+
+    def domain(digest: str) -> str:
+        return ("<domain><name>a</name><metadata><gpuvfio:domain xmlns:gpuvfio='https://gpuvfio.invalid/xmlns/"
+                f"domain/1' digest='{digest}'/></metadata></domain>")
+
+    assert difference(domain("sha256:1"), domain("sha256:1")) == []
+    assert difference(domain("sha256:2"), domain("sha256:1")) == ["~ gpuvfio's definition: sha256:1 -> sha256:2"]

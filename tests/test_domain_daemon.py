@@ -20,11 +20,12 @@ if _REASON:
 import libvirt  # noqa: E402
 
 from gpuvfio.address import PciAddress  # noqa: E402
-from gpuvfio.commands import open_host  # noqa: E402
-from gpuvfio.domainspec import DomainOptions, build_spec  # noqa: E402
-from gpuvfio.domainxml import domain_xml  # noqa: E402
-from gpuvfio.inventory import read_inventory  # noqa: E402
-from gpuvfio.numa import read_numa  # noqa: E402
+from gpuvfio.ops.inventory import open_host  # noqa: E402
+from gpuvfio.domain.request import domain_request  # noqa: E402
+from gpuvfio.domain.spec import build_spec  # noqa: E402
+from gpuvfio.domain.render import domain_xml  # noqa: E402
+from gpuvfio.host.inventory import read_inventory  # noqa: E402
+from gpuvfio.host.numa import read_numa  # noqa: E402
 from tests.make_samples import sample_path  # noqa: E402
 
 libvirt.registerErrorHandler(lambda *a: None, None)
@@ -55,10 +56,10 @@ def test_golden_defines_in_qemu_driver(conn, path):
 
 def _tcg_spec(image=None):
     with open_host(sample_path("dgx-h100")) as (host, _):
-        options = DomainOptions(name="gpuvfio-tcg", vcpus=1, memory_kib=256 * 1024, virt_type="qemu",
-                                firmware="bios", numa="none", hugepages="none",
-                                kernel=image.kernel if image else None, initrd=image.initrd if image else None,
-                                cmdline=gl.KERNEL_CMDLINE if image else None)
+        options = domain_request("gpuvfio-tcg", vcpus=1, memory="256M", virt_type="qemu", firmware="bios",
+                                 numa="none", hugepages="none", kernel=image.kernel if image else None,
+                                 initrd=image.initrd if image else None,
+                                 cmdline=gl.KERNEL_CMDLINE if image else None)
         return build_spec(host, read_inventory(host), read_numa(host), [PciAddress.parse("0000:1b:00.0")],
                           options)
 
@@ -101,7 +102,9 @@ def test_define_is_idempotent_in_the_real_driver(conn, cli):
         assert first["result"] == "defined"
         assert cli(*base).json()["define"]["result"] == "unchanged"
         changed = [a if a != "8" else "4" for a in base]
-        differs = cli(*changed).json()["define"]
+        result = cli(*changed)
+        assert result.code == 1  # a define that was not done: the difference is shown, nothing changes
+        differs = result.json()["define"]
         assert differs["result"] == "differs" and any("vcpu" in line for line in differs["changes"])
         stored = conn.lookupByName("gpuvfio-idem").XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
         assert "<vcpu placement='static'>8</vcpu>" in stored  # nothing changed yet
@@ -113,5 +116,38 @@ def test_define_is_idempotent_in_the_real_driver(conn, cli):
     finally:
         try:
             conn.lookupByName("gpuvfio-idem").undefine()
+        except libvirt.libvirtError:
+            pass
+
+
+def test_define_sees_what_others_added_to_gpuvfios_parts(conn, cli):
+    """On main an extra GPU (added with virsh edit), hugepages, or a device moved to another guest
+    bus compared as "unchanged": only additions were looked for."""
+    uri = conn.getURI()
+    base = ["--root", sample_path("epyc-mixed"), "xml", "0000:81:00.0", "--name", "gpuvfio-owned", "--vcpus", "8",
+            "--memory", "16G", "--hugepages", "none", "--firmware", "bios", "--virt-type", "qemu", "--define",
+            "--connect", uri, "--json"]
+    extra_gpu = ("<hostdev mode='subsystem' type='pci' managed='no'><source><address domain='0x0000' bus='0xc1' "
+                 "slot='0x00' function='0x0'/></source></hostdev>")
+    try:
+        assert cli(*base).json()["define"]["result"] == "defined"
+        stored = conn.lookupByName("gpuvfio-owned").XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        for edited, fragment in (
+                (stored.replace("</devices>", extra_gpu + "</devices>"), "- /devices/hostdev"),
+                (stored.replace("<vcpu", "<memoryBacking><hugepages/></memoryBacking><vcpu", 1),
+                 "- /memoryBacking"),
+                (stored.replace("type='pci' domain='0x0000' bus='0x01' slot='0x00'",
+                                "type='pci' domain='0x0000' bus='0x00' slot='0x1e'", 1), "+ /devices/hostdev")):
+            assert edited != stored
+            conn.defineXML(edited)
+            result = cli(*base)
+            assert result.code == 1, (fragment, result.err)
+            changes = result.json()["define"]["changes"]
+            assert any(line.startswith(fragment) for line in changes), (fragment, changes)
+            conn.defineXML(stored)
+            assert cli(*base).json()["define"]["result"] == "unchanged"
+    finally:
+        try:
+            conn.lookupByName("gpuvfio-owned").undefine()
         except libvirt.libvirtError:
             pass

@@ -251,11 +251,13 @@ def run_module(modules, monkeypatch):
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
     monkeypatch.delenv("GPUVFIO_STATE_DIR", raising=False)
 
-    def run(name, args, check=False, diff=False):
+    def run(name, args, check=False, diff=False, context=None):
+        """``context``: the gpuvfio Context factory the module's main takes (the simulated kernel,
+        a shared libvirt test connection); the live one when None."""
         full = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
         with patch_module_args(full):
             try:
-                modules[name].main()
+                modules[name].main(*([context] if context is not None else []))
             except ModuleExit as done:
                 os.environ.pop("GPUVFIO_STATE_DIR", None)  # the module sets it for its process
                 return done.failed, done.result
@@ -267,12 +269,41 @@ def run_module(modules, monkeypatch):
 GPU, AUDIO, NIC = "0000:01:00.0", "0000:01:00.1", "0000:03:00.0"
 
 
+class SharedConnection:
+    """One libvirt test:///default connection for every open in a test (each open of
+    test:///default is a new, empty driver), with close() as a no-op."""
+
+    def __init__(self):
+        import libvirt
+
+        self.conn = libvirt.open("test:///default")
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+    def close(self):
+        return 0
+
+
+class BuiltHost:
+    """A small host (GPU + audio behind a root port, a NIC elsewhere) whose sysfs writes a
+    simulated kernel answers, and the Context factory that hands it to the modules."""
+
+    def __init__(self, root: str, state: str, kernel) -> None:
+        self.root, self.state, self.kernel = root, state, kernel
+        self.libvirt = SharedConnection()
+
+    def context(self, host):
+        from tests.contexts import sim_context
+
+        return sim_context(host.root, self.kernel, connect=lambda uri: self.libvirt)
+
+    def __iter__(self):  # root, state, kernel = built_host
+        return iter((self.root, self.state, self.kernel))
+
+
 @pytest.fixture
-def built_host(tmp_path, monkeypatch):
-    """A small host (GPU + audio behind a root port, a NIC elsewhere) whose sysfs writes the
-    simulated kernel answers: the modules' writers and modprobe are pointed at it."""
-    from gpuvfio import bindapply, sysfs_write
-    from gpuvfio.bindapply import Actions
+def built_host(tmp_path):
     from tests.simkernel import SimKernel
 
     b = HostBuilder(str(tmp_path / "host"))
@@ -292,15 +323,7 @@ def built_host(tmp_path, monkeypatch):
     nic_port = b.bridge(rb, "0000:00:1c.0", "8086", "7a38", secondary_bus=3)
     b.function(nic_port, NIC, "8086", "15f3", "020000", driver="igc")
     b.modules(["nvidia", "snd_hda_intel", "igc"], available=["vfio-pci", "vfio_pci"])
-    kernel = SimKernel(b.root)
-    original_init = sysfs_write.SysfsWriter.__init__
-
-    def simulated_init(self, host, *, timeout=sysfs_write.DEFAULT_TIMEOUT, backend=None):
-        original_init(self, host, timeout=timeout, backend=backend or kernel)
-
-    monkeypatch.setattr(sysfs_write.SysfsWriter, "__init__", simulated_init)
-    monkeypatch.setattr(bindapply, "live_actions", lambda host, timeout=60.0: Actions(kernel.modprobe, print, print))
-    return b.root, str(tmp_path / "state"), kernel
+    return BuiltHost(b.root, str(tmp_path / "state"), SimKernel(b.root))
 
 
 def _driver(root, address):
@@ -343,7 +366,7 @@ def test_facts_module_fails_with_gpuvfio_message(run_module, tmp_path):
 
 
 def test_host_info_module_reads_a_sample_root(run_module, built_host, tmp_path):
-    from gpuvfio.fixture import load_fixture
+    from gpuvfio.host.fixture import load_fixture
 
     root = tmp_path / "epyc"
     with open(os.path.join(SAMPLES, "epyc-mixed.host"), encoding="utf-8") as handle:
@@ -362,7 +385,7 @@ def test_host_info_module_reads_a_sample_root(run_module, built_host, tmp_path):
 def test_device_module_binds_with_plan_in_check_mode_then_for_real_then_not_again(run_module, built_host):
     root, state, kernel = built_host
     args = {"root": root, "state_dir": state, "devices": [GPU], "state": "vfio"}
-    failed, result = run_module("gpuvfio_device", args, check=True, diff=True)
+    failed, result = run_module("gpuvfio_device", args, check=True, diff=True, context=built_host.context)
     assert not failed, result
     assert result["changed"] is True
     assert result["plan"]["result"] == "dry_run" and result["plan"]["steps"]
@@ -370,48 +393,49 @@ def test_device_module_binds_with_plan_in_check_mode_then_for_real_then_not_agai
     assert "0000:01:00.0: nvidia" in result["diff"]["before"] and "0000:01:00.0: vfio-pci" in result["diff"]["after"]
     assert _driver(root, GPU) == "nvidia" and not os.path.exists(os.path.join(state, "journal.json"))
 
-    failed, result = run_module("gpuvfio_device", args)
+    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
     assert not failed, result
     assert result["changed"] is True and result["plan"]["result"] == "applied"
     assert _driver(root, GPU) == _driver(root, AUDIO) == "vfio-pci"
     assert result["drivers"]["after"] == {GPU: "vfio-pci", AUDIO: "vfio-pci"}
     assert "diff" not in result  # only with --diff
 
-    failed, result = run_module("gpuvfio_device", args, check=True)
+    failed, result = run_module("gpuvfio_device", args, check=True, context=built_host.context)
     assert not failed and result["changed"] is False, result
-    failed, result = run_module("gpuvfio_device", args)
+    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
     assert not failed and result["changed"] is False, result
 
     back = dict(args, state="host")
-    failed, result = run_module("gpuvfio_device", back, check=True, diff=True)
+    failed, result = run_module("gpuvfio_device", back, check=True, diff=True, context=built_host.context)
     assert not failed and result["changed"] is True and _driver(root, GPU) == "vfio-pci"
     assert "0000:01:00.1: snd_hda_intel" in result["diff"]["after"]
-    failed, result = run_module("gpuvfio_device", back)  # the GPU's address gives back its whole group
+    # the GPU's address gives back its whole group
+    failed, result = run_module("gpuvfio_device", back, context=built_host.context)
     assert not failed and result["changed"] is True, result
     assert _driver(root, GPU) == "nvidia" and _driver(root, AUDIO) == "snd_hda_intel"
-    failed, result = run_module("gpuvfio_device", back)
+    failed, result = run_module("gpuvfio_device", back, context=built_host.context)
     assert not failed and result["changed"] is False, result
 
 
 def test_device_module_persists_with_a_diff_and_is_idempotent(run_module, built_host):
     root, state, _kernel = built_host
     args = {"root": root, "state_dir": state, "devices": [GPU], "state": "persisted"}
-    failed, result = run_module("gpuvfio_device", args, check=True, diff=True)
+    failed, result = run_module("gpuvfio_device", args, check=True, diff=True, context=built_host.context)
     assert not failed and result["changed"] is True, result
     assert 'KERNEL=="0000:01:00.0"' in result["diff"]["prepared"]
     assert not os.path.exists(os.path.join(root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
-    failed, result = run_module("gpuvfio_device", args)
+    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
     assert not failed and result["changed"] is True
     assert os.path.exists(os.path.join(root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
-    failed, result = run_module("gpuvfio_device", args)
+    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
     assert not failed and result["changed"] is False
-    failed, result = run_module("gpuvfio_device", dict(args, state="unpersisted"))
+    failed, result = run_module("gpuvfio_device", dict(args, state="unpersisted"), context=built_host.context)
     assert not failed and result["changed"] is True
     assert not os.path.exists(os.path.join(root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
 
 
 def test_device_module_fails_with_the_refusal_in_check_mode_too(run_module, tmp_path):
-    from gpuvfio.fixture import load_fixture
+    from gpuvfio.host.fixture import load_fixture
 
     root = tmp_path / "ws"
     with open(os.path.join(SAMPLES, "workstation.host"), encoding="utf-8") as handle:
@@ -430,65 +454,117 @@ def test_device_module_fails_with_the_refusal_in_check_mode_too(run_module, tmp_
     assert failed and "fixture file" in result["msg"]
 
 
-class _SharedConnection:
-    """One libvirt test:/// connection for every open in a test (each open of test:///default
-    is a new, empty driver), with close() as a no-op."""
-
-    def __init__(self):
-        import libvirt
-
-        self.conn = libvirt.open("test:///default")
-
-    def __getattr__(self, name):
-        return getattr(self.conn, name)
-
-    def close(self):
-        return 0
-
-
-def test_domain_module_defines_updates_and_removes_idempotently(run_module, built_host, monkeypatch):
-    import libvirt
-
-    from gpuvfio import define, guests
+def test_domain_module_defines_updates_and_removes_idempotently(run_module, built_host):
+    from gpuvfio.virt.lifecycle import lookup
 
     root, state, _kernel = built_host
-    shared = _SharedConnection()
-    monkeypatch.setattr(define, "_connect", lambda uri: (libvirt, shared))
-    monkeypatch.setattr(guests, "connect", lambda uri=None: shared)
+    shared, ctx = built_host.libvirt, built_host.context
     # firmware=bios: libvirt's test driver drops <qemu:commandline>, where gpuvfio puts OVMF's MMIO window,
     # so an EFI domain never compares equal there (the qemu driver keeps it).
     args = {"root": root, "state_dir": state, "name": "train-0", "devices": [GPU], "uri": "test:///default",
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
-    failed, result = run_module("gpuvfio_domain", args, check=True, diff=True)
+    failed, result = run_module("gpuvfio_domain", args, check=True, diff=True, context=ctx)
     assert not failed, result
     assert result["changed"] is True and result["define"]["result"] == "would_define"
     assert result["diff"]["before"] == "" and "<name>train-0</name>" in result["diff"]["after"]
-    failed, result = run_module("gpuvfio_domain", args)
+    failed, result = run_module("gpuvfio_domain", args, context=ctx)
     assert not failed and result["define"]["result"] == "defined" and result["changed"] is True, result
-    failed, result = run_module("gpuvfio_domain", args)
+    failed, result = run_module("gpuvfio_domain", args, context=ctx)
     assert not failed and result["define"]["result"] == "unchanged" and result["changed"] is False, result
 
     bigger = dict(args, vcpus=4)
-    failed, result = run_module("gpuvfio_domain", bigger, check=True, diff=True)
+    failed, result = run_module("gpuvfio_domain", bigger, check=True, diff=True, context=ctx)
     assert not failed and result["changed"] is True and result["define"]["result"] == "differs"
-    failed, result = run_module("gpuvfio_domain", dict(bigger, update=False))
+    failed, result = run_module("gpuvfio_domain", dict(bigger, update=False), context=ctx)
     assert not failed and result["changed"] is False and result["define"]["changes"]
-    failed, result = run_module("gpuvfio_domain", bigger)
+    failed, result = run_module("gpuvfio_domain", bigger, context=ctx)
     assert not failed and result["define"]["result"] == "updated" and result["changed"] is True
-    failed, result = run_module("gpuvfio_domain", bigger)
+    failed, result = run_module("gpuvfio_domain", bigger, context=ctx)
     assert not failed and result["changed"] is False
 
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, check=True)
+    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, check=True, context=ctx)
     assert not failed and result["changed"] is True and result["plan"]["undefine"] is True
-    assert guests.lookup(shared, "train-0") is not None
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"})
+    assert lookup(shared, "train-0") is not None
+    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["changed"] is True and result["detach"]["undefined"] is True
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"})
+    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["changed"] is False
 
-    # A domain gpuvfio did not make is not touched.
-    failed, result = run_module("gpuvfio_domain", {**args, "name": "test"})
-    assert failed and "not created by gpuvfio" in result["msg"] and result["exit_code"] == 2
+    # A domain gpuvfio did not make is not touched (a refusal: the host's state, exit status 1).
+    failed, result = run_module("gpuvfio_domain", {**args, "name": "test"}, context=ctx)
+    assert failed and "not created by gpuvfio" in result["msg"] and result["exit_code"] == 1
+
+
+def test_domain_module_defined_then_running_attaches_to_that_definition(run_module, built_host, tmp_path):
+    """The role's state=defined, then state=running: attach onto the existing definition, keeping
+    its UUID (on main defineXML without the UUID failed, and the rollback would have undefined a
+    domain the attach had not created). The guest is this machine behind dropbear."""
+    from gpuvfio.virt.lifecycle import lookup
+    from tests.lanes import hypervisor as hv
+
+    if hv.skip_reason():
+        pytest.skip(hv.skip_reason())
+    root, state, kernel = built_host
+    ctx = built_host.context
+    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root})
+    try:
+        with open(server.client_key) as handle:
+            private_key = handle.read()
+        args = {"root": root, "state_dir": state, "name": "train-1", "devices": [GPU], "uri": "test:///default",
+                "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
+        failed, result = run_module("gpuvfio_domain", args, context=ctx)
+        assert not failed and result["define"]["result"] == "defined", result
+        uuid = lookup(built_host.libvirt, "train-1").UUIDString()
+        target = {"ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
+                  "boot_timeout": 20}
+        # A failing attach onto it (SSH refuses: no key given) undoes only what it did: the
+        # domain stays defined as it was, the devices go back.
+        failed, result = run_module("gpuvfio_domain", dict(args, state="running", **target), context=ctx)
+        assert failed and "authentication" in result["msg"], result
+        assert result["attach"]["define"]["result"] == "unchanged"
+        assert result["attach"]["rolled_back"] == ["destroy", "restore devices"], result["attach"]
+        assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
+        assert kernel.driver_of(GPU) == "nvidia"
+        # verify=false: the "guest" probes the built host's own tree, where the GPU now sits on vfio-pci
+        running = dict(args, state="running", ssh_private_key=private_key, verify=False, **target)
+        failed, result = run_module("gpuvfio_domain", running, context=ctx)
+        assert not failed, result["msg"]
+        attach = result["attach"]
+        assert attach["define"]["result"] == "unchanged" and attach["ok"] is True
+        assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
+        assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
+        failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
+        assert not failed and result["detach"]["restored"]["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    finally:
+        server.stop()
+
+
+def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, tmp_path):
+    """The guest's address comes from the forward gpuvfio recorded in the domain; the user's key,
+    user and pinned host keys still apply (on main a discovered address meant root, no key)."""
+    from gpuvfio.virt.lifecycle import lookup
+    from tests.lanes import hypervisor as hv
+
+    if hv.skip_reason():
+        pytest.skip(hv.skip_reason())
+    root, state, _kernel = built_host
+    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root})
+    try:
+        with open(server.client_key) as handle:
+            private_key = handle.read()
+        args = {"root": root, "state_dir": state, "name": "train-2", "devices": [GPU], "uri": "test:///default",
+                "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
+                "ssh_forward_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
+                "ssh_private_key": private_key, "verify": False}
+        failed, result = run_module("gpuvfio_domain", args, context=built_host.context)
+        assert not failed, result
+        attach = result["attach"]
+        assert [s["step"] for s in attach["steps"]] == ["bind", "define", "start", "find address", "wait for ssh"]
+        assert attach["ssh"]["port"] == server.port and attach["ok"] is True
+        failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=built_host.context)
+        assert not failed and lookup(built_host.libvirt, "train-2") is None
+    finally:
+        server.stop()
 
 
 def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
@@ -499,7 +575,7 @@ def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
     assert not failed, result
     assert result["changed"] is True
     plan = result["plan"]
-    assert plan["define"] == "define" and plan["start"] and plan["wait_for_ssh"]
+    assert plan["define"] == "would_define" and plan["start"] and plan["wait_for_ssh"]
     assert plan["bind"]["devices"] == [GPU, AUDIO] and plan["bind"]["result"] == "dry_run"
     assert _driver(root, GPU) == "nvidia"
 
@@ -538,7 +614,7 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
 
 def test_secrets_stay_out_of_the_output(ansible_env, tmp_path):
     """ssh_private_key is no_log: ansible -vvv shows neither it nor its lines."""
-    from gpuvfio.fixture import load_fixture
+    from gpuvfio.host.fixture import load_fixture
 
     root = tmp_path / "dgx"
     with open(os.path.join(SAMPLES, "dgx-h100.host"), encoding="utf-8") as handle:
@@ -860,3 +936,48 @@ def test_host_prep_check_mode_then_apply_then_nothing_left_to_change(fleet):
             assert message.startswith("reboot needed") and "intel_iommu=off" in message
         if sample == "workstation":
             assert "iommu=pt" in message and "hugepages" not in grub
+
+
+def test_role_installs_a_wheel_built_from_this_checkout_never_a_bare_name(ansible_env, tmp_path):
+    """host-prep's install step: a wheel built from the checkout on the controller, copied to the host
+    and installed into gpuvfio's venv; a bare package name (which a public index could serve
+    anything under) is refused. On main the role pip-installed the name "gpuvfio"."""
+    play = tmp_path / "install.yml"
+    play.write_text(f"""---
+- name: Install gpuvfio the way host-prep does
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  vars:
+    gpuvfio_os_family: debian
+    gpuvfio_system_packages: {{debian: []}}
+    gpuvfio_venv: {tmp_path}/venv
+    gpuvfio_package_cache: {tmp_path}/cache
+    gpuvfio_wheel_dir: {tmp_path}/dist
+    gpuvfio_bin_link: {tmp_path}/gpuvfio
+    gpuvfio_virtualenv_command: {sys.executable} -m venv
+  tasks:
+    - name: The role's install tasks
+      ansible.builtin.include_role:
+        name: gpuvfio
+        tasks_from: install
+""")
+    env = {k: v for k, v in ansible_env.items() if k != "PYTHONPATH"}  # only what the venv gets
+    env["ANSIBLE_ROLES_PATH"] = os.path.join(PLAYBOOKS, "roles")
+    rc, data, err = _playbook(env, "-i", "localhost,", str(play), "-e", "gpuvfio_package=gpuvfio")
+    assert rc != 0 and "is a name" in _failures(data), _failures(data) or err[-2000:]
+    assert not (tmp_path / "venv").exists()
+    rc, data, err = _playbook(env, "-i", "localhost,", str(play), timeout=1200)
+    assert rc == 0, _failures(data) or err[-2000:]
+    (wheel,) = os.listdir(tmp_path / "cache")
+    assert wheel.startswith("gpuvfio-") and wheel.endswith(".whl")
+    version = subprocess.run([str(tmp_path / "gpuvfio"), "--version"], capture_output=True, text=True,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))
+    assert version.returncode == 0 and version.stdout.startswith("gpuvfio "), version.stderr
+    rc, data, err = _playbook(env, "-i", "localhost,", str(play), timeout=1200)  # the same wheel again
+    assert rc == 0 and _recap(data)["localhost"]["changed"] == 0, _recap(data)
+    location = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c",
+                               "import gpuvfio; print(gpuvfio.__file__)"],
+                              capture_output=True, text=True, cwd=str(tmp_path), check=True,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout
+    assert str(tmp_path / "venv") in location

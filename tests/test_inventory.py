@@ -3,9 +3,9 @@ import os
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.inventory import read_inventory
-from gpuvfio.pciids import PciIds
+from gpuvfio.host.root import HostRoot
+from gpuvfio.host.inventory import read_inventory
+from gpuvfio.host.pciids import PciIds
 from tests.conftest import BAR64_PREF, GiB, MiB, gpu_workstation
 from tests.hostbuilder import HostBuilder
 from tests.lspci import compare, lspci_available, lspci_records
@@ -99,7 +99,7 @@ def test_no_iommu_means_null_groups(tmp_path):
 @pytest.mark.skipif(not lspci_available(), reason="pciutils not installed")
 def test_matches_real_lspci_on_built_host(tmp_path):
     b = gpu_workstation(tmp_path)
-    from gpuvfio.commands import list_report
+    from gpuvfio.ops.inventory import list_report
 
     report = list_report(HostRoot(b.root), show_all=True)
     compare(report["devices"], lspci_records(os.path.join(b.root, "sys", "bus", "pci")))

@@ -3,7 +3,8 @@
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.libvirt_domains import domain_lookup, hostdev_addresses
+from gpuvfio.virt.connection import open_connection
+from gpuvfio.virt.usage import domains_using, hostdev_addresses
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -30,9 +31,16 @@ def uri(tmp_path):
 
 
 def test_domain_using_a_device_is_found(uri):
-    used = domain_lookup(uri)([PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:02:00.0")])
-    assert used[PciAddress.parse("0000:01:00.0")] == ["running-vm"]
-    assert used[PciAddress.parse("0000:02:00.0")] == []
+    conn = open_connection(uri)
+    try:
+        used = domains_using(conn, [PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:02:00.0")])
+        assert used[PciAddress.parse("0000:01:00.0")] == ["running-vm"]
+        assert used[PciAddress.parse("0000:02:00.0")] == []
+        # the domain an attach is about to redefine does not count against itself
+        assert domains_using(conn, [PciAddress.parse("0000:01:00.0")], exclude="running-vm") == {
+            PciAddress.parse("0000:01:00.0"): []}
+    finally:
+        conn.close()
 
 
 def test_bind_refuses_a_device_a_domain_uses(uri, cli, tmp_path):
@@ -45,9 +53,14 @@ def test_bind_refuses_a_device_a_domain_uses(uri, cli, tmp_path):
     assert [c["status"] for c in other["checks"] if c["id"] == "libvirt"] == ["ok"]
 
 
-def test_unreachable_daemon_means_skip():
-    lookup = domain_lookup("qemu+unix:///system?socket=/nonexistent/libvirt-sock")
-    assert lookup([PciAddress.parse("0000:01:00.0")]) is None
+def test_unreachable_daemon_refuses_the_bind(cli, tmp_path):
+    """Fail closed: on main a libvirt that did not answer made the check a skip and the bind went on."""
+    from tests.conftest import gpu_workstation
+
+    ws = gpu_workstation(tmp_path / "host")
+    result = cli("--root", ws.root, "bind", "0000:01:00.0", "--connect",
+                 "qemu+unix:///system?socket=/nonexistent/libvirt-sock", "--dry-run")
+    assert result.code == 1 and "cannot ask libvirt" in result.err and "--connect none" in result.err
 
 
 def test_hostdev_parsing_ignores_other_devices():

@@ -59,7 +59,9 @@ def test_edu_starts_without_driver(rec):
 
 def test_attach_steps(attach, rec):
     assert attach["ok"] is True, rec.run("attach")
-    assert [s["step"] for s in attach["steps"]] == ["bind", "define", "start", "wait for ssh", "verify"]
+    # the address is discovered: the forward gpuvfio recorded in the domain
+    assert [s["step"] for s in attach["steps"]] == ["bind", "define", "start", "find address", "wait for ssh",
+                                                    "verify"]
     assert all(s["ok"] for s in attach["steps"])
     assert attach["rolled_back"] == []
 

@@ -5,10 +5,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError
-from gpuvfio.model import Bar, PciFunction
-from gpuvfio.numa import Cpu
-from gpuvfio.placement import guest_phys_bits_needed, mmio64_window_mb, place_cell
+from gpuvfio.errors import Refused
+from gpuvfio.host.model import Bar, PciFunction
+from gpuvfio.host.numa import Cpu
+from gpuvfio.domain.placement import guest_phys_bits_needed, mmio64_window_mb, place_cell
 from tests.hostbuilder import BAR64_PREF
 
 
@@ -34,7 +34,7 @@ def test_pins_stay_on_node_and_never_repeat(topology, vcpus):
     cpus, node_cpus = topology
     try:
         cell = place_cell(0, node_cpus, cpus, list(range(vcpus)), 1 << 20)
-    except InputError:
+    except Refused:
         assert vcpus > len(node_cpus)
         return
     assert len(cell.host_cpus) == vcpus
@@ -89,5 +89,5 @@ def test_cpu0_core_left_to_the_host_when_possible():
     cpus = {c: Cpu(c, 0, c % 4, (c % 4, c % 4 + 4)) for c in range(8)}
     cell = place_cell(0, list(range(8)), cpus, [0, 1, 2, 3], 1 << 20)
     assert 0 not in cell.host_cpus and 4 not in cell.host_cpus
-    with pytest.raises(InputError):
+    with pytest.raises(Refused):
         place_cell(0, list(range(8)), cpus, list(range(10)), 1 << 20)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gpuvfio.fixture import load_fixture
+from gpuvfio.host.fixture import load_fixture
 from tests.lspci import compare, lspci_available, lspci_records
 from tests.make_samples import SAMPLES, check, sample_path
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from gpuvfio.errors import UnsafePathError
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.sysfs_write import SysfsWriteError, SysfsWriter, SysfsWriteTimeout
+from gpuvfio.host.root import HostRoot
+from gpuvfio.bind.sysfs_write import SysfsWriteError, SysfsWriter, SysfsWriteTimeout
 from tests.hostbuilder import HostBuilder
 
 

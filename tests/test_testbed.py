@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -79,14 +80,65 @@ def test_toml_syntax_error(tmp_path):
 
 
 def test_plan_shows_bind_and_xml_diff(cli, tmp_path):
-    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", write(tmp_path, GOOD), "--json")
+    spec = write(tmp_path, GOOD.replace("repetitions = 3", "repetitions = 3\nstop_services = true"))
+    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec, "--json")
     assert result.code == 0, result.err
     plan = result.json()
+    assert plan["refused"] == []
     first, remote, bare = plan["variants"]
     assert first["bind"]["devices"] == ["0000:1b:00.0"] and first["hugepages_kib"] == 1048576
+    assert [s["name"] for s in first["bind"]["steps"] if s["kind"] == "stop_service"] == [
+        "nvidia-dcgm", "nvidia-fabricmanager", "nvidia-persistenced"]
     assert remote["numa_nodes"] == [1] and "DMA crosses sockets" in remote["warnings"][0]
     assert "-    <vcpupin vcpu='0' cpuset='1'/>" in remote["xml_diff"]
     assert bare["kind"] == "baremetal" and "xml" not in bare
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_plan_that_the_run_would_refuse_exits_1_and_says_why(cli, tmp_path, as_json):
+    """The DGX runs persistenced, fabricmanager and DCGM: without stop_services every bind is refused.
+    On main the plan printed "bind ... (4 steps)" and exited 0 while its --json listed the refusals."""
+    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", write(tmp_path, GOOD),
+                 *(["--json"] if as_json else []))
+    assert result.code == 1
+    assert "the run would refuse variant(s) pt-1g, pt-remote" in result.err
+    if as_json:
+        plan = result.json()
+        assert plan["refused"] == ["pt-1g", "pt-remote"]
+        assert any("nvidia-persistenced is running" in r for r in plan["variants"][0]["refused"])
+    else:
+        assert "REFUSED: nvidia-persistenced is running" in result.out and "refused)" in result.out
+
+
+def test_stop_services_and_force_per_variant_or_globally(tmp_path):
+    text = GOOD.replace("repetitions = 3", "repetitions = 3\nstop_services = true\nforce = true").replace(
+        'numa = "remote"', 'numa = "remote"\nstop_services = false')
+    spec = load_spec(write(tmp_path, text))
+    assert [(v.stop_services, v.force) for v in spec.variants] == [(True, True), (False, True), (True, True)]
+    with pytest.raises(InputError, match="stop_services must be true or false"):
+        load_spec(write(tmp_path, GOOD.replace("repetitions = 3", 'repetitions = 3\nstop_services = "yes"')))
+
+
+@pytest.mark.parametrize("old, new, fragment", [
+    ("repetitions = 3", "repetitions = 3\nparallel = 2", "unknown key 'parallel' in [run]"),
+    ("port = 2222", 'port = 2222\ntrust_on_first_use = "false"', "trust_on_first_use must be true or false"),
+    ("port = 2222", "port = true", "ssh port must be"),
+    ("vcpus = 8", "vcpus = true", "vcpus must be"),
+    ('hugepages = "1G"', "hugepages = 2", "hugepages must be"),
+])
+def test_spec_types_are_checked(tmp_path, old, new, fragment):
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        load_spec(write(tmp_path, GOOD.replace(old, new, 1)))
+
+
+@pytest.mark.parametrize("spelling", ["4K", "1g", "2MiB", "none"])
+def test_spec_and_xml_take_the_same_spellings(tmp_path, spelling, cli):
+    spec = load_spec(write(tmp_path, GOOD.replace('hugepages = "1G"', f'hugepages = "{spelling}"')))
+    wanted = spec.variants[0].hugepages
+    xml = cli("--root", sample_path("dgx-h100"), "xml", "0000:1b:00.0", "--name", "s", "--vcpus", "8",
+              "--memory", "32G", "--hugepages", spelling, "--json")
+    assert xml.code in (0, 1), xml.err  # parsed (a host without 2M pages refuses, it does not reject)
+    assert wanted in ("none", "2M", "1G")
 
 
 def test_report_from_synthetic_results(tmp_path):
@@ -194,11 +246,11 @@ def test_describe_mig_backed_variant():
 
 
 def test_identity_describes_the_system(tmp_path):
-    from gpuvfio.commands import open_host
-    from gpuvfio.testbed.run import identity
+    from gpuvfio.address import PciAddress
+    from gpuvfio.ops.inventory import host_identity, open_host
 
     with open_host(sample_path("dgx-h100")) as (host, _label):
-        ident = identity(host, None, ["0000:1b:00.0", "0000:43:00.0"])
+        ident = host_identity(host, [PciAddress.parse("0000:1b:00.0"), PciAddress.parse("0000:43:00.0")])
     assert ident["accelerator_count"] == 2 and ident["accelerators"][0]["numa_node"] == 0
     assert ident["accelerators"][0]["link_max"] == "Gen5 x16"
     assert ident["numa_nodes"] == 2 and ident["host_cpus"] and ident["host_memory_kb"]
@@ -222,13 +274,13 @@ def test_signals_during_teardown_wait_for_it():
     second one after the first interrupt changes nothing (a remote Ctrl-C brings both)."""
     import signal
 
-    from gpuvfio.testbed.run import _Interrupted, _Signals
+    from gpuvfio.testbed.run import Interrupted, SignalGuard
 
-    signals = _Signals()
+    signals = SignalGuard()
     signals.install()
     try:
         finished = []
-        with pytest.raises(_Interrupted):
+        with pytest.raises(Interrupted):
             with signals.deferred():
                 os.kill(os.getpid(), signal.SIGTERM)
                 os.kill(os.getpid(), signal.SIGHUP)
@@ -248,7 +300,7 @@ def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
     import tarfile
 
     from gpuvfio.errors import GpuvfioError
-    from gpuvfio.testbed.remote import _pack, _unpack
+    from gpuvfio.testbed.remote import pack_results, unpack_results
 
     def archive(*entries):
         buffer = io.BytesIO()
@@ -265,17 +317,53 @@ def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
     good = archive(("./", b"", tarfile.DIRTYPE), ("./results", b"", tarfile.DIRTYPE),
                    ("./results/pt-1g", b"", tarfile.DIRTYPE), ("./results/pt-1g/rep-0.json", b"{}", tarfile.REGTYPE),
                    ("./identity.json", b"{}", tarfile.REGTYPE))
-    assert sorted(_unpack(good, str(tmp_path / "out"))) == ["identity.json", "results/pt-1g/rep-0.json"]
+    assert sorted(unpack_results(good, str(tmp_path / "out"))) == ["identity.json", "results/pt-1g/rep-0.json"]
     for bad in (("./.ssh/authorized_keys", b"key", tarfile.REGTYPE), ("./results/../../x", b"", tarfile.REGTYPE),
                 ("./results/pt-1g/rep-1.json", b"", tarfile.SYMTYPE), ("./results/pt-1g/notes.txt", b"", tarfile.REGTYPE)):
         with pytest.raises(GpuvfioError, match="refusing a result archive entry"):
-            _unpack(archive(bad), str(tmp_path / "out"))
+            unpack_results(archive(bad), str(tmp_path / "out"))
     with pytest.raises(GpuvfioError, match="damaged"):
-        _unpack(b"not a tar archive at all" * 40, str(tmp_path / "out"))
+        unpack_results(b"not a tar archive at all" * 40, str(tmp_path / "out"))
     out = tmp_path / "out"
     os.symlink("/etc/passwd", out / "results" / "pt-1g" / "rep-1.json")
     spec = tmp_path / "spec.toml"
     spec.write_text(GOOD)
-    with tarfile.open(fileobj=io.BytesIO(_pack(str(spec), str(out)))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(pack_results(str(spec), str(out)))) as tar:
         assert [(m.name, m.isfile()) for m in tar.getmembers()] == [
             ("spec.toml", True), ("out/results/pt-1g/rep-0.json", True)]
+
+
+def test_identity_of_a_gpu_pci_ids_does_not_know(tmp_path, monkeypatch):
+    """Debian 12's pci.ids has no H200: on main identity read fn.vendor/fn.device (no such
+    attributes) and the run died with an AttributeError before the first variant."""
+    from gpuvfio.address import PciAddress
+    from gpuvfio.host.root import HostRoot
+    from gpuvfio.ops.inventory import host_identity
+    from tests.hostbuilder import HostBuilder
+
+    empty = tmp_path / "pci.ids"
+    empty.write_text("# no entries\n")
+    monkeypatch.setenv("GPUVFIO_PCI_IDS", str(empty))
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("intel", 1)
+    rb = b.root_bus()
+    b.function(rb, "0000:01:00.0", "10de", "2335", "030200", driver="nvidia")
+    ident = host_identity(HostRoot(b.root), [PciAddress.parse("0000:01:00.0")])
+    assert ident["accelerators"][0]["model"] == "10de:2335"
+
+
+def test_results_are_of_the_specs_gpu_not_cuda_device_0(tmp_path):
+    """The verifier measures every CUDA device it sees; a result names the spec's GPU (on main the
+    bare-metal baseline took whatever came first: device 0)."""
+    from gpuvfio.address import PciAddress
+    from gpuvfio.testbed.run import write_rep
+    from gpuvfio.testbed.spec import Variant
+
+    report = {"checks": [], "facts": {"latency": {"00000000:1b:00.0": {"p50_us": 9.0},
+                                                  "00000000:43:00.0": {"p50_us": 5.0}}},
+              "bandwidth_gbps": {"00000000:1b:00.0": {"h2d": 20.0, "d2h": 21.0, "d2d": 900.0},
+                                 "00000000:43:00.0": {"h2d": 50.0, "d2h": 51.0, "d2d": 1900.0}}}
+    variant = Variant("baremetal", "baremetal")
+    write_rep(str(tmp_path), variant, 0, report, {}, [PciAddress.parse("0000:43:00.0")])
+    record = json.loads((tmp_path / "results" / "baremetal" / "rep-0.json").read_text())
+    assert record["metrics"]["h2d_gbps"] == 50.0 and record["metrics"]["latency_p50_us"] == 5.0

@@ -17,7 +17,7 @@ if _REASON:
     pytest.skip(_REASON, allow_module_level=True)
 
 from gpuvfio.errors import GpuvfioError  # noqa: E402
-from gpuvfio.hostroot import HostRoot  # noqa: E402
+from gpuvfio.ops.context import live_context  # noqa: E402
 from gpuvfio.testbed.report import write_report  # noqa: E402
 from gpuvfio.testbed.run import run_testbed  # noqa: E402
 from gpuvfio.testbed.spec import load_spec  # noqa: E402
@@ -57,7 +57,6 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
     known.write_text(f"[127.0.0.1]:{port} {image.host_key_line}\n")
     spec = load_spec(spec_file(tmp_path, image, port, known))
     out = str(tmp_path / "out")
-    host = HostRoot("/")
     conn = daemon.connect()
     seen = []
 
@@ -68,15 +67,15 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
 
     try:
         with pytest.raises(GpuvfioError, match="interrupted"):
-            run_testbed(host, spec, out, conn=conn, known_hosts_default=None, bind_step=None, restore_step=None,
-                        progress=interrupt_once)
+            with live_context("/", progress=interrupt_once) as ctx:
+                run_testbed(ctx, spec, out, uri=daemon.uri)
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
         done = sorted(os.listdir(os.path.join(out, "results", "tiny-4k")))
         assert done == ["rep-0.json", "rep-1.json"]
         assert os.listdir(os.path.join(out, "results", "tiny-auto")) == ["rep-0.json"]
         seen.append("resumed")
-        run_testbed(host, spec, out, conn=conn, known_hosts_default=None, bind_step=None, restore_step=None,
-                    progress=seen.append)
+        with live_context("/", progress=seen.append) as ctx:
+            run_testbed(ctx, spec, out, uri=daemon.uri)
         assert "tiny-4k: done already (2 repetitions)" in seen
         assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "rep-1.json"]
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []

@@ -36,6 +36,7 @@ port = 2222
 
 [run]
 gpus = ["0000:1b:00.0"]
+stop_services = true  # the DGX sample runs persistenced, fabricmanager and DCGM
 
 [[variant]]
 name = "pt-1g"
@@ -239,7 +240,7 @@ def test_cli_remote_run_then_report_here(tmp_path, hypervisor):
 
 
 def test_command_killed_by_a_signal_is_not_a_lost_connection(hypervisor):
-    from gpuvfio.ssh import ConnectionLost, Session, SshError, SshTarget
+    from gpuvfio.guest.ssh import ConnectionLost, Session, SshError, SshTarget
 
     target = SshTarget("127.0.0.1", hypervisor.port, "root", hypervisor.client_key, hypervisor.known_hosts)
     with Session(target) as session:

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from gpuvfio.guest import VERIFIER
-from gpuvfio.verify import Expected, evaluate, parse_probe, parse_verifier
+from gpuvfio.guest.payload import VERIFIER
+from gpuvfio.guest.verify import Expected, evaluate, parse_probe, parse_verifier
 
 SOURCE = os.path.join(os.path.dirname(__file__), "fakecuda", "fakecuda.c")
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")

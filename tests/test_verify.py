@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from gpuvfio.guest import PROBE, VERIFIER
-from gpuvfio.verify import Expected, VerifyError, evaluate, parse_probe, parse_verifier
+from gpuvfio.guest.payload import PROBE, VERIFIER
+from gpuvfio.guest.verify import Expected, VerifyError, evaluate, parse_probe, parse_verifier
 from tests.conftest import gpu_workstation
 
 H100 = Expected("0000:1b:00.0", "10de", "2330", True, 5, 16)
@@ -124,8 +124,8 @@ def test_probe_fits_a_dropbear_command_line():
     """The probe travels as sh -c's argument; dropbear refuses commands over 9000 bytes."""
     import shlex
 
-    from gpuvfio.guest import PROBE
-    from gpuvfio.verify import probe_argv
+    from gpuvfio.guest.payload import PROBE
+    from gpuvfio.guest.verify import probe_argv
 
     with open(PROBE, encoding="utf-8") as handle:
         assert len(shlex.join(probe_argv(handle.read())).encode()) < 8000
@@ -136,7 +136,7 @@ def test_banner_poll_tells_a_listening_server_from_slirps_accept():
     import socket
     import threading
 
-    from gpuvfio.ssh import _banner_ready
+    from gpuvfio.guest.ssh import _banner_ready
 
     def serve(greeting: bytes):
         server = socket.socket()

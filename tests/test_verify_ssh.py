@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from gpuvfio.ssh import Session, SshTarget
-from gpuvfio.verify import verify_guest
+from gpuvfio.guest.ssh import Session, SshTarget
+from gpuvfio.guest.verify import verify_guest
 from tests.lanes import hypervisor as hv
 
 pytestmark = pytest.mark.daemon

@@ -7,13 +7,11 @@ import os
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bindapply import Actions
-from gpuvfio.bindcmd import restore, status
-from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.inventory import read_inventory
-from gpuvfio.sysfs_write import SysfsWriteError, SysfsWriter
-from gpuvfio.vgpucmd import create, remove, types
+from gpuvfio.bind.sysfs_write import SysfsWriteError
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.ops.binding import restore, status
+from gpuvfio.ops.vgpu import create, create_for_domain, remove, types
+from tests.contexts import sim_context
 from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
 from tests.simkernel import SimKernel
 
@@ -35,78 +33,106 @@ def host(tmp_path):
     for vf in vfs:
         b.vgpu_types(vf, [(590, "NVIDIA A10-2Q"), (593, "NVIDIA A10-4Q")])
     kernel = SimKernel(b.root)
-    h = HostRoot(b.root)
-    return h, SysfsWriter(h, backend=kernel), kernel
+    ctx = sim_context(b.root, kernel)
+    return ctx, ctx.host, kernel
 
 
 def test_types(host):
-    h, _w, _k = host
-    inv = read_inventory(h)
-    legacy = types(inv, PciAddress.parse(T4))
+    ctx, _h, _k = host
+    legacy = types(ctx, PciAddress.parse(T4))
     assert legacy["kind"] == "mdev" and [t["id"] for t in legacy["mdev_types"]] == ["nvidia-222", "nvidia-230"]
-    sriov = types(inv, PciAddress.parse(A10))
+    sriov = types(ctx, PciAddress.parse(A10))
     assert sriov["kind"] == "sriov"
     assert [(t["id"], t["available_instances"]) for t in sriov["sriov_types"]] == [(590, 2), (593, 2)]
 
 
 def test_mdev_create_remove(host):
-    h, w, _k = host
-    report = create(h, PciAddress.parse(T4), "GRID T4-16Q", writer=w, uuid=UUID)
+    ctx, h, _k = host
+    report = create(ctx, PciAddress.parse(T4), "GRID T4-16Q", uuid=UUID)
     assert report == {"kind": "mdev", "uuid": UUID, "type": "nvidia-230", "parent": T4, "result": "created"}
     assert os.path.islink(os.path.join(h.sys, "bus", "mdev", "devices", UUID))
-    assert create(h, PciAddress.parse(T4), "nvidia-230", writer=w, uuid=UUID)["result"] == "exists"
-    with pytest.raises(InputError, match="no available instances"):
-        create(h, PciAddress.parse(T4), "nvidia-230", writer=w)
-    with pytest.raises(InputError, match="already exists with type nvidia-230"):
-        create(h, PciAddress.parse(T4), "nvidia-222", writer=w, uuid=UUID)
-    assert status(h)["mdevs"][UUID]["type"] == "nvidia-230"
-    remove(h, UUID, writer=w)
+    assert create(ctx, PciAddress.parse(T4), "nvidia-230", uuid=UUID)["result"] == "exists"
+    with pytest.raises(Refused, match="no available instances"):
+        create(ctx, PciAddress.parse(T4), "nvidia-230")
+    with pytest.raises(Refused, match="already exists with type nvidia-230"):
+        create(ctx, PciAddress.parse(T4), "nvidia-222", uuid=UUID)
+    assert status(ctx)["mdevs"][UUID]["type"] == "nvidia-230"
+    remove(ctx, UUID)
     assert not os.path.lexists(os.path.join(h.sys, "bus", "mdev", "devices", UUID))
-    assert status(h)["mdevs"] == {}
+    assert status(ctx)["mdevs"] == {}
 
 
 def test_unknown_type_refused(host):
-    h, w, kernel = host
-    with pytest.raises(InputError, match="does not offer mdev type"):
-        create(h, PciAddress.parse(T4), "nvidia-999", writer=w)
+    ctx, _h, kernel = host
+    with pytest.raises(Refused, match="does not offer mdev type"):
+        create(ctx, PciAddress.parse(T4), "nvidia-999")
     assert kernel.writes() == []
 
 
 def test_sriov_type_set_and_cleared_by_restore(host):
-    h, w, _k = host
-    report = create(h, PciAddress.parse(A10), "NVIDIA A10-4Q", writer=w)
+    ctx, h, _k = host
+    report = create(ctx, PciAddress.parse(A10), "NVIDIA A10-4Q")
     assert report["vf"] == "0000:41:00.4" and report["type"] == 593
-    second = create(h, PciAddress.parse(A10), "590", writer=w)
+    second = create(ctx, PciAddress.parse(A10), "590")
     assert second["vf"] == "0000:41:00.5"
-    with pytest.raises(InputError, match="no VF"):
-        create(h, PciAddress.parse(A10), "590", writer=w)
-    restore(h, [], writer=w, actions=Actions(print, print, print))
+    with pytest.raises(Refused, match="no VF"):
+        create(ctx, PciAddress.parse(A10), "590")
+    restore(ctx, [])
     for vf in ("0000:41:00.4", "0000:41:00.5"):
         assert h.read(h.sys_path("bus", "pci", "devices", vf, "nvidia", "current_vgpu_type")) == "0"
-    assert status(h)["vgpus"] == {}
+    assert status(ctx)["vgpus"] == {}
 
 
 def test_failed_mdev_create_stays_journaled(host):
-    h, w, kernel = host
+    ctx, _h, kernel = host
     kernel.inject("mdev_create", errno_=errno.EIO)
     with pytest.raises(SysfsWriteError):
-        create(h, PciAddress.parse(T4), "nvidia-222", writer=w, uuid=UUID)
+        create(ctx, PciAddress.parse(T4), "nvidia-222", uuid=UUID)
     # journaled before the write: restore reconciles (nothing exists, the entry goes)
-    assert UUID in status(h)["mdevs"]
-    restore(h, [], writer=w, actions=Actions(print, print, print))
-    assert status(h)["mdevs"] == {}
+    assert UUID in status(ctx)["mdevs"]
+    restore(ctx, [])
+    assert status(ctx)["mdevs"] == {}
 
 
 def test_remove_unknown(host):
-    h, w, _k = host
+    ctx, _h, _k = host
     with pytest.raises(GpuvfioError, match="not created by gpuvfio"):
-        remove(h, UUID, writer=w)
+        remove(ctx, UUID)
     with pytest.raises(InputError, match="not an mdev UUID"):
-        remove(h, "../../x", writer=w)
+        remove(ctx, "../../x")
+
+
+def test_a_created_instance_builds_into_its_domain(cli, host):
+    """The T4's 16Q type has one instance. vgpu create takes it (the type then reports 0
+    available); the domain naming that instance must still build (on main it was refused for
+    lack of an available instance), and another domain without it must not."""
+    ctx, h, _k = host
+    create(ctx, PciAddress.parse(T4), "GRID T4-16Q", uuid=UUID)
+    assert types(ctx, PciAddress.parse(T4))["mdev_types"][1]["available_instances"] == 0
+    ok = cli("--root", h.root, "xml", T4, "--name", "t4", "--mdev", "GRID T4-16Q", "--uuid", UUID,
+             "--numa", "none", "--firmware", "bios", "--json")
+    assert ok.code == 0, ok.err
+    assert f"uuid='{UUID}'" in ok.json()["xml"]
+    other = cli("--root", h.root, "xml", T4, "--name", "t4b", "--mdev", "GRID T4-16Q", "--numa", "none",
+                "--firmware", "bios")
+    assert other.code == 1 and "no available instances" in other.err
+    wrong = cli("--root", h.root, "xml", T4, "--name", "t4", "--mdev", "GRID T4-1B", "--uuid", UUID,
+                "--numa", "none", "--firmware", "bios")
+    assert wrong.code == 1 and "exists already, as type nvidia-230" in wrong.err
+
+
+def test_create_for_domain_uses_the_uuid_the_domain_names(cli, host):
+    """The testbed creates the vGPU first, then builds the domain: same UUID, no --uuid needed."""
+    ctx, h, _k = host
+    made = create_for_domain(ctx, "tb-t4", PciAddress.parse(T4), "GRID T4-16Q")
+    built = cli("--root", h.root, "xml", T4, "--name", "tb-t4", "--mdev", "GRID T4-16Q", "--numa", "none",
+                "--firmware", "bios", "--json")
+    assert built.code == 0, built.err
+    assert f"uuid='{made['uuid']}'" in built.json()["xml"]
 
 
 def test_cli_vgpu_bad_input(cli, host):
-    h, _w, _k = host
+    _ctx, h, _k = host
     result = cli("--root", h.root, "vgpu", "create", T4, "nvidia-222", "--uuid", "nope")
     assert result.code == 2 and "not a UUID" in result.err
     result = cli("--root", h.root, "vgpu", "types", "0000:82:00.9")
@@ -116,10 +142,10 @@ def test_cli_vgpu_bad_input(cli, host):
 
 def test_persist_writes_mdevctls_store(host):
     """The file format is the one mdevctl 1.2.0's ``define --auto`` writes (seen on this machine)."""
-    h, w, _k = host
-    create(h, PciAddress.parse(T4), "nvidia-222", writer=w, uuid=UUID, persist=True)
+    ctx, h, _k = host
+    create(ctx, PciAddress.parse(T4), "nvidia-222", uuid=UUID, persist=True)
     path = os.path.join(h.root, "etc", "mdevctl.d", T4, UUID)
     with open(path) as handle:
         assert json.load(handle) == {"mdev_type": "nvidia-222", "start": "auto", "attrs": []}
-    remove(h, UUID, writer=w)
+    remove(ctx, UUID)
     assert not os.path.exists(path)

@@ -15,11 +15,11 @@ import os
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError
-from gpuvfio.hostroot import HostRoot
-from gpuvfio.inventory import read_inventory
-from gpuvfio.vgpu import mig_backed, pick_vf
-from gpuvfio.vgpucmd import types
+from gpuvfio.errors import Refused
+from gpuvfio.host.inventory import read_inventory
+from gpuvfio.host.root import HostRoot
+from gpuvfio.vgpu.instances import types
+from gpuvfio.vgpu.types import mig_backed, pick_vf
 from tests.conftest import run_gpuvfio
 from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
 from tests.testbed_data import guest_toml
@@ -56,7 +56,7 @@ def test_types_mark_mig_backed_and_missing_instance_is_explained(tmp_path, cli):
     assert marked["NVIDIA H100-20C"] is None
     text = cli("--root", root, "vgpu", "types", H100).out
     assert "NVIDIA H100-1-10C            free VFs 2  MIG-backed: 1 slice(s), 10 GB" in text
-    with pytest.raises(InputError) as info:
+    with pytest.raises(Refused) as info:
         pick_vf(read_inventory(HostRoot(root)), PciAddress.parse(H100), "NVIDIA H100-7-80C")
     assert "MIG-backed (7 GPU slice(s), 80 GB)" in str(info.value) and "nvidia-smi mig -cgi" in str(info.value)
 
@@ -136,14 +136,11 @@ def _testbed_that_cannot_reach_its_guest(tmp_path, monkeypatch, env, fakecuda_li
     test:/// driver); returns (error, progress lines, host root)."""
     import ctypes
 
-    import libvirt
-
     from gpuvfio.errors import GpuvfioError
-    from gpuvfio.sysfs_write import SysfsWriter
     from gpuvfio.testbed.run import run_testbed
     from gpuvfio.testbed.spec import load_spec
+    from tests.contexts import sim_context
     from tests.lanes.guest import free_port
-    from tests.simkernel import SimKernel
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -157,17 +154,13 @@ def _testbed_that_cannot_reach_its_guest(tmp_path, monkeypatch, env, fakecuda_li
     assert plan.code == 0, plan.err
     vgpu = plan.json()["variants"][0]["vgpu"]
     assert vgpu["mig_backed"]["slices"] == 1 and vgpu["scheduler"] == "equal-share"
-    host = HostRoot(root)
     seen: list[str] = []
-    conn = libvirt.open("test:///default")
-    try:
+    # One context, one test:///default connection for the whole run (as a command has).
+    with sim_context(root, progress=seen.append) as ctx:
         with pytest.raises(GpuvfioError, match="did not answer SSH") as failed:
-            run_testbed(host, load_spec(str(spec_path)), str(tmp_path / "out"), conn=conn, known_hosts_default=None,
-                        bind_step=None, restore_step=None, vgpu_writer=SysfsWriter(host, backend=SimKernel(root)),
-                        progress=seen.append)
+            run_testbed(ctx, load_spec(str(spec_path)), str(tmp_path / "out"), uri="test:///default")
+        conn = ctx.libvirt("test:///default")
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
-    finally:
-        conn.close()
     assert "rolled back: destroy, undefine" in str(failed.value)  # attach undid its own domain
     types_now = {vf: open(os.path.join(root, "sys", "bus", "pci", "devices", vf, "nvidia",
                                        "current_vgpu_type")).read().strip() for vf in VFS}

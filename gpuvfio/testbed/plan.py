@@ -1,60 +1,57 @@
-"""``gpuvfio testbed plan``: what each variant provisions, without touching anything."""
+"""gpuvfio testbed plan: what each variant provisions, without touching anything.
+
+Built from the same services the run uses (ops.domains for the domain, ops.binding for the
+bind plan with the variant's policy), so a plan refuses exactly what the run would refuse.
+"""
 
 from __future__ import annotations
 
 import difflib
+import re
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError
-from gpuvfio.hostroot import HostRoot
+from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.ops import binding, domains, vgpu
+from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.context import Context
 from gpuvfio.testbed.spec import Spec, Variant
 
+DOMAIN_PREFIX = "gpuvfio-tb-"
+DIGEST = re.compile(r"digest='sha256:[0-9a-f]{64}'")
 
-def options_for(spec: Spec, variant: Variant, inventory, nodes):
-    from gpuvfio.domainspec import DomainOptions
-    from gpuvfio.sizes import parse_size_kib
 
+def domain_name(variant_name: str) -> str:
+    return f"{DOMAIN_PREFIX}{variant_name}"
+
+
+def request_for(ctx: Context, spec: Spec, variant: Variant) -> domains.DomainRequest:
+    """The variant's domain request: the spec's guest, the variant's pages, NUMA and profile
+    (a legacy mdev type or an SR-IOV vGPU type, as the GPU offers them)."""
     guest = spec.guest
-    numa = variant.numa
-    if numa == "remote":
-        gpu_nodes = {inventory.functions[PciAddress.parse(g)].numa_node for g in spec.gpus
-                     if PciAddress.parse(g) in inventory.functions}
-        others = [n.node_id for n in nodes if n.node_id not in gpu_nodes]
-        if not others:
-            raise InputError(f"variant {variant.name}: numa = 'remote' needs a NUMA node without the GPUs")
-        numa = str(others[0])
-    options = DomainOptions(name=f"gpuvfio-tb-{variant.name}", vcpus=guest.get("vcpus", 4),
-                            memory_kib=parse_size_kib(str(guest.get("memory", "8G"))), hugepages=variant.hugepages,
-                            numa=numa, firmware=guest.get("firmware", "efi"), virt_type=guest.get("virt_type", "kvm"),
-                            disk=guest.get("disk"), kernel=guest.get("kernel"), initrd=guest.get("initrd"),
-                            cmdline=guest.get("cmdline"), network=guest.get("network"),
-                            ssh_forward_port=spec.ssh.get("port"))
+    profile = {}
     if variant.kind == "vgpu":
-        fn = inventory.functions.get(PciAddress.parse(spec.gpus[0]))
-        if fn is not None and fn.mdev_types:
-            options.mdev = variant.profile
-        else:
-            options.vgpu = variant.profile
-    return options
+        legacy = vgpu.types(ctx, addresses_for(spec, variant)[0])["kind"] == "mdev"
+        profile = {"mdev": variant.profile} if legacy else {"vgpu": variant.profile}
+    return domains.domain_request(
+        domain_name(variant.name), vcpus=guest.get("vcpus", 4), memory=str(guest.get("memory", "8G")),
+        hugepages=variant.hugepages, numa=variant.numa, firmware=guest.get("firmware", "efi"),
+        virt_type=guest.get("virt_type", "kvm"), disk=guest.get("disk"), kernel=guest.get("kernel"),
+        initrd=guest.get("initrd"), cmdline=guest.get("cmdline"), network=guest.get("network"),
+        ssh_forward_port=spec.ssh.get("port"), **profile)
 
 
 def addresses_for(spec: Spec, variant: Variant) -> list[PciAddress]:
     return [PciAddress.parse(g) for g in spec.gpus] if variant.kind in ("passthrough", "vgpu") else []
 
 
-def plan(host: HostRoot, spec: Spec) -> dict:
-    from gpuvfio.bindplan import plan_bind
-    from gpuvfio.domainspec import build_spec
-    from gpuvfio.domainxml import domain_xml
-    from gpuvfio.inventory import read_inventory
-    from gpuvfio.kernel import read_kernel
-    from gpuvfio.numa import read_numa
-    from gpuvfio.pciids import PciIds
+def policy_for(variant: Variant) -> BindPolicy:
+    return BindPolicy(force=variant.force, stop_services=variant.stop_services)
 
-    inventory = read_inventory(host, names=PciIds.load(host.root))
-    nodes = read_numa(host)
-    kernel = read_kernel(host)
-    out = {"spec": spec.path, "repetitions": spec.repetitions, "variants": []}
+
+def plan(ctx: Context, spec: Spec, *, uri: str | None = None) -> dict:
+    """Each variant: its domain (XML, and its difference to the first variant's), its bind plan
+    with the checks that refuse it, its vGPU. ``refused``: the variants the run would refuse."""
+    out = {"spec": spec.path, "repetitions": spec.repetitions, "variants": [], "refused": []}
     first_xml = first_name = None
     for variant in spec.variants:
         entry = {"name": variant.name, "kind": variant.kind}
@@ -62,30 +59,45 @@ def plan(host: HostRoot, spec: Spec) -> dict:
             entry["action"] = "run the verifier on this host (the baseline)"
             out["variants"].append(entry)
             continue
-        options = options_for(spec, variant, inventory, nodes)
         addresses = addresses_for(spec, variant)
         try:
-            domain = build_spec(host, inventory, nodes, addresses, options)
-        except InputError as exc:
-            raise InputError(f"variant {variant.name}: {exc}") from None
-        xml = domain_xml(domain)
-        entry.update({"domain": options.name, "hugepages_kib": domain.hugepage_kib,
-                      "numa_nodes": [c.node for c in domain.cells], "warnings": domain.warnings, "xml": xml})
+            request = request_for(ctx, spec, variant)
+            provisioned = domains.provision_xml(ctx, addresses, request)
+        except GpuvfioError as exc:
+            if isinstance(exc, InputError):
+                raise InputError(f"variant {variant.name}: {exc}") from None
+            entry["refused"] = [str(exc)]
+            out["refused"].append(variant.name)
+            out["variants"].append(entry)
+            continue
+        spec_ = provisioned.spec
+        entry.update({"domain": request.name, "hugepages_kib": spec_.hugepage_kib,
+                      "numa_nodes": [c.node for c in spec_.cells], "warnings": spec_.warnings,
+                      "xml": provisioned.xml, "refused": []})
         if variant.kind == "vgpu":
-            from gpuvfio.vgpu import mig_backed
-
-            entry["vgpu"] = {"profile": variant.profile, "mig_backed": mig_backed(variant.profile),
+            entry["vgpu"] = {"profile": variant.profile, "mig_backed": vgpu.mig_backed(variant.profile),
                              "scheduler": variant.scheduler,
                              "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the "
                                                 "previous policy put back after" if variant.scheduler else
                                                 "left as the host driver has it")}
-        if variant.kind == "passthrough" and addresses:
-            entry["bind"] = plan_bind(host, inventory, kernel, addresses).to_json(host.root)
+        passthrough = [f.address for port in spec_.ports for f in port.functions]
+        if passthrough:
+            _bind_plan, report = binding.plan(ctx, passthrough, policy_for(variant), uri=uri,
+                                              exclude=request.name)
+            entry["bind"] = report
+            entry["refused"] = [c["message"] for c in report["refused"]] if "result" not in report else []
+        if entry["refused"]:
+            out["refused"].append(variant.name)
         if first_xml is None:
-            first_xml, first_name = xml, variant.name
+            first_xml, first_name = provisioned.xml, variant.name
         else:
             entry["xml_diff"] = "".join(difflib.unified_diff(
-                first_xml.replace(f"gpuvfio-tb-{first_name}", "NAME").splitlines(True),
-                xml.replace(options.name, "NAME").splitlines(True), first_name, variant.name))
+                _comparable(first_xml, domain_name(first_name)), _comparable(provisioned.xml, request.name),
+                first_name, variant.name))
         out["variants"].append(entry)
     return out
+
+
+def _comparable(xml: str, name: str) -> list[str]:
+    """Lines to diff between variants: without their names and gpuvfio's digest of each."""
+    return DIGEST.sub("digest='...'", xml.replace(name, "NAME")).splitlines(True)

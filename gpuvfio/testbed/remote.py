@@ -28,15 +28,17 @@ import tarfile
 import tempfile
 
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.ssh import ConnectionLost, SshError
+from gpuvfio.files import atomic_write
+from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
+from gpuvfio.ops.context import Context
+from gpuvfio.ops.inventory import open_host
+from gpuvfio.testbed.plan import plan
 from gpuvfio.testbed.spec import NAME, RemoteHost, Spec
 
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
 
 
-def session_for(remote: RemoteHost, default_known_hosts: str | None):
-    from gpuvfio.ssh import Session
-
+def session_for(remote: RemoteHost, default_known_hosts: str | None) -> Session:
     return Session(dataclasses.replace(remote.ssh, notes=[]), default_known_hosts)
 
 
@@ -60,10 +62,8 @@ def fetch_host_record(session, remote: RemoteHost) -> str:
 
 
 def plan_remote(spec: Spec, default_known_hosts: str | None) -> dict:
-    """The plan for a remote hypervisor, from its recorded host (nothing changes there)."""
-    from gpuvfio.commands import open_host
-    from gpuvfio.testbed.plan import plan
-
+    """The plan for a remote hypervisor, from its recorded host (nothing changes there; libvirt
+    there is not asked: the run asks it)."""
     with session_for(spec.host, default_known_hosts) as session:
         record = fetch_host_record(session, spec.host)
     with tempfile.TemporaryDirectory(prefix="gpuvfio-remote-") as scratch:
@@ -71,7 +71,7 @@ def plan_remote(spec: Spec, default_known_hosts: str | None) -> dict:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(record)
         with open_host(path) as (host, _label):
-            report = plan(host, spec)
+            report = plan(Context(host=host), spec)
     report["host"] = spec.host.label()
     return report
 
@@ -94,7 +94,7 @@ def _result_files(out: str) -> list[str]:
     return found
 
 
-def _pack(spec_path: str, out: str) -> bytes:
+def pack_results(spec_path: str, out: str) -> bytes:
     """spec.toml plus every result already recorded in OUT, as a tar stream (regular files only:
     root on the hypervisor unpacks it, and a symlink there would be written through)."""
     buffer = io.BytesIO()
@@ -123,10 +123,8 @@ def _wanted(name: str) -> bool:
     return False
 
 
-def _unpack(data: bytes, out: str) -> list[str]:
+def unpack_results(data: bytes, out: str) -> list[str]:
     """Extract the hypervisor's OUT into ours: only the expected names, as regular files."""
-    from gpuvfio.journal import atomic_write
-
     names = []
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
@@ -193,8 +191,6 @@ class _Scratch:
             and "\n" not in path and ".." not in path
 
     def make(self) -> str:
-        from gpuvfio.journal import atomic_write
-
         pattern = f"{self.remote.workdir.rstrip('/')}/gpuvfio-testbed.XXXXXXXX"
         path = _checked(self.session, ["mktemp", "-d", pattern], "mktemp").decode().strip()
         if not self._valid(path):
@@ -207,7 +203,7 @@ class _Scratch:
     def fetch(self) -> list[str]:
         archive = _checked(self.session, ["sh", "-c", _FETCH, "fetch", self.path], "fetching results",
                            timeout=600)
-        return _unpack(archive, self.out) if archive else []
+        return unpack_results(archive, self.out) if archive else []
 
     def remove(self) -> None:
         try:
@@ -256,7 +252,7 @@ def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect
         label = scratch.label
         scratch.pick_up_earlier()
         path = scratch.make()
-        _checked(session, ["tar", "-x", "-C", path, "-f", "-"], "uploading the spec", stdin=_pack(spec.path, out))
+        _checked(session, ["tar", "-x", "-C", path, "-f", "-"], "uploading the spec", stdin=pack_results(spec.path, out))
         command = remote_argv(remote, "testbed", "run", f"{path}/spec.toml", "--out", f"{path}/out", "--here",
                               *(["--connect", connect] if connect else []))
         # The pid file lets us signal the run and wait for its teardown; exec keeps gpuvfio the

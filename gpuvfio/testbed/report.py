@@ -16,7 +16,7 @@ import json
 import os
 
 from gpuvfio.errors import InputError
-from gpuvfio.journal import atomic_write
+from gpuvfio.files import atomic_write
 from gpuvfio.testbed.stats import METRICS, significant, summarize
 
 

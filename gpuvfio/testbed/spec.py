@@ -29,12 +29,16 @@
     repetitions = 3
     gpus = ["0000:1b:00.0"]
     connect = "qemu:///system"
+    stop_services = false        # stop nvidia-persistenced/fabricmanager/DCGM for the binds (restore
+                                 # restarts them); a Fabric Manager in shared-NVSwitch mode keeps running
+    force = false                # bind groups with a foreign device / the console GPU anyway
 
     [[variant]]
     name = "passthrough-1g"
     kind = "passthrough"         # passthrough | vgpu | baremetal
     hugepages = "1G"             # auto | 1G | 2M | none
     numa = "auto"                # auto | none | remote | N
+    stop_services = true         # per variant, overrides [run]
 
     [[variant]]
     name = "vgpu-a10-4q"
@@ -48,8 +52,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
-from gpuvfio.ssh import SshTarget  # paramiko itself is imported only when a session connects
+from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
+from gpuvfio.ops.domains import parse_hugepages, parse_numa
+from gpuvfio.ops.vgpu import POLICIES
+from gpuvfio.sizes import parse_size_kib
 
 KINDS = ("passthrough", "vgpu", "baremetal")
 _TABLE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?\s*(#.*)?$")
@@ -65,6 +78,8 @@ class Variant:
     numa: str = "auto"
     profile: str | None = None
     scheduler: str | None = None
+    stop_services: bool = False
+    force: bool = False
 
 
 @dataclass
@@ -120,11 +135,6 @@ class _Lines:
 
 def load_spec(path: str) -> Spec:
     try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-
-    try:
         with open(path, "rb") as handle:
             raw = handle.read()
     except OSError as exc:
@@ -140,6 +150,20 @@ def load_spec(path: str) -> Spec:
         number = lines.line(table, index, key)
         raise InputError(f"{path}:{number}: {message}" if number else f"{path}: {message}")
 
+    def integer(value, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    def boolean(table: str, index: int, raw: dict, key: str, default: bool) -> bool:
+        value = raw.get(key, default)
+        if not isinstance(value, bool):
+            fail(f"{key} must be true or false, not {value!r}", table, index, key)
+        return value
+
+    def path_value(table: str, raw: dict, key: str) -> None:
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value.startswith("/") or "\0" in value):
+            fail(f"{key} must be an absolute path", table, 0, key)
+
     unknown = set(data) - {"guest", "run", "variant", "host"}
     if unknown:
         fail(f"unknown section(s): {', '.join(sorted(unknown))}", sorted(unknown)[0])
@@ -152,13 +176,16 @@ def load_spec(path: str) -> Spec:
             fail(f"unknown key {key!r} in [guest] (allowed: {', '.join(sorted(allowed))})", "guest", 0, key)
     if not guest.get("kernel") and not guest.get("disk"):
         fail("[guest] needs kernel (+ initrd) or disk", "guest")
-    if not isinstance(guest.get("vcpus", 4), int) or not 1 <= guest.get("vcpus", 4) <= 4096:
+    for key in ("kernel", "initrd", "disk"):
+        path_value("guest", guest, key)
+    for key in ("cmdline", "network", "virt_type", "firmware"):
+        if key in guest and not isinstance(guest[key], str):
+            fail(f"{key} must be a string", "guest", 0, key)
+    if not integer(guest.get("vcpus", 4), 1, 4096):
         fail("vcpus must be an integer between 1 and 4096", "guest", 0, "vcpus")
     if "memory" in guest:
-        from gpuvfio.sizes import parse_size_kib
-
         try:
-            parse_size_kib(str(guest["memory"]))
+            parse_size_kib(str(guest["memory"]) if not isinstance(guest["memory"], bool) else "")
         except InputError as exc:
             fail(str(exc), "guest", 0, "memory")
     ssh = guest.get("ssh", {})
@@ -168,30 +195,46 @@ def load_spec(path: str) -> Spec:
     for key in ssh:
         if key not in ssh_keys:
             fail(f"unknown key {key!r} in [guest.ssh] (allowed: {', '.join(sorted(ssh_keys))})", "guest.ssh", 0, key)
-    if "port" in ssh and (not isinstance(ssh["port"], int) or not 0 < ssh["port"] < 65536):
+    if "port" in ssh and not integer(ssh["port"], 1, 65535):
         fail("ssh port must be an integer 1-65535", "guest.ssh", 0, "port")
+    for key in ("host", "user"):
+        if key in ssh and (not isinstance(ssh[key], str) or not ssh[key]):
+            fail(f"ssh {key} must be a non-empty string", "guest.ssh", 0, key)
+    for key in ("key", "known_hosts"):
+        path_value("guest.ssh", ssh, key)
+    boolean("guest.ssh", 0, ssh, "trust_on_first_use", False)
     timeout = ssh.get("boot_timeout", 300)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 86400:
         fail("boot_timeout must be a number of seconds, 1-86400", "guest.ssh", 0, "boot_timeout")
     run = data.get("run", {})
+    if not isinstance(run, dict):
+        fail("[run] must be a table", "run")
+    run_keys = {"repetitions", "gpus", "connect", "stop_services", "force"}
+    for key in run:
+        if key not in run_keys:
+            fail(f"unknown key {key!r} in [run] (allowed: {', '.join(sorted(run_keys))})", "run", 0, key)
     reps = run.get("repetitions", 3)
-    if not isinstance(reps, int) or not 1 <= reps <= 1000:
+    if not integer(reps, 1, 1000):
         fail("repetitions must be an integer between 1 and 1000", "run", 0, "repetitions")
     gpus = run.get("gpus", [])
     if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
         fail("gpus must be a list of PCI addresses", "run", 0, "gpus")
-    from gpuvfio.address import PciAddress
-
     for gpu in gpus:
         try:
             PciAddress.parse(gpu)
         except InputError as exc:
             fail(str(exc), "run", 0, "gpus")
+    if "connect" in run and (not isinstance(run["connect"], str) or not run["connect"]):
+        fail("connect must be a libvirt URI", "run", 0, "connect")
+    stop_services = boolean("run", 0, run, "stop_services", False)
+    force = boolean("run", 0, run, "force", False)
     variants_raw = data.get("variant")
     if not isinstance(variants_raw, list) or not variants_raw:
         fail("no [[variant]] tables: a testbed compares at least one variant")
     variants, names = [], set()
     for index, raw in enumerate(variants_raw):
+        if not isinstance(raw, dict):
+            fail("each [[variant]] must be a table", "variant", index)
         name = raw.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
             fail("variant name must be 1-41 letters, digits, '.', '_' or '-'", "variant", index, "name")
@@ -201,32 +244,38 @@ def load_spec(path: str) -> Spec:
         kind = raw.get("kind")
         if kind not in KINDS:
             fail(f"variant kind must be one of {', '.join(KINDS)}, not {kind!r}", "variant", index, "kind")
-        extra = set(raw) - {"name", "kind", "hugepages", "numa", "profile", "scheduler"}
+        extra = set(raw) - {"name", "kind", "hugepages", "numa", "profile", "scheduler", "stop_services", "force"}
         if extra:
             fail(f"unknown key(s) {', '.join(sorted(extra))} in variant {name}", "variant", index, sorted(extra)[0])
-        hugepages = raw.get("hugepages", "auto")
-        if hugepages not in ("auto", "1G", "2M", "none", "4K"):
-            fail(f"hugepages must be auto, 1G, 2M, 4K or none, not {hugepages!r}", "variant", index, "hugepages")
-        numa = str(raw.get("numa", "auto"))
-        if numa not in ("auto", "none", "remote") and not numa.isdigit():
-            fail(f"numa must be auto, none, remote or a node number, not {numa!r}", "variant", index, "numa")
-        if kind == "vgpu" and not raw.get("profile"):
+        try:
+            if not isinstance(raw.get("hugepages", "auto"), str):
+                raise InputError(f"hugepages must be auto, none, 4K, 2M or 1G (a string), not {raw['hugepages']!r}")
+            hugepages = parse_hugepages(raw.get("hugepages", "auto"))
+        except InputError as exc:
+            fail(str(exc), "variant", index, "hugepages")
+        try:
+            numa = parse_numa(raw.get("numa", "auto"))
+        except InputError as exc:
+            fail(str(exc), "variant", index, "numa")
+        profile = raw.get("profile")
+        if profile is not None and (not isinstance(profile, str) or not profile.strip()):
+            fail("profile must be a vGPU type name or id", "variant", index, "profile")
+        if kind == "vgpu" and not profile:
             fail(f"vgpu variant {name} needs a profile", "variant", index)
-        if kind != "baremetal" and kind != "vgpu" and raw.get("profile"):
+        if kind != "vgpu" and profile:
             fail(f"profile is for vgpu variants only ({name} is {kind})", "variant", index, "profile")
         if kind == "vgpu" and not gpus:
             fail("vgpu variants need [run] gpus", "run")
         scheduler = raw.get("scheduler")
         if scheduler is not None:
-            from gpuvfio.vgpusched import POLICIES
-
             if kind != "vgpu":
                 fail(f"scheduler is for vgpu variants only ({name} is {kind})", "variant", index, "scheduler")
             if scheduler not in POLICIES:
                 fail(f"scheduler must be one of {', '.join(POLICIES)}, not {scheduler!r}", "variant", index,
                      "scheduler")
-        variants.append(Variant(name, kind, "none" if hugepages == "4K" else hugepages, numa,
-                                raw.get("profile"), raw.get("scheduler")))
+        variants.append(Variant(name, kind, hugepages, numa, profile, scheduler,
+                                boolean("variant", index, raw, "stop_services", stop_services),
+                                boolean("variant", index, raw, "force", force)))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
                 variants=variants, host=_remote_host(data.get("host"), fail))
 

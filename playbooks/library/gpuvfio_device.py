@@ -38,7 +38,8 @@ options:
     choices: [vfio, host, persisted, unpersisted]
     default: vfio
   force:
-    description: Override the overridable refusals (non-viable group, boot VGA). Dangerous.
+    description: Override the overridable refusals (non-viable group, boot VGA); with C(state=persisted), persist
+      a group that holds a foreign device. Dangerous.
     type: bool
     default: false
   stop_services:
@@ -51,8 +52,9 @@ options:
     default: false
   libvirt_uri:
     description:
-      - libvirt URI asked which domains use the devices before binding. Default
-        C(qemu:///system) when C(root) is C(/), else no libvirt check.
+      - libvirt URI asked which domains use the devices before binding (a libvirt that does not
+        answer refuses the bind). Default libvirt's default URI when C(root) is C(/), else no
+        libvirt check; C(none) binds without asking.
     type: str
   write_timeout:
     description: Seconds to wait for one sysfs write.
@@ -110,88 +112,64 @@ persist:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, actions_for, current_drivers,
-                                                 driver_diff, fail_gpuvfio, parse_addresses, require_gpuvfio,
-                                                 state_dir, write_host, writer_for)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, driver_diff, fail_gpuvfio,
+                                                 parse_addresses, require_gpuvfio, task_context)
+
+if HAS_GPUVFIO:
+    from gpuvfio.ops import binding
 
 VFIO = "vfio-pci"
 
 
-def to_vfio(module, host, addresses) -> dict:
-    from gpuvfio import bindcmd
-    from gpuvfio.libvirt_domains import domain_lookup
-
+def to_vfio(module, ctx, addresses) -> dict:
     params = module.params
-    uri = params["libvirt_uri"] or ("qemu:///system" if host.root == "/" else None)
-    kwargs = dict(writer=writer_for(host, params["write_timeout"]), actions=actions_for(host),
-                  force=params["force"], stop_services=params["stop_services"],
-                  allow_unsafe_host=params["allow_unsafe_host"],
-                  domains_using=domain_lookup(uri) if uri else None, lock_timeout=params["lock_timeout"])
-    plan = bindcmd.bind(host, addresses, dry_run=True, **kwargs)
+    policy = binding.BindPolicy(force=params["force"], stop_services=params["stop_services"],
+                                allow_unsafe_host=params["allow_unsafe_host"])
+    # The plan of the real run: a refusal fails the task in check mode exactly as it would for real.
+    plan = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"], dry_run=True)
     result = {"devices": plan["devices"], "plan": plan}
-    before = current_drivers(host, plan["devices"])
+    before = binding.current_drivers(ctx, plan["devices"])
     if plan.get("result") == "nothing_to_do":
         # Already there: the pre-checks guard a move, and nothing moves (a domain that uses
         # the devices, as after attach.yml, is the expected state, not a refusal).
         result.update(changed=False, drivers={"before": before, "after": before})
         return result
-    if plan["refused"]:
-        raise bindcmd.Refused("refused: " + "; ".join(c["message"] for c in plan["refused"]), plan)
     after = {a: VFIO for a in plan["devices"]}
     result.update(changed=True, drivers={"before": before, "after": after},
                   diff=driver_diff(before, after, "IOMMU group(s) of " + ", ".join(map(str, addresses))))
     if module.check_mode:
         return result
-    report = bindcmd.bind(host, addresses, **kwargs)
+    report = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"])
     result["plan"] = report
-    result["drivers"]["after"] = current_drivers(host, report["devices"])
+    result["drivers"]["after"] = binding.current_drivers(ctx, report["devices"])
     result["changed"] = report.get("result") == "applied"
     return result
 
 
-def to_host(module, host, addresses) -> dict:
-    from gpuvfio import bindcmd
-    from gpuvfio.errors import InputError
-    from gpuvfio.inventory import read_inventory
-    from gpuvfio.journal import Journal
-
-    journal = Journal.load(state_dir(host))
-    inventory = read_inventory(host)
-    unknown = [str(a) for a in addresses if a not in inventory.functions]
-    if unknown:
-        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
-    # bind moved whole groups: give back every member gpuvfio holds from the same groups.
-    groups = {inventory.functions[a].iommu_group for a in addresses} - {None}
-    held = sorted(a for a, record in journal.devices.items()
-                  if a in {str(x) for x in addresses} or (record.get("group") is not None
-                                                          and record.get("group") in groups))
-    before = current_drivers(host, held)
-    foreign = [str(a) for a in addresses if str(a) not in held
-               and inventory.functions[a].driver == VFIO]
-    for address in foreign:
-        module.warn(f"{address} is on vfio-pci but gpuvfio does not hold it (bound before or by another tool); "
-                    "left as it is")
-    result = {"devices": held, "changed": bool(held)}
+def to_host(module, ctx, addresses) -> dict:
+    """gpuvfio's one release policy: what gpuvfio holds in the devices' IOMMU groups goes back."""
+    held = binding.held(ctx, addresses)
+    before = binding.current_drivers(ctx, held)
+    for address, driver in binding.current_drivers(ctx, addresses).items():
+        if address not in held and driver == VFIO:
+            module.warn(f"{address} is on vfio-pci but gpuvfio does not hold it (bound before or by another "
+                        "tool); left as it is")
+    result = {"devices": sorted(held), "changed": bool(held)}
     if not held:
         result["drivers"] = {"before": {}, "after": {}}
         return result
-    after = {a: journal.devices[a].get("original_driver") for a in held}
+    after = {a: record.get("original_driver") for a, record in held.items()}
     result.update(drivers={"before": before, "after": after},
                   diff=driver_diff(before, after, "devices held by gpuvfio"))
     if module.check_mode:
         return result
-    report = bindcmd.restore(host, parse_addresses(held), writer=writer_for(host, module.params["write_timeout"]),
-                             actions=actions_for(host), lock_timeout=module.params["lock_timeout"])
-    result["restore"] = report
-    result["drivers"]["after"] = current_drivers(host, held)
+    result["restore"] = binding.release(ctx, addresses)
+    result["drivers"]["after"] = binding.current_drivers(ctx, held)
     return result
 
 
-def persistence(module, host, addresses, remove: bool) -> dict:
-    from gpuvfio import bindcmd
-
-    report = bindcmd.persist(host, addresses, remove=remove, dry_run=module.check_mode,
-                             lock_timeout=module.params["lock_timeout"])
+def persistence(module, ctx, addresses, remove: bool) -> dict:
+    report = binding.persist(ctx, addresses, remove=remove, dry_run=module.check_mode, force=module.params["force"])
     changed = bool(report["changes"])
     result = {"devices": report["devices"], "persist": report, "changed": changed}
     if changed:
@@ -201,7 +179,8 @@ def persistence(module, host, addresses, remove: bool) -> dict:
     return result
 
 
-def main() -> None:
+def main(context_factory=None) -> None:
+    """``context_factory(host)``: the gpuvfio Context for the task (the live one by default)."""
     module = AnsibleModule(
         argument_spec=dict(COMMON_ARGS,
                            devices=dict(type="list", elements="str", required=True),
@@ -219,13 +198,14 @@ def main() -> None:
     state = module.params["state"]
     try:
         addresses = parse_addresses(module.params["devices"])
-        host = write_host(module)
-        if state == "vfio":
-            result = to_vfio(module, host, addresses)
-        elif state == "host":
-            result = to_host(module, host, addresses)
-        else:
-            result = persistence(module, host, addresses, remove=state == "unpersisted")
+        with task_context(module, context_factory, write_timeout=module.params["write_timeout"],
+                          lock_timeout=module.params["lock_timeout"]) as ctx:
+            if state == "vfio":
+                result = to_vfio(module, ctx, addresses)
+            elif state == "host":
+                result = to_host(module, ctx, addresses)
+            else:
+                result = persistence(module, ctx, addresses, remove=state == "unpersisted")
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
     if not module._diff:

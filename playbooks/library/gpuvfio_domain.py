@@ -58,12 +58,11 @@ options:
     type: str
     default: 8G
   hugepages:
-    description: Backing pages.
+    description: Backing pages, C(auto), C(none), C(4K), C(2M) or C(1G), spelled as gpuvfio takes them (C(1g), C(2MiB)).
     type: str
-    choices: [auto, 1G, 2M, none]
     default: auto
   numa:
-    description: C(auto), C(none) or a host NUMA node number.
+    description: C(auto), C(none), C(remote) (a node without the devices) or a host NUMA node number.
     type: str
     default: auto
   firmware:
@@ -212,42 +211,29 @@ plan:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, actions_for, fail_gpuvfio,
-                                                 known_hosts_file, parse_addresses, private_key_file,
-                                                 require_gpuvfio, state_dir, write_host, writer_for)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio,
+                                                 parse_addresses, private_key_file, require_gpuvfio, task_context)
+
+if HAS_GPUVFIO:
+    from gpuvfio.errors import Refused
+    from gpuvfio.ops import binding, domains, guests
+    from gpuvfio.ops.targets import ssh_options
 
 
-def domain_options(params):
-    from gpuvfio.domainspec import DomainOptions
-    from gpuvfio.sizes import parse_size_kib
-
-    return DomainOptions(name=params["name"], vcpus=params["vcpus"], memory_kib=parse_size_kib(params["memory"]),
-                         hugepages=params["hugepages"], numa=params["numa"], firmware=params["firmware"],
-                         hide_kvm=params["hide_kvm"], mdev=params["mdev"], vgpu=params["vgpu"], uuid=params["uuid"],
-                         disk=params["disk"], kernel=params["kernel"], initrd=params["initrd"],
-                         cmdline=params["cmdline"], network=params["network"], virt_type=params["virt_type"],
-                         ssh_forward_port=params["ssh_forward_port"], force=params["force"])
+def domain_request(params):
+    return domains.domain_request(
+        params["name"], vcpus=params["vcpus"], memory=params["memory"], hugepages=params["hugepages"],
+        numa=params["numa"], firmware=params["firmware"], hide_kvm=params["hide_kvm"], mdev=params["mdev"],
+        vgpu=params["vgpu"], uuid=params["uuid"], disk=params["disk"], kernel=params["kernel"],
+        initrd=params["initrd"], cmdline=params["cmdline"], network=params["network"],
+        virt_type=params["virt_type"], ssh_forward_port=params["ssh_forward_port"], force=params["force"])
 
 
-def build_xml(module, host, addresses, options):
-    from gpuvfio.domainspec import build_spec
-    from gpuvfio.domainxml import domain_xml
-    from gpuvfio.inventory import read_inventory
-    from gpuvfio.numa import read_numa
-    from gpuvfio.pciids import PciIds
-
-    inventory = read_inventory(host, names=PciIds.load(host.root))
-    spec = build_spec(host, inventory, read_numa(host), addresses, options)
-    for warning in spec.warnings:
+def build(module, ctx, addresses):
+    provisioned = domains.provision_xml(ctx, addresses, domain_request(module.params))
+    for warning in provisioned.spec.warnings:
         module.warn(warning)
-    return domain_xml(spec), spec
-
-
-def current_xml(dom) -> str:
-    from gpuvfio import guests
-
-    libvirt = guests._libvirt()
-    return dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    return provisioned
 
 
 def xml_diff(before: str, after: str, name: str) -> dict:
@@ -255,125 +241,57 @@ def xml_diff(before: str, after: str, name: str) -> dict:
             "before": before, "after": after}
 
 
-def ensure_ours(dom, name: str) -> None:
-    from gpuvfio import guests
-    from gpuvfio.errors import InputError
-
-    if dom is not None and not guests.made_by_gpuvfio(dom):
-        raise InputError(f"domain {name} exists and was not created by gpuvfio; pick another name")
+def policy(params):
+    return binding.BindPolicy(force=params["force"], stop_services=params["stop_services"])
 
 
-def bind_step_for(module, host, uri, name):
-    """Bind for attach: nothing to do is fine even when our own domain already names the devices."""
-    from gpuvfio import bindcmd
-    from gpuvfio.libvirt_domains import domain_lookup
-
-    lookup = domain_lookup(uri) if uri else None
-
-    def others_using(addresses):
-        used = lookup(addresses) if lookup else None
-        if used is None:
-            return None
-        return {a: [n for n in names if n != name] for a, names in used.items()}
-
-    def bind_step(devices):
-        kwargs = dict(writer=writer_for(host, 10.0), actions=actions_for(host), force=module.params["force"],
-                      stop_services=module.params["stop_services"],
-                      domains_using=others_using if lookup else None)
-        plan = bindcmd.bind(host, devices, dry_run=True, **kwargs)
-        if plan.get("result") == "nothing_to_do":
-            return plan
-        return bindcmd.bind(host, devices, **kwargs)
-
-    return bind_step
-
-
-def restore_step_for(module, host):
-    """Give back only what gpuvfio's journal holds (devices on vfio-pci before stay)."""
-    from gpuvfio import bindcmd
-    from gpuvfio.journal import Journal
-
-    def restore(addresses):
-        held = set(Journal.load(state_dir(host)).devices)
-        mine = [a for a in addresses if str(a) in held]
-        if not mine:
-            return {"restored": {}}
-        return bindcmd.restore(host, mine, writer=writer_for(host, 10.0), actions=actions_for(host))
-
-    return restore
-
-
-def ssh_target(module, key_file):
-    from gpuvfio.ssh import SshTarget
-
-    params = module.params
-    if not params["ssh_host"]:
-        if params["ssh_forward_port"]:
-            return SshTarget("127.0.0.1", params["ssh_forward_port"], params["ssh_user"], key_file,
-                             params["known_hosts"], params["trust_on_first_use"])
-        return None
-    return SshTarget(params["ssh_host"], params["ssh_port"] or 22, params["ssh_user"], key_file,
-                     params["known_hosts"], params["trust_on_first_use"])
-
-
-def defined(module, host, conn, uri, addresses) -> dict:
-    from gpuvfio import guests
-    from gpuvfio.define import define
-
+def defined(module, ctx, uri, addresses) -> dict:
     name = module.params["name"]
-    xml, _spec = build_xml(module, host, addresses, domain_options(module.params))
-    dom = guests.lookup(conn, name)
-    ensure_ours(dom, name)
-    before = current_xml(dom) if dom is not None else ""
-    report = define(xml, uri, update=module.params["update"], dry_run=module.check_mode)
+    provisioned = build(module, ctx, addresses)
+    existing = domains.existing_domain(ctx, name, uri=uri)
+    before = existing.xml if existing is not None else ""
+    report = domains.define_domain(ctx, provisioned.xml, uri=uri, update=module.params["update"],
+                                   dry_run=module.check_mode).to_json()
     outcome = report["result"]
     changed = outcome in ("defined", "updated", "would_define") or (
         outcome == "differs" and module.params["update"] and module.check_mode)
     if outcome == "differs" and not module.params["update"]:
         module.warn(f"domain {name} differs from what gpuvfio would define and update=false: left as it is "
                     f"({len(report['changes'])} differences, see define.changes)")
-    result = {"changed": changed, "xml": xml, "define": report}
+    result = {"changed": changed, "xml": provisioned.xml, "define": report}
     if changed:
-        result["diff"] = xml_diff(before, xml, name)
+        result["diff"] = xml_diff(before, provisioned.xml, name)
     return result
 
 
-def running(module, host, conn, uri, addresses) -> dict:
-    from gpuvfio import bindcmd, guests
-    from gpuvfio.attach import attach
-    from gpuvfio.define import difference
-    from gpuvfio.errors import InputError
-
+def running(module, ctx, uri, addresses) -> dict:
     params = module.params
     name = params["name"]
-    options = domain_options(params)
-    xml, spec = build_xml(module, host, addresses, options)
-    dom = guests.lookup(conn, name)
-    ensure_ours(dom, name)
-    before = current_xml(dom) if dom is not None else ""
-    if dom is not None and dom.isActive():
-        changes = difference(xml, before)
+    provisioned = build(module, ctx, addresses)
+    existing = domains.existing_domain(ctx, name, uri=uri)
+    before = existing.xml if existing is not None else ""
+    if existing is not None and existing.active:
+        changes = domains.differences(provisioned.xml, existing.xml)
         if changes:
-            raise InputError(f"domain {name} is running with a different definition ({len(changes)} differences: "
-                             f"{'; '.join(changes[:3])}); detach it (state=absent) first")
-        return {"changed": False, "xml": xml, "state": "running"}
-    result = {"changed": True, "xml": xml, "diff": xml_diff(before, xml, name)}
+            raise Refused(f"domain {name} is running with a different definition ({len(changes)} differences: "
+                          f"{'; '.join(changes[:3])}); detach it (state=absent) first")
+        return {"changed": False, "xml": provisioned.xml, "state": "running"}
+    result = {"changed": True, "xml": provisioned.xml, "diff": xml_diff(before, provisioned.xml, name)}
     if module.check_mode:
-        assigned = parse_addresses(spec.host_devices)
-        plan = {"define": "redefine" if dom is not None else "define", "start": True,
-                "wait_for_ssh": True, "verify": params["verify"]}
-        if assigned:
-            plan["bind"] = bindcmd.bind(host, assigned, writer=writer_for(host, 10.0), actions=actions_for(host),
-                                        force=params["force"], stop_services=params["stop_services"],
-                                        dry_run=True)
+        plan = {"define": domains.define_domain(ctx, provisioned.xml, uri=uri, update=True, dry_run=True).result,
+                "start": True, "wait_for_ssh": True, "verify": params["verify"]}
+        passthrough = [f.address for port in provisioned.spec.ports for f in port.functions]
+        if passthrough:  # the plan of the real run: a refusal fails the task here too
+            plan["bind"] = binding.bind(ctx, passthrough, policy(params), uri=uri, exclude=name, dry_run=True)
         result["plan"] = plan
         return result
+    checks = guests.verify_options() if params["verify"] else None
     with private_key_file(module) as key_file:
-        outcome = attach(host, addresses, options, conn=conn, ssh=ssh_target(module, key_file),
-                         bind_step=bind_step_for(module, host, uri, name),
-                         restore_step=restore_step_for(module, host), verify=params["verify"],
-                         keep_on_failure=params["keep_on_failure"], boot_timeout=params["boot_timeout"],
-                         known_hosts_default=known_hosts_file(host))
+        ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"], key=key_file,
+                          known_hosts=params["known_hosts"], trust_on_first_use=params["trust_on_first_use"],
+                          timeout=params["boot_timeout"])
+        outcome = guests.attach(ctx, addresses, domain_request(params), uri=uri, ssh=ssh,
+                                policy=policy(params), verify=checks, keep_on_failure=params["keep_on_failure"])
     result["attach"] = outcome.to_json()
     if not outcome.ok:
         failing = [c["id"] for c in (outcome.report or {}).get("checks", []) if c["status"] == "fail"]
@@ -381,28 +299,23 @@ def running(module, host, conn, uri, addresses) -> dict:
     return result
 
 
-def absent(module, host, conn) -> dict:
-    from gpuvfio import guests
-    from gpuvfio.attach import detach, domain_devices
-
+def absent(module, ctx, uri) -> dict:
     name = module.params["name"]
-    dom = guests.lookup(conn, name)
-    if dom is None:
+    existing = domains.existing_domain(ctx, name, uri=uri)
+    if existing is None:
         return {"changed": False}
-    ensure_ours(dom, name)
-    before = current_xml(dom)
-    result = {"changed": True, "diff": xml_diff(before, "", name)}
+    result = {"changed": True, "diff": xml_diff(existing.xml, "", name)}
     if module.check_mode:
-        result["plan"] = {"stop": bool(dom.isActive()), "undefine": True,
-                          "restore": [str(a) for a in domain_devices(dom)] if module.params["restore_devices"]
-                          else []}
+        result["plan"] = {"stop": existing.active, "undefine": True,
+                          "restore": [str(a) for a in existing.devices] if module.params["restore_devices"] else []}
         return result
-    restore = restore_step_for(module, host) if module.params["restore_devices"] else None
-    result["detach"] = detach(conn, name, restore_step=restore, timeout=module.params["stop_timeout"])
+    result["detach"] = guests.detach(ctx, name, uri=uri, timeout=module.params["stop_timeout"],
+                                     restore=module.params["restore_devices"])
     return result
 
 
-def main() -> None:
+def main(context_factory=None) -> None:
+    """``context_factory(host)``: the gpuvfio Context for the task (the live one by default)."""
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
@@ -413,7 +326,7 @@ def main() -> None:
             update=dict(type="bool", default=True),
             vcpus=dict(type="int", default=4),
             memory=dict(type="str", default="8G"),
-            hugepages=dict(type="str", choices=["auto", "1G", "2M", "none"], default="auto"),
+            hugepages=dict(type="str", default="auto"),
             numa=dict(type="str", default="auto"),
             firmware=dict(type="str", choices=["efi", "bios"], default="efi"),
             virt_type=dict(type="str", choices=["kvm", "qemu"], default="kvm"),
@@ -446,24 +359,17 @@ def main() -> None:
         supports_check_mode=True,
     )
     require_gpuvfio(module)
-    from gpuvfio import guests
-    from gpuvfio.define import default_uri
-
     state = module.params["state"]
-    uri = module.params["uri"] or default_uri()
+    uri = module.params["uri"]
     try:
         addresses = parse_addresses(module.params["devices"])
-        host = write_host(module)
-        conn = guests.connect(uri)
-        try:
+        with task_context(module, context_factory) as ctx:
             if state == "defined":
-                result = defined(module, host, conn, uri, addresses)
+                result = defined(module, ctx, uri, addresses)
             elif state == "running":
-                result = running(module, host, conn, uri, addresses)
+                result = running(module, ctx, uri, addresses)
             else:
-                result = absent(module, host, conn)
-        finally:
-            conn.close()
+                result = absent(module, ctx, uri)
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
     if not module._diff:

@@ -66,8 +66,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, fail_gpuvfio, read_host,
-                                                 require_gpuvfio)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio,
+                                                 require_gpuvfio, task_context)
+
+if HAS_GPUVFIO:
+    from gpuvfio.ops import binding
+    from gpuvfio.ops.inventory import doctor_report, list_report
 
 
 def summarize(listing: dict, doctor: dict | None) -> dict:
@@ -100,7 +104,7 @@ def summarize(listing: dict, doctor: dict | None) -> dict:
     return summary
 
 
-def main() -> None:
+def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(COMMON_ARGS,
                            gather=dict(type="list", elements="str", choices=["devices", "doctor", "status"],
@@ -109,20 +113,17 @@ def main() -> None:
         supports_check_mode=True,
     )
     require_gpuvfio(module)
-    from gpuvfio import bindcmd
-    from gpuvfio.commands import doctor_report, list_report
-
     gather = set(module.params["gather"]) | {"devices"}  # the summary needs the listing
     facts: dict = {"root": module.params["root"]}
     try:
-        with read_host(module) as host:
-            listing = list_report(host, show_all=module.params["all_functions"])
+        with task_context(module, context_factory, read_only=True) as ctx:
+            listing = list_report(ctx.host, show_all=module.params["all_functions"])
             facts.update(listing)
-            doctor = doctor_report(host) if "doctor" in gather else None
+            doctor = doctor_report(ctx.host) if "doctor" in gather else None
             if doctor is not None:
                 facts["doctor"] = doctor
             if "status" in gather:
-                status = bindcmd.status(host)
+                status = binding.status(ctx)
                 status.pop("state_dir", None)  # a temp dir for fixture files: not a fact
                 facts["status"] = status
             facts["summary"] = summarize(listing, doctor)

@@ -86,41 +86,16 @@ report:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GpuvfioError, fail_gpuvfio, known_hosts_file,
-                                                 parse_addresses, private_key_file, read_host, require_gpuvfio)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio,
+                                                 parse_addresses, private_key_file, require_gpuvfio, task_context)
+
+if HAS_GPUVFIO:
+    from gpuvfio.ops import guests
+    from gpuvfio.ops.targets import ssh_options
 
 
-def find_target(module, key_file):
-    from gpuvfio import guests
-    from gpuvfio.attach import domain_devices
-    from gpuvfio.define import default_uri
-    from gpuvfio.errors import InputError
-    from gpuvfio.ssh import SshTarget
-
-    params = module.params
-    recorded = []
-    address, port = params["ssh_host"], params["ssh_port"] or 22
-    if params["domain"]:
-        conn = guests.connect(params["uri"] or default_uri())
-        try:
-            dom = guests.lookup(conn, params["domain"])
-            if dom is None:
-                raise InputError(f"no domain named {params['domain']}")
-            recorded = domain_devices(dom) if guests.made_by_gpuvfio(dom) else []
-            if not address:
-                address, found_port = guests.ssh_address(conn, dom)
-                port = params["ssh_port"] or found_port
-        finally:
-            conn.close()
-    if not address:
-        raise InputError("give ssh_host (and ssh_port) or domain")
-    target = SshTarget(address, port, params["ssh_user"], key_file, params["known_hosts"],
-                       params["trust_on_first_use"])
-    target.connect_timeout = params["timeout"]
-    return target, recorded
-
-
-def main() -> None:
+def main(context_factory=None) -> None:
+    """``context_factory(host)``: the gpuvfio Context for the task (the live one by default)."""
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
@@ -142,20 +117,15 @@ def main() -> None:
         supports_check_mode=True,
     )
     require_gpuvfio(module)
-    from gpuvfio.inventory import read_inventory
-    from gpuvfio.ssh import Session
-    from gpuvfio.verify import expectations, verify_guest
-
     params = module.params
     try:
-        with private_key_file(module) as key_file:
-            target, recorded = find_target(module, key_file)
-            wanted = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else recorded
-            with read_host(module) as host:
-                expected = expectations(read_inventory(host), wanted)
-                with Session(target, known_hosts_file(host)) as session:
-                    report = verify_guest(session, expected, bandwidth=params["bandwidth"])
-        report["ssh_notes"] = list(target.notes)
+        expect = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else None
+        with private_key_file(module) as key_file, task_context(module, context_factory, read_only=True) as ctx:
+            ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"],
+                              key=key_file, known_hosts=params["known_hosts"],
+                              trust_on_first_use=params["trust_on_first_use"], timeout=params["timeout"])
+            report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["uri"], expect=expect,
+                                   options=guests.verify_options(bandwidth=params["bandwidth"]))
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
     if not report["ok"]:

@@ -1,13 +1,18 @@
-# Shared by the gpuvfio_* modules in ../library: argument specs, opening the host root,
-# turning gpuvfio's typed errors into module failures, and Ansible's diff format.
+# Shared by the gpuvfio_* modules in ../library: argument specs, the gpuvfio Context a task works
+# in, turning gpuvfio's typed errors into module failures, and Ansible's diff format.
 # Apache-2.0, like gpuvfio.
 """Common helpers for the gpuvfio Ansible modules.
 
-Every module takes ``root`` (the host as a directory, default ``/``; the read-only
-modules also take a host fixture file) and ``state_dir`` (gpuvfio's journal and lock
-directory, default ``<root>/var/lib/gpuvfio``). gpuvfio itself reads the state
-directory from ``GPUVFIO_STATE_DIR``; a module is its own process, so setting the
-variable there affects that one task only.
+The modules only parse their parameters, call gpuvfio's services (``gpuvfio.ops``: the same
+functions the gpuvfio command calls) and map the results to ``changed`` and ``diff``.
+
+Every module takes ``root`` (the host as a directory, default ``/``; the read-only modules
+also take a host fixture file) and ``state_dir`` (gpuvfio's journal and lock directory,
+default ``<root>/var/lib/gpuvfio``). gpuvfio reads the state directory from
+``GPUVFIO_STATE_DIR``; a module is its own process, so setting the variable there affects that
+one task only. What a task touches (the kernel's sysfs, modprobe and systemctl, libvirt) comes
+through a gpuvfio Context made by ``context_factory(host)``: the live one unless a caller (the
+tests) passes another to the module's ``main``.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ COMMON_ARGS = dict(
 )
 
 try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml installs it)
-    import gpuvfio  # noqa: F401
-    from gpuvfio.errors import GpuvfioError
+    from gpuvfio.address import PciAddress
+    from gpuvfio.errors import GpuvfioError, InputError
+    from gpuvfio.ops.context import host_context
+    from gpuvfio.ops.inventory import open_host
     HAS_GPUVFIO = True
     IMPORT_ERROR = None
 except ImportError:  # pragma: no cover - reported through require_gpuvfio()
@@ -45,49 +52,23 @@ def require_gpuvfio(module) -> None:
                          exception=IMPORT_ERROR)
 
 
-def apply_state_dir(module) -> None:
+@contextlib.contextmanager
+def task_context(module, context_factory=None, *, read_only: bool = False, **options):
+    """The gpuvfio Context of this task: ``root`` as a directory (or, for reading, a fixture
+    file loaded into a temp dir), the state directory applied; connections closed at the end."""
     if module.params.get("state_dir"):
         os.environ[STATE_ENV] = module.params["state_dir"]
-
-
-@contextlib.contextmanager
-def read_host(module):
-    """The host for reading: a root directory or a fixture file (loaded into a temp dir)."""
-    from gpuvfio.commands import open_host
-
-    apply_state_dir(module)
-    with open_host(module.params["root"]) as (host, _label):
-        yield host
-
-
-def write_host(module):
-    """The host for changing: a root directory only (a fixture file is read-only)."""
-    from gpuvfio.hostroot import HostRoot
-
-    apply_state_dir(module)
     root = module.params["root"]
-    if os.path.isfile(root):
-        raise _input_error(f"root {root} is a host fixture file: it can be read, not changed; "
-                           "load it into a directory (gpuvfio.fixture.load_fixture) to simulate changes")
-    return HostRoot(root)
-
-
-def _input_error(message):
-    from gpuvfio.errors import InputError
-
-    return InputError(message)
-
-
-def state_dir(host) -> str:
-    from gpuvfio.journal import state_dir as gpuvfio_state_dir
-
-    return gpuvfio_state_dir(host)
-
-
-def known_hosts_file(host) -> str:
-    from gpuvfio.journal import known_hosts_file as gpuvfio_known_hosts_file
-
-    return gpuvfio_known_hosts_file(host)
+    if not read_only and os.path.isfile(root):
+        raise InputError(f"root {root} is a host fixture file: it can be read, not changed; load it into a "
+                         "directory (gpuvfio.host.fixture.load_fixture) to simulate changes")
+    factory = context_factory or (lambda host: host_context(host, **options))
+    with open_host(root) as (host, _label):
+        ctx = factory(host)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
 
 
 @contextlib.contextmanager
@@ -111,23 +92,7 @@ def private_key_file(module):
 
 
 def parse_addresses(values) -> list:
-    from gpuvfio.address import PciAddress
-
     return [PciAddress.parse(str(v)) for v in values or []]
-
-
-def writer_for(host, timeout: float):
-    from gpuvfio.sysfs_write import SysfsWriter
-
-    return SysfsWriter(host, timeout=timeout)
-
-
-def actions_for(host):
-    """modprobe/systemctl on the live host. Looked up through the module attribute at call
-    time, so a test can substitute a simulated kernel for gpuvfio.bindapply.live_actions."""
-    from gpuvfio import bindapply
-
-    return bindapply.live_actions(host)
 
 
 def fail_gpuvfio(module, exc, **extra) -> None:
@@ -151,12 +116,3 @@ def driver_lines(drivers: dict) -> str:
 def driver_diff(before: dict, after: dict, header: str) -> dict:
     return {"before_header": f"{header} (drivers now)", "after_header": f"{header} (drivers after)",
             "before": driver_lines(before), "after": driver_lines(after)}
-
-
-def current_drivers(host, addresses) -> dict:
-    """Driver of each device, read through the device's resolved directory as the inventory
-    reads it (the ``driver`` link is relative to the real device directory)."""
-    from gpuvfio.address import PciAddress
-    from gpuvfio.inventory import read_function
-
-    return {str(a): read_function(host, PciAddress.parse(str(a))).driver for a in addresses}

@@ -12,8 +12,8 @@ reps=${GPU_LANE_REPS:-3}
 nvidia-smi -q >"$out/nvidia-smi-q.txt" 2>&1 || echo "nvidia-smi failed: $?" >>"$out/nvidia-smi-q.txt"
 rep=0
 while [ "$rep" -lt "$reps" ]; do
-    sh gpuvfio/guest/probe.sh >"$out/probe-$rep.txt"
-    python3 gpuvfio/guest/verifier.py "$@" >"$out/verifier-$rep.txt"
+    sh gpuvfio/guest/payload/probe.sh >"$out/probe-$rep.txt"
+    python3 gpuvfio/guest/payload/verifier.py "$@" >"$out/verifier-$rep.txt"
     rep=$((rep + 1))
 done
 printf 'gpu lane: %s repetitions in %s\n' "$reps" "$out"

@@ -16,10 +16,10 @@ import os
 import re
 import sys
 
-from gpuvfio.journal import atomic_write
+from gpuvfio.files import atomic_write
 from gpuvfio.testbed.run import write_rep
 from gpuvfio.testbed.spec import Variant
-from gpuvfio.verify import evaluate, parse_probe, parse_verifier
+from gpuvfio.guest.verify import evaluate, parse_probe, parse_verifier
 
 VARIANT = Variant(name="h200-vm-passthrough", kind="passthrough", hugepages="unknown", numa="unknown")
 _SMI = {"Product Name": "model", "Driver Version": "driver", "CUDA Version": "cuda",

@@ -1,4 +1,4 @@
-"""Kernel lane: boot a real distribution kernel under QEMU (TCG) with virtme-ng.
+"""Kernel lane: boot a real distribution kernel under QEMU (TCG; KVM where it works) with virtme-ng.
 
 The guest gets an emulated Intel IOMMU (so ``/sys/kernel/iommu_groups`` is real)
 plus whatever emulated PCI devices a test asks for, runs one script as root and
@@ -23,9 +23,26 @@ Boot speed: the bzImage's payload is extracted once to an ELF vmlinux that
 QEMU boots directly, and modules no test needs are blocked (FAST_BOOT_BLACKLIST);
 together that took a run from ~34 s to ~13-17 s on 2 cores.
 
-Environment knobs: GPUVFIO_KL_VERBOSE=1 (kernel console on vng's stdout,
-shown in GuestError), GPUVFIO_KL_KEEP=1 (keep the work directory),
-GPUVFIO_KL_COMPRESSED=1 (boot /boot/vmlinuz-* as is).
+Accelerator: KVM where it really works, TCG elsewhere (select_accelerator).  A
+/dev/kvm that opens and answers ioctls is not enough: on this project's machines
+it does (KVM_GET_API_VERSION, KVM_CREATE_VM and KVM_CREATE_VCPU all succeed), yet
+QEMU aborts with ``-cpu host`` and hangs without it.  So the probe boots this
+kernel under ``-accel kvm`` for a few seconds and asks for proof that it ran:
+its panic for want of a root file system, printed at the end of its init.  The
+answer is cached per host boot; on any doubt the lane uses TCG.
+
+Silent boots: the kernel console is always captured (on vng's stderr; it cost
+nothing measurable, 639 lines in a ~16 s boot), so a boot that stops printing
+before the script starts is seen: after SILENT_BOOT_S without a byte it is
+killed and, like a boot that times out before its script starts, booted once
+more.  Once the script has started, nothing is retried: its output has been
+streamed to ``follow`` already, and a script may be quiet for minutes.
+
+Environment knobs: GPUVFIO_KL_ACCEL=auto|kvm|tcg (default auto: probe),
+GPUVFIO_KL_SILENT_S=SECONDS (see SILENT_BOOT_S; 0 turns the check off),
+GPUVFIO_KL_VERBOSE=1 (also echo the kernel console to stderr as it comes),
+GPUVFIO_KL_KEEP=1 (keep the work directory), GPUVFIO_KL_COMPRESSED=1 (boot
+/boot/vmlinuz-* as is).
 
 Only the kernel in /boot whose modules are installed is bootable this way
 (virtme-ng loads modules from the host's /lib/modules/<version>); the kernel
@@ -34,17 +51,22 @@ the host is running may not be installed at all.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
+import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 # --- Guest topology -------------------------------------------------------------
@@ -125,21 +147,36 @@ class GuestError(RuntimeError):
     """The guest did not run the script to completion (boot failure, timeout)."""
 
     def __init__(self, message: str, *, vng_stdout: str = "", vng_stderr: str = "",
-                 command: Sequence[str] = ()):
+                 command: Sequence[str] = (), script_started: bool = False,
+                 boot_seconds: float | None = None, seconds: float | None = None,
+                 accel: "Accelerator | None" = None):
         tail_out = vng_stdout[-4000:]
         tail_err = vng_stderr[-4000:]
+        where = ("the script had started" if script_started
+                 else "the script had not started: the guest never finished booting")
         super().__init__(
-            f"{message}\ncommand: {shlex.join(command)}\n"
-            f"--- vng stdout (tail) ---\n{tail_out}\n--- vng stderr (tail) ---\n{tail_err}\n"
-            "(set GPUVFIO_KL_VERBOSE=1 to get the kernel console on vng's stdout)"
+            f"{message} ({where}; accelerator {accel.describe() if accel else '?'})\n"
+            f"command: {shlex.join(command)}\n"
+            f"--- vng stdout (tail) ---\n{tail_out}\n"
+            f"--- vng stderr: QEMU and the kernel console (tail) ---\n{tail_err}\n"
         )
+        self.headline = message
         self.vng_stdout = vng_stdout
         self.vng_stderr = vng_stderr
         self.command = list(command)
+        self.script_started = script_started
+        self.boot_seconds = boot_seconds
+        self.seconds = seconds
+        self.accel = accel
+        self.notes: list[str] = []  # retries before this failure (run_in_guest)
 
 
 class GuestTimeout(GuestError):
     pass
+
+
+class GuestSilent(GuestTimeout):
+    """The boot sent nothing for SILENT_BOOT_S before the script started, and was killed."""
 
 
 @dataclass
@@ -150,7 +187,11 @@ class GuestResult:
     seconds: float
     files: dict[str, str] = field(default_factory=dict)  # $OUT/<name> -> text
     vng_stdout: str = ""
-    vng_stderr: str = ""
+    vng_stderr: str = ""  # QEMU's warnings and the kernel console
+    accel: "Accelerator | None" = None
+    boot_seconds: float | None = None  # from starting vng to the script starting
+    attempts: int = 1
+    notes: list[str] = field(default_factory=list)  # what run_in_guest retried, and why
 
 
 # --- Discovery --------------------------------------------------------------------
@@ -231,11 +272,223 @@ def skip_reason() -> str | None:
     return None
 
 
+# --- Accelerator --------------------------------------------------------------------
+#
+# What tells "KVM works" from "KVM hangs" on these machines is only a real boot: the
+# ioctls succeed, QEMU's accelerator set-up succeeds, even SeaBIOS runs; the guest
+# kernel then either makes QEMU abort ("failed to set MSR 0x10a" with -cpu host) or
+# hangs silently (without it).  The probe therefore boots the same kernel, machine
+# and CPU model the lane will use, with no root file system, and waits for the
+# kernel's "VFS: Unable to mount root fs" panic: by then it has brought up its CPUs,
+# paging, timers, interrupts and the emulated IOMMU.  Under a working KVM that takes
+# ~1 s (the same probe takes ~2.6 s under TCG here), so KVM_PROBE_TIMEOUT is generous
+# and a slow host only costs a fall-back to TCG, never a wrong choice.  It must run
+# with -accel kvm alone: "kvm:tcg" would fall back to TCG and then boot fine.
+
+ACCEL_ENV = "GPUVFIO_KL_ACCEL"
+KVM_DEVICE = "/dev/kvm"
+KVM_PROBE_TIMEOUT = 10.0
+KVM_PROBE_MARKER = "VFS: Unable to mount root fs"
+KVM_PROBE_VERSION = "1"  # bump when the probe changes: old cached answers no longer count
+KVM_PROBE_CACHE = os.path.join(WORK_PARENT, "gpuvfio-kl-cache")
+
+
+@dataclass(frozen=True)
+class KvmProbe:
+    works: bool
+    detail: str         # one line, for people: what the probe saw
+    seconds: float
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str           # "kvm" or "tcg"
+    reason: str         # why, in one line
+    probe: KvmProbe | None = None
+
+    def describe(self) -> str:
+        return f"{self.name.upper()} ({self.reason})"
+
+
+def kvm_probe_command(kernel: str, qemu: str = "qemu-system-x86_64") -> list[str]:
+    """QEMU booting ``kernel`` under KVM with the lane's machine and vng's KVM CPU model."""
+    return [qemu, "-accel", "kvm", "-cpu", "host", *IOMMU_QEMU_ARGS, "-smp", "2", "-m", "256",
+            "-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot",
+            "-serial", "stdio", "-kernel", kernel,
+            "-append", "console=ttyS0 panic=-1 quiet"]
+
+
+def classify_kvm_probe(output: str, *, returncode: int | None, timed_out: bool,
+                       seconds: float, timeout: float = KVM_PROBE_TIMEOUT) -> KvmProbe:
+    """What a probe run's output and ending say about KVM (only the kernel's panic is proof)."""
+    if KVM_PROBE_MARKER in output:
+        return KvmProbe(True, f"a test kernel booted under KVM in {seconds:.1f}s", seconds)
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    # QEMU's own "error:" line says more than the assertion or warnings around it.
+    said = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else "")
+    said = f": {said[:200]}" if said else ""
+    if timed_out:
+        last = f" (last output: {lines[-1][:200]})" if lines else ""
+        return KvmProbe(False, f"a test kernel under KVM did not get through its boot in "
+                               f"{timeout:g}s: KVM hangs here{last}", seconds)
+    if returncode:
+        how = (f"was killed by signal {-returncode}" if returncode < 0 else f"exited {returncode}")
+        return KvmProbe(False, f"QEMU with -accel kvm {how}{said}", seconds)
+    return KvmProbe(False, f"a test kernel under KVM stopped before mounting its root{said}", seconds)
+
+
+def run_kvm_probe(kernel: str, *, qemu: str | None = None,
+                  timeout: float = KVM_PROBE_TIMEOUT) -> KvmProbe:
+    """Boot ``kernel`` under KVM for at most ``timeout`` seconds (see the section comment)."""
+    qemu = qemu or _which("qemu-system-x86_64") or "qemu-system-x86_64"
+    began = time.monotonic()
+    try:
+        proc = subprocess.Popen(kvm_probe_command(kernel, qemu), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    except OSError as exc:
+        return KvmProbe(False, f"cannot start QEMU: {exc}", 0.0)
+    output = b""
+    timed_out = False
+    try:
+        fd = proc.stdout.fileno()
+        while KVM_PROBE_MARKER.encode() not in output:
+            remaining = began + timeout - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not select.select([fd], [], [], remaining)[0]:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:  # QEMU exited
+                break
+            output = (output + chunk)[-65536:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # exited by itself
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: better a leftover process than a hung test run
+        proc.stdout.close()
+    seconds = time.monotonic() - began
+    return classify_kvm_probe(output.decode(errors="replace"), returncode=proc.returncode,
+                              timed_out=timed_out, seconds=seconds, timeout=timeout)
+
+
+def _identity(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"{path}:missing"
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_rdev}"
+
+
+def _kvm_probe_key(kernel: str, qemu: str) -> str:
+    """Everything the answer depends on: this boot of the host (KVM modules and their
+    parameters only change across boots), QEMU, the kernel booted and the probe itself."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+    except OSError:
+        boot_id = "unknown"
+    parts = [KVM_PROBE_VERSION, boot_id, _identity(qemu), _identity(kernel), _identity(KVM_DEVICE)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+_kvm_probes: dict[str, KvmProbe] = {}
+
+
+def cached_kvm_probe(kernel: str, *, cache_dir: str = KVM_PROBE_CACHE,
+                     probe: Callable[[str], KvmProbe] = run_kvm_probe) -> KvmProbe:
+    """``probe(kernel)``, remembered in this process and on disk for this host boot.
+
+    A hang is remembered too: that is the case that costs KVM_PROBE_TIMEOUT per try.
+    Delete the cache file (or set GPUVFIO_KL_ACCEL) to decide again.
+    """
+    qemu = _which("qemu-system-x86_64") or "qemu-system-x86_64"
+    key = _kvm_probe_key(kernel, qemu)
+    if key in _kvm_probes:
+        return replace(_kvm_probes[key], cached=True)
+    path = os.path.join(cache_dir, f"kvm-probe-{key}.json")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        found = KvmProbe(bool(data["works"]), str(data["detail"]), float(data["seconds"]), cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None
+    if found is None:
+        found = probe(kernel)
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"works": found.works, "detail": found.detail, "seconds": found.seconds}, f)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # unwritable cache: probe again next time
+    _kvm_probes[key] = found
+    return found
+
+
+def kvm_device_problem(path: str = KVM_DEVICE) -> str | None:
+    """Why ``path`` cannot be used at all, or None (which does not mean KVM works)."""
+    if not os.path.exists(path):
+        return f"no {path}"
+    if not os.access(path, os.R_OK | os.W_OK):
+        return f"{path} is not readable and writable by this user"
+    return None
+
+
+def choose_accelerator(setting: str | None, device_problem: str | None,
+                       probe: Callable[[], KvmProbe]) -> Accelerator:
+    """The accelerator for ``setting`` (GPUVFIO_KL_ACCEL: auto, kvm or tcg; unset = auto).
+
+    ``probe`` is only called when the answer depends on it.  Anything short of a probe
+    that saw the kernel run under KVM means TCG: a TCG boot is slow, a wrong KVM choice
+    hangs or aborts every boot.
+    """
+    setting = (setting or "auto").strip().lower()
+    if setting == "tcg":
+        return Accelerator("tcg", f"{ACCEL_ENV}=tcg")
+    if setting == "kvm":
+        return Accelerator("kvm", f"{ACCEL_ENV}=kvm, not probed")
+    if setting != "auto":
+        raise ValueError(f"{ACCEL_ENV}={setting!r}: use auto, kvm or tcg")
+    if device_problem:
+        return Accelerator("tcg", device_problem)
+    result = probe()
+    label = "KVM probe (cached)" if result.cached else "KVM probe"
+    return Accelerator("kvm" if result.works else "tcg", f"{label}: {result.detail}", result)
+
+
+def select_accelerator(kernel: str | None = None) -> Accelerator:
+    """The accelerator for booting ``kernel`` (the file vng will boot; default: as run_in_guest)."""
+    kernel = _boot_kernel(kernel)
+    return choose_accelerator(os.environ.get(ACCEL_ENV), kvm_device_problem(),
+                              lambda: cached_kvm_probe(kernel))
+
+
+def _boot_kernel(kernel: str | None) -> str:
+    """The file to boot: ``kernel`` (default find_kernel()), uncompressed unless disabled."""
+    kernel = kernel or find_kernel()
+    if kernel is None:
+        raise GuestError("no bootable kernel found (see find_kernel())")
+    if os.environ.get("GPUVFIO_KL_COMPRESSED") != "1":
+        kernel = uncompressed_kernel(kernel)
+    return kernel
+
+
 # --- Running ----------------------------------------------------------------------
 
+# The wrapper marks the script's start first thing: the host takes it as the end of
+# the boot (GuestResult.boot_seconds) and as the point after which nothing is retried.
 _WRAPPER = """#!/bin/sh
 # Written by tests/lanes/kernel.py; runs inside the guest.
 W={work}
+: >"$W/started"
 OUT=$W/out
 export OUT
 cd "$W" || exit 99
@@ -246,6 +499,16 @@ mv "$W/rc.tmp" "$W/rc"
 sync
 """
 
+# How long a boot may go without printing anything before its script starts.  The
+# kernel console, captured from the first line, printed its first line ~1.2 s after
+# vng started and never paused for more than ~2 s in a ~16 s boot (2 cores, quiet,
+# 2026-11); lanes.md and nested.py give ~20-40 s for a whole boot, about twice that
+# under load, "up to a few minutes" at worst.  240 s is longer than a whole loaded
+# boot, so even a boot whose console were lost is not killed while healthy, and still
+# far shorter than the timeouts callers give a run (300-1800 s).
+SILENT_BOOT_S = 240.0
+WATCH_POLL_S = 0.3
+
 
 def _numa_needed(devices: Iterable[str]) -> int:
     nodes = [int(m.group(1)) for d in devices for m in re.finditer(r"\bnuma_node=(\d+)", d)]
@@ -255,16 +518,22 @@ def _numa_needed(devices: Iterable[str]) -> int:
 def build_vng_command(*, kernel: str, work: str, devices: Sequence[str],
                       extra_qemu: Sequence[str] = (), numa_nodes: int = 1,
                       memory_mib: int = DEFAULT_MEMORY_MIB, cpus: int = 2,
-                      verbose: bool = False) -> list[str]:
+                      verbose: bool = True, accel: str = "tcg") -> list[str]:
+    """The vng command line.  ``verbose``: the kernel console on vng's stderr (run_in_guest
+    always asks for it).  ``accel``: "tcg", or "kvm" only where select_accelerator said so."""
+    if accel not in ("tcg", "kvm"):
+        raise ValueError(f"accelerator {accel!r}: kvm or tcg")
     vng = _which("vng") or "vng"
     cpus = max(cpus, numa_nodes)
     qemu = list(IOMMU_QEMU_ARGS)
     for spec in devices:
         qemu += ["-device", spec]
     qemu += list(extra_qemu)
-    cmd = [
-        vng, "--run", kernel,
-        "--disable-kvm",        # /dev/kvm exists here but KVM does not work
+    cmd = [vng, "--run", kernel]
+    if accel == "tcg":
+        # Without it virtme uses KVM whenever /dev/kvm is accessible, working or not.
+        cmd.append("--disable-kvm")
+    cmd += [
         "--disable-microvm",    # q35: PCIe, root ports, intel-iommu
         "--force-9p",           # no virtiofsd
         "--cpus", str(cpus),
@@ -295,20 +564,61 @@ def build_vng_command(*, kernel: str, work: str, devices: Sequence[str],
     return cmd
 
 
+def _report_to_stderr(line: str) -> None:
+    sys.stderr.write(f"[kernel lane] {line}\n")
+    sys.stderr.flush()
+
+
+def silent_boot_limit() -> float | None:
+    """SILENT_BOOT_S, or GPUVFIO_KL_SILENT_S (seconds; 0 turns the check off)."""
+    value = os.environ.get("GPUVFIO_KL_SILENT_S")
+    if not value:
+        return SILENT_BOOT_S
+    seconds = float(value)
+    return seconds if seconds > 0 else None
+
+
 def run_in_guest(script_text: str, *, devices: Sequence[str], timeout: int = 300, attempts: int = 2,
-                 **kwargs) -> "GuestResult":
-    """run_in_guest_once, retried after a GuestTimeout: on this machine a TCG boot very
-    occasionally hangs before the script starts (seen once in CI: the smoke test's guest
-    printed nothing for 300 s, the next boot was fine). A real test failure is not a
-    timeout and is never retried."""
+                 report: Callable[[str], None] | None = None, **kwargs) -> "GuestResult":
+    """run_in_guest_once, booted again when the guest timed out or went silent BEFORE its
+    script started: on this machine a TCG boot very occasionally hangs there (seen once in
+    CI: the smoke test's guest printed nothing for 300 s, the next boot was fine).  A
+    failure after the script started -- a timeout included -- is never retried: the
+    script's output has already gone to ``follow``, and it would only run twice.
+
+    ``report`` gets one-line notes for people (accelerator, boot time, retries);
+    default: stderr, which pytest shows with a failing test.  Notes also land in
+    GuestResult.notes, or GuestError.notes.
+    """
+    report = report or _report_to_stderr
+    accel = kwargs.pop("accel", None) or select_accelerator(kwargs.get("kernel"))
+    report(f"accelerator: {accel.describe()}")
+    return retry_unstarted(
+        lambda: run_in_guest_once(script_text, devices=devices, timeout=timeout, accel=accel,
+                                  report=report, **kwargs),
+        attempts=attempts, report=report)
+
+
+def retry_unstarted(boot: Callable[[], "GuestResult"], *, attempts: int,
+                    report: Callable[[str], None]) -> "GuestResult":
+    """``boot()``, called again (up to ``attempts`` calls in all) after a GuestTimeout --
+    GuestSilent included -- that came before the script started."""
+    notes: list[str] = []
     for attempt in range(1, attempts + 1):
         try:
-            return run_in_guest_once(script_text, devices=devices, timeout=timeout, **kwargs)
-        except GuestTimeout:
-            if attempt == attempts:
+            result = boot()
+        except GuestTimeout as exc:
+            if exc.script_started or attempt == attempts:
+                exc.notes = notes + exc.notes
                 raise
-            sys.stderr.write(f"[kernel lane] guest timed out after {timeout}s; booting again "
-                             f"(attempt {attempt + 1} of {attempts})\n")
+            note = (f"attempt {attempt} of {attempts}: {exc.headline}, before the script started; "
+                    f"killed it and booting again")
+            report(note)
+            notes.append(note)
+            continue
+        result.attempts = attempt
+        result.notes = notes + result.notes
+        return result
     raise AssertionError("unreachable")
 
 
@@ -316,7 +626,10 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
                  extra_qemu: Sequence[str] = (), numa_nodes: int | None = None,
                  memory_mib: int = DEFAULT_MEMORY_MIB, cpus: int = 2,
                  kernel: str | None = None,
-                 follow: Callable[[str], None] | None = None) -> GuestResult:
+                 follow: Callable[[str], None] | None = None,
+                 accel: Accelerator | None = None,
+                 silent_after: float | None = None,
+                 report: Callable[[str], None] | None = None) -> GuestResult:
     """Boot the guest with the emulated IOMMU and ``devices``; run the script as root.
 
     ``script_text`` is written to a file and executed directly, so it may start
@@ -329,17 +642,23 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
     guest runs (the file is on the shared 9p directory, mounted sync), for
     callers that show progress live; the result still carries all of it.
 
+    ``accel``: default select_accelerator().  ``silent_after``: seconds a boot may
+    print nothing before its script starts (default silent_boot_limit(); 0: no limit).
+
     Raises GuestError if the guest never reports the script's exit status,
-    GuestTimeout if it runs past ``timeout`` seconds.
+    GuestTimeout if it runs past ``timeout`` seconds, GuestSilent if it went silent
+    before the script started.
     """
-    kernel = kernel or find_kernel()
-    if kernel is None:
-        raise GuestError("no bootable kernel found (see find_kernel())")
-    if os.environ.get("GPUVFIO_KL_COMPRESSED") != "1":
-        kernel = uncompressed_kernel(kernel)
+    kernel = _boot_kernel(kernel)
+    accel = accel or select_accelerator(kernel)
+    if silent_after is None:
+        silent_after = silent_boot_limit()
+    elif silent_after <= 0:
+        silent_after = None
+    report = report or _report_to_stderr
     if numa_nodes is None:
         numa_nodes = _numa_needed(devices)
-    verbose = os.environ.get("GPUVFIO_KL_VERBOSE") == "1"
+    echo = os.environ.get("GPUVFIO_KL_VERBOSE") == "1"
     keep = os.environ.get("GPUVFIO_KL_KEEP") == "1"
 
     work = tempfile.mkdtemp(prefix="gpuvfio-kl-", dir=WORK_PARENT)
@@ -357,31 +676,27 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
 
         cmd = build_vng_command(kernel=kernel, work=work, devices=devices,
                                 extra_qemu=extra_qemu, numa_nodes=numa_nodes,
-                                memory_mib=memory_mib, cpus=cpus, verbose=verbose)
+                                memory_mib=memory_mib, cpus=cpus, verbose=True, accel=accel.name)
         env = dict(os.environ, PATH=_tool_path())
-        start = time.monotonic()
         # Own session so a timeout can take down vng *and* the QEMU it started.
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, cwd=work, text=True,
-                                errors="replace", start_new_session=True)
-        try:
-            if follow is None:
-                vng_out, vng_err = proc.communicate(timeout=timeout)
-            else:
-                vng_out, vng_err, timed_out = _communicate_following(
-                    proc, timeout, os.path.join(work, "stdout"), follow)
-                if timed_out:
-                    raise GuestTimeout(f"guest did not finish within {timeout}s",
-                                       vng_stdout=vng_out, vng_stderr=vng_err, command=cmd)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            vng_out, vng_err = proc.communicate()
-            raise GuestTimeout(f"guest did not finish within {timeout}s",
-                               vng_stdout=vng_out, vng_stderr=vng_err, command=cmd)
-        seconds = time.monotonic() - start
+                                stderr=subprocess.PIPE, env=env, cwd=work, start_new_session=True)
+        watched = watch_guest(proc, timeout=timeout, silent_after=silent_after,
+                              started_path=os.path.join(work, "started"),
+                              follow_path=os.path.join(work, "stdout"), follow=follow,
+                              echo=sys.stderr.write if echo else None,
+                              on_start=lambda seconds: report(
+                                  f"guest script started {seconds:.1f}s after the boot began "
+                                  f"({accel.name.upper()})"))
+        vng_out, vng_err = watched.stdout, watched.stderr
+        failure = dict(vng_stdout=vng_out, vng_stderr=vng_err, command=cmd,
+                       script_started=watched.script_started, boot_seconds=watched.boot_seconds,
+                       seconds=watched.seconds, accel=accel)
+        if watched.outcome == "silent":
+            raise GuestSilent(f"the boot printed nothing for {watched.silent_for:.0f}s "
+                              f"({watched.seconds:.0f}s after it began)", **failure)
+        if watched.outcome == "timeout":
+            raise GuestTimeout(f"guest did not finish within {timeout}s", **failure)
 
         def read(name: str) -> str | None:
             try:
@@ -393,8 +708,7 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
         rc = read("rc")
         if rc is None or not rc.strip().lstrip("-").isdigit():
             raise GuestError(f"guest exited (vng rc={proc.returncode}) without running the "
-                             "script to completion", vng_stdout=vng_out, vng_stderr=vng_err,
-                             command=cmd)
+                             "script to completion", **failure)
         files = {}
         outdir = os.path.join(work, "out")
         for name in sorted(os.listdir(outdir)):
@@ -403,8 +717,9 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
                 with open(path, errors="replace") as f:
                     files[name] = f.read()
         return GuestResult(returncode=int(rc), stdout=read("stdout") or "",
-                           stderr=read("stderr") or "", seconds=seconds, files=files,
-                           vng_stdout=vng_out, vng_stderr=vng_err)
+                           stderr=read("stderr") or "", seconds=watched.seconds, files=files,
+                           vng_stdout=vng_out, vng_stderr=vng_err, accel=accel,
+                           boot_seconds=watched.boot_seconds)
     finally:
         if keep:
             print(f"kernel lane: kept work dir {work}", file=sys.stderr)
@@ -412,30 +727,101 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _communicate_following(proc: subprocess.Popen, timeout: float, path: str,
-                           follow: Callable[[str], None]) -> tuple[str, str, bool]:
-    """``proc.communicate(timeout)`` that also hands ``follow`` what the guest adds to ``path``.
+# --- Watching a running guest -------------------------------------------------------
 
-    Returns (stdout, stderr, timed_out); on a timeout the process group is killed here.
+@dataclass
+class SilenceWatch:
+    """When a boot counts as silent; pure bookkeeping over times, fed by watch_guest.
+
+    Before the script starts, every byte from vng (QEMU, the kernel console, virtme's
+    init) is a sign of life, and a boot that has sent nothing for ``limit`` seconds --
+    since it began or since its last output -- is silent.  Once the script has
+    started it never is: scripts may be quiet for minutes (the nested lane waits for
+    a second-level guest), and killing one would have to run it again.
     """
-    import threading
+    limit: float | None
+    began: float
+    last_output: float | None = None
+    script_started_at: float | None = None
 
-    collected: dict[str, str] = {}
+    def saw_output(self, now: float) -> None:
+        self.last_output = now if self.last_output is None else max(self.last_output, now)
 
-    def drain(name: str, stream) -> None:
-        collected[name] = stream.read()
+    def saw_script_start(self, now: float) -> None:
+        if self.script_started_at is None:
+            self.script_started_at = now
 
-    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
-               for n, s in (("out", proc.stdout), ("err", proc.stderr))]
-    for reader in readers:
-        reader.start()
-    deadline = time.monotonic() + timeout
+    def quiet_for(self, now: float) -> float:
+        return now - (self.began if self.last_output is None else self.last_output)
+
+    def silent(self, now: float) -> bool:
+        return (self.limit is not None and self.script_started_at is None
+                and self.quiet_for(now) >= self.limit)
+
+
+@dataclass
+class Watched:
+    outcome: str                 # "exited", "timeout" or "silent" (the last two: killed)
+    stdout: str
+    stderr: str
+    seconds: float
+    script_started: bool
+    boot_seconds: float | None   # start to the script starting (None: it did not)
+    silent_for: float            # at the end: how long nothing had come
+
+
+class _Drain(threading.Thread):
+    """Reads one pipe to its end, noting when data last arrived."""
+
+    def __init__(self, stream, echo: Callable[[str], None] | None) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.echo = echo
+        self.chunks: list[bytes] = []
+        self.last_data: float | None = None
+
+    def run(self) -> None:
+        while True:
+            chunk = self.stream.read1(65536)
+            if not chunk:
+                return
+            self.chunks.append(chunk)
+            self.last_data = time.monotonic()
+            if self.echo is not None:
+                self.echo(chunk.decode(errors="replace"))
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+
+def watch_guest(proc: subprocess.Popen, *, timeout: float, silent_after: float | None,
+                started_path: str, follow_path: str | None = None,
+                follow: Callable[[str], None] | None = None,
+                echo: Callable[[str], None] | None = None,
+                on_start: Callable[[float], None] | None = None,
+                poll: float = WATCH_POLL_S) -> Watched:
+    """Wait for ``proc`` (binary stdout/stderr pipes, its own process group) to exit.
+
+    Kills the whole group when it runs past ``timeout`` or goes silent (SilenceWatch)
+    before ``started_path`` exists, and returns only once nothing of it runs any more,
+    so a retry never overlaps the boot it replaces.  ``follow`` gets what is added to
+    ``follow_path`` (whole lines while it runs); ``echo`` what arrives on the pipes;
+    ``on_start`` the boot's seconds when the script is seen to start (before ``follow``
+    gets any of its output).
+    """
+    began = time.monotonic()
+    watch = SilenceWatch(silent_after, began)
+    drains = [_Drain(stream, echo) for stream in (proc.stdout, proc.stderr)]
+    for drain in drains:
+        drain.start()
     offset = 0
 
     def pump(whole_lines: bool = True) -> None:
         nonlocal offset
+        if follow is None or follow_path is None:
+            return
         try:
-            with open(path, "rb") as f:
+            with open(follow_path, "rb") as f:
                 f.seek(offset)
                 data = f.read()
         except FileNotFoundError:
@@ -446,22 +832,75 @@ def _communicate_following(proc: subprocess.Popen, timeout: float, path: str,
             offset += cut
             follow(data[:cut].decode(errors="replace"))
 
-    timed_out = False
+    outcome = "exited"
     while proc.poll() is None:
+        now = time.monotonic()
+        for drain in drains:
+            if drain.last_data is not None:
+                watch.saw_output(drain.last_data)
+        if watch.script_started_at is None and os.path.exists(started_path):
+            watch.saw_script_start(now)
+            if on_start is not None:
+                on_start(_started_after(started_path, began, now))
         pump()
-        if time.monotonic() > deadline:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        if now - began > timeout:
+            outcome = "timeout"
+        elif watch.silent(now):
+            outcome = "silent"
+        if outcome != "exited":
+            _kill_group(proc)
             break
-        time.sleep(0.3)
+        time.sleep(poll)
+    end = time.monotonic()
     pump(whole_lines=False)
-    for reader in readers:
-        reader.join(timeout=10)
-    return collected.get("out", ""), collected.get("err", ""), timed_out
+    for drain in drains:
+        drain.join(timeout=10)
+    started = watch.script_started_at is not None or os.path.exists(started_path)
+    return Watched(outcome=outcome, stdout=drains[0].text(), stderr=drains[1].text(),
+                   seconds=end - began, script_started=started,
+                   boot_seconds=_started_after(started_path, began, watch.script_started_at),
+                   silent_for=watch.quiet_for(end))
+
+
+def _started_after(path: str, began: float, seen_at: float | None) -> float | None:
+    """Seconds from ``began`` to the script starting: from the marker's mtime (the host's
+    clock, written through 9p) where it exists, else when the watch saw it, else None."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return None if seen_at is None else seen_at - began
+    # Both clocks measured now: wall-clock time of ``began``.
+    began_wall = time.time() - (time.monotonic() - began)
+    return max(0.0, mtime - began_wall)
+
+
+def _kill_group(proc: subprocess.Popen, wait: float = 15.0) -> None:
+    """SIGKILL ``proc``'s process group and wait until none of its members is left
+    running (zombies, which PID 1 here may never reap, do not count)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=wait)
+    deadline = time.monotonic() + wait
+    while _live_group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
 
 
 # --- Parsing helpers for tests ------------------------------------------------------

@@ -9,7 +9,8 @@ TCG, the tiny busybox+dropbear guest of tests/lanes/guest.py, built here on the
 host before the boot and read by the guest through its 9p root), waits for its
 SSH and verifies that the device is in it; then ``detach``.
 
-Cost, measured on 2 cores: the boot ~20-40 s, imports over 9p ~20-30 s, libvirtd
+Cost, measured on 2 cores (TCG; tests/lanes/demo.py USUAL holds these as the demo's
+yardstick): the boot ~20-40 s, imports over 9p ~20-30 s, libvirtd
 start ~10-15 s, QEMU capability probe ~7 s (then cached, see QEMU_CAPS_CACHE),
 attach ~150 s (the second-level guest's boot to SSH ~85 s, the verify probe ~45 s:
 see nested_guest.PROBE_TIMEOUT), detach ~7 s: ~4-4.5 min in all on a quiet machine,
@@ -46,6 +47,10 @@ DOMAIN_NAME = "gpuvfio-edu"        # part "domain": defined, then undefined
 NESTED_NAME = "gpuvfio-nested"     # part "attach": the second-level guest
 NESTED_CMDLINE = gl.KERNEL_CMDLINE + " cryptomgr.notests mitigations=off nokaslr audit=0 random.trust_cpu=on"
 QEMU_CAPS_CACHE = "/tmp/gpuvfio-nested-cache/qemu-capabilities"
+# The second-level guest's serial console, when nested_guest.py gets one from
+# ``gpuvfio attach --console-log`` and returns it: the only way to tell a guest that
+# booted slowly from one that hung when SSH never answers.
+NESTED_CONSOLE = "nested.console.log"
 ALL_PARTS = ("inventory", "plan", "domain", "attach")
 TEST_PARTS = ("plan", "domain", "attach")
 DEFAULT_TIMEOUT = 1800
@@ -102,11 +107,25 @@ class NestedResult:
     def vfio_nodes(self, snap: str) -> set[str]:
         return set(self.files.get(snap + ".vfio", "").split())
 
+    def boot_line(self) -> str:
+        """How the emulated GPU host was booted: accelerator, boot time, retries."""
+        guest = self.guest
+        boot = f"{guest.boot_seconds:.1f}s to the script" if guest.boot_seconds is not None else "boot time unknown"
+        line = (f"GPU host booted under {guest.accel.describe() if guest.accel else '?'}; {boot}, "
+                f"{guest.seconds:.1f}s in all")
+        if guest.notes:  # a boot that was killed and booted again
+            line += "; " + " / ".join(guest.notes)
+        return line
+
     def summary(self) -> str:
         """What to show when an assertion fails: errors, timings, the tail of the guest's output."""
-        return ("--- errors ---\n" + self.files.get("errors", "(none)")
+        console = self.files.get(NESTED_CONSOLE)
+        return ("--- " + self.boot_line() + " ---"
+                + "\n--- errors ---\n" + self.files.get("errors", "(none)")
                 + "\n--- timings ---\n" + self.files.get("timings", "(none)")
                 + "\n--- second-level guest's QEMU log (tail) ---\n" + self.files.get("nested.qemu.log", "")[-2000:]
+                + "\n--- second-level guest's console (tail) ---\n"
+                + (console[-3000:] if console is not None else "(not captured)")
                 + "\n--- guest stdout (tail) ---\n" + self.guest.stdout[-4000:]
                 + "\n--- guest stderr (tail) ---\n" + self.guest.stderr[-3000:])
 
@@ -152,11 +171,17 @@ def clear_qemu_caps_cache() -> None:
 
 
 def run(parts: tuple[str, ...] = TEST_PARTS, *, timeout: int = DEFAULT_TIMEOUT,
-        follow: Callable[[str], None] | None = None, image: gl.GuestImage | None = None) -> NestedResult:
-    """Build the tiny guest (cached), boot the emulated GPU host, run ``parts`` in it."""
+        follow: Callable[[str], None] | None = None, image: gl.GuestImage | None = None,
+        report: Callable[[str], None] | None = None,
+        accel: kl.Accelerator | None = None) -> NestedResult:
+    """Build the tiny guest (cached), boot the emulated GPU host, run ``parts`` in it.
+
+    ``report`` gets the kernel lane's notes (accelerator, boot time, a retried silent
+    boot); ``accel`` default: kl.select_accelerator()."""
     image = image or gl.build_guest()
     script = guest_script(image, parts)
-    result = kl.run_in_guest(script, devices=kl.GPU_HOST_DEVICES, timeout=timeout, follow=follow)
+    result = kl.run_in_guest(script, devices=kl.GPU_HOST_DEVICES, timeout=timeout, follow=follow,
+                             report=report, accel=accel)
     _store_qemu_caps(result.files)
     return NestedResult(result, image, tuple(parts), dict(result.files))
 
@@ -181,6 +206,7 @@ def shared_run(parts: tuple[str, ...] = TEST_PARTS) -> NestedResult:
 def checked_shared_run() -> NestedResult:
     """The shared run for a test module's fixture: its timings shown, a failed guest an error."""
     result = shared_run()
-    print(f"nested lane run: {result.guest.seconds:.1f}s\n" + result.files.get("timings", ""))
+    print(f"nested lane run: {result.guest.seconds:.1f}s; {result.boot_line()}\n"
+          + result.files.get("timings", ""))
     assert result.guest.returncode == 0, result.summary()
     return result

@@ -25,12 +25,12 @@ which the host caches so the next boot skips the ~20 s probe.
 
 Commands run as forked children of this process, which imported the CLI once:
 under TCG a fresh ``python -m gpuvfio`` costs 10-35 s of imports over 9p (see
-tests/test_kernel_binding.py).  With --json, attach and detach print no
-progress, so their children get a progress callback that writes the lines it
-would have printed to stderr ("tap"), plus one line per SSH command with its
-duration; their stdout stays the JSON report.  The tap also stretches verify's
-fixed 120 s for the guest probe (PROBE_TIMEOUT): under two layers of emulation
-the probe's many forks alone take 43-120+ s.
+tests/test_kernel_binding.py).  attach and detach run with ``--json -v``: the JSON
+report on stdout, gpuvfio's progress (each step, each command in the guest with its
+duration) on stderr, streamed live; attach gets ``--probe-timeout`` (PROBE_TIMEOUT)
+for the guest probe, whose forks are slow under two layers of emulation, and
+``--console-log`` for the second-level guest's serial console (returned as
+nested.console.log).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ import time
 import traceback
 
 QEMU_CAPS_DIR = "/var/cache/libvirt/qemu/capabilities"
-# gpuvfio verify gives the guest probe (gpuvfio/guest/probe.sh) a fixed 120 s.  The probe
-# forks ~4 processes per sysfs attribute: ~5 s under one layer of TCG, 43-120+ s under two
-# (more when the machine is loaded), so the attach/detach children here allow it this much.
-# Drop this once the probe reads attributes with shell builtins (~0.1 s under TCG).
+# gpuvfio verify gives the guest probe (gpuvfio/guest/payload/probe.sh) 120 s by default. The
+# probe forks a few processes per sysfs attribute: seconds under one layer of TCG, more under
+# two when the machine is loaded, so attach here allows it this much (--probe-timeout).
 PROBE_TIMEOUT = 600.0
+CONSOLE_LOG = "/tmp/gpuvfio-nested-console.log"
 PARTS = ("inventory", "plan", "domain", "attach")
 
 
@@ -59,7 +59,7 @@ class Run:
         self.config = config
         self.out = os.environ["OUT"]
         self.edu = config["edu"]
-        self.main = None  # gpuvfio.main.main, once imported
+        self.main = None  # gpuvfio.cli.main, once imported
 
     # -- recording -------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ class Run:
 
     # -- gpuvfio commands ------------------------------------------------------------
 
-    def _child(self, argv: list[str], name: str, tap: bool) -> None:
+    def _child(self, argv: list[str], name: str) -> None:
         for fd, suffix, flags in ((0, None, os.O_RDONLY),
                                   (1, ".out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                                   (2, ".err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
@@ -97,27 +97,18 @@ class Run:
             new = os.open(path, flags, 0o644)
             os.dup2(new, fd)
             os.close(new)
-        code = 0
+        code = 1
         try:
-            if tap:
-                _tap_progress(float(self.config.get("probe_timeout", PROBE_TIMEOUT)))
-            self.main(list(argv))
-        except SystemExit as exc:
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                sys.stderr.write(f"{exc.code}\n")
-                code = 1
+            code = self.main(list(argv))
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
-            code = 1
         finally:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
-        os._exit(code)
+        os._exit(code)  # a forked child: leave without the parent's atexit handlers and buffers
 
-    def gv(self, name: str, *argv: str, tap: bool = False, stream: bool = False, show: str = "out") -> int:
+    def gv(self, name: str, *argv: str, stream: bool = False, show: str = "out") -> int:
         """Run ``gpuvfio ARGV`` in a forked child; record and print it. ``show``: out | none."""
         self.say(f"\n$ gpuvfio {shlex.join(argv)}")
         sys.stderr.flush()
@@ -125,7 +116,7 @@ class Run:
         pid = os.fork()
         if pid == 0:
             try:
-                self._child(list(argv), name, tap)
+                self._child(list(argv), name)
             finally:
                 os._exit(99)
         err_path = os.path.join(self.out, name + ".err")
@@ -187,59 +178,6 @@ class Run:
         self.put(name + ".vfio", "".join(n + "\n" for n in nodes))
 
 
-def _tap_progress(probe_timeout: float) -> None:
-    """Give attach/detach a progress callback that prints, also under --json, and time the
-    SSH session's commands (child only).  ``probe_timeout`` stretches verify's fixed 120 s
-    for the guest probe (see PROBE_TIMEOUT)."""
-    import gpuvfio.attach as attach_module
-
-    def say(line: str) -> None:
-        sys.stderr.write(f"gpuvfio: {line}\n")
-        sys.stderr.flush()
-
-    for fname in ("attach", "detach"):
-        original = getattr(attach_module, fname)
-
-        def tapped(*args, _original=original, **kwargs):
-            kwargs["progress"] = say
-            return _original(*args, **kwargs)
-
-        setattr(attach_module, fname, tapped)
-
-    # What the SSH session does (connect, each command) and how long it takes:
-    # under two layers of emulation that is most of the verify step.
-    import gpuvfio.ssh as ssh_module
-
-    import gpuvfio.verify as verify_module
-
-    def is_probe(argv) -> bool:
-        return list(argv[:2]) == ["sh", "-c"] and argv[-1] == verify_module.PROBE_NAME
-
-    def describe(argv) -> str:
-        if is_probe(argv):
-            return "run the probe (sh -c)"
-        if len(argv) > 1 and argv[1] == "-":
-            return f"run {argv[0]} - <verifier on stdin>"
-        return "run " + shlex.join(argv)
-
-    def timed(method, label):
-        def wrapper(self, *args, **kwargs):
-            began = time.monotonic()
-            note = ""
-            if method.__name__ == "run" and args and is_probe(args[0]) \
-                    and kwargs.get("timeout", 120.0) < probe_timeout:
-                note = f"; timeout stretched from {kwargs.get('timeout', 120.0):g}s to {probe_timeout:g}s"
-                kwargs["timeout"] = probe_timeout
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                say(f"  ssh {label(args)} ({time.monotonic() - began:.1f}s{note})")
-        return wrapper
-
-    cls = ssh_module.Session
-    cls.run = timed(cls.run, lambda a: describe(a[0]) if a else "run")
-
-
 def _render_report(run: Run, report: dict) -> None:
     """The attach report as a person reads it: the steps, then the verification checks."""
     run.say("steps:")
@@ -280,13 +218,9 @@ def main(config: dict) -> int:
             f"(IOMMU group {os.path.basename(os.readlink(f'/sys/bus/pci/devices/{edu}/iommu_group'))})")
 
     with run.part("preload"):
-        from gpuvfio.main import main as gpuvfio_main
-        import gpuvfio.cli, gpuvfio.cli_bind, gpuvfio.cli_domain, gpuvfio.cli_guest  # noqa: E401,F401
-        import gpuvfio.attach, gpuvfio.guests, gpuvfio.ssh, gpuvfio.verify, gpuvfio.define  # noqa: E401,F401
-        import gpuvfio.bindcmd, gpuvfio.bindapply, gpuvfio.bindplan, gpuvfio.doctor  # noqa: E401,F401
-        import gpuvfio.domainspec, gpuvfio.domainxml, gpuvfio.inventory, gpuvfio.render  # noqa: E401,F401
-        import gpuvfio.libvirt_domains, gpuvfio.pciids, gpuvfio.kernel  # noqa: E401,F401
-        for optional in ("libvirt", "paramiko", "jinja2", "pydantic", "rich.console", "rich.table"):
+        from gpuvfio.cli import main as gpuvfio_main  # the whole command line and every service
+
+        for optional in ("libvirt", "paramiko", "jinja2", "lxml.etree", "pydantic", "rich.console", "rich.table"):
             with contextlib.suppress(ImportError):
                 __import__(optional)
         run.main = gpuvfio_main
@@ -297,8 +231,7 @@ def main(config: dict) -> int:
         for argv in (["status", "--json"], ["bind", edu, "--dry-run", "--json"]):
             sink = io.StringIO()
             with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                with contextlib.suppress(SystemExit):
-                    run.main(argv)
+                run.main(argv)
     run.log("timings", f"{time.monotonic() - t0:7.2f} preload\n")
 
     state = "/var/lib/gpuvfio"
@@ -361,8 +294,8 @@ def main(config: dict) -> int:
     if "plan" in parts:
         with run.part("plan"):
             run.say("\n== the bind plan (dry run: nothing changes)")
-            run.gv("plan", "bind", edu, "--dry-run")
-            run.gv("plan_json", "bind", edu, "--dry-run", "--json", show="none")
+            run.gv("plan", "bind", edu, "--dry-run", "--connect", uri)
+            run.gv("plan_json", "bind", edu, "--dry-run", "--connect", uri, "--json", show="none")
             run.snap("plan")
 
     if "domain" in parts:
@@ -403,10 +336,18 @@ def main(config: dict) -> int:
             run.snap("before")
             run.say("\n== attach: bind edu to vfio-pci, define and start the second-level guest "
                     "(QEMU TCG inside QEMU TCG), wait for SSH, verify")
-            run.gv("attach", "attach", edu, "--name", name, *common, "--user-net-ssh-port", str(port),
+            # The address is discovered (the forward gpuvfio records in the domain); the key and
+            # the pinned host key apply to it all the same.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(CONSOLE_LOG)
+            run.gv("attach", "-v", "attach", edu, "--name", name, *common, "--user-net-ssh-port", str(port),
                    "--ssh-key", image["client_key"], "--known-hosts", known_hosts, "--connect", uri,
-                   "--boot-timeout", str(config.get("boot_timeout", 900)), "--json",
-                   tap=True, stream=True, show="none")
+                   "--boot-timeout", str(config.get("boot_timeout", 900)), "--console-log", CONSOLE_LOG,
+                   "--probe-timeout", str(config.get("probe_timeout", PROBE_TIMEOUT)), "--json",
+                   stream=True, show="none")
+            with contextlib.suppress(OSError):
+                with open(CONSOLE_LOG, errors="replace") as f:
+                    run.put("nested.console.log", f.read())
             report = run.json_of("attach")
             if report:
                 _render_report(run, report)
@@ -454,7 +395,7 @@ def main(config: dict) -> int:
             run.gv("attached_status", "status", "--json", show="none")
         with run.part("detach"):
             run.say("\n== detach: stop the guest, undefine it, give the edu device back")
-            run.gv("detach", "detach", name, "--connect", uri, "--timeout", "5", "--json", tap=True,
+            run.gv("detach", "-v", "detach", name, "--connect", uri, "--timeout", "5", "--json",
                    stream=True)
             run.snap("detached")
             run.gv("detached_status", "status", "--json", show="none")

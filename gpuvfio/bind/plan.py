@@ -1,0 +1,278 @@
+"""Planning a bind: which endpoints move, the pre-checks, and the steps. No side effects.
+
+The kernel facts this follows (anchors.md; Documentation/ABI/testing/sysfs-bus-pci):
+bind by address -- write ``driver_override``, unbind from the current driver, write the
+address to ``drivers_probe``, then check the ``driver`` link. Never ``new_id`` (it takes
+every card with that ID). VFIO hands out whole IOMMU groups, so every endpoint of the
+group moves (bridges stay on pcieport; NVSwitches are endpoints).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError
+from gpuvfio.host import assignable
+from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.kernel import KernelInfo
+from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
+                                 nvidia_holders, nvidia_minor, running_services)
+from gpuvfio.host.root import HostRoot
+
+VFIO_DRIVER = "vfio-pci"
+
+OK, REFUSE, WARN, SKIP = "ok", "refuse", "warn", "skip"
+
+
+@dataclass(slots=True)
+class PlanCheck:
+    check_id: str
+    status: str
+    message: str
+    overridable: bool = False
+
+    def to_json(self) -> dict:
+        return {"id": self.check_id, "status": self.status, "message": self.message,
+                "overridable": self.overridable}
+
+
+@dataclass(slots=True)
+class Step:
+    kind: str  # modprobe | stop_service | override | unbind | probe
+    address: str | None = None
+    path: str | None = None
+    value: str | None = None
+    expect: str | None = None  # the driver the device must show after this step
+    name: str | None = None  # module or service name
+
+    def describe(self) -> str:
+        if self.kind == "modprobe":
+            return f"load module {self.name}"
+        if self.kind == "stop_service":
+            return f"stop service {self.name} (restarted by restore)"
+        if self.kind == "override":
+            return f"{self.address}: driver_override <- {self.value}"
+        if self.kind == "unbind":
+            return f"{self.address}: unbind from {self.name}"
+        return f"{self.address}: drivers_probe, expect {self.expect}"
+
+    def to_json(self, root: str | None = None) -> dict:
+        path = self.path
+        if root and path and path.startswith(root.rstrip("/") + "/"):
+            path = path[len(root.rstrip("/")):]  # as the host itself names it
+        return {"kind": self.kind, "address": self.address, "path": path, "value": self.value,
+                "expect": self.expect, "name": self.name, "description": self.describe()}
+
+
+@dataclass(slots=True)
+class BindPlan:
+    requested: list[PciAddress]
+    devices: list[PciAddress]  # endpoints that will end on vfio-pci
+    moving: list[PciAddress]  # the subset not there yet
+    originals: dict[PciAddress, tuple[str | None, str | None]]  # driver, driver_override
+    groups: dict[PciAddress, int | None]
+    steps: list[Step] = field(default_factory=list)
+    checks: list[PlanCheck] = field(default_factory=list)
+    services: list[str] = field(default_factory=list)
+
+    def refusals(self, force: bool) -> list[PlanCheck]:
+        return [c for c in self.checks if c.status == REFUSE and not (force and c.overridable)]
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.moving
+
+    def to_json(self, root: str | None = None) -> dict:
+        """``root``: show step paths as the host names them (for plans made on a recorded host)."""
+        return {"devices": [str(d) for d in self.devices], "steps": [s.to_json(root) for s in self.steps],
+                "checks": [c.to_json() for c in self.checks]}
+
+
+
+
+@dataclass(slots=True)
+class LibvirtView:
+    """What libvirt said about the devices: the domains using each (running or only defined),
+    or why it was not asked (``not_asked``: a recorded host, ``--connect none``), or why it did
+    not answer (``error``: the check could not run, so the bind is refused -- fail closed)."""
+
+    users: dict[PciAddress, list[str]] | None = None
+    not_asked: str | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class BindPolicy:
+    """How a bind may proceed: the same for gpuvfio bind, attach, the testbed and Ansible."""
+
+    force: bool = False  # override the checks marked overridable (foreign device in the group, boot VGA)
+    stop_services: bool = False  # stop nvidia-persistenced / fabricmanager / DCGM (restore restarts them)
+    allow_unsafe_host: bool = False  # ACS override, unsafe interrupts, no-IOMMU mode
+
+
+def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresses: list[PciAddress],
+              policy: BindPolicy, libvirt: LibvirtView) -> BindPlan:
+    """Plan moving the IOMMU groups of ``addresses`` to vfio-pci; reads the host, changes nothing."""
+    if not addresses:
+        raise InputError("no PCI address given")
+    for address in addresses:
+        assignable.endpoint(inventory, address)
+    checks: list[PlanCheck] = []
+    endpoints: dict[PciAddress, int | None] = {}
+    if inventory.groups is not None:
+        checks.append(PlanCheck("iommu", OK, f"{kernel.iommu_vendor or 'an'} IOMMU with "
+                                f"{len(inventory.groups)} groups"))
+    seen: set[str] = set()
+    for address in addresses:
+        group = inventory.group_of(address)
+        if group is None:
+            endpoints[address] = None
+        else:
+            for member in group.devices:
+                if not inventory.functions[member].is_bridge:
+                    endpoints[member] = group.group_id
+        problems = assignable.problems(inventory, address)
+        for problem in problems:
+            if problem.message not in seen:
+                seen.add(problem.message)
+                checks.append(PlanCheck(problem.check_id, REFUSE, problem.message, problem.overridable))
+        if group is not None and group.viable and f"group {group.group_id}" not in seen:
+            seen.add(f"group {group.group_id}")
+            checks.append(PlanCheck("group_viable", OK, f"group {group.group_id} is viable: "
+                                    f"{', '.join(str(d) for d in group.devices)}"))
+    _unsafe_host_checks(kernel, checks, policy.allow_unsafe_host)
+    devices = sorted(endpoints)
+    fns = {a: inventory.functions[a] for a in devices}
+    moving = [a for a in devices if fns[a].driver != VFIO_DRIVER]
+    originals = {a: (fns[a].driver, fns[a].driver_override) for a in devices}
+    services = _service_checks(host, [fns[a] for a in moving], checks, policy.stop_services)
+    _holder_checks(host, [fns[a] for a in moving], checks, set(services["units"]), services["kept"])
+    for address in moving:
+        fn = fns[address]
+        if fn.boot_vga:
+            fbs = ", ".join(kernel.framebuffers) or "no framebuffer listed"
+            checks.append(PlanCheck("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
+                                    "the host loses its display (--force to proceed)", overridable=True))
+        if fn.sriov_num_vfs and address not in addresses:
+            checks.append(PlanCheck("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
+                                    "disable them first (echo 0 > sriov_numvfs)"))
+        real = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
+        if not os.path.exists(os.path.join(real, "driver_override")):
+            checks.append(PlanCheck("driver_override", REFUSE, f"{address} has no driver_override attribute "
+                                    "(kernel older than 3.16?): gpuvfio binds only by address"))
+    _domain_checks(libvirt, devices, checks)
+    steps: list[Step] = []
+    vfio_loaded = os.path.isdir(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER))
+    if moving and not vfio_loaded:
+        if kernel.module_available("vfio_pci") or "vfio_pci" in kernel.builtin_modules:
+            steps.append(Step("modprobe", name="vfio-pci"))
+        else:
+            checks.append(PlanCheck("vfio_modules", REFUSE, "vfio-pci is neither loaded nor in this kernel's "
+                                    "modules (see gpuvfio doctor)"))
+    if moving:
+        checks.append(PlanCheck("vfio_modules", OK, "vfio-pci " + ("loaded" if vfio_loaded else "loadable")))
+    for name in services["units"]:
+        steps.append(Step("stop_service", name=name))
+    for address in moving:
+        path = host.sys_path("bus", "pci", "devices", str(address), "driver_override")
+        steps.append(Step("override", str(address), path, VFIO_DRIVER))
+    for address in moving:
+        driver = fns[address].driver
+        if driver:
+            path = host.sys_path("bus", "pci", "drivers", driver, "unbind")
+            steps.append(Step("unbind", str(address), path, str(address), expect=None, name=driver))
+    for address in moving:
+        steps.append(Step("probe", str(address), host.sys_path("bus", "pci", "drivers_probe"), str(address),
+                          expect=VFIO_DRIVER))
+    return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
+                    groups=endpoints, steps=steps, checks=checks, services=services["units"])
+
+
+def _unsafe_host_checks(kernel: KernelInfo, checks: list[PlanCheck], allowed: bool) -> None:
+    flag = " (--allow-unsafe-host to proceed anyway)"
+    unsafe = []
+    if kernel.param("pcie_acs_override") is not None:
+        unsafe.append(("acs_override", "pcie_acs_override is on the command line: IOMMU groups may not "
+                       "reflect real isolation"))
+    if kernel.unsafe_interrupts:
+        unsafe.append(("unsafe_interrupts", "vfio_iommu_type1 allow_unsafe_interrupts=Y: a guest can forge MSIs"))
+    if kernel.unsafe_noiommu:
+        unsafe.append(("noiommu", "vfio enable_unsafe_noiommu_mode=Y: no DMA isolation"))
+    for check_id, message in unsafe:
+        if allowed:
+            checks.append(PlanCheck(check_id, WARN, message + " (allowed by --allow-unsafe-host)"))
+        else:
+            checks.append(PlanCheck(check_id, REFUSE, message + flag))
+
+
+def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool) -> dict:
+    """Units to stop (with --stop-services), and units kept running on purpose: the Fabric
+    Manager in shared-NVSwitch mode manages the NVSwitches for the guests' GPUs."""
+    result: dict = {"units": [], "kept": set()}
+    if not any(fn.driver == "nvidia" for fn in moving):
+        return result
+    shared_nvswitch = fabric_mode(host) == SHARED_NVSWITCH
+    for unit, pids in running_services(host).items():
+        listed = ", ".join(map(str, pids))
+        if unit == FABRIC_MANAGER_UNIT and shared_nvswitch:
+            checks.append(PlanCheck("services", OK, f"{unit} (pid {listed}) runs in shared-NVSwitch mode "
+                                    "(FABRIC_MODE=1): it manages the NVSwitches for the guests and keeps running"))
+            result["kept"].add(unit)
+        elif stop:
+            checks.append(PlanCheck("services", WARN, f"{unit} (pid {listed}) will be stopped and restarted by "
+                                    "gpuvfio restore"))
+            result["units"].append(unit)
+        else:
+            checks.append(PlanCheck("services", REFUSE, f"{unit} is running (pid {listed}) and keeps the GPU open; "
+                                    "--stop-services stops it now and restore restarts it"))
+    return result
+
+
+_UNIT_COMMS = {unit: comm for comm, unit in NVIDIA_SERVICES.items()}
+
+
+def _holder_checks(host: HostRoot, moving, checks: list[PlanCheck], stopped: set[str], kept: set[str]) -> None:
+    """Processes holding a moving GPU's /dev/nvidiaN refuse the bind. Services being stopped
+    let go of it; a service kept running (the Fabric Manager in shared-NVSwitch mode) holds
+    only the NVSwitch and control nodes, and refuses the bind like anyone else if it holds the GPU."""
+    nvidia_fns = [fn for fn in moving if fn.driver == "nvidia"]
+    if not nvidia_fns:
+        return
+    stopped_comms = {_UNIT_COMMS[u] for u in stopped if u in _UNIT_COMMS}
+    kept_comms = {_UNIT_COMMS[u] for u in kept if u in _UNIT_COMMS}
+    holders = [h for h in nvidia_holders(host) if h.comm not in stopped_comms]
+    for fn in nvidia_fns:
+        minor = nvidia_minor(host, fn.address)
+        if minor is not None:
+            wanted = {f"/dev/nvidia{minor}"}
+            mine = [h for h in holders if wanted & set(h.device_nodes)]
+        else:  # unknown minor: any per-GPU node may be this GPU
+            mine = [h for h in holders if holds_gpu(h)]
+        if mine:
+            checks.append(PlanCheck("holders", REFUSE, f"{fn.address}: " + "; ".join(h.describe() for h in mine)
+                                    + " -- unbinding nvidia under them can hang in the kernel; stop them first"))
+    shared = [h for h in holders if not holds_gpu(h) and h.comm not in kept_comms]
+    if shared:
+        checks.append(PlanCheck("holders", WARN, "open on the driver, not on this GPU: "
+                                + "; ".join(h.describe() for h in shared)))
+    elif not any(c.check_id == "holders" for c in checks):
+        checks.append(PlanCheck("holders", OK, "no process holds the GPU's /dev/nvidia* node"))
+
+
+def _domain_checks(libvirt: LibvirtView, devices: list[PciAddress], checks: list[PlanCheck]) -> None:
+    if libvirt.error is not None:
+        checks.append(PlanCheck("libvirt", REFUSE, f"cannot ask libvirt which domains use these devices: "
+                                f"{libvirt.error} (start libvirtd, give --connect URI, or --connect none to bind "
+                                "without asking)"))
+        return
+    if libvirt.users is None:
+        checks.append(PlanCheck("libvirt", SKIP, libvirt.not_asked or "libvirt not consulted"))
+        return
+    busy = {a: names for a, names in libvirt.users.items() if names and a in devices}
+    for address, names in sorted(busy.items()):
+        checks.append(PlanCheck("libvirt", REFUSE, f"{address} is assigned to libvirt domain(s) "
+                                f"{', '.join(sorted(names))}; detach it there first"))
+    if not busy:
+        checks.append(PlanCheck("libvirt", OK, "no libvirt domain uses these devices"))

@@ -1,0 +1,121 @@
+"""Writes to sysfs with a timeout, in a child process.
+
+A write to ``driver/unbind`` runs the driver's remove() in the writer's context; with
+nvidia and a process still holding the GPU that can block in the kernel for ever (GPU
+Operator vfio-manager runs unbind with a timeout for this reason). So every write
+happens in a forked child; the parent waits at most ``timeout`` seconds for its
+answer. A child stuck in the kernel cannot be killed (uninterruptible sleep); we
+report it and leave it, and the caller marks the step *uncertain* in the journal so
+that ``restore`` reconciles with what sysfs shows later.
+
+The kernel side is a ``backend``: ``backend(path, data)`` performs one write or
+raises OSError. Production uses real ``write(2)``; the unit lane passes a simulated
+kernel that applies Linux's semantics to a tree in tmp_path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import time
+from typing import Callable
+
+from gpuvfio.errors import GpuvfioError, UnsafePathError
+from gpuvfio.host.root import HostRoot
+
+Backend = Callable[[str, bytes], None]
+DEFAULT_TIMEOUT = 10.0
+
+
+class SysfsWriteError(GpuvfioError):
+    """The kernel refused a write: carries the path, the value and what the kernel said."""
+
+    def __init__(self, path: str, value: str, err: int, message: str) -> None:
+        self.path, self.value, self.errno = path, value, err
+        super().__init__(f"writing {value!r} to {path} failed: {message}")
+
+
+class SysfsWriteTimeout(GpuvfioError):
+    """The write did not return in time; the kernel may still complete it."""
+
+    def __init__(self, path: str, value: str, timeout: float, pid: int) -> None:
+        self.path, self.value, self.pid = path, value, pid
+        super().__init__(f"writing {value!r} to {path} did not return within {timeout:g}s "
+                         f"(writer pid {pid} left behind; the kernel may still complete it)")
+
+
+def kernel_write(path: str, data: bytes) -> None:
+    """One write(2) to a sysfs attribute, as ``echo`` would do it (no O_CREAT, no symlinks)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+class SysfsWriter:
+    def __init__(self, host: HostRoot, *, timeout: float = DEFAULT_TIMEOUT, backend: Backend = kernel_write):
+        self.host = host
+        self.timeout = timeout
+        self.backend = backend
+
+    def checked_path(self, path: str) -> str:
+        """The path must lie in <root>/sys once resolved, and not be a symlink itself."""
+        directory = self.host.resolve_in_sys(os.path.dirname(path))
+        full = os.path.join(directory, os.path.basename(path))
+        if os.path.islink(full):
+            raise UnsafePathError(f"refusing to write through symlink {full}")
+        return full
+
+    def write(self, path: str, value: str) -> None:
+        full = self.checked_path(path)
+        data = value.encode()
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: one write, report errno through the pipe, exit without cleanup
+            code = 0
+            message = b""
+            try:
+                os.close(read_fd)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                self.backend(full, data)
+            except OSError as exc:
+                code = exc.errno or errno.EIO
+                message = (exc.strerror or str(exc)).encode()[:200]
+            except BaseException as exc:  # noqa: BLE001 - report anything, never unwind the parent's stack
+                code = errno.EIO
+                message = repr(exc).encode()[:200]
+            try:
+                os.write(write_fd, f"{code}:".encode() + message)
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        try:
+            ready, _, _ = select.select([read_fd], [], [], self.timeout)
+            if not ready:
+                self._abandon(pid)
+                raise SysfsWriteTimeout(full, value, self.timeout, pid)
+            answer = os.read(read_fd, 512).decode("utf-8", "replace")
+        finally:
+            os.close(read_fd)
+        os.waitpid(pid, 0)
+        code_text, _, message = answer.partition(":")
+        code = int(code_text) if code_text.isdigit() else errno.EIO
+        if code:
+            raise SysfsWriteError(full, value, code, f"{message or os.strerror(code)} ({errno.errorcode.get(code, code)})")
+
+    @staticmethod
+    def _abandon(pid: int) -> None:
+        """Try to end a stuck writer; a task in uninterruptible sleep ignores even SIGKILL."""
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return
+            time.sleep(0.02)

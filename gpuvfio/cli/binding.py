@@ -1,0 +1,144 @@
+"""gpuvfio bind, unbind, restore, status, persist, unpersist."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.address import PciAddress
+from gpuvfio.cli import render
+from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.errors import Refused
+from gpuvfio.ops import binding
+from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, live_context
+
+Addresses = Annotated[list[str], typer.Argument(metavar="ADDR...", help="PCI functions (DDDD:BB:SS.F).")]
+OptionalAddresses = Annotated[Optional[list[str]], typer.Argument(metavar="[ADDR]...",
+                                                                  help="Only these devices (default: all).")]
+WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
+                                             help="Give up on a sysfs write the kernel does not return from.")]
+LockTimeout = Annotated[float, typer.Option("--lock-timeout", metavar="SECONDS",
+                                            help="Wait this long for another gpuvfio run to finish.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing (exit as the "
+                                                        "real run would).")]
+Force = Annotated[bool, typer.Option("--force", help="Override the checks marked overridable "
+                                                     "(a foreign device in the group, boot VGA).")]
+StopServices = Annotated[bool, typer.Option("--stop-services", help="Stop nvidia-persistenced, fabricmanager, DCGM "
+                                                                    "now; restore restarts them.")]
+AllowUnsafeHost = Annotated[bool, typer.Option("--allow-unsafe-host", help="DANGEROUS: bind even with ACS override, "
+                                                                           "unsafe interrupts or no-IOMMU mode.")]
+Connect = Annotated[Optional[str], typer.Option(
+    "--connect", metavar="URI", help="libvirt to ask which domains use the devices (default: libvirt's default on "
+                                     "this machine; 'none': do not ask).")]
+
+
+def parse_addresses(values: list[str] | None) -> list[PciAddress]:
+    return [PciAddress.parse(a) for a in values or []]
+
+
+@app.command("bind")
+def bind_cmd(addresses: Addresses, dry_run: DryRun = False, force: Force = False, stop_services: StopServices = False,
+             allow_unsafe_host: AllowUnsafeHost = False, connect: Connect = None,
+             timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
+             as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back on
+    failure."""
+    wanted = parse_addresses(addresses)
+    policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host)
+    try:
+        with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
+                          lock_timeout=lock_timeout) as ctx:
+            report = binding.bind(ctx, wanted, policy, uri=connect, dry_run=dry_run)
+    except Refused as exc:
+        if exc.report is not None:
+            emit_json(exc.report) if as_json else render.print_plan(exc.report)
+        raise
+    if as_json:
+        emit_json(report)
+        return
+    if report["result"] in ("dry_run", "nothing_to_do"):
+        render.print_plan(report)
+    if report["result"] == "nothing_to_do":
+        say(f"nothing to do: {', '.join(report['devices'])} already on vfio-pci")
+    elif report["result"] == "applied":
+        say(f"bound to vfio-pci: {', '.join(report['devices'])} (gpuvfio restore gives them back)")
+
+
+@app.command("unbind")
+def unbind_cmd(addresses: Addresses, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+               lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
+               root: RootOption = None) -> None:
+    """Give devices back to the host: clear driver_override, leave vfio-pci, reprobe (no journal)."""
+    wanted = parse_addresses(addresses)
+    ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout)
+    report = binding.unbind(ctx, wanted)
+    if as_json:
+        emit_json(report)
+        return
+    for address, driver in report["drivers"].items():
+        say(f"{address}: now on {driver}")
+
+
+@app.command("restore")
+def restore_cmd(addresses: OptionalAddresses = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
+                root: RootOption = None) -> None:
+    """Return devices gpuvfio bound to exactly their recorded drivers; works after a crash."""
+    wanted = parse_addresses(addresses)
+    ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
+                       lock_timeout=lock_timeout)
+    try:
+        report = binding.restore(ctx, wanted)
+    except Refused as exc:
+        if as_json and exc.report is not None:
+            emit_json(exc.report)
+        raise
+    if as_json:
+        emit_json(report)
+    elif not report["restored"] and not report.get("vgpu"):
+        say("nothing to restore")
+
+
+@app.command("status")
+def status_cmd(as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Show the devices gpuvfio holds, their original drivers and any unfinished operation."""
+    report = binding.status(live_context(root_of(root)))
+    if as_json:
+        emit_json(report)
+    else:
+        render.print_status(report)
+
+
+def _persist(addresses, remove: bool, dry_run: bool, force: bool, as_json: bool, lock_timeout: float,
+             root: str | None) -> None:
+    ctx = live_context(root_of(root), lock_timeout=lock_timeout)
+    report = binding.persist(ctx, parse_addresses(addresses), remove=remove, dry_run=dry_run, force=force)
+    if as_json:
+        emit_json(report)
+        return
+    for change in report["changes"]:
+        sys.stdout.write(change["diff"] if dry_run else f"{change['action']}: {change['path']}\n")
+    if report["result"] == "nothing_to_do":
+        say(f"nothing to do: {', '.join(report['devices'])} already "
+            + ("not persisted" if remove else f"persisted ({report['mechanism']})"))
+    elif "next" in report:
+        say(("would then need to " if dry_run else "next: ") + report["next"])
+
+
+@app.command("persist")
+def persist_cmd(addresses: Addresses, dry_run: DryRun = False, force: Annotated[bool, typer.Option(
+                    "--force", help="Persist a group that holds a foreign device too.")] = False,
+                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
+                root: RootOption = None) -> None:
+    """Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep)."""
+    _persist(addresses, False, dry_run, force, as_json, lock_timeout, root)
+
+
+@app.command("unpersist")
+def unpersist_cmd(addresses: Addresses, dry_run: DryRun = False, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
+                  as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Stop keeping devices on vfio-pci across reboots."""
+    _persist(addresses, True, dry_run, False, as_json, lock_timeout, root)

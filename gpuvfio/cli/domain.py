@@ -1,0 +1,102 @@
+"""gpuvfio xml: the domain XML (and --define); the domain options attach shares."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
+from gpuvfio.cli.binding import parse_addresses
+from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import Context
+from gpuvfio.ops.domains import DomainRequest, define_domain, domain_request, provision_xml
+
+Name = Annotated[str, typer.Option("--name", help="Domain name.")]
+Vcpus = Annotated[int, typer.Option("--vcpus")]
+Memory = Annotated[str, typer.Option("--memory", help="Guest memory: 64G, 64GiB, 65536M.")]
+Hugepages = Annotated[str, typer.Option("--hugepages", help="auto | none | 4K | 2M | 1G")]
+Numa = Annotated[str, typer.Option("--numa", help="auto | none | remote | N")]
+Firmware = Annotated[str, typer.Option("--firmware", help="efi (OVMF) | bios")]
+VirtType = Annotated[str, typer.Option("--virt-type", help="kvm | qemu (TCG)")]
+Path = Annotated[Optional[str], typer.Option(metavar="PATH")]
+Text = Annotated[Optional[str], typer.Option(metavar="STR")]
+ForwardPort = Annotated[Optional[int], typer.Option(
+    "--user-net-ssh-port", metavar="PORT", help="QEMU user networking, 127.0.0.1:PORT -> guest:22.")]
+ConsoleLog = Annotated[Optional[str], typer.Option(
+    "--console-log", metavar="FILE", help="Also write the guest's serial console to this host file.")]
+DomainForce = Annotated[bool, typer.Option("--force", help="Share cores / accept short hugepages.")]
+
+
+@dataclass
+class DomainArgs:
+    """The options xml and attach share, as the user typed them."""
+
+    name: str
+    vcpus: int = 4
+    memory: str = "8G"
+    hugepages: str = "auto"
+    numa: str = "auto"
+    firmware: str = "efi"
+    virt_type: str = "kvm"
+    disk: str | None = None
+    kernel: str | None = None
+    initrd: str | None = None
+    cmdline: str | None = None
+    network: str | None = None
+    user_net_ssh_port: int | None = None
+    console_log: str | None = None
+    force: bool = False
+
+    def request(self, **extra) -> DomainRequest:
+        return domain_request(self.name, vcpus=self.vcpus, memory=self.memory, hugepages=self.hugepages,
+                              numa=self.numa, firmware=self.firmware, virt_type=self.virt_type, disk=self.disk,
+                              kernel=self.kernel, initrd=self.initrd, cmdline=self.cmdline, network=self.network,
+                              ssh_forward_port=self.user_net_ssh_port, console_log=self.console_log,
+                              force=self.force, **extra)
+
+
+@app.command("xml")
+def xml_cmd(
+    addresses: Annotated[list[str], typer.Argument(metavar="ADDR...", help="GPUs (DDDD:BB:SS.F).")],
+    name: Name, vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
+    firmware: Firmware = "efi", virt_type: VirtType = "kvm",
+    hide_kvm: Annotated[bool, typer.Option("--hide-kvm", help="Hide the hypervisor from the guest driver.")] = False,
+    mdev: Annotated[Optional[str], typer.Option("--mdev", metavar="TYPE", help="Legacy mdev vGPU type.")] = None,
+    vgpu: Annotated[Optional[str], typer.Option("--vgpu", metavar="TYPE", help="SR-IOV vGPU type.")] = None,
+    uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: derived).")] = None,
+    disk: Path = None, kernel: Path = None, initrd: Path = None, cmdline: Text = None,
+    network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
+    user_net_ssh_port: ForwardPort = None, console_log: ConsoleLog = None, force: DomainForce = False,
+    define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
+    update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
+    connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
+    as_json: JsonOption = False,
+    root: RootOption = None,
+) -> None:
+    """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
+    from the BARs), or a vGPU; --define defines it idempotently."""
+    args = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
+                      network, user_net_ssh_port, console_log, force)
+    request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
+    wanted = parse_addresses(addresses)
+    with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
+        provisioned = provision_xml(ctx, wanted, request)
+        for warning in provisioned.spec.warnings:
+            say(f"warning: {warning}")
+        result = define_domain(ctx, provisioned.xml, uri=connect, update=update).to_json() if define else None
+    if as_json:
+        emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,
+                   "define": result})
+    elif result is None:
+        sys.stdout.write(provisioned.xml)
+    else:
+        say(f"{result['name']}: {result['result']}")
+        for line in result["changes"]:
+            sys.stdout.write(line + "\n")
+        if result["result"] == "differs":
+            say("the domain exists and differs; nothing changed (--update to redefine)")
+    if result is not None and result["result"] == "differs":
+        raise typer.Exit(1)

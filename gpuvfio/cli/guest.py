@@ -1,0 +1,125 @@
+"""gpuvfio verify, attach, detach."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.cli import render
+from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.cli.binding import parse_addresses
+from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Memory, Name,
+                                Numa, Path, Text, Vcpus, VirtType)
+from gpuvfio.errors import InputError
+from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.context import live_context
+from gpuvfio.ops.guests import PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, verify, verify_options
+from gpuvfio.ops.targets import ssh_options
+
+SshHost = Annotated[Optional[str], typer.Option("--ssh-host", help="Guest address (default: discovered).")]
+SshPort = Annotated[Optional[int], typer.Option("--ssh-port", help="Guest SSH port (default: discovered, else 22).")]
+SshUser = Annotated[str, typer.Option("--ssh-user")]
+SshKey = Annotated[Optional[str], typer.Option("--ssh-key", metavar="FILE")]
+KnownHosts = Annotated[Optional[str], typer.Option("--known-hosts", metavar="FILE", help="Pinned host keys.")]
+Tofu = Annotated[bool, typer.Option("--trust-on-first-use", help="Accept and record an unknown host key.")]
+Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help="libvirt URI.")]
+ProbeTimeout = Annotated[float, typer.Option("--probe-timeout", metavar="SECONDS",
+                                             help="Allow the in-guest probe this long (slow, emulated guests).")]
+VerifyTimeout = Annotated[float, typer.Option("--verify-timeout", metavar="SECONDS",
+                                              help="Allow the in-guest verifier (bandwidth runs) this long.")]
+
+
+@app.command("verify")
+def verify_cmd(
+    domain: Annotated[Optional[str], typer.Argument(metavar="[DOMAIN]", help="Find the guest through libvirt.")] = None,
+    expect_device: Annotated[Optional[list[str]], typer.Option(
+        "--expect-device", metavar="ADDR", help="Host device that must be in the guest (default: the devices "
+                                                "gpuvfio assigned to DOMAIN).")] = None,
+    ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = "root", ssh_key: SshKey = None,
+    known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
+    no_bandwidth: Annotated[bool, typer.Option("--no-bandwidth", help="Skip the copy measurements.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for SSH.")] = 60.0,
+    probe_timeout: ProbeTimeout = PROBE_TIMEOUT, verify_timeout: VerifyTimeout = VERIFY_TIMEOUT,
+    as_json: JsonOption = False, root: RootOption = None,
+) -> None:
+    """Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth."""
+    expect = parse_addresses(expect_device) if expect_device else None
+    ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
+                      trust_on_first_use=trust_on_first_use, timeout=timeout)
+    if ssh.host is None and domain is None:
+        raise InputError("give --ssh-host (and --ssh-port) or a domain name")
+    options = verify_options(bandwidth=not no_bandwidth, probe_timeout=probe_timeout, timeout=verify_timeout)
+    with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+        report = verify(ctx, ssh=ssh, domain=domain, uri=connect, expect=expect, options=options)
+    if as_json:
+        emit_json(report)
+    else:
+        for note in report["ssh_notes"]:
+            say(note)
+        render.print_verify(report)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+@app.command("attach")
+def attach_cmd(
+    addresses: Annotated[Optional[list[str]], typer.Argument(metavar="[ADDR]...")] = None,
+    name: Name = ..., vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
+    firmware: Firmware = "efi", virt_type: VirtType = "kvm", disk: Path = None, kernel: Path = None,
+    initrd: Path = None, cmdline: Text = None,
+    network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
+    user_net_ssh_port: ForwardPort = None, console_log: ConsoleLog = None,
+    ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = "root", ssh_key: SshKey = None,
+    known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
+    force: Annotated[bool, typer.Option("--force", help="Share cores / accept short hugepages, and override the "
+                                                        "overridable bind checks.")] = False,
+    stop_services: Annotated[bool, typer.Option("--stop-services", help="Stop NVIDIA services that hold the GPU "
+                                                                        "while binding; restore restarts them.")]
+    = False,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Wait for SSH, skip the in-guest checks.")] = False,
+    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a failed attach as it is, for "
+                                                                            "inspection.")] = False,
+    boot_timeout: Annotated[float, typer.Option("--boot-timeout", help="Seconds from start until SSH answers.")]
+    = 300.0,
+    probe_timeout: ProbeTimeout = PROBE_TIMEOUT, verify_timeout: VerifyTimeout = VERIFY_TIMEOUT,
+    as_json: JsonOption = False, root: RootOption = None,
+) -> None:
+    """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
+    wanted = parse_addresses(addresses)
+    request = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
+                         network, user_net_ssh_port, console_log, force).request()
+    ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
+                      trust_on_first_use=trust_on_first_use, timeout=boot_timeout)
+    checks = None if no_verify else verify_options(probe_timeout=probe_timeout, timeout=verify_timeout)
+    try:
+        with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+            result = attach(ctx, wanted, request, uri=connect, ssh=ssh, verify=checks,
+                            keep_on_failure=keep_on_failure,
+                            policy=BindPolicy(force=force, stop_services=stop_services))
+    except AttachFailed as exc:
+        if as_json:
+            emit_json(exc.result.to_json())
+        raise
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        for note in (result.ssh or {}).get("notes", []):
+            say(note)
+        if result.report:
+            render.print_verify(result.report)
+        say(f"{name} is running ({'verified' if result.ok else 'verification FAILED'}); "
+            f"gpuvfio detach {name} undoes it")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command("detach")
+def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME")], connect: Connect = None,
+               timeout: Annotated[float, typer.Option("--timeout", help="Seconds for ACPI shutdown.")] = 60.0,
+               as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""
+    with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+        report = detach(ctx, name, uri=connect, timeout=timeout)
+    if as_json:
+        emit_json(report)

@@ -1,0 +1,59 @@
+"""gpuvfio list, doctor, dump-host: reading a host (a directory, or a recorded fixture)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.address import PciAddress
+from gpuvfio.cli import render
+from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
+from gpuvfio.ops.inventory import doctor_report, dump_host, list_report, open_host
+
+
+@app.command("list")
+def list_cmd(
+    addresses: Annotated[Optional[list[str]], typer.Argument(
+        metavar="[ADDR]...", help="Only these PCI functions (DDDD:BB:SS.F).")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Every PCI function, not only NVIDIA.")] = False,
+    as_json: JsonOption = False,
+    root: RootOption = None,
+) -> None:
+    """Inventory: NVIDIA devices (or --all) with IOMMU group, viability, driver, NUMA node, PCIe link
+    and largest BAR."""
+    wanted = [PciAddress.parse(a) for a in addresses or []]
+    with open_host(root_of(root)) as (host, label):
+        report = list_report(host, show_all=show_all, only=wanted)
+    if as_json:
+        emit_json(report)
+        return
+    render.print_list(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}")
+
+
+@app.command("doctor")
+def doctor_cmd(as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Host readiness checks for passthrough, each with a fix. Exit 1 when one fails."""
+    with open_host(root_of(root)) as (host, label):
+        report = doctor_report(host)
+    if as_json:
+        emit_json({"checks": report["checks"]})
+    else:
+        render.print_doctor(report, f"Readiness of {label}")
+    if any(c["status"] == "fail" for c in report["checks"]):
+        raise typer.Exit(1)
+
+
+@app.command("dump-host")
+def dump_host_cmd(
+    out: Annotated[str, typer.Argument(metavar="OUT", help="Fixture file to write ('-' for stdout).")],
+    root: RootOption = None,
+) -> None:
+    """Record what gpuvfio reads from this host into a text fixture (bug reports, tests)."""
+    with open_host(root_of(root)) as (host, _label):
+        text = dump_host(host, out)
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        say(f"wrote {text.count(chr(10)) - 1} records to {out}")

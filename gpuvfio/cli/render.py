@@ -1,0 +1,163 @@
+"""Human output: the tables and reports people read. --json output never comes through here.
+
+rich is imported when something is printed for a person, not when gpuvfio starts: a
+machine reading --json does not pay for it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _table(**kwargs):
+    from rich.table import Table
+
+    return Table(**kwargs)
+
+_STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def _size(n: int) -> str:
+    if not n:
+        return "-"
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def _link(link: dict | None) -> str:
+    if not link:
+        return "-"
+    cur = f"Gen{link['current_gen'] or '?'} x{link['current_width'] or '?'}"
+    top = f"Gen{link['max_gen'] or '?'} x{link['max_width'] or '?'}"
+    return cur if cur == top else f"{cur} (max {top})"
+
+
+def _virt(dev: dict) -> str:
+    bits = []
+    if dev["sriov"]:
+        bits.append(f"SR-IOV {dev['sriov']['num_vfs']}/{dev['sriov']['total_vfs']} VFs")
+    if dev["physfn"]:
+        bits.append(f"VF of {dev['physfn']}")
+    if dev["mdev_types"]:
+        bits.append(f"mdev: {len(dev['mdev_types'])} types")
+    if dev["vgpu"]:
+        cur = dev["vgpu"]["current_type"]
+        # Once a VF has a type, creatable_vgpu_types lists nothing more for it.
+        bits.append(f"vGPU type {cur} set" if cur else f"vGPU: {len(dev['vgpu']['creatable_types'])} types")
+    return "; ".join(bits) or "-"
+
+
+def make_console():
+    from rich.console import Console
+
+    # Piped output (make demo | less, CI logs) gets a wide table instead of 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def print_list(report: dict, title: str, console=None) -> None:
+    console = console or make_console()
+    groups = {g["id"]: g for g in report["groups"] or []}
+    table = _table(title=title, title_justify="left")
+    for col in ("Address", "Device", "Driver", "Group", "Viable", "NUMA", "Link", "Largest BAR", "Virtualization"):
+        table.add_column(col, no_wrap=col in ("Address", "Link"))
+    for dev in report["devices"]:
+        gid = dev["iommu_group"]
+        group = groups.get(gid)
+        viable = "-" if group is None else ("[green]yes[/]" if group["viable"] else "[red]no[/]")
+        name = dev["device_name"] or dev["class_name"] or "device"
+        table.add_row(dev["address"], f"{escape(name)} [dim]\\[{dev['vendor_id']}:{dev['device_id']}][/]",
+                      escape(dev["driver"]) if dev["driver"] else "[dim]none[/]", "-" if gid is None else str(gid), viable,
+                      "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),
+                      _size(dev["largest_bar"]), escape(_virt(dev)))
+    console.print(table)
+    if report["groups"] is None:
+        console.print("[yellow]No IOMMU groups: the IOMMU is off (see gpuvfio doctor).[/]")
+    for group in report["groups"] or []:
+        for problem in group["problems"]:
+            console.print(f"[red]group {group['id']} not viable:[/] {escape(problem)}")
+
+
+def print_doctor(report: dict, title: str, console=None) -> None:
+    console = console or make_console()
+    table = _table(title=title, title_justify="left")
+    table.add_column("Check", no_wrap=True)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Summary")
+    table.add_column("Fix")
+    for check in report["checks"]:
+        style = _STATUS_STYLE.get(check["status"], "")
+        table.add_row(check["id"], f"[{style}]{check['status']}[/]", escape(check["summary"]),
+                      escape(check["fix"] or ""))
+    console.print(table)
+
+
+def print_status(report: dict, console=None) -> None:
+    console = console or make_console()
+    if not report["devices"] and not report["unfinished_operation"] and not any(
+            report.get(k) for k in ("mdevs", "vgpus", "schedulers")):
+        console.print(f"gpuvfio holds no devices (state in {escape(report['state_dir'])})")
+    if report["devices"]:
+        table = _table(title="Devices held by gpuvfio", title_justify="left")
+        for col in ("Address", "Group", "Driver now", "Override now", "Original driver", "Original override"):
+            table.add_column(col, no_wrap=True)
+        for dev in report["devices"]:
+            table.add_row(dev["address"], str(dev["group"]), escape(dev["driver"] or "none"),
+                          escape(dev["driver_override"] or "-"), escape(dev["original_driver"] or "none"),
+                          escape(dev["original_override"] or "-"))
+        console.print(table)
+    if report["services_stopped"]:
+        console.print("Services stopped by gpuvfio (restore restarts them): " + ", ".join(report["services_stopped"]))
+    for uuid, mdev in sorted((report.get("mdevs") or {}).items()):
+        console.print(f"mdev {uuid}: type {escape(str(mdev.get('type')))} on {mdev.get('parent')} "
+                      f"({escape(str(mdev.get('state', 'created')))})")
+    for vf, vgpu in sorted((report.get("vgpus") or {}).items()):
+        console.print(f"SR-IOV vGPU on VF {vf}: type {vgpu.get('type')} (parent {vgpu.get('parent')})")
+    for gpu, previous in sorted((report.get("schedulers") or {}).items()):
+        console.print(f"vGPU scheduler of {gpu} changed by gpuvfio; restore puts back {escape(previous['policy'])}")
+    op = report["unfinished_operation"]
+    if op:
+        console.print(f"[yellow]Unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore:[/]")
+        for step in op["steps"]:
+            console.print(f"  {step['state']:11} {escape(step['description'] or '')}")
+
+
+PLAN_STYLE = {"ok": "green", "refuse": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def print_plan(report: dict, console=None) -> None:
+    """A bind plan: what ends on vfio-pci, every check (refusals first in red), the steps."""
+    console = console or make_console()
+    console.print(f"[bold]Devices that end on vfio-pci:[/] {', '.join(report['devices']) or 'none'}")
+    for check in report["checks"]:
+        forced = " (overridable with --force)" if check["overridable"] and check["status"] == "refuse" else ""
+        console.print(f"  [{PLAN_STYLE.get(check['status'], '')}]{check['status']:6}[/] {check['id']}: "
+                      f"{escape(check['message'])}{forced}")
+    if report["steps"]:
+        console.print("[bold]Steps:[/]")
+        for number, step in enumerate(report["steps"], start=1):
+            console.print(f"  {number}. {escape(step['description'])}")
+
+
+VERIFY_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def print_verify(report: dict, console=None) -> None:
+    """The in-guest checks, one line each, then the measured bandwidths."""
+    console = console or make_console()
+    for check in report["checks"]:
+        detail = " ".join(str(x) for x in (
+            f"expected {check['expected']}" if check["expected"] is not None else "",
+            f"observed {check['observed']}" if check["observed"] is not None else "",
+            check["reason"] or "") if x)
+        console.print(f"  [{VERIFY_STYLE[check['status']]}]{check['status']:4}[/] {check['id']:14} {escape(detail)}")
+    for bus, rates in report["bandwidth_gbps"].items():
+        console.print(f"  bandwidth {bus}: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))

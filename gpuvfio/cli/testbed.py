@@ -1,0 +1,123 @@
+"""gpuvfio testbed plan / run / report."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.errors import Refused
+from gpuvfio.ops.context import Context, live_context
+from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.targets import recorded_known_hosts
+from gpuvfio.testbed.plan import plan
+from gpuvfio.testbed.remote import plan_remote, run_remote
+from gpuvfio.testbed.report import write_report
+from gpuvfio.testbed.run import run_testbed
+from gpuvfio.testbed.spec import Spec, load_spec
+
+testbed_app = typer.Typer(help="Comparison testbeds: passthrough vs vGPU vs bare metal, measured and reported side "
+                               "by side.", no_args_is_help=True)
+app.add_typer(testbed_app, name="testbed")
+SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Testbed spec (TOML).")]
+HereOption = Annotated[bool, typer.Option(
+    "--here", help="Use this machine even when the spec names a remote [host] (how gpuvfio runs itself there).")]
+Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help="libvirt URI (default: the "
+                                                                                 "spec's [run] connect).")]
+
+
+def _local_known_hosts(root: str | None) -> str:
+    """Where host keys trusted on first use are recorded: this machine's state dir."""
+    return recorded_known_hosts(live_context(root))
+
+
+@testbed_app.command("plan")
+def plan_cmd(spec_path: SpecArg, connect: Connect = None, as_json: JsonOption = False, here: HereOption = False,
+             root: RootOption = None) -> None:
+    """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
+    Exit 1 when the run would refuse a variant."""
+    spec = load_spec(spec_path)
+    if spec.host is not None and not here:
+        report = plan_remote(spec, _local_known_hosts(root_of(root)))
+    else:
+        with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
+            report = plan(ctx, spec, uri=connect or spec.connect)
+    if as_json:
+        emit_json(report)
+    else:
+        _print_plan(report)
+    if report["refused"]:
+        raise Refused(f"the run would refuse variant(s) {', '.join(report['refused'])}", report)
+
+
+def _print_plan(report: dict) -> None:
+    if "host" in report:
+        sys.stdout.write(f"hypervisor {report['host']} (over SSH)\n")
+    for variant in report["variants"]:
+        sys.stdout.write(f"== {variant['name']} ({variant['kind']})\n")
+        if "action" in variant:
+            sys.stdout.write(f"   {variant['action']}\n")
+            continue
+        for refusal in variant["refused"]:
+            sys.stdout.write(f"   REFUSED: {refusal}\n")
+        if "domain" not in variant:
+            continue
+        pages = f"{variant['hugepages_kib']} KiB pages" if variant['hugepages_kib'] else "4K pages"
+        sys.stdout.write(f"   domain {variant['domain']}, {pages}, "
+                         f"NUMA nodes {variant['numa_nodes'] or 'not pinned'}\n")
+        if "bind" in variant:
+            bind = variant["bind"]
+            what = "already on vfio-pci" if bind.get("result") == "nothing_to_do" else \
+                f"{len(bind['steps'])} steps" + (", refused" if variant["refused"] else "")
+            sys.stdout.write(f"   bind: {', '.join(bind['devices'])} -> vfio-pci ({what})\n")
+        if "vgpu" in variant:
+            vgpu = variant["vgpu"]
+            mig = vgpu["mig_backed"]
+            sys.stdout.write(f"   vGPU {vgpu['profile']}" + (f" (MIG-backed: {mig['slices']} slice(s), "
+                                                               f"{mig['memory_gb']} GB)" if mig else "")
+                             + f"; scheduler {vgpu['scheduler_note']}\n")
+        for warning in variant["warnings"]:
+            sys.stdout.write(f"   warning: {warning}\n")
+        sys.stdout.write(variant.get("xml_diff") or "")
+
+
+@testbed_app.command("run")
+def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")], connect: Connect = None,
+            here: HereOption = False, as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
+    spec = load_spec(spec_path)
+    progress = progress_for(False)  # a run takes long: progress always goes to stderr
+    if spec.host is not None and not here:
+        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(root_of(root)), connect=connect,
+                            progress=progress)
+        _finished(spec, out, remote["host"], as_json)
+        return
+    os.makedirs(out, exist_ok=True)
+    with live_context(root_of(root), progress=progress) as ctx:
+        run_testbed(ctx, spec, out, uri=connect or spec.connect)
+    _finished(spec, out, None, as_json)
+
+
+def _finished(spec: Spec, out: str, host: str | None, as_json: bool) -> None:
+    """What the run left in OUT, per variant (the same for a local and a remote run)."""
+    if as_json:
+        results = {}
+        for variant in spec.variants:
+            directory = os.path.join(out, "results", variant.name)
+            reps = sorted(f for f in os.listdir(directory) if f.startswith("rep-")) if os.path.isdir(directory) else []
+            results[variant.name] = {"kind": variant.kind, "repetitions": len(reps), "wanted": spec.repetitions}
+        emit_json({"out": out, "host": host, "results": results})
+    say(f"results in {out}; gpuvfio testbed report {out}")
+
+
+@testbed_app.command("report")
+def report_cmd(out: Annotated[str, typer.Argument(metavar="DIR")], as_json: JsonOption = False) -> None:
+    """report.md, report.html (self-contained, with plots) and results.json from a run's results."""
+    summary = write_report(out)
+    if as_json:
+        emit_json(summary)
+    else:
+        sys.stdout.write("".join(f"{out}/{name}\n" for name in summary["files"]))

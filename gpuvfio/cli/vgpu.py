@@ -1,0 +1,88 @@
+"""gpuvfio vgpu types / create / remove / scheduler."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.address import PciAddress
+from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops import vgpu
+from gpuvfio.ops.context import Context, live_context
+from gpuvfio.ops.domains import parse_uuid
+
+vgpu_app = typer.Typer(help="vGPU profiles: list the types a GPU offers, create and remove instances, set the "
+                            "scheduler (journaled).", no_args_is_help=True)
+app.add_typer(vgpu_app, name="vgpu")
+Address = Annotated[str, typer.Argument(metavar="ADDR")]
+
+
+@vgpu_app.command("types")
+def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = None) -> None:
+    """The vGPU profiles a GPU offers (legacy mdev types, or SR-IOV types on its VFs)."""
+    wanted = PciAddress.parse(address)
+    with open_host(root_of(root)) as (host, _label):
+        report = vgpu.types(Context(host=host), wanted)
+    if as_json:
+        emit_json(report)
+        return
+    if report["kind"] == "none":
+        sys.stdout.write(f"{address}: no vGPU types (no mdev_supported_types, no SR-IOV VFs)\n")
+    for mdev in report["mdev_types"]:
+        sys.stdout.write(f"{mdev['id']:16} {mdev['name'] or '':24} available {mdev['available_instances']}\n")
+    for vtype in report["sriov_types"]:
+        mig = vtype.get("mig_backed")
+        note = f"  MIG-backed: {mig['slices']} slice(s), {mig['memory_gb']} GB" if mig else ""
+        sys.stdout.write(f"{vtype['id']:<6} {vtype['name']:28} free VFs {vtype['available_instances']}{note}\n")
+    for used in report["sriov_in_use"]:
+        sys.stdout.write(f"in use: VF {used['vf']} has type {used['type']}\n")
+
+
+@vgpu_app.command("create")
+def create_cmd(address: Address,
+               vgpu_type: Annotated[str, typer.Argument(metavar="TYPE", help="Type id or name.")],
+               uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: random).")] = None,
+               persist: Annotated[bool, typer.Option("--persist", help="Recreate it at boot (mdevctl's store, "
+                                                                       "/etc/mdevctl.d).")] = False,
+               as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Create a vGPU instance (legacy: an mdev; SR-IOV: a type on a free VF), journaled."""
+    wanted = PciAddress.parse(address)
+    if uuid is not None:
+        uuid = parse_uuid(uuid)
+    report = vgpu.create(live_context(root_of(root)), wanted, vgpu_type, uuid=uuid, persist=persist)
+    if as_json:
+        emit_json(report)
+        return
+    what = report.get("uuid") or report.get("vf")
+    sys.stdout.write(f"{report['result']}: {report['kind']} {what} type {report['type']} on {report['parent']}\n")
+
+
+@vgpu_app.command("remove")
+def remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], as_json: JsonOption = False,
+               root: RootOption = None) -> None:
+    """Remove a vGPU instance gpuvfio created (an mdev UUID, or the VF address of an SR-IOV vGPU)."""
+    report = vgpu.remove(live_context(root_of(root)), instance)
+    emit_json(report) if as_json else sys.stdout.write(f"removed {instance}\n")
+
+
+@vgpu_app.command("scheduler")
+def scheduler_cmd(address: Address,
+                  policy: Annotated[Optional[str], typer.Option(
+                      "--set", metavar="POLICY", help="best-effort, equal-share or fixed-share (journaled; gpuvfio "
+                                                      "restore puts the previous one back).")] = None,
+                  as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Show (or set) a GPU's vGPU scheduler policy, where the driver exposes it through NVML."""
+    wanted = PciAddress.parse(address)
+    if policy is not None:
+        vgpu.parse_policy(policy)
+    ctx = live_context(root_of(root))
+    report = vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)
+    if as_json:
+        emit_json(report)
+        return
+    sys.stdout.write(f"{address}: vGPU scheduler {report['policy']} (ARR {report['arr']}, timeslice "
+                     f"{report['timeslice']}; supported: {', '.join(report['supported'])})"
+                     + (f"; was {report['previous']}" if report.get("previous") else "") + "\n")

@@ -1,0 +1,90 @@
+"""Render a DomainSpec with jinja2 and check it with libvirt's own RelaxNG schema.
+
+Templates live in the top-level ``templates/`` (GPUVFIO_TEMPLATES overrides); they are
+rendered with autoescape and StrictUndefined, parsed with lxml, and validated against
+``/usr/share/libvirt/schemas/domain.rng`` (loaded from the file: the schema uses
+includes, which break when loaded from a string).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+
+from gpuvfio.domain.spec import DomainSpec
+from gpuvfio.errors import GpuvfioError
+
+# gpuvfio's element in a domain's <metadata>: the devices it assigned (for detach), where the
+# guest's SSH is forwarded, and the digest of the document gpuvfio defined (for define).
+METADATA_NS = "https://gpuvfio.invalid/xmlns/domain/1"
+DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
+TEMPLATES_ENV = "GPUVFIO_TEMPLATES"
+SCHEMA_ENV = "GPUVFIO_LIBVIRT_SCHEMAS"
+DEFAULT_SCHEMAS = "/usr/share/libvirt/schemas"
+
+
+class InvalidDomainXml(GpuvfioError):
+    pass
+
+
+def templates_dir() -> str:
+    """The domain templates: shipped in the package (a wheel maps the repository's top-level
+    templates/ to gpuvfio/domain/templates), or templates/ beside the package in a checkout."""
+    if os.environ.get(TEMPLATES_ENV):
+        return os.environ[TEMPLATES_ENV]
+    here = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(os.path.dirname(here))
+    for candidate in (os.path.join(here, "templates"), os.path.join(checkout, "templates")):
+        if os.path.isfile(os.path.join(candidate, "domain.xml.j2")):
+            return candidate
+    raise GpuvfioError(f"the domain template is missing from {os.path.join(here, 'templates')} (a broken "
+                       f"install?); set {TEMPLATES_ENV}")
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(directory: str):
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(directory), autoescape=True,
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(path: str):
+    from lxml import etree
+
+    if not os.path.exists(path):
+        raise GpuvfioError(f"libvirt's RelaxNG schema {path} is missing (install libvirt's schemas, e.g. "
+                           f"the libvirt-daemon or libvirt-clients package, or set {SCHEMA_ENV})")
+    return etree.RelaxNG(file=path)
+
+
+def render(spec: DomainSpec, template: str = "domain.xml.j2") -> str:
+    """The document, with the digest of its own text (placeholder in place) in gpuvfio's metadata:
+    define compares it with the digest recorded when the domain was defined, so any change to
+    what gpuvfio wants shows, whatever libvirt adds to the stored definition."""
+    text = _environment(templates_dir()).get_template(template).render(
+        spec=spec, host_devices=spec.host_devices, metadata_ns=METADATA_NS, digest=DIGEST_PLACEHOLDER)
+    if text.count(DIGEST_PLACEHOLDER) != 1:
+        raise GpuvfioError(f"template {template} must carry the digest placeholder exactly once")
+    return text.replace(DIGEST_PLACEHOLDER, "sha256:" + hashlib.sha256(text.encode()).hexdigest())
+
+
+def validate(xml: str, kind: str = "domain") -> None:
+    from lxml import etree
+
+    try:
+        document = etree.fromstring(xml.encode())
+    except etree.XMLSyntaxError as exc:
+        raise InvalidDomainXml(f"generated XML does not parse: {exc}") from None
+    schema = _schema(os.path.join(os.environ.get(SCHEMA_ENV, DEFAULT_SCHEMAS), f"{kind}.rng"))
+    if not schema.validate(document):
+        error = schema.error_log.last_error
+        raise InvalidDomainXml(f"generated XML fails libvirt's {kind}.rng at line {error.line}: {error.message}")
+
+
+def domain_xml(spec: DomainSpec) -> str:
+    xml = render(spec)
+    validate(xml)
+    return xml

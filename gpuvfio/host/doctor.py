@@ -1,0 +1,179 @@
+"""Host readiness checks with concrete fixes (``gpuvfio doctor``).
+
+Similar ground to libvirt's ``virt-host-validate`` (IOMMU, device assignment), plus
+what GPU passthrough needs beyond it: ACS-override detection, vfio modules, hugepages
+per NUMA node, interrupt remapping, processes holding /dev/nvidia*, boot VGA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuvfio.host.root import HostRoot
+from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.kernel import VFIO_MODULES, KernelInfo
+from gpuvfio.host.model import NumaNode
+from gpuvfio.host.nvidia import nvidia_holders
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+
+@dataclass(slots=True)
+class Check:
+    check_id: str
+    status: str
+    summary: str
+    fix: str | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.check_id, "status": self.status, "summary": self.summary, "fix": self.fix}
+
+
+def _bootloader_fix(host: HostRoot, params: str) -> str:
+    os_release = host.read(host.config_path("etc", "os-release")) or ""
+    ids = " ".join(line.split("=", 1)[1].strip('"') for line in os_release.splitlines()
+                   if line.startswith(("ID=", "ID_LIKE=")))
+    if any(name in ids.split() for name in ("rhel", "fedora", "centos", "rocky", "almalinux")):
+        return f"grubby --update-kernel=ALL --args='{params}' and reboot"
+    if "suse" in ids:
+        return f"add '{params}' to GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, run update-bootloader, reboot"
+    return (f"add '{params}' to GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, "
+            "run update-grub (or kernelstub -a on Pop!_OS), reboot")
+
+
+def check_iommu(host: HostRoot, kernel: KernelInfo) -> Check:
+    vendor = kernel.iommu_vendor
+    opt = "amd_iommu=on iommu=pt" if vendor == "amd" else "intel_iommu=on iommu=pt"
+    off = [p for p in ("intel_iommu", "amd_iommu") if kernel.param(p) == "off"]
+    if kernel.param("iommu") == "off":
+        off.append("iommu")
+    if kernel.iommu_groups == 0:
+        why = f" ({', '.join(p + '=off' for p in off)} on the command line)" if off else ""
+        return Check("iommu", FAIL, f"no IOMMU groups: the IOMMU is off or missing{why}",
+                     "enable VT-d / AMD-Vi (IOMMU) in the firmware setup, then " + _bootloader_fix(host, opt))
+    summary = f"{vendor or 'unknown'} IOMMU on, {kernel.iommu_groups} groups, {len(kernel.iommu_units)} units"
+    if kernel.param("iommu") != "pt" and "pt" not in (kernel.param("intel_iommu") or "").split(","):
+        return Check("iommu", OK, summary + "; iommu=pt not set (host devices pay DMA translation)",
+                     _bootloader_fix(host, "iommu=pt") + " (optional)")
+    return Check("iommu", OK, summary + ", passthrough mode for host devices")
+
+
+def check_acs_override(kernel: KernelInfo) -> Check:
+    value = kernel.param("pcie_acs_override")
+    if value is not None:
+        return Check("acs_override", FAIL,
+                     f"pcie_acs_override={value} is on the command line: IOMMU groups may not reflect "
+                     "real isolation (a guest could DMA into devices of other groups)",
+                     "remove pcie_acs_override from the kernel command line; put the GPU in a slot "
+                     "whose root port has ACS, or accept the shared group")
+    return Check("acs_override", OK, "no ACS override: IOMMU groups reflect the hardware")
+
+
+def check_vfio_modules(kernel: KernelInfo) -> Check:
+    missing = [m for m in VFIO_MODULES if not kernel.module_available(m) and m not in kernel.builtin_modules]
+    loaded = [m for m in VFIO_MODULES if m in kernel.loaded_modules or m in kernel.builtin_modules]
+    if not missing and len(loaded) == len(VFIO_MODULES):
+        return Check("vfio_modules", OK, "vfio, vfio_pci, vfio_iommu_type1 loaded")
+    if not missing:
+        todo = [m for m in VFIO_MODULES if m not in loaded]
+        return Check("vfio_modules", OK, f"loadable, not loaded yet: {', '.join(todo)}",
+                     "gpuvfio bind loads them; to load at boot: echo vfio-pci > /etc/modules-load.d/vfio.conf")
+    return Check("vfio_modules", FAIL, f"not available in this kernel: {', '.join(missing)}",
+                 "install a kernel built with CONFIG_VFIO_PCI and CONFIG_VFIO_IOMMU_TYPE1 "
+                 f"(modules for {kernel.release or 'the running kernel'})")
+
+
+def check_hugepages(nodes: list[NumaNode]) -> Check:
+    if not nodes:
+        return Check("hugepages", SKIP, "no NUMA information under /sys/devices/system/node")
+    parts, any_free = [], False
+    for node in nodes:
+        sizes = []
+        for size, (total, free) in sorted(node.hugepages.items()):
+            if total:
+                label = f"{size // 1048576}G" if size >= 1048576 else f"{size // 1024}M"
+                sizes.append(f"{free}/{total} x {label} free")
+                any_free = any_free or free > 0
+        parts.append(f"node{node.node_id}: " + (", ".join(sizes) if sizes else "none reserved"))
+    summary = "; ".join(parts)
+    if any_free:
+        return Check("hugepages", OK, summary)
+    return Check("hugepages", WARN, summary + " (guest memory will use 4K pages: slower DMA mapping, TLB misses)",
+                 "reserve 1G pages on the GPU's node, e.g. echo 64 > /sys/devices/system/node/node0/"
+                 "hugepages/hugepages-1048576kB/nr_hugepages, or hugepagesz=1G hugepages=N at boot")
+
+
+def check_interrupt_remapping(kernel: KernelInfo) -> Check:
+    if kernel.unsafe_interrupts:
+        return Check("interrupt_remapping", FAIL,
+                     "vfio_iommu_type1 allow_unsafe_interrupts=Y: a guest can forge MSIs to the host",
+                     "remove allow_unsafe_interrupts from /etc/modprobe.d and the command line; "
+                     "enable interrupt remapping (x2APIC/IR) in the firmware")
+    if kernel.unsafe_noiommu:
+        return Check("interrupt_remapping", FAIL, "vfio enable_unsafe_noiommu_mode=Y: no DMA isolation at all",
+                     "remove enable_unsafe_noiommu_mode and enable the IOMMU")
+    disabled = kernel.param("intremap") == "off" or "nointremap" in kernel.params
+    if kernel.iommu_groups == 0:
+        # IR can stay active with intel_iommu=off (it is set up separately), but without
+        # DMA remapping there is nothing to pass through: the iommu check fails instead.
+        state = {True: "active", False: "inactive", None: "unknown"}[kernel.interrupts_remapped]
+        return Check("interrupt_remapping", SKIP, f"no IOMMU groups, so no device assignment "
+                     f"(interrupt remapping {state})")
+    if kernel.interrupts_remapped:
+        return Check("interrupt_remapping", OK, "active (IR- interrupt chips in /proc/interrupts)")
+    if disabled:
+        return Check("interrupt_remapping", FAIL, "disabled on the command line (intremap=off / nointremap)",
+                     "remove intremap=off / nointremap from the kernel command line")
+    if kernel.interrupts_remapped is None:
+        return Check("interrupt_remapping", WARN, "cannot tell: /proc/interrupts not readable",
+                     "run as root on the host")
+    cap = " although the IOMMU supports it" if kernel.intel_ir_capable else ""
+    return Check("interrupt_remapping", FAIL, f"not active{cap}: vfio refuses MSI without it",
+                 "enable interrupt remapping / x2APIC in the firmware setup and do not pass intremap=off")
+
+
+def check_nvidia_holders(host: HostRoot) -> Check:
+    holders = nvidia_holders(host)
+    if not holders:
+        return Check("nvidia_holders", OK, "no process holds /dev/nvidia*")
+    return Check("nvidia_holders", WARN, "; ".join(h.describe() for h in holders),
+                 "stop them before binding (systemctl stop nvidia-persistenced nvidia-fabricmanager "
+                 "nvidia-dcgm; end CUDA processes and Xorg); unbinding nvidia under them can hang")
+
+
+def check_boot_vga(inventory: Inventory, kernel: KernelInfo) -> Check:
+    console = [f for f in inventory.functions.values() if f.boot_vga and f.is_nvidia]
+    fbs = ", ".join(kernel.framebuffers) or "none"
+    if console:
+        names = ", ".join(str(f.address) for f in console)
+        return Check("boot_vga", WARN, f"{names} drives the host console (boot_vga=1; framebuffers: {fbs})",
+                     "move the console to the BMC/iGPU in the firmware, or pass video=efifb:off "
+                     "(and initcall_blacklist=sysfb_init on 5.15+) before passing this GPU through")
+    return Check("boot_vga", OK, f"no NVIDIA GPU drives the host console (framebuffers: {fbs})")
+
+
+def check_gpu_groups(inventory: Inventory) -> Check:
+    if inventory.groups is None:
+        return Check("gpu_groups", SKIP, "no IOMMU groups")
+    nvidia_groups = sorted({f.iommu_group for f in inventory.nvidia() if f.iommu_group is not None})
+    if not nvidia_groups:
+        return Check("gpu_groups", SKIP, "no NVIDIA devices")
+    bad = [inventory.groups[g] for g in nvidia_groups if not inventory.groups[g].viable]
+    if not bad:
+        return Check("gpu_groups", OK, f"{len(nvidia_groups)} NVIDIA group(s), all viable")
+    problems = "; ".join(p for g in bad for p in g.problems)
+    return Check("gpu_groups", WARN, f"{len(bad)} of {len(nvidia_groups)} NVIDIA group(s) not viable: {problems}",
+                 "move the GPU to a CPU-attached slot with its own group; do not use pcie_acs_override")
+
+
+def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: list[NumaNode]) -> list[Check]:
+    return [
+        check_iommu(host, kernel),
+        check_acs_override(kernel),
+        check_vfio_modules(kernel),
+        check_hugepages(nodes),
+        check_interrupt_remapping(kernel),
+        check_nvidia_holders(host),
+        check_boot_vga(inventory, kernel),
+        check_gpu_groups(inventory),
+    ]

@@ -1,0 +1,301 @@
+"""Host fixtures: a compact text record of what gpuvfio reads from a host.
+
+Modelled on umockdev's records. One record a line:
+
+    D <path>            a directory
+    F <path> <text>     a text file (content escaped: \\n, \\\\, \\xNN)
+    B <path> <hex>      a binary file (PCI config space)
+    L <path> <target>   a relative symlink
+
+Paths are relative to the host root. ``dump_host`` records a live (or any) root;
+``load_fixture`` materialises a fixture into a directory that works as ``--root``,
+refusing absolute paths, ``..`` and links that leave the target directory.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import tempfile
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import HostReadError, InputError
+from gpuvfio.host.firmware import OVMF_CANDIDATES
+from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
+from gpuvfio.host.root import ROOT_ENV, HostRoot
+
+HEADER = "# gpuvfio host fixture v1"
+
+# Attribute files of a PCI function that gpuvfio (and lspci) reads.
+PCI_ATTRS = (
+    "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision",
+    "irq", "numa_node", "local_cpulist", "resource", "modalias", "driver_override",
+    "current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
+    "sriov_totalvfs", "sriov_numvfs", "boot_vga", "reset_method", "enable",
+)
+PCI_LINKS = ("driver", "iommu_group", "physfn")
+MDEV_TYPE_ATTRS = ("name", "available_instances", "device_api", "description")
+NVIDIA_VGPU_ATTRS = ("creatable_vgpu_types", "current_vgpu_type")
+MODULE_PARAMS = (
+    ("vfio_iommu_type1", "allow_unsafe_interrupts"),
+    ("vfio", "enable_unsafe_noiommu_mode"),
+)
+# Kernel modules whose presence in modules.dep / modules.builtin gpuvfio checks.
+_MODULE_INTEREST = re.compile(r"(vfio|nvidia|nouveau|pci-stub|pci_stub|kvm)")
+
+
+def _esc(text: str) -> str:
+    return text.encode("unicode_escape").decode("ascii").replace(" ", "\\x20")
+
+
+def _unesc(text: str) -> str:
+    return codecs.decode(text, "unicode_escape")
+
+
+class _Recorder:
+    def __init__(self, host: HostRoot) -> None:
+        self.host = host
+        self.lines: list[str] = []
+        self.seen: set[str] = set()
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, self.host.root)
+
+    def add(self, kind: str, path: str, payload: str | None = None) -> None:
+        rel = self.rel(path)
+        if rel in self.seen:
+            return
+        self.seen.add(rel)
+        self.lines.append(f"{kind} {_esc(rel)}" + (f" {payload}" if payload is not None else ""))
+
+    def file(self, path: str, transform=None) -> None:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(1 << 20)
+        except OSError:
+            return
+        text = data.decode("utf-8", "replace")
+        if transform:
+            text = transform(text)
+        self.add("F", path, _esc(text))
+
+    def binary(self, path: str, limit: int) -> None:
+        data = self.host.read_bytes(path, limit)
+        if data is not None:
+            self.add("B", path, data.hex())
+
+    def link(self, path: str) -> None:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return
+        self.add("L", path, _esc(target))
+
+    def directory(self, path: str) -> None:
+        self.add("D", path)
+
+
+def _strip_interrupt_counts(text: str) -> str:
+    # /proc/interrupts has one count column per CPU (hundreds on big hosts); gpuvfio
+    # only needs the chip names ("IR-PCI-MSI" means interrupt remapping is active).
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or not parts[0].endswith(":"):
+            continue
+        rest = [p for p in parts[1:] if not p.isdigit()]
+        out.append(" ".join([parts[0]] + rest))
+    return "\n".join(out) + "\n"
+
+
+def _first_cpu(text: str) -> str:
+    # The first processor's identity and address sizes; the rest repeats per CPU.
+    keep = ("processor", "vendor_id", "model name", "address sizes")
+    lines = [line for line in text.split("\n\n", 1)[0].splitlines() if line.split(":")[0].strip() in keep]
+    return "\n".join(lines) + "\n\n"
+
+
+def _filter_modules(text: str) -> str:
+    return "".join(line + "\n" for line in text.splitlines() if _MODULE_INTEREST.search(line))
+
+
+def dump_host(host: HostRoot) -> str:
+    """Record the parts of ``host`` that gpuvfio reads, as fixture text."""
+    rec = _Recorder(host)
+    devices_dir = host.require_dir("bus", "pci", "devices")
+    for name in sorted(os.listdir(devices_dir)):
+        if PciAddress.try_parse(name) is None:
+            continue
+        link = os.path.join(devices_dir, name)
+        rec.link(link)
+        real = host.resolve_in_sys(link)
+        rec.directory(real)
+        for attr in PCI_ATTRS:
+            rec.file(os.path.join(real, attr))
+        rec.binary(os.path.join(real, "config"), 256)
+        for entry in sorted(os.listdir(real)):
+            if entry in PCI_LINKS or entry.startswith("virtfn"):
+                rec.link(os.path.join(real, entry))
+        types_dir = os.path.join(real, "mdev_supported_types")
+        for type_id in host.listdir(types_dir):
+            tdir = os.path.join(types_dir, type_id)
+            rec.directory(os.path.join(tdir, "devices"))
+            for attr in MDEV_TYPE_ATTRS:
+                rec.file(os.path.join(tdir, attr))
+        for attr in NVIDIA_VGPU_ATTRS:
+            rec.file(os.path.join(real, "nvidia", attr))
+    drivers = host.sys_path("bus", "pci", "drivers")
+    for name in host.listdir(drivers):
+        rec.directory(os.path.join(drivers, name))
+        rec.link(os.path.join(drivers, name, "module"))  # its kernel module (persist's softdep)
+    groups = host.sys_path("kernel", "iommu_groups")
+    for group in host.listdir(groups):
+        gdir = os.path.join(groups, group, "devices")
+        rec.directory(gdir)
+        for dev in host.listdir(gdir):
+            rec.link(os.path.join(gdir, dev))
+    iommu_class = host.sys_path("class", "iommu")
+    for unit in host.listdir(iommu_class):
+        rec.link(os.path.join(iommu_class, unit))
+        try:
+            real = host.resolve_in_sys(os.path.join(iommu_class, unit))
+        except HostReadError:
+            continue
+        rec.directory(real)
+        for sub, attrs in (("intel-iommu", ("cap", "ecap", "version")), ("amd-iommu", ("features", "cap"))):
+            for attr in attrs:
+                rec.file(os.path.join(real, sub, attr))
+    nodes = host.sys_path("devices", "system", "node")
+    for attr in ("online", "possible", "has_cpu"):
+        rec.file(os.path.join(nodes, attr))
+    for node in host.listdir(nodes):
+        if not re.fullmatch(r"node\d+", node):
+            continue
+        ndir = os.path.join(nodes, node)
+        rec.file(os.path.join(ndir, "cpulist"))
+        rec.file(os.path.join(ndir, "meminfo"))
+        hp = os.path.join(ndir, "hugepages")
+        for size in host.listdir(hp):
+            for attr in ("nr_hugepages", "free_hugepages"):
+                rec.file(os.path.join(hp, size, attr))
+    cpus = host.sys_path("devices", "system", "cpu")
+    rec.file(os.path.join(cpus, "online"))
+    for cpu in host.listdir(cpus):
+        if re.fullmatch(r"cpu\d+", cpu):
+            for attr in ("core_id", "physical_package_id", "thread_siblings_list"):
+                rec.file(os.path.join(cpus, cpu, "topology", attr))
+    for module, param in MODULE_PARAMS:
+        rec.file(host.sys_path("module", module, "parameters", param))
+    for name in ("cmdline", "modules", "fb", "sys/kernel/osrelease"):
+        rec.file(host.path("proc", name))
+    rec.file(host.path("proc", "interrupts"), _strip_interrupt_counts)
+    rec.file(host.path("proc", "cpuinfo"), _first_cpu)
+    gpus = host.path("proc", "driver", "nvidia", "gpus")
+    for gpu in host.listdir(gpus):
+        if PciAddress.try_parse(gpu):
+            rec.file(os.path.join(gpus, gpu, "information"))  # "Device Minor: N" -> /dev/nvidiaN
+    rec.file(host.path("etc", "os-release"))
+    rec.file(host.path(*FABRIC_MANAGER_CONFIG))
+    release = (host.read(host.path("proc", "sys", "kernel", "osrelease")) or "").strip()
+    if release and "/" not in release and release not in (".", ".."):
+        for name in ("modules.dep", "modules.builtin"):
+            rec.file(host.path("lib", "modules", release, name), _filter_modules)
+    for pair in OVMF_CANDIDATES:  # which firmware images exist (names only: their bytes do not matter)
+        for rel in pair:
+            if os.path.exists(host.path(rel)):
+                rec.add("F", host.path(rel), "")
+    _record_holders(rec, host)
+    return HEADER + "\n" + "\n".join(rec.lines) + "\n"
+
+
+def _record_holders(rec: _Recorder, host: HostRoot) -> None:
+    """Processes holding /dev/nvidia* or /dev/vfio/*: their fd links and comm."""
+    proc = host.path("proc")
+    for pid in host.listdir(proc):
+        if not pid.isdigit():
+            continue
+        fd_dir = os.path.join(proc, pid, "fd")
+        held = False
+        for fd in host.listdir(fd_dir) if os.path.isdir(fd_dir) else []:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith(("/dev/nvidia", "/dev/vfio/")):
+                rec.add("L", os.path.join(fd_dir, fd), _esc(target))
+                held = True
+        if held:
+            rec.file(os.path.join(proc, pid, "comm"))
+
+
+def load_fixture(text: str, target: str) -> str:
+    """Materialise fixture ``text`` under directory ``target``; returns ``target``."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != HEADER:
+        raise InputError("not a gpuvfio host fixture (missing header line)")
+    top = os.path.realpath(target)
+    os.makedirs(top, exist_ok=True)
+    for number, line in enumerate(lines[1:], start=2):
+        if not line or line.startswith("#"):
+            continue
+        kind, _, rest = line.partition(" ")
+        rel_esc, _, payload = rest.partition(" ")
+        rel = _unesc(rel_esc)
+        if not rel or os.path.isabs(rel) or ".." in rel.split("/"):
+            raise InputError(f"fixture line {number}: unsafe path {rel!r}")
+        path = os.path.join(top, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if kind == "D":
+            os.makedirs(path, exist_ok=True)
+        elif kind == "F":
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(_unesc(payload))
+        elif kind == "B":
+            try:
+                data = bytes.fromhex(payload)
+            except ValueError:
+                raise InputError(f"fixture line {number}: bad hex data") from None
+            with open(path, "wb") as handle:
+                handle.write(data)
+        elif kind == "L":
+            link_target = _unesc(payload)
+            if rel.startswith("proc/") and "/fd/" in rel:
+                pass  # fd links name device nodes; they are read, never followed
+            elif os.path.isabs(link_target) or not os.path.normpath(
+                    os.path.join(os.path.dirname(path), link_target)).startswith(top + "/"):
+                raise InputError(f"fixture line {number}: link {rel} leaves the root")
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.symlink(link_target, path)
+        else:
+            raise InputError(f"fixture line {number}: unknown record {kind!r}")
+    return target
+
+
+@contextlib.contextmanager
+def open_host(root: str | None):
+    """The host behind ``--root``: a directory, or a fixture file loaded into a temp dir.
+
+    Yields (HostRoot, label for titles). ``None`` means GPUVFIO_ROOT or ``/``; an empty
+    string is bad input (``--root "$UNSET"`` must not mean the live host).
+    """
+    if root is None:
+        root = os.environ.get(ROOT_ENV) or "/"
+    if not root:
+        raise InputError("--root is empty (give a directory, a host fixture file, or leave it out for /)")
+    if os.path.isfile(root):
+        try:
+            with open(root, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HostReadError(f"cannot read host fixture {root}: {exc}") from None
+        # A recorded host is thousands of small files: memory-backed /dev/shm makes loading
+        # it several times faster than a disk-backed /tmp.
+        scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.environ.get("TMPDIR") else None
+        with tempfile.TemporaryDirectory(prefix="gpuvfio-host-", dir=scratch) as tmp:
+            load_fixture(text, tmp)
+            yield HostRoot(tmp), os.path.basename(root)
+        return
+    yield HostRoot(root), root

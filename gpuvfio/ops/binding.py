@@ -1,0 +1,259 @@
+"""Binding services: bind, restore, release, unbind, status, persist.
+
+Each step is written here once; gpuvfio bind, attach and detach, the testbed and the Ansible
+device and domain modules all call these. Two policies live here and nowhere else:
+
+* Asking libvirt whether a domain uses the devices (libvirt_view): on ``--connect URI`` or
+  the connection the command already has open (attach: the one it defines the domain on);
+  else, on this machine, libvirt's default URI. ``--connect none`` (or a root that is not
+  this machine) does not ask, and says so. A libvirt that should answer and does not
+  refuses the bind: a check that could not run is not a pass.
+* Giving devices back (release): bind moves whole IOMMU groups, so what goes back is every
+  device gpuvfio holds in the groups of the devices named -- and only what gpuvfio holds
+  (a device that was on vfio-pci before gpuvfio stays there).
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bind import persist as store
+from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
+from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.plan import BindPlan, BindPolicy, LibvirtView, plan_bind
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.host import assignable
+from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.kernel import read_kernel
+from gpuvfio.host.pciids import PciIds
+from gpuvfio.ops.context import Context
+from gpuvfio.vgpu.instances import remove_all
+from gpuvfio.vgpu.scheduler import put_back
+from gpuvfio.virt.usage import domains_using
+
+__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "plan", "bind", "restore", "held", "release", "unbind",
+           "status", "persist", "current_drivers", "addresses_in_groups"]
+NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
+
+
+def libvirt_view(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None,
+                 exclude: str | None = None) -> LibvirtView:
+    """Which domains use ``addresses``, by the one policy above."""
+    if uri == NO_LIBVIRT:
+        return LibvirtView(not_asked="libvirt not asked (--connect none)")
+    if uri is None and not ctx.live and not ctx.connections:
+        return LibvirtView(not_asked="libvirt not asked: the host root is not this machine "
+                                     "(--connect URI asks one)")
+    try:
+        return LibvirtView(users=domains_using(ctx.libvirt(uri), addresses, exclude=exclude))
+    except GpuvfioError as exc:
+        return LibvirtView(error=str(exc))
+
+
+def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
+         exclude: str | None = None) -> tuple[BindPlan, dict]:
+    """The plan and its report ({"devices", "steps", "checks", "moving", "refused"[, "result"]})."""
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
+    for address in addresses:
+        assignable.endpoint(inventory, address)
+    view = libvirt_view(ctx, addresses_in_groups(inventory, addresses), uri=uri, exclude=exclude)
+    bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view)
+    report = bind_plan.to_json(ctx.host.root)  # step paths as the host names them
+    report["moving"] = [str(a) for a in bind_plan.moving]
+    report["refused"] = [c.to_json() for c in bind_plan.refusals(policy.force)]
+    if bind_plan.nothing_to_do:
+        report["result"] = "nothing_to_do"
+    return bind_plan, report
+
+
+def addresses_in_groups(inventory: Inventory, addresses: list[PciAddress]) -> list[PciAddress]:
+    """``addresses`` and every other endpoint of their IOMMU groups (what a bind moves)."""
+    found = set(addresses)
+    for address in addresses:
+        group = inventory.group_of(address)
+        if group is not None:
+            found |= {m for m in group.devices if not inventory.functions[m].is_bridge}
+    return sorted(found)
+
+
+def _refusal(report: dict) -> Refused:
+    return Refused("refused: " + "; ".join(c["message"] for c in report["refused"]), report)
+
+
+def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
+         exclude: str | None = None, dry_run: bool = False) -> dict:
+    """Move the IOMMU groups of ``addresses`` to vfio-pci. A dry run raises Refused exactly when
+    the real run would; devices already on vfio-pci are "nothing to do" (even in use)."""
+    if not addresses:
+        raise InputError("no PCI address given")
+    directory = state_dir(ctx.host)
+    if dry_run:
+        if os.path.exists(os.path.join(directory, "journal.json")):
+            Journal.load(directory)  # a corrupt journal is reported even on a dry run
+        _plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
+        if "result" in report:
+            return report
+        if report["refused"]:
+            report["result"] = "refused"
+            raise _refusal(report)
+        report["result"] = "dry_run"
+        return report
+    with RunLock(directory, ctx.lock_timeout):
+        journal = Journal.load(directory)
+        bind_plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
+        if bind_plan.nothing_to_do:
+            return report
+        if report["refused"]:
+            report["result"] = "refused"
+            raise _refusal(report)
+        result = apply_bind(ctx.host, bind_plan, journal, ctx.writer(), ctx.host_actions(), ctx.progress)
+        report["result"] = result.status
+        return report
+
+
+def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
+    """Return devices gpuvfio holds to their recorded drivers (all of them, and the vGPU
+    instances and scheduler policies it changed, when no address is given)."""
+    directory = state_dir(ctx.host)
+    with RunLock(directory, ctx.lock_timeout):
+        journal = Journal.load(directory)
+        wanted = [str(a) for a in addresses]
+        unknown = [a for a in wanted if a not in journal.devices]
+        if unknown:
+            raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
+        return _restore_locked(ctx, journal, wanted)
+
+
+def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
+    undone: list[str] = []
+
+    def note(line: str) -> None:
+        undone.append(line)
+        ctx.progress(line)
+
+    vgpu_failures: list[str] = []
+    if not wanted:  # a full restore also removes the vGPU instances gpuvfio created, then
+        vgpu_failures = remove_all(ctx.host, journal, ctx.writer(), note)
+        if journal.data.get("schedulers"):  # the schedulers (NVML changes them only with no vGPU running)
+            vgpu_failures += put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
+    results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), wanted or None, ctx.progress)
+    report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
+              "failed": {a: msg for a, (ok, msg) in results.items() if not ok},
+              "services_not_restarted": list(journal.data["services_stopped"]), "vgpu": undone}
+    if report["failed"] or report["services_not_restarted"] or vgpu_failures:
+        problems = vgpu_failures + [f"{a}: {m}" for a, m in report["failed"].items()]
+        problems += [f"service {s} not restarted" for s in report["services_not_restarted"]]
+        raise Refused("restore incomplete: " + "; ".join(problems), report)
+    return report
+
+
+def held_in_groups(ctx: Context, journal: Journal, addresses: list[PciAddress]) -> list[str]:
+    """The devices gpuvfio holds among ``addresses`` and in their IOMMU groups (as journaled)."""
+    inventory = read_inventory(ctx.host)
+    named = {str(a) for a in addresses}
+    groups = {inventory.functions[a].iommu_group for a in addresses if a in inventory.functions} - {None}
+    return sorted(a for a, record in journal.devices.items()
+                  if a in named or (record.get("group") is not None and record.get("group") in groups))
+
+
+def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, dict]:
+    """What release(addresses) would give back: address -> its journal record (original driver)."""
+    inventory = read_inventory(ctx.host)
+    unknown = [str(a) for a in addresses if a not in inventory.functions]
+    if unknown:
+        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+    journal = Journal.load(state_dir(ctx.host))
+    return {a: dict(journal.devices[a]) for a in held_in_groups(ctx, journal, addresses)}
+
+
+def current_drivers(ctx: Context, addresses) -> dict[str, str | None]:
+    """The driver each device is bound to now (read from its driver link)."""
+    return {str(a): current_driver(ctx.host, a) for a in addresses}
+
+
+def release(ctx: Context, addresses: list[PciAddress]) -> dict:
+    """Give back what gpuvfio holds in the IOMMU groups of ``addresses`` (detach, attach's
+    rollback, a testbed variant's teardown, the Ansible device module's state=host)."""
+    directory = state_dir(ctx.host)
+    with RunLock(directory, ctx.lock_timeout):
+        journal = Journal.load(directory)
+        held = held_in_groups(ctx, journal, addresses)
+        if not held:
+            return {"restored": {}, "failed": {}, "services_not_restarted": [], "vgpu": []}
+        return _restore_locked(ctx, journal, held)
+
+
+def unbind(ctx: Context, addresses: list[PciAddress]) -> dict:
+    """Give devices back to the host without the journal (gpuvfio unbind)."""
+    if not addresses:
+        raise InputError("no PCI address given")
+    inventory = read_inventory(ctx.host)
+    for address in addresses:
+        if address not in inventory.functions:
+            raise InputError(f"no such PCI function on this host: {address}")
+    with RunLock(state_dir(ctx.host), ctx.lock_timeout):
+        return {"drivers": give_back(ctx.host, sorted(set(addresses)), ctx.writer())}
+
+
+def status(ctx: Context) -> dict:
+    directory = state_dir(ctx.host)
+    journal = Journal.load(directory)
+    devices = []
+    for address, record in sorted(journal.devices.items()):
+        try:
+            driver, override = current_driver(ctx.host, address), current_override(ctx.host, address)
+        except GpuvfioError:
+            driver, override = None, None
+        devices.append({"address": address, "driver": driver, "driver_override": override,
+                        "original_driver": record.get("original_driver"),
+                        "original_override": record.get("original_override"),
+                        "group": record.get("group")})
+    operation = journal.data.get("operation")
+    pending = None
+    if operation and not operation.get("finished"):
+        pending = {"kind": operation.get("kind"), "pid": operation.get("pid"),
+                   "steps": [{"description": s.get("description"), "state": s.get("state")}
+                             for s in operation.get("steps", [])]}
+    return {"state_dir": directory, "devices": devices, "services_stopped": journal.data["services_stopped"],
+            "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
+            "schedulers": journal.data.get("schedulers", {}), "unfinished_operation": pending}
+
+
+def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,
+            force: bool = False, rename=os.replace) -> dict:
+    """gpuvfio persist / unpersist: the whole IOMMU group of each address, by address; the same
+    group policy as bind (a group with a foreign device is refused unless forced)."""
+    host = ctx.host
+    inventory = read_inventory(host)
+    store.check_addresses(set(inventory.functions), addresses)
+    if not remove:
+        refused = [p for a in addresses for p in assignable.problems(inventory, a)
+                   if p.check_id in ("group_viable", "iommu") and not (force and p.overridable)]
+        if refused:
+            raise Refused("refused: " + "; ".join(dict.fromkeys(p.message for p in refused))
+                          + " (--force persists the whole group anyway)")
+    endpoints = set(addresses_in_groups(inventory, addresses))
+    journal = Journal.load(state_dir(host))
+    modules = set()
+    for address in endpoints:
+        driver = inventory.functions[address].driver
+        if driver == "vfio-pci":  # bound by gpuvfio already: its recorded host driver
+            driver = journal.devices.get(str(address), {}).get("original_driver")
+        module = store.driver_module(host, driver) if driver else None
+        if module:
+            modules.add(module)
+    add, drop = ([], sorted(endpoints)) if remove else (sorted(endpoints), [])
+    changes = store.plan_persist(host, add, drop, set() if remove else modules)
+    report = {"devices": [str(a) for a in sorted(endpoints)],
+              "mechanism": "driverctl" if store.uses_driverctl(host) else "udev",
+              "changes": [{"path": c.path, "action": "remove" if c.new is None else
+                           ("create" if c.old is None else "update"), "diff": c.diff(host.root)} for c in changes],
+              "result": "dry_run" if dry_run else ("nothing_to_do" if not changes else "applied")}
+    if changes and not remove:
+        report["next"] = store.initramfs_hint(host)
+    if dry_run or not changes:
+        return report
+    with RunLock(state_dir(host), ctx.lock_timeout):
+        store.commit(changes, rename=rename)
+    return report

@@ -1,0 +1,147 @@
+"""What the services need from the world, passed in: the host, the kernel side of sysfs writes,
+modprobe/systemctl, libvirt connections, the clock and a progress sink.
+
+The CLI, the Ansible modules and the testbed build one with ``live_context`` (the real kernel,
+the real libvirt); the tests build one around a simulated kernel and libvirt's test driver.
+Nothing in gpuvfio.ops reaches the world any other way, so no test patches internals.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpuvfio.bind.apply import Actions
+from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
+from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.host.root import ROOT_ENV, HostRoot
+from gpuvfio.virt.connection import default_uri, open_connection
+from gpuvfio.vgpu.scheduler import Nvml
+
+__all__ = ["Context", "Clock", "live_context", "host_context", "checked_seconds", "ROOT_ENV", "DEFAULT_LOCK_TIMEOUT",
+           "DEFAULT_WRITE_TIMEOUT"]
+DEFAULT_LOCK_TIMEOUT = 30.0
+DEFAULT_WRITE_TIMEOUT = DEFAULT_TIMEOUT
+
+
+def _no_progress(line: str) -> None:
+    pass
+
+
+@dataclass
+class Clock:
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+@dataclass
+class Context:
+    host: HostRoot
+    backend: Backend = kernel_write  # one sysfs write: real write(2), or a simulated kernel
+    actions: Actions | None = None  # modprobe / systemctl; None: refused (not the live host)
+    connect: Callable[[str], object] = open_connection  # libvirt URI -> connection
+    nvml: Callable[[], Nvml] = Nvml  # NVML, opened for the vGPU scheduler
+    clock: Clock = field(default_factory=Clock)
+    progress: Callable[[str], None] = _no_progress
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    connections: dict = field(default_factory=dict)
+
+    def libvirt(self, uri: str | None = None):
+        """One connection per URI for the whole command (default: libvirt's default URI), so a
+        check, a define and a start see the same daemon state; closed by close()."""
+        uri = uri or default_uri()
+        if uri not in self.connections:
+            self.connections[uri] = self.connect(uri)
+        return self.connections[uri]
+
+    def close(self) -> None:
+        while self.connections:
+            _uri, conn = self.connections.popitem()
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection must not hide the real error
+                pass
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def writer(self) -> SysfsWriter:
+        return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend)
+
+    def host_actions(self) -> Actions:
+        if self.actions is None:
+            return refusing_actions(self.host)
+        return self.actions
+
+    @property
+    def live(self) -> bool:
+        """Is the root this machine itself (so its libvirt, modprobe and systemctl belong to it)?"""
+        return self.host.root == "/"
+
+
+def checked_seconds(value: float, what: str, *, upper: float = 30 * 24 * 3600.0) -> float:
+    """A timeout from the user: a finite number of seconds, above zero (NaN and inf never return)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or not 0 < value <= upper:
+        raise InputError(f"{what} must be a number of seconds between 0 and {upper:g}, not {value!r}")
+    return float(value)
+
+
+def run_command(argv: list[str], timeout: float = 60.0) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GpuvfioError(f"{' '.join(argv)}: {exc}") from None
+    if proc.returncode:
+        last = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise GpuvfioError(f"{' '.join(argv)} failed: {last[0]}")
+
+
+def run_output(argv: list[str], timeout: float, env: dict | None = None) -> str:
+    """stdout of a local command (argument list, no shell); a failure is a one-line error."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GpuvfioError(f"{argv[0]}: {exc}") from None
+    if proc.returncode:
+        last = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise GpuvfioError(f"{' '.join(argv[:2])} failed: {last[0]}")
+    return proc.stdout
+
+
+def live_actions(timeout: float = 60.0) -> Actions:
+    """modprobe and systemctl on this machine (argument lists: nothing goes through a shell)."""
+    return Actions(modprobe=lambda name: run_command(["modprobe", "--", name], timeout),
+                   stop_service=lambda unit: run_command(["systemctl", "stop", "--", unit], timeout),
+                   start_service=lambda unit: run_command(["systemctl", "start", "--", unit], timeout))
+
+
+def refusing_actions(host: HostRoot) -> Actions:
+    """For a root that is not this machine: its modules and services are not ours to touch."""
+    def refuse(what: str) -> Callable[[str], None]:
+        def action(name: str) -> None:
+            raise GpuvfioError(f"'{what} {name}' is needed, but {host.root} is not the live host")
+        return action
+
+    return Actions(modprobe=refuse("modprobe"), stop_service=refuse("systemctl stop"),
+                   start_service=refuse("systemctl start"))
+
+
+def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progress,
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Context:
+    """The real thing around a host root: write(2), libvirt, and modprobe/systemctl when the root
+    is this machine (``/``)."""
+    return Context(host=host, actions=live_actions() if host.root == "/" else None, progress=progress,
+                   write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),
+                   lock_timeout=checked_seconds(lock_timeout, "--lock-timeout", upper=24 * 3600))
+
+
+def live_context(root: str | None = None, **kwargs) -> Context:
+    """host_context for a root directory (None: $GPUVFIO_ROOT or /)."""
+    return host_context(HostRoot(root), **kwargs)

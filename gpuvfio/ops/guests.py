@@ -1,0 +1,214 @@
+"""Guest services: attach, detach, verify -- the whole path, transactional.
+
+attach: the domain is built (ops.domains), its passthrough devices bound (ops.binding, with
+the domain-use check on the connection already open), the domain defined (keeping an
+existing definition's UUID), started, reached over SSH (ops.targets) and verified. Every
+step that changes something registers its undo, and an undo touches only what this run
+did: a domain this run created is undefined, one it redefined gets its previous definition
+back, one it found unchanged is left; devices go back by the one group-aware policy
+(ops.binding.release). SR-IOV vGPU VFs are passed with managed='no' and never rebound: the
+vGPU host driver keeps them.
+detach: stop the guest (ACPI, then destroy after a timeout), undefine it if gpuvfio defined
+it, give its devices back.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bind.plan import BindPolicy
+from gpuvfio.domain.request import DomainRequest
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.guest.payload import PROBE, VERIFIER
+from gpuvfio.guest.ssh import Session
+from gpuvfio.guest.verify import evaluate, expectations, parse_probe, parse_verifier, verify_guest
+from gpuvfio.host.inventory import read_inventory
+from gpuvfio.ops import binding
+from gpuvfio.ops.context import Context, checked_seconds, run_output
+from gpuvfio.ops.domains import define_domain, provision_xml
+from gpuvfio.ops.targets import SshOptions, guest_target, recorded_known_hosts
+from gpuvfio.virt import lifecycle
+from gpuvfio.virt.connection import call, default_uri
+
+PROBE_TIMEOUT = 120.0  # the probe's forks: seconds on hardware, more under emulation
+VERIFY_TIMEOUT = 600.0  # the verifier with its bandwidth runs
+
+
+@dataclass
+class AttachResult:
+    name: str
+    steps: list[dict] = field(default_factory=list)
+    report: dict | None = None
+    xml: str | None = None
+    ssh: dict | None = None
+    define: dict | None = None
+    rolled_back: list[str] = field(default_factory=list)
+    ok: bool = False
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "steps": self.steps, "define": self.define,
+                "verify": self.report, "ssh": self.ssh, "rolled_back": self.rolled_back, "xml": self.xml}
+
+
+class AttachFailed(GpuvfioError):
+    """attach stopped at a step; carries what was done and undone (exit status of the cause)."""
+
+    def __init__(self, message: str, result: AttachResult, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.result = result
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    bandwidth: bool = True
+    probe_timeout: float = PROBE_TIMEOUT
+    timeout: float = VERIFY_TIMEOUT
+
+
+def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEOUT,
+                   timeout: float = VERIFY_TIMEOUT) -> VerifyOptions:
+    return VerifyOptions(bool(bandwidth), checked_seconds(probe_timeout, "probe timeout", upper=24 * 3600),
+                         checked_seconds(timeout, "verify timeout", upper=24 * 3600))
+
+
+def attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
+           uri: str | None = None, policy: BindPolicy = BindPolicy(),
+           verify: VerifyOptions | None = VerifyOptions(), keep_on_failure: bool = False) -> AttachResult:
+    """Bind, define, start, wait for SSH, verify (``verify=None``: wait for SSH only)."""
+    return _attach(ctx, ctx.libvirt(uri), uri, addresses, request, ssh, policy, verify, keep_on_failure)
+
+
+def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_failure) -> AttachResult:
+    result = AttachResult(request.name)
+    undo: list[tuple[str, Callable[[], None]]] = []
+
+    def step(name: str, func: Callable, *args):
+        started = ctx.clock.monotonic()
+        ctx.progress(f"{name} ...")
+        try:
+            value = func(*args)
+        except GpuvfioError as exc:
+            result.steps.append({"step": name, "ok": False, "seconds": round(ctx.clock.monotonic() - started, 3),
+                                 "error": str(exc)})
+            raise
+        seconds = ctx.clock.monotonic() - started
+        result.steps.append({"step": name, "ok": True, "seconds": round(seconds, 3)})
+        ctx.progress(f"{name}: done ({seconds:.1f}s)")
+        return value
+
+    existing = lifecycle.lookup(conn, request.name)
+    if existing is not None and not lifecycle.made_by_gpuvfio(existing):
+        raise Refused(f"domain {request.name} exists and was not created by gpuvfio; pick another --name")
+    if existing is not None and existing.isActive():
+        raise Refused(f"domain {request.name} is running; gpuvfio detach {request.name} first")
+    try:
+        provisioned = provision_xml(ctx, addresses, request)
+        result.xml = provisioned.xml
+        passthrough = [f.address for port in provisioned.spec.ports for f in port.functions]
+        if passthrough:
+            # The domain-use check asks the connection this attach defines on, leaving its own
+            # domain out (it is about to be redefined).
+            step("bind", lambda: binding.bind(ctx, passthrough, policy, uri=uri or default_uri(),
+                                              exclude=request.name))
+            undo.append(("restore devices", lambda: binding.release(ctx, passthrough)))
+        defined = step("define", lambda: define_domain(ctx, provisioned.xml, uri=uri, update=True))
+        result.define = defined.to_json()
+        dom = lifecycle.lookup(conn, request.name)
+        if defined.created:
+            undo.append(("undefine", lambda: lifecycle.undefine(dom)))
+        elif defined.previous_xml is not None:
+            undo.append(("put back the previous definition",
+                         lambda: call(f"redefining {request.name}", conn.defineXML, defined.previous_xml)))
+        step("start", lifecycle.start, dom)
+        undo.append(("destroy", lambda: lifecycle.stop(dom, timeout=0)))
+        target = step("find address", guest_target, ssh, conn, dom) if ssh.host is None else guest_target(ssh)
+        result.ssh = {"host": target.host, "port": target.port, "user": target.user}
+        session = step("wait for ssh", Session(target, recorded_known_hosts(ctx)).connect)
+        try:
+            result.ssh["notes"] = list(target.notes)
+            if verify is not None:
+                expected = expectations(provisioned.inventory, provisioned.assigned)
+                result.report = step("verify", lambda: verify_guest(
+                    session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
+                    probe_timeout=verify.probe_timeout, progress=ctx.progress))
+        finally:
+            session.close()
+    except GpuvfioError as exc:
+        if not keep_on_failure:
+            for what, action in reversed(undo):
+                try:
+                    action()
+                    result.rolled_back.append(what)
+                except GpuvfioError as undo_exc:
+                    result.rolled_back.append(f"{what} FAILED: {undo_exc}")
+        raise AttachFailed(f"attach {request.name} failed: {exc}"
+                           + (f"; rolled back: {', '.join(result.rolled_back)}" if result.rolled_back else
+                              ("; kept as it is (--keep-on-failure)" if keep_on_failure and undo else "")),
+                           result, exit_code=getattr(exc, "exit_code", 1)) from None
+    result.ok = result.report is None or result.report["ok"]
+    return result
+
+
+def exists(ctx: Context, name: str, *, uri: str | None = None) -> bool:
+    return lifecycle.lookup(ctx.libvirt(uri), name) is not None
+
+
+def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0, restore: bool = True) -> dict:
+    """Stop the guest, undefine it if gpuvfio defined it, give its devices back."""
+    timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600)
+    dom = lifecycle.lookup(ctx.libvirt(uri), name)
+    if dom is None:
+        raise InputError(f"no domain named {name}")
+    ours = lifecycle.made_by_gpuvfio(dom)
+    devices = lifecycle.recorded_devices(dom) if ours else []
+    how = lifecycle.stop(dom, timeout=timeout, monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
+    ctx.progress(f"{name}: {how}")
+    if ours:
+        lifecycle.undefine(dom)
+        ctx.progress(f"{name}: undefined")
+    restored = binding.release(ctx, devices) if devices and restore else None
+    return {"name": name, "stopped": how, "undefined": ours, "devices": [str(d) for d in devices],
+            "restored": restored}
+
+
+def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,
+           expect: list[PciAddress] | None = None, options: VerifyOptions = VerifyOptions()) -> dict:
+    """Check a running guest. Without ``expect``, a domain gpuvfio defined is checked for the
+    devices recorded in it."""
+    dom = conn = None
+    recorded: list[PciAddress] = []
+    if domain is not None:
+        conn = ctx.libvirt(uri)
+        dom = lifecycle.lookup(conn, domain)
+        if dom is None:
+            raise InputError(f"no domain named {domain}")
+        recorded = lifecycle.recorded_devices(dom) if lifecycle.made_by_gpuvfio(dom) else []
+    target = guest_target(ssh, conn, dom)
+    expected = expectations(read_inventory(ctx.host), recorded if expect is None else expect)
+    with Session(target, recorded_known_hosts(ctx)) as session:
+        report = verify_guest(session, expected, bandwidth=options.bandwidth, timeout=options.timeout,
+                              probe_timeout=options.probe_timeout, progress=ctx.progress)
+    report["ssh_notes"] = list(target.notes)
+    return report
+
+
+def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = VerifyOptions()) -> dict:
+    """The bare-metal baseline: the probe and the verifier on this host itself, measuring ``gpus``.
+    The probe reads the host through its root (GPUVFIO_PROBE_ROOT, as every host path does); the
+    verifier talks to the CUDA and NVML libraries of the machine it runs on."""
+    expected = expectations(read_inventory(ctx.host), gpus)
+    env = dict(os.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
+    probe = parse_probe(run_output(["sh", PROBE], options.probe_timeout, env=env))
+    argv = [sys.executable, VERIFIER] + (["--devices", ",".join(str(g) for g in gpus)] if gpus else [])
+    if not options.bandwidth:
+        argv.append("--no-bandwidth")
+    verifier = parse_verifier(run_output(argv, options.timeout))
+    report = evaluate(probe, verifier, expected)
+    report["expected"] = [e.to_json() for e in expected]
+    report["host_root"] = ctx.host.root
+    return report

@@ -1,0 +1,71 @@
+"""How to reach a guest over SSH: one policy for attach, verify, the testbed and Ansible.
+
+The user's SSH options (user, key, pinned known_hosts, trust on first use, timeout) apply
+the same whether the guest's address is given or discovered through libvirt; only the
+address and port come from discovery. Host keys trusted on first use are recorded in the
+given known_hosts file, else in gpuvfio's state directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from gpuvfio.bind.journal import known_hosts_file
+from gpuvfio.errors import InputError
+from gpuvfio.guest.ssh import SshTarget
+from gpuvfio.ops.context import Context, checked_seconds
+from gpuvfio.virt.lifecycle import ssh_address
+
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]{0,252}|[0-9A-Fa-f:.]+")
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    host: str | None = None  # None: discovered through libvirt
+    port: int | None = None  # None: discovered, else 22
+    user: str = "root"
+    key: str | None = None
+    known_hosts: str | None = None
+    trust_on_first_use: bool = False
+    timeout: float = 60.0  # seconds until SSH must answer
+
+
+def ssh_options(*, host: str | None = None, port: int | None = None, user: str = "root", key: str | None = None,
+                known_hosts: str | None = None, trust_on_first_use: bool = False,
+                timeout: float = 60.0) -> SshOptions:
+    """Validated SSH options (bad input: InputError, exit 2)."""
+    if host is not None and (not isinstance(host, str) or not _HOST.fullmatch(host)):
+        raise InputError(f"not a host name or IP address: {host!r}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise InputError(f"SSH port must be 1-65535, not {port!r}")
+    if not isinstance(user, str) or not _USER.fullmatch(user):
+        raise InputError(f"not a user name: {user!r}")
+    for what, path in (("SSH key", key), ("known_hosts", known_hosts)):
+        if path is not None and (not isinstance(path, str) or not path or "\0" in path):
+            raise InputError(f"{what} must be a file path, not {path!r}")
+    if key is not None and not os.path.isfile(key):
+        raise InputError(f"SSH key file not found: {key}")
+    if known_hosts is not None and not trust_on_first_use and not os.path.isfile(known_hosts):
+        raise InputError(f"known_hosts file not found: {known_hosts}")
+    return SshOptions(host, port, user, key, known_hosts, bool(trust_on_first_use),
+                      checked_seconds(timeout, "SSH timeout", upper=24 * 3600))
+
+
+def guest_target(options: SshOptions, conn=None, dom=None) -> SshTarget:
+    """The target for ``options``: their address, or the one libvirt knows for ``dom``."""
+    host, port = options.host, options.port
+    if host is None:
+        if dom is None:
+            raise InputError("give --ssh-host (and --ssh-port) or a domain name")
+        host, found_port = ssh_address(conn, dom)
+        port = port or found_port
+    return SshTarget(host, port or 22, options.user, options.key, options.known_hosts, options.trust_on_first_use,
+                     connect_timeout=options.timeout)
+
+
+def recorded_known_hosts(ctx: Context) -> str:
+    """Where host keys trusted on first use go when no known_hosts file is given."""
+    return known_hosts_file(ctx.host)

@@ -1,0 +1,177 @@
+"""``gpuvfio vgpu types / create / remove``: vGPU instances, journaled like binding.
+
+Legacy mdev (drivers/vfio/mdev/mdev_sysfs.c): writing a UUID to
+``<parent>/mdev_supported_types/<type>/create`` makes ``/sys/bus/mdev/devices/<uuid>``;
+writing 1 to its ``remove`` destroys it. SR-IOV vGPU (NVIDIA vGPU 17+): writing a type
+id to ``<vf>/nvidia/current_vgpu_type`` gives the VF that profile; 0 clears it.
+Every instance gpuvfio creates is recorded in the journal (``mdevs``, ``vgpus``) before
+the write, so ``gpuvfio vgpu remove`` and ``gpuvfio restore`` can undo it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.files import atomic_write
+from gpuvfio.bind.sysfs_write import SysfsWriter
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.pciids import PciIds
+from gpuvfio.host.root import HostRoot
+from gpuvfio.vgpu.types import mdev_dir, mig_backed, pick_mdev, pick_vf
+
+
+def types(inventory: Inventory, address: PciAddress) -> dict:
+    fn = inventory.functions.get(address)
+    if fn is None:
+        raise InputError(f"no such PCI function on this host: {address}")
+    legacy = [{"id": m.type_id, "name": m.name, "available_instances": m.available_instances,
+               "description": m.description} for m in fn.mdev_types]
+    sriov: dict[int, dict] = {}
+    for vf_address in fn.vfs:
+        vf = inventory.functions.get(vf_address)
+        if vf is None:
+            continue
+        for vtype in vf.vgpu_creatable or []:
+            entry = sriov.setdefault(vtype.type_id, {"id": vtype.type_id, "name": vtype.name, "free_vfs": [],
+                                                     "mig_backed": mig_backed(vtype.name)})
+            if not vf.vgpu_current:
+                entry["free_vfs"].append(str(vf_address))
+    in_use = [{"vf": str(v), "type": inventory.functions[v].vgpu_current} for v in fn.vfs
+              if v in inventory.functions and inventory.functions[v].vgpu_current]
+    kind = "mdev" if legacy else ("sriov" if fn.vfs else "none")
+    return {"address": str(address), "kind": kind, "mdev_types": legacy,
+            "sriov_types": [dict(e, available_instances=len(e["free_vfs"])) for _k, e in sorted(sriov.items())],
+            "sriov_in_use": in_use}
+
+
+def mdevctl_path(host: HostRoot, parent: str, uuid: str) -> str:
+    """mdevctl's store for persistent mdevs: /etc/mdevctl.d/<parent>/<uuid>, JSON."""
+    return host.path("etc", "mdevctl.d", parent, uuid)
+
+
+def persist_mdev(host: HostRoot, parent: str, uuid: str, type_id: str) -> str:
+    """Define the mdev the way ``mdevctl define --auto`` does (same file, same JSON), so
+    mdevctl's udev/systemd integration recreates it at boot; atomic write."""
+    path = mdevctl_path(host, parent, uuid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    body = json.dumps({"mdev_type": type_id, "start": "auto", "attrs": []}, indent=2)
+    atomic_write(path, body)
+    return path
+
+
+def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, uuid: str | None = None,
+           persist: bool = False, lock_timeout: float = 30.0) -> dict:
+    with RunLock(state_dir(host), lock_timeout):
+        journal = Journal.load(state_dir(host))
+        inventory = read_inventory(host, names=PciIds.load(host.root))
+        fn = inventory.functions.get(address)
+        if fn is None:
+            raise InputError(f"no such PCI function on this host: {address}")
+        if fn.mdev_types:
+            report = _create_mdev(host, inventory, address, wanted, uuid, writer, journal)
+            if persist:
+                report["persisted"] = persist_mdev(host, report["parent"], report["uuid"], report["type"])
+                journal.data["mdevs"].setdefault(report["uuid"], {})["persisted"] = report["persisted"]
+                journal.save()
+            return report
+        if fn.vfs:
+            report = _create_sriov(host, inventory, address, wanted, writer, journal)
+            if persist:
+                report["persisted"] = None
+                report["note"] = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
+                                  "again at boot, e.g. from a unit running gpuvfio vgpu create")
+            return report
+        raise Refused(f"{address} offers no vGPU types (no mdev_supported_types, no SR-IOV VFs)")
+
+
+def _create_mdev(host, inventory, address, wanted, uuid, writer, journal) -> dict:
+    type_id = None
+    for mdev in inventory.functions[address].mdev_types:
+        if wanted in (mdev.type_id, mdev.name):
+            type_id = mdev.type_id
+    uuid = str(uuidlib.UUID(uuid)) if uuid else str(uuidlib.uuid4())
+    existing = mdev_dir(host, uuid)
+    if os.path.lexists(existing):
+        current = host.link_name(os.path.join(host.resolve_in_sys(existing), "mdev_type"))
+        if type_id is not None and current == type_id:
+            return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "exists"}
+        raise Refused(f"mdev {uuid} already exists with type {current}")
+    type_id = pick_mdev(inventory, address, wanted)  # checks the type and available_instances
+    journal.data.setdefault("mdevs", {})[uuid] = {"parent": str(address), "type": type_id, "state": "creating"}
+    journal.save()
+    writer.write(host.sys_path("bus", "pci", "devices", str(address), "mdev_supported_types", type_id, "create"),
+                 uuid)
+    if not os.path.lexists(mdev_dir(host, uuid)):
+        raise GpuvfioError(f"wrote {uuid} to {type_id}/create but /sys/bus/mdev/devices/{uuid} did not appear")
+    journal.data["mdevs"][uuid]["state"] = "created"
+    journal.save()
+    return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "created"}
+
+
+def _create_sriov(host, inventory, address, wanted, writer, journal) -> dict:
+    vf = pick_vf(inventory, address, wanted, reuse=False)
+    fn = inventory.functions[vf]
+    type_id = next((t.type_id for t in fn.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)),
+                   fn.vgpu_current)
+    if fn.vgpu_current == type_id:
+        return {"kind": "sriov", "vf": str(vf), "type": type_id, "parent": str(address), "result": "exists"}
+    journal.data.setdefault("vgpus", {})[str(vf)] = {"parent": str(address), "type": type_id,
+                                                     "previous": fn.vgpu_current or 0}
+    journal.save()
+    path = host.sys_path("bus", "pci", "devices", str(vf), "nvidia", "current_vgpu_type")
+    writer.write(path, str(type_id))
+    if (host.read(path) or "").strip() != str(type_id):
+        raise GpuvfioError(f"{vf}: current_vgpu_type reads back {host.read(path)!r}, not {type_id}")
+    return {"kind": "sriov", "vf": str(vf), "type": type_id, "parent": str(address), "result": "created"}
+
+
+def remove(host: HostRoot, instance: str, *, writer: SysfsWriter, lock_timeout: float = 30.0) -> dict:
+    """Remove an mdev (by UUID) or clear an SR-IOV vGPU (by VF address) that gpuvfio created."""
+    with RunLock(state_dir(host), lock_timeout):
+        journal = Journal.load(state_dir(host))
+        return remove_instance(host, journal, instance, writer)
+
+
+def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: SysfsWriter) -> dict:
+    mdevs, vgpus = journal.data.setdefault("mdevs", {}), journal.data.setdefault("vgpus", {})
+    address = PciAddress.try_parse(instance)
+    if address is not None:
+        key = str(address)
+        if key not in vgpus:
+            raise InputError(f"{key} has no vGPU type set by gpuvfio (see gpuvfio status)")
+        path = host.sys_path("bus", "pci", "devices", key, "nvidia", "current_vgpu_type")
+        writer.write(path, str(vgpus[key].get("previous", 0)))
+        del vgpus[key]
+        journal.save()
+        return {"kind": "sriov", "vf": key, "result": "removed"}
+    try:
+        uuid = str(uuidlib.UUID(instance))
+    except ValueError:
+        raise InputError(f"not an mdev UUID or a VF address: {instance!r}") from None
+    if uuid not in mdevs:
+        raise InputError(f"mdev {uuid} was not created by gpuvfio (see gpuvfio status)")
+    if os.path.lexists(mdev_dir(host, uuid)):
+        writer.write(os.path.join(host.resolve_in_sys(mdev_dir(host, uuid)), "remove"), "1")
+    stored = mdevctl_path(host, mdevs[uuid].get("parent", "-"), uuid)
+    if os.path.exists(stored):
+        os.unlink(stored)
+    del mdevs[uuid]
+    journal.save()
+    return {"kind": "mdev", "uuid": uuid, "result": "removed"}
+
+
+def remove_all(host: HostRoot, journal: Journal, writer: SysfsWriter, progress=lambda line: None) -> list[str]:
+    """Undo every vGPU instance in the journal (for ``gpuvfio restore``); returns failures."""
+    failures = []
+    for instance in list(journal.data.get("mdevs", {})) + list(journal.data.get("vgpus", {})):
+        try:
+            remove_instance(host, journal, instance, writer)
+            progress(f"vGPU {instance}: removed")
+        except GpuvfioError as exc:
+            failures.append(f"vGPU {instance}: {exc}")
+    return failures

@@ -1,0 +1,112 @@
+"""vGPU profiles: legacy mdev types and NVIDIA SR-IOV vGPU types (vGPU 17+, no mdev bus).
+
+Legacy (T4, V100, A100 on older drivers): ``<PF>/mdev_supported_types/<type>/create``
+takes a UUID (Documentation/driver-api/vfio-mediated-device.rst).
+SR-IOV (Ada/Hopper, vGPU 17+ on 6.8+ kernels): each VF lists
+``nvidia/creatable_vgpu_types`` and takes a type id in ``nvidia/current_vgpu_type``;
+the VF itself is then passed through as a PCI device (managed='no').
+
+MIG-backed types (A100/A30/H100/H200 in MIG mode) are SR-IOV types too; NVIDIA names them
+``<GPU>-<slices>-<GB>C`` ("NVIDIA A100-3-20C": 3 compute slices, 20 GB; a trailing "ME"
+adds the media engines). The driver lists one on a VF only while MIG mode is on and a
+GPU instance of that profile is free (NVIDIA vGPU user guide, "Configuring a GPU for
+MIG-backed vGPUs"); gpuvfio does not repartition GPUs, it says what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError, Refused
+from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.model import PciFunction
+from gpuvfio.host.root import HostRoot
+
+
+_MIG_BACKED = re.compile(r"-([1-8])-(\d+)C(ME)?$")
+
+
+def mig_backed(name: str | None) -> dict | None:
+    """{"slices", "memory_gb", "media"} for a MIG-backed vGPU type name, else None."""
+    match = _MIG_BACKED.search(name or "")
+    if not match:
+        return None
+    return {"slices": int(match.group(1)), "memory_gb": int(match.group(2)), "media": bool(match.group(3))}
+
+
+def _gpu(inventory: Inventory, address: PciAddress) -> PciFunction:
+    fn = inventory.functions.get(address)
+    if fn is None:
+        raise InputError(f"no such PCI function on this host: {address}")
+    return fn
+
+
+def pick_mdev(inventory: Inventory, address: PciAddress, wanted: str, *, check_available: bool = True) -> str:
+    """The mdev type id for ``wanted`` (an id like nvidia-222 or a name like 'GRID T4-1Q');
+    with ``check_available``, one instance of it must still be free."""
+    fn = _gpu(inventory, address)
+    if not fn.mdev_types:
+        raise Refused(f"{address} offers no mdev types (legacy vGPU needs the NVIDIA vGPU host driver)")
+    for mdev in fn.mdev_types:
+        if wanted in (mdev.type_id, mdev.name):
+            if check_available and mdev.available_instances is not None and mdev.available_instances < 1:
+                raise Refused(f"{address}: mdev type {mdev.type_id} ({mdev.name}) has no available instances")
+            return mdev.type_id
+    offered = ", ".join(f"{m.type_id} ({m.name})" for m in fn.mdev_types)
+    raise Refused(f"{address} does not offer mdev type {wanted!r}; it offers: {offered}")
+
+
+def mdev_dir(host: HostRoot, uuid: str) -> str:
+    return host.sys_path("bus", "mdev", "devices", uuid)
+
+
+def existing_mdev(host: HostRoot, uuid: str) -> tuple[PciAddress, str] | None:
+    """(parent, type id) of the mdev ``uuid`` when it exists (drivers/vfio/mdev/mdev_sysfs.c: the
+    device sits under its parent's directory and links ``mdev_type`` to its type)."""
+    path = mdev_dir(host, uuid)
+    if not os.path.lexists(path):
+        return None
+    real = host.resolve_in_sys(path)
+    parent = PciAddress.try_parse(os.path.basename(os.path.dirname(real)))
+    type_id = host.link_name(os.path.join(real, "mdev_type"))
+    if parent is None or type_id is None:
+        return None
+    return parent, type_id
+
+
+def _type_id(fn: PciFunction, wanted: str) -> int | None:
+    for vtype in fn.vgpu_creatable or []:
+        if wanted in (str(vtype.type_id), vtype.name):
+            return vtype.type_id
+    return None
+
+
+def pick_vf(inventory: Inventory, address: PciAddress, wanted: str, *, reuse: bool = True) -> PciAddress:
+    """A VF of GPU ``address`` for SR-IOV vGPU type ``wanted`` (id or name): with ``reuse``, one
+    already set to that type first; else a free VF (current type 0) that can take it."""
+    pf = _gpu(inventory, address)
+    vfs = [inventory.functions[v] for v in pf.vfs if v in inventory.functions]
+    if not vfs:
+        raise Refused(f"{address} has no SR-IOV VFs enabled (SR-IOV vGPU needs them: "
+                         "the NVIDIA sriov-manage script enables them)")
+    # A VF whose type is set lists no creatable types any more: learn the id from the others.
+    ids = {t.type_id for vf in vfs for t in vf.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)}
+    if wanted.isdigit():
+        ids.add(int(wanted))
+    for vf in vfs if reuse else []:
+        if vf.vgpu_current and vf.vgpu_current in ids:
+            return vf.address
+    for vf in vfs:
+        if not vf.vgpu_current and _type_id(vf, wanted) is not None:
+            return vf.address
+    offered = sorted({f"{t.type_id} ({t.name})" for vf in vfs for t in vf.vgpu_creatable or []})
+    hint = ""
+    mig = mig_backed(wanted)
+    if mig:
+        hint = (f"; {wanted!r} is MIG-backed ({mig['slices']} GPU slice(s), {mig['memory_gb']} GB): the driver "
+                "offers it only with MIG mode on and a free GPU instance of that size "
+                f"(nvidia-smi -i <gpu> -mig 1, then nvidia-smi mig -cgi <profile>)")
+    raise Refused(f"no VF of {address} can take vGPU type {wanted!r}; creatable: "
+                     f"{', '.join(offered) or 'none'}{hint}")

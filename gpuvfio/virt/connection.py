@@ -1,0 +1,52 @@
+"""The one way gpuvfio talks to libvirt: opening a connection, and libvirt's errors as typed
+gpuvfio errors carrying libvirt's own message.
+
+libvirt-python is imported on first use (it loads libvirt.so: ~30 ms that commands which never
+talk to libvirt, such as list and doctor, need not pay). ``registerErrorHandler`` stops
+libvirt-python from printing each error itself; gpuvfio reports it once, at its edge.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuvfio.errors import GpuvfioError
+
+URI_ENV = "LIBVIRT_DEFAULT_URI"
+SYSTEM_URI = "qemu:///system"
+
+
+class LibvirtError(GpuvfioError):
+    """A libvirt call failed; carries libvirt's own message."""
+
+
+def default_uri() -> str:
+    """libvirt's own default: $LIBVIRT_DEFAULT_URI, else the system QEMU driver."""
+    return os.environ.get(URI_ENV) or SYSTEM_URI
+
+
+def libvirt_module():
+    """libvirt-python, with its error printing turned off."""
+    try:
+        import libvirt
+    except ImportError:
+        raise LibvirtError("libvirt-python is not installed (pip install libvirt-python)") from None
+    libvirt.registerErrorHandler(lambda *args: None, None)
+    return libvirt
+
+
+def open_connection(uri: str, *, read_only: bool = False):
+    libvirt = libvirt_module()
+    try:
+        return libvirt.openReadOnly(uri) if read_only else libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"cannot connect to libvirt at {uri}: {exc.get_error_message()}") from None
+
+
+def call(what: str, func, *args):
+    """``func(*args)`` with a libvirt failure turned into LibvirtError("what: libvirt's message")."""
+    libvirt = libvirt_module()
+    try:
+        return func(*args)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"{what}: {exc.get_error_message()}") from None

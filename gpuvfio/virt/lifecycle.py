@@ -1,0 +1,128 @@
+"""Guest lifecycle through libvirt-python, with libvirt's own messages in typed errors.
+
+Look a domain up, tell whether gpuvfio defined it, start it, stop it (ACPI shutdown with a
+timeout, then destroy), undefine it; read what gpuvfio recorded in its metadata (the host
+devices it assigned); and find where the guest's SSH answers: the forward gpuvfio recorded,
+a forwarded port in the domain's own QEMU arguments (user networking), the DHCP leases of its
+libvirt network, the QEMU guest agent, or the ARP table.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from typing import Callable
+
+from gpuvfio.address import PciAddress
+from gpuvfio.domain.render import METADATA_NS
+from gpuvfio.errors import InputError
+from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
+
+QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+_HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>\d+)-[0-9.]*:22\b")
+
+
+def lookup(conn, name: str):
+    """The domain called ``name``, or None."""
+    libvirt = libvirt_module()
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise LibvirtError(f"looking up {name}: {exc.get_error_message()}") from None
+
+
+def made_by_gpuvfio(dom) -> bool:
+    """Domains gpuvfio defines carry its metadata element; others are not ours to change."""
+    libvirt = libvirt_module()
+    try:
+        dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+        return True
+    except libvirt.libvirtError:
+        return False
+
+
+def start(dom) -> None:
+    if not dom.isActive():
+        call(f"starting {dom.name()}", dom.create)
+
+
+def stop(dom, timeout: float = 60.0, *, monotonic: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> str:
+    """ACPI shutdown, wait up to ``timeout``, then destroy. Returns how it ended."""
+    libvirt = libvirt_module()
+    if not dom.isActive():
+        return "not running"
+    if timeout > 0:
+        try:
+            dom.shutdown()
+        except libvirt.libvirtError:
+            pass
+        deadline = monotonic() + timeout
+        while monotonic() < deadline:
+            if not dom.isActive():
+                return "shut down"
+            sleep(0.25)
+    if dom.isActive():
+        call(f"destroying {dom.name()}", dom.destroy)
+    return "destroyed"
+
+
+def undefine(dom) -> None:
+    libvirt = libvirt_module()
+    flags = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+    try:
+        dom.undefineFlags(flags)
+    except libvirt.libvirtError:
+        call(f"undefining {dom.name()}", dom.undefine)
+
+
+def recorded_devices(dom) -> list[PciAddress]:
+    """The host devices gpuvfio recorded in the domain's metadata when it defined it."""
+    root = ET.fromstring(dom.XMLDesc(0))
+    found = []
+    for element in root.iter(f"{{{METADATA_NS}}}device"):
+        address = PciAddress.try_parse(element.get("address", ""))
+        if address:
+            found.append(address)
+    return found
+
+
+def ssh_address(conn, dom) -> tuple[str, int]:
+    """Where the guest's SSH answers, from the sources libvirt knows, in that order."""
+    libvirt = libvirt_module()
+    root = ET.fromstring(dom.XMLDesc(0))
+    for element in root.iter(f"{{{METADATA_NS}}}ssh"):
+        port = element.get("port", "")
+        if port.isdigit() and 0 < int(port) < 65536:
+            return element.get("host") or "127.0.0.1", int(port)
+    for arg in root.iter(f"{QEMU_NS}arg"):
+        match = _HOSTFWD.search(arg.get("value", ""))
+        if match:
+            return match.group("host") or "127.0.0.1", int(match.group("port"))
+    macs = {m.get("address") for m in root.iter("mac")}
+    for iface in root.iter("interface"):
+        source = iface.find("source")
+        if iface.get("type") == "network" and source is not None:
+            try:
+                leases = conn.networkLookupByName(source.get("network")).DHCPLeases()
+            except libvirt.libvirtError:
+                leases = []
+            for lease in leases:
+                if lease.get("mac") in macs and lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
+                    return lease["ipaddr"], 22
+    for source in (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP):
+        try:
+            addresses = dom.interfaceAddresses(source)
+        except libvirt.libvirtError:
+            continue
+        for name, iface in addresses.items():
+            if name == "lo":
+                continue
+            for addr in iface.get("addrs") or []:
+                if addr.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and not addr["addr"].startswith("127."):
+                    return addr["addr"], 22
+    raise InputError(f"cannot find an address for {dom.name()} (no forwarded port, DHCP lease, guest agent "
+                     "or ARP entry); give --ssh-host/--ssh-port")

@@ -1,0 +1,52 @@
+"""Which libvirt domains (running or only defined) use given PCI functions.
+
+Stdlib XML parsing (lxml is not needed to read hostdev addresses). The caller passes the
+connection it has open; how that connection is chosen, and what happens when libvirt does
+not answer, is one policy in gpuvfio.ops.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from gpuvfio.address import PciAddress
+from gpuvfio.virt.connection import LibvirtError, libvirt_module
+
+
+def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
+    """Source addresses of ``<hostdev mode='subsystem' type='pci'>`` in a domain's XML."""
+    found = set()
+    root = ET.fromstring(domain_xml)
+    for hostdev in root.iter("hostdev"):
+        if hostdev.get("type") != "pci":
+            continue
+        addr = hostdev.find("./source/address")
+        if addr is None:
+            continue
+        try:
+            found.add(PciAddress(int(addr.get("domain", "0"), 16), int(addr.get("bus"), 16),
+                                 int(addr.get("slot"), 16), int(addr.get("function"), 16)))
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = None) -> dict[PciAddress, list[str]]:
+    """Per address, the domains whose live or persistent definition assigns it (``exclude``: a
+    domain not to count, the one an attach is about to replace)."""
+    libvirt = libvirt_module()
+    used: dict[PciAddress, list[str]] = {a: [] for a in addresses}
+    try:
+        for dom in conn.listAllDomains(0):
+            if dom.name() == exclude:
+                continue
+            xmls = [dom.XMLDesc(0)]
+            if dom.isActive() and dom.isPersistent():
+                xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            assigned = set().union(*(hostdev_addresses(x) for x in xmls))
+            for address in addresses:
+                if address in assigned:
+                    used[address].append(dom.name())
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"listing libvirt's domains: {exc.get_error_message()}") from None
+    return used

@@ -1,0 +1,51 @@
+"""gpuvfio Contexts for the tests: a host tree whose sysfs writes a simulated kernel answers,
+modprobe/systemctl recorded, libvirt's real test driver. What the services touch comes in
+through the Context, so no test patches gpuvfio's internals."""
+
+from __future__ import annotations
+
+import os
+
+from gpuvfio.bind.apply import Actions
+from gpuvfio.host.root import HostRoot
+from gpuvfio.ops.context import Context
+from tests.simkernel import SimKernel
+
+# A libvirt test-driver node with nothing defined (test:///ABSOLUTE/PATH, lanes.md: a private
+# state per connection, unlike test:///default which lives as long as the process).
+EMPTY_NODE = """<node>
+  <cpu><mhz>2000</mhz><model>x86_64</model><nodes>1</nodes><sockets>1</sockets><cores>4</cores>
+    <threads>2</threads></cpu>
+  <memory>33554432</memory>
+</node>
+"""
+
+
+def libvirt_test_uri(directory: str) -> str:
+    path = os.path.join(directory, "testdriver.xml")
+    with open(path, "w") as handle:
+        handle.write(EMPTY_NODE)
+    return f"test://{os.path.abspath(path)}"
+
+
+class Services:
+    """systemctl start/stop, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def stop(self, unit: str) -> None:
+        self.calls.append(("stop", unit))
+
+    def start(self, unit: str) -> None:
+        self.calls.append(("start", unit))
+
+
+def sim_context(root: str, kernel: SimKernel | None = None, *, services: Services | None = None,
+                write_timeout: float = 5.0, lock_timeout: float = 30.0, **kwargs) -> Context:
+    kernel = kernel or SimKernel(root)
+    services = services or Services()
+    return Context(host=HostRoot(root), backend=kernel,
+                   actions=Actions(modprobe=kernel.modprobe, stop_service=services.stop,
+                                   start_service=services.start),
+                   write_timeout=write_timeout, lock_timeout=lock_timeout, **kwargs)
