@@ -326,6 +326,22 @@ def built_host(tmp_path):
     return BuiltHost(b.root, str(tmp_path / "state"), SimKernel(b.root))
 
 
+@pytest.fixture
+def guest_server(built_host, tmp_path):
+    """This machine behind dropbear (tests/lanes/hypervisor.py) playing a guest whose probe reads the
+    built host's tree (GPUVFIO_PROBE_ROOT): (server, its client private key)."""
+    from tests.lanes import hypervisor as hv
+
+    if hv.skip_reason():
+        pytest.skip(hv.skip_reason())
+    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": built_host.root})
+    try:
+        with open(server.client_key) as handle:
+            yield server, handle.read()
+    finally:
+        server.stop()
+
+
 def _driver(root, address):
     link = os.path.join(root, "sys", "bus", "pci", "devices", address, "driver")
     return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
@@ -495,76 +511,60 @@ def test_domain_module_defines_updates_and_removes_idempotently(run_module, buil
     assert failed and "not created by gpuvfio" in result["msg"] and result["exit_code"] == 1
 
 
-def test_domain_module_defined_then_running_attaches_to_that_definition(run_module, built_host, tmp_path):
+def test_domain_module_defined_then_running_attaches_to_that_definition(run_module, built_host, guest_server):
     """The role's state=defined, then state=running: attach onto the existing definition, keeping
     its UUID (on main defineXML without the UUID failed, and the rollback would have undefined a
     domain the attach had not created). The guest is this machine behind dropbear."""
     from gpuvfio.virt.lifecycle import lookup
-    from tests.lanes import hypervisor as hv
 
-    if hv.skip_reason():
-        pytest.skip(hv.skip_reason())
     root, state, kernel = built_host
     ctx = built_host.context
-    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root})
-    try:
-        with open(server.client_key) as handle:
-            private_key = handle.read()
-        args = {"root": root, "state_dir": state, "name": "train-1", "devices": [GPU], "uri": "test:///default",
-                "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
-        failed, result = run_module("gpuvfio_domain", args, context=ctx)
-        assert not failed and result["define"]["result"] == "defined", result
-        uuid = lookup(built_host.libvirt, "train-1").UUIDString()
-        target = {"ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
-                  "boot_timeout": 20}
-        # A failing attach onto it (SSH refuses: no key given) undoes only what it did: the
-        # domain stays defined as it was, the devices go back.
-        failed, result = run_module("gpuvfio_domain", dict(args, state="running", **target), context=ctx)
-        assert failed and "authentication" in result["msg"], result
-        assert result["attach"]["define"]["result"] == "unchanged"
-        assert result["attach"]["rolled_back"] == ["destroy", "restore devices"], result["attach"]
-        assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
-        assert kernel.driver_of(GPU) == "nvidia"
-        # verify=false: the "guest" probes the built host's own tree, where the GPU now sits on vfio-pci
-        running = dict(args, state="running", ssh_private_key=private_key, verify=False, **target)
-        failed, result = run_module("gpuvfio_domain", running, context=ctx)
-        assert not failed, result["msg"]
-        attach = result["attach"]
-        assert attach["define"]["result"] == "unchanged" and attach["ok"] is True
-        assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
-        assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
-        failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
-        assert not failed and result["detach"]["restored"]["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
-    finally:
-        server.stop()
+    server, private_key = guest_server
+    args = {"root": root, "state_dir": state, "name": "train-1", "devices": [GPU], "uri": "test:///default",
+            "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
+    failed, result = run_module("gpuvfio_domain", args, context=ctx)
+    assert not failed and result["define"]["result"] == "defined", result
+    uuid = lookup(built_host.libvirt, "train-1").UUIDString()
+    target = {"ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
+              "boot_timeout": 20}
+    # A failing attach onto it (SSH refuses: no key given) undoes only what it did: the
+    # domain stays defined as it was, the devices go back.
+    failed, result = run_module("gpuvfio_domain", dict(args, state="running", **target), context=ctx)
+    assert failed and "authentication" in result["msg"], result
+    assert result["attach"]["define"]["result"] == "unchanged"
+    assert result["attach"]["rolled_back"] == ["destroy", "restore devices"], result["attach"]
+    assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
+    assert kernel.driver_of(GPU) == "nvidia"
+    # verify=false: the "guest" probes the built host's own tree, where the GPU now sits on vfio-pci
+    running = dict(args, state="running", ssh_private_key=private_key, verify=False, **target)
+    failed, result = run_module("gpuvfio_domain", running, context=ctx)
+    assert not failed, result["msg"]
+    attach = result["attach"]
+    assert attach["define"]["result"] == "unchanged" and attach["ok"] is True
+    assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
+    assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
+    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
+    assert not failed and result["detach"]["restored"]["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
 
 
-def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, tmp_path):
+def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, guest_server):
     """The guest's address comes from the forward gpuvfio recorded in the domain; the user's key,
     user and pinned host keys still apply (on main a discovered address meant root, no key)."""
     from gpuvfio.virt.lifecycle import lookup
-    from tests.lanes import hypervisor as hv
 
-    if hv.skip_reason():
-        pytest.skip(hv.skip_reason())
     root, state, _kernel = built_host
-    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root})
-    try:
-        with open(server.client_key) as handle:
-            private_key = handle.read()
-        args = {"root": root, "state_dir": state, "name": "train-2", "devices": [GPU], "uri": "test:///default",
-                "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
-                "ssh_forward_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
-                "ssh_private_key": private_key, "verify": False}
-        failed, result = run_module("gpuvfio_domain", args, context=built_host.context)
-        assert not failed, result
-        attach = result["attach"]
-        assert [s["step"] for s in attach["steps"]] == ["bind", "define", "start", "find address", "wait for ssh"]
-        assert attach["ssh"]["port"] == server.port and attach["ok"] is True
-        failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=built_host.context)
-        assert not failed and lookup(built_host.libvirt, "train-2") is None
-    finally:
-        server.stop()
+    server, private_key = guest_server
+    args = {"root": root, "state_dir": state, "name": "train-2", "devices": [GPU], "uri": "test:///default",
+            "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
+            "ssh_forward_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
+            "ssh_private_key": private_key, "verify": False}
+    failed, result = run_module("gpuvfio_domain", args, context=built_host.context)
+    assert not failed, result
+    attach = result["attach"]
+    assert [s["step"] for s in attach["steps"]] == ["bind", "define", "start", "find address", "wait for ssh"]
+    assert attach["ssh"]["port"] == server.port and attach["ok"] is True
+    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=built_host.context)
+    assert not failed and lookup(built_host.libvirt, "train-2") is None
 
 
 def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):

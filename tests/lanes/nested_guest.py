@@ -189,12 +189,10 @@ def _render_report(run: Run, report: dict) -> None:
     verify = report.get("verify")
     if verify:
         run.say("verification (in the second-level guest):")
-        for check in verify["checks"]:
-            detail = " ".join(str(x) for x in (
-                f"expected {check['expected']}" if check["expected"] is not None else "",
-                f"observed {check['observed']}" if check["observed"] is not None else "",
-                check["reason"] or "") if x)
-            run.say(f"  {check['status']:4} {check['id']:14} {detail}")
+        from gpuvfio.cli import render  # imported by the preload already
+
+        render.print_verify(verify)  # as gpuvfio attach prints it
+        sys.stdout.flush()
         facts = verify.get("facts") or {}
         run.say(f"guest kernel: {facts.get('guest_kernel')}")
         for dev in facts.get("pci") or []:
