@@ -92,7 +92,7 @@ class BindPlan:
 
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class LibvirtView:
     """What libvirt said about the devices: the domains using each (running or only defined),
     or why it was not asked (``not_asked``: a recorded host, ``--connect none``), or why it did
@@ -103,7 +103,7 @@ class LibvirtView:
     error: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class BindPolicy:
     """How a bind may proceed: the same for gpuvfio bind, attach, the testbed and Ansible."""
 
