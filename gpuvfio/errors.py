@@ -7,20 +7,19 @@ a group that is not viable, a GPU in use, too few hugepages) or a failed step or
 
 
 class GpuvfioError(Exception):
-    """Base of every error gpuvfio raises on purpose; exit status 1."""
+    """Base of every error gpuvfio raises on purpose; exit status 1. ``report``: what was done
+    or planned (a restore's results, a bind plan), for --json and Ansible."""
 
     exit_code = 1
 
-
-class Refused(GpuvfioError):
-    """A well-formed request the host's state does not allow; nothing was changed.
-
-    ``report`` carries the plan or checks behind the refusal, for --json and check mode.
-    """
-
-    def __init__(self, message: str, report: dict | None = None) -> None:
+    def __init__(self, message: str = "", report: dict | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class Refused(GpuvfioError):
+    """A well-formed request the host's state does not allow; nothing was changed. ``report``
+    carries the plan or checks behind the refusal."""
 
 
 class InputError(GpuvfioError):

@@ -19,15 +19,24 @@ def ws(tmp_path):
 
 
 def test_dry_run_json_contract(cli, ws):
+    ws.driver("vfio-pci")  # loaded already: a recorded tree cannot run this machine's modprobe
     result = cli("--root", ws.root, "bind", "0000:01:00.0", "--dry-run", "--json")
     assert result.code == 0, result.err
     plan = result.json()
     assert plan["devices"] == ["0000:01:00.0", "0000:01:00.1"]
-    assert [s["kind"] for s in plan["steps"]] == ["modprobe", "override", "override", "unbind", "unbind",
-                                                   "probe", "probe"]
+    assert [s["kind"] for s in plan["steps"]] == ["override", "override", "unbind", "unbind", "probe", "probe"]
     assert {c["id"] for c in plan["checks"]} >= {"iommu", "group_viable", "holders", "libvirt"}
-    assert plan["steps"][3]["path"].endswith("sys/bus/pci/drivers/nvidia/unbind")
+    assert plan["steps"][2]["path"] == "/sys/bus/pci/drivers/nvidia/unbind"  # as the host names it
     assert not os.path.exists(os.path.join(ws.root, "var", "lib", "gpuvfio"))
+
+
+def test_dry_run_on_a_root_that_is_not_this_machine_says_what_it_could_not_do(cli, ws):
+    """modprobe and systemctl act on this machine only: a plan for another root says that a run
+    against that root stops there (the plan itself is right for the host the root records)."""
+    result = cli("--root", ws.root, "bind", "0000:01:00.0", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    (note,) = [c for c in result.json()["checks"] if c["id"] == "live_host"]
+    assert note["status"] == "warn" and "load module vfio-pci" in note["message"]
 
 
 def test_refusal_exit_1_names_the_foreign_device(cli, ws):

@@ -470,3 +470,51 @@ def test_fabric_manager_holding_the_gpu_itself_still_refuses(h):
     with pytest.raises(Refused) as info:
         h.bind(GPU, stop_services=True)
     assert "nv-fabricmanage (pid 700) holds /dev/nvidia0" in str(info.value)
+
+
+def test_release_of_one_group_keeps_the_services_stopped_for_the_others(tmp_path):
+    """Two GPUs bound with the NVIDIA services stopped: giving one back is a success, and the
+    services are restarted only with the last one (on main the first release failed, exit 1)."""
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("intel", 1)
+    rb = b.root_bus()
+    for bus in (1, 2):
+        group = b.new_group()
+        port = b.bridge(rb, f"0000:00:0{bus}.0", "8086", "a70d", secondary_bus=bus, group=group)
+        b.function(port, f"0000:0{bus}:00.0", "10de", "2330", "030200", driver="nvidia", group=group)
+    b.modules(["nvidia"])
+    b.holder(900, "nvidia-persiste", ["/dev/nvidiactl"])
+    services = Services()
+    ctx = sim_context(b.root, services=services)
+    bind(ctx, [A("0000:01:00.0"), A("0000:02:00.0")], BindPolicy(stop_services=True))
+    first = release(ctx, [A("0000:01:00.0")])
+    assert first["restored"] == {"0000:01:00.0": "nvidia"} and first["services_not_restarted"] == [
+        "nvidia-persistenced"]
+    assert services.calls == [("stop", "nvidia-persistenced")]
+    release(ctx, [A("0000:02:00.0")])
+    assert services.calls[-1] == ("start", "nvidia-persistenced")
+
+
+MDEV_DOMAIN = """<domain type='test'><name>{name}</name><memory>1048576</memory><os><type>hvm</type></os>
+<devices><hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{uuid}'/></source>
+</hostdev></devices></domain>"""
+
+
+def test_a_gpu_whose_mdev_a_domain_uses_is_in_use(tmp_path):
+    """A legacy-vGPU guest uses its GPU through an mdev: binding that GPU is refused like a GPU
+    passed through (on main only PCI hostdevs counted)."""
+    from gpuvfio.ops.vgpu import create
+
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("amd")
+    rb = b.root_bus()
+    t4 = b.function(rb, "0000:82:00.0", "10de", "1eb8", "030200", driver="nvidia")
+    b.mdev_types(t4, [("nvidia-222", "GRID T4-1B", 2, "1 GB")])
+    b.modules(["nvidia"])
+    ctx = sim_context(b.root)
+    uuid = create(ctx, A("0000:82:00.0"), "nvidia-222")["uuid"]
+    uri = libvirt_test_uri(str(tmp_path))
+    ctx.libvirt(uri).defineXML(MDEV_DOMAIN.format(name="vdi-7", uuid=uuid))
+    with pytest.raises(Refused) as info:
+        bind(ctx, [A("0000:82:00.0")], BindPolicy(), uri=uri, dry_run=True)
+    assert "libvirt domain(s) vdi-7" in str(info.value)

@@ -9,6 +9,7 @@ import pytest
 from lxml import etree
 
 from gpuvfio.domain.render import validate
+from gpuvfio.errors import GpuvfioError
 from tests.make_samples import sample_path
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "domain")
@@ -311,3 +312,45 @@ def test_define_sees_a_changed_digest():
 
     assert difference(domain("sha256:1"), domain("sha256:1")) == []
     assert difference(domain("sha256:2"), domain("sha256:1")) == ["~ gpuvfio's definition: sha256:1 -> sha256:2"]
+
+
+FOREIGN_NODE = """<node><domain type='test'><name>someone-else</name><memory>1048576</memory>
+<os><type>hvm</type></os></domain></node>"""
+
+
+def test_a_domain_gpuvfio_did_not_define_is_not_taken_over(cli, tmp_path):
+    """xml --define --update and detach refuse a domain of that name gpuvfio did not define (on main
+    --update redefined it with gpuvfio's metadata; a later detach would have undefined it)."""
+    node = tmp_path / "testdriver.xml"
+    node.write_text(FOREIGN_NODE)
+    uri = f"test://{node}"
+    define = cli("--root", sample_path("epyc-mixed"), "xml", "0000:81:00.0", "--name", "someone-else",
+                 "--firmware", "bios", "--define", "--update", "--connect", uri)
+    assert define.code == 1 and "not created by gpuvfio" in define.err
+    detach = cli("detach", "someone-else", "--connect", uri)
+    assert detach.code == 1 and "not created by gpuvfio" in detach.err
+
+
+def test_a_running_domain_keeps_its_own_hugepages():
+    """Re-provisioning a running guest: the pages it holds count as free for its definition (on a
+    host with no other free 1 GiB pages the same request still comes out the same)."""
+    import contextlib
+
+    from gpuvfio.address import PciAddress
+    from gpuvfio.ops.context import Context
+    from gpuvfio.ops.domains import Existing, domain_request, pages_held, provision_xml
+    from gpuvfio.ops.inventory import open_host
+
+    request = domain_request("keep", vcpus=4, memory="8G", hugepages="1G")
+    with open_host(sample_path("workstation")) as (host, _label), contextlib.closing(Context(host=host)) as ctx:
+        with pytest.raises(GpuvfioError, match="not enough free 1G hugepages"):
+            provision_xml(ctx, [PciAddress.parse("0000:01:00.0")], request)
+        held = ("<domain><memory unit='KiB'>8388608</memory><memoryBacking><hugepages><page size='1048576' "
+                "unit='KiB'/></hugepages></memoryBacking><numatune><memory mode='strict' nodeset='0'/></numatune>"
+                "</domain>")
+        assert pages_held(held) == {0: {1048576: 8}}
+        built = provision_xml(ctx, [PciAddress.parse("0000:01:00.0")], request,
+                              replacing=Existing(held, True, True, []))
+        assert built.spec.hugepage_kib == 1048576
+        with pytest.raises(GpuvfioError):  # a domain that is not running holds nothing
+            provision_xml(ctx, [PciAddress.parse("0000:01:00.0")], request, replacing=Existing(held, False, True, []))

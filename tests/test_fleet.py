@@ -981,3 +981,39 @@ def test_role_installs_a_wheel_built_from_this_checkout_never_a_bare_name(ansibl
                               capture_output=True, text=True, cwd=str(tmp_path), check=True,
                               env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout
     assert str(tmp_path / "venv") in location
+
+
+def test_failed_attach_gives_back_only_what_it_bound(run_module, built_host, guest_server):
+    """The role binds the GPU first (gpuvfio_device), then attaches: a failing attach must not
+    give back a GPU it did not bind (on main its rollback released whatever gpuvfio held)."""
+    root, state, kernel = built_host
+    ctx = built_host.context
+    server, _private_key = guest_server
+    failed, result = run_module("gpuvfio_device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
+    assert not failed and kernel.driver_of(GPU) == "vfio-pci", result
+    args = {"root": root, "state_dir": state, "name": "train-3", "devices": [GPU], "uri": "test:///default",
+            "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
+            "ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
+            "boot_timeout": 10}
+    failed, result = run_module("gpuvfio_domain", args, context=ctx)  # no key: SSH refuses
+    assert failed and result["attach"]["rolled_back"] == ["destroy", "undefine"], result["attach"]
+    assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
+
+
+def test_attach_refuses_a_gpu_another_domain_uses(run_module, built_host):
+    """A GPU already on vfio-pci is "nothing to bind", but another domain using it still refuses an
+    attach (on main the check was skipped and the rollback then unbound it under that guest)."""
+    from gpuvfio.virt.lifecycle import lookup
+
+    root, state, kernel = built_host
+    ctx = built_host.context
+    base = {"root": root, "state_dir": state, "devices": [GPU], "uri": "test:///default", "vcpus": 2,
+            "memory": "2G", "hugepages": "none", "firmware": "bios"}
+    failed, result = run_module("gpuvfio_domain", dict(base, name="owner"), context=ctx)
+    assert not failed, result
+    failed, result = run_module("gpuvfio_device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
+    assert not failed and kernel.driver_of(GPU) == "vfio-pci", result
+    failed, result = run_module("gpuvfio_domain", dict(base, name="intruder", state="running", ssh_host="127.0.0.1",
+                                                       ssh_port=1, boot_timeout=1), context=ctx)
+    assert failed and result["exit_code"] == 1 and "libvirt domain(s) owner" in result["msg"], result
+    assert lookup(built_host.libvirt, "intruder") is None and kernel.driver_of(GPU) == "vfio-pci"

@@ -159,24 +159,12 @@ def commit(changes: list[FileChange], rename=os.replace) -> None:
     """Write all changes or none: temps first, then renames; undo renames on failure."""
     temps: list[tuple[FileChange, str | None]] = []
     try:
-        for change in changes:
-            if change.new is None:
-                temps.append((change, None))
-                continue
-            os.makedirs(os.path.dirname(change.path), exist_ok=True)
-            tmp = os.path.join(os.path.dirname(change.path), f".{os.path.basename(change.path)}.gpuvfio-tmp")
-            if change.link:
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-                os.symlink(change.new, tmp)
-                temps.append((change, tmp))
-                continue
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(change.new)
-                handle.flush()
-                os.fsync(handle.fileno())
-            temps.append((change, tmp))
+        try:
+            for change in changes:
+                temps.append((change, _temp_for(change)))
+        except OSError as exc:
+            raise GpuvfioError(f"persisting failed while writing {change.path}: {exc.strerror or exc}; "
+                               "nothing was changed") from None
         done: list[FileChange] = []
         try:
             for change, tmp in temps:
@@ -195,6 +183,25 @@ def commit(changes: list[FileChange], rename=os.replace) -> None:
         for _change, tmp in temps:
             if tmp and os.path.lexists(tmp):
                 os.unlink(tmp)
+
+
+def _temp_for(change: FileChange) -> str | None:
+    """The new content in a temp file beside its target (None: the change removes the file)."""
+    if change.new is None:
+        return None
+    os.makedirs(os.path.dirname(change.path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(change.path), f".{os.path.basename(change.path)}.gpuvfio-tmp")
+    if change.link:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(change.new, tmp)
+        return tmp
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(change.new)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return tmp
 
 
 def _put_back(change: FileChange) -> None:

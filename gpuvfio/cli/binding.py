@@ -10,7 +10,7 @@ import typer
 from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
-from gpuvfio.errors import Refused
+from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, live_context
@@ -92,7 +92,7 @@ def restore_cmd(addresses: OptionalAddresses = None, timeout: WriteTimeout = DEF
                        lock_timeout=lock_timeout)
     try:
         report = binding.restore(ctx, wanted)
-    except Refused as exc:
+    except GpuvfioError as exc:
         if as_json and exc.report is not None:
             emit_json(exc.report)
         raise

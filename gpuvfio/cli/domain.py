@@ -12,7 +12,7 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.binding import parse_addresses
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.domains import DomainRequest, define_domain, domain_request, provision_xml
+from gpuvfio.ops.domains import DomainRequest, define_domain, domain_request, existing_domain, provision_xml
 
 Name = Annotated[str, typer.Option("--name", help="Domain name.")]
 Vcpus = Annotated[int, typer.Option("--vcpus")]
@@ -83,7 +83,9 @@ def xml_cmd(
     request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
     wanted = parse_addresses(addresses)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
-        provisioned = provision_xml(ctx, wanted, request)
+        # With --define, the domain it would replace: a running one's hugepages count as its own.
+        existing = existing_domain(ctx, request.name, uri=connect) if define else None
+        provisioned = provision_xml(ctx, wanted, request, replacing=existing)
         for warning in provisioned.spec.warnings:
             say(f"warning: {warning}")
         result = define_domain(ctx, provisioned.xml, uri=connect, update=update).to_json() if define else None

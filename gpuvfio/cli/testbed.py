@@ -29,9 +29,10 @@ Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help
                                                                                  "spec's [run] connect).")]
 
 
-def _local_known_hosts(root: str | None) -> str:
-    """Where host keys trusted on first use are recorded: this machine's state dir."""
-    return recorded_known_hosts(live_context(root))
+def _local_known_hosts() -> str:
+    """Where the hypervisor's host key trusted on first use is recorded: this machine's state
+    directory (--root names the hypervisor's host, or a recording of it, not this machine)."""
+    return recorded_known_hosts(live_context("/"))
 
 
 @testbed_app.command("plan")
@@ -41,7 +42,7 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, as_json: JsonOption = 
     Exit 1 when the run would refuse a variant."""
     spec = load_spec(spec_path)
     if spec.host is not None and not here:
-        report = plan_remote(spec, _local_known_hosts(root_of(root)))
+        report = plan_remote(spec, _local_known_hosts())
     else:
         with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
             report = plan(ctx, spec, uri=connect or spec.connect)
@@ -91,7 +92,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
     spec = load_spec(spec_path)
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:
-        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(root_of(root)), connect=connect,
+        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect,
                             progress=progress)
         _finished(spec, out, remote["host"], as_json)
         return

@@ -119,9 +119,10 @@ class DomainSpec:
 
 
 def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addresses: list[PciAddress],
-               request: DomainRequest) -> DomainSpec:
+               request: DomainRequest, *, pages_held: dict[int, dict[int, int]] | None = None) -> DomainSpec:
     """Every decision about the guest: devices, vGPU instances, NUMA cells, pinning, pages,
-    firmware, MMIO window."""
+    firmware, MMIO window. ``pages_held``: node -> page KiB -> hugepages the running domain this
+    definition replaces holds (they count as free for it)."""
     if not addresses and (request.mdev or request.vgpu):
         raise InputError("--mdev/--vgpu need the address of the GPU")
     warnings: list[str] = []
@@ -152,6 +153,9 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     cells = _choose_nodes(request, device_fns, node_ids, warnings)
     placements = _place(host, request, cells, node_ids)
     free = {n.node_id: {size: f for size, (_t, f) in n.hugepages.items()} for n in nodes}
+    for node, sizes in (pages_held or {}).items():
+        for size, count in sizes.items():
+            free.setdefault(node, {})[size] = free.get(node, {}).get(size, 0) + count
     # Without guest NUMA cells the memory may come from any node: the pages of all nodes count.
     demand = [(c.node, c.memory_kib) for c in placements] or [(None, request.memory_kib)]
     hugepage, warning = hugepage_choice(request.hugepages, demand, free, force=request.force)

@@ -21,7 +21,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
 from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
-from gpuvfio.bind.plan import BindPlan, BindPolicy, LibvirtView, plan_bind
+from gpuvfio.bind.plan import WARN, BindPlan, BindPolicy, LibvirtView, PlanCheck, plan_bind
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host import assignable
 from gpuvfio.host.inventory import Inventory, read_inventory
@@ -30,6 +30,7 @@ from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops.context import Context
 from gpuvfio.vgpu.instances import remove_all
 from gpuvfio.vgpu.scheduler import put_back
+from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "plan", "bind", "restore", "held", "release", "unbind",
@@ -45,8 +46,12 @@ def libvirt_view(ctx: Context, addresses: list[PciAddress], *, uri: str | None =
     if uri is None and not ctx.live and not ctx.connections:
         return LibvirtView(not_asked="libvirt not asked: the host root is not this machine "
                                      "(--connect URI asks one)")
+    def mdev_parent(uuid: str) -> PciAddress | None:
+        found = existing_mdev(ctx.host, uuid)
+        return found[0] if found else None
+
     try:
-        return LibvirtView(users=domains_using(ctx.libvirt(uri), addresses, exclude=exclude))
+        return LibvirtView(users=domains_using(ctx.libvirt(uri), addresses, exclude=exclude, mdev_parent=mdev_parent))
     except GpuvfioError as exc:
         return LibvirtView(error=str(exc))
 
@@ -59,6 +64,13 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         assignable.endpoint(inventory, address)
     view = libvirt_view(ctx, addresses_in_groups(inventory, addresses), uri=uri, exclude=exclude)
     bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view)
+    if ctx.actions is None and not bind_plan.nothing_to_do:
+        # A plan for a recorded host (a testbed on a remote hypervisor) is right for that host;
+        # carried out here against the recording, these steps would stop the run: say so.
+        needs = [s.describe() for s in bind_plan.steps if s.kind in ("modprobe", "stop_service")]
+        if needs:
+            bind_plan.checks.append(PlanCheck("live_host", WARN, f"{'; '.join(needs)}: modprobe/systemctl act on "
+                                              "the live host only; a run against this root stops there"))
     report = bind_plan.to_json(ctx.host.root)  # step paths as the host names them
     report["moving"] = [str(a) for a in bind_plan.moving]
     report["refused"] = [c.to_json() for c in bind_plan.refusals(policy.force)]
@@ -82,9 +94,11 @@ def _refusal(report: dict) -> Refused:
 
 
 def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
-         exclude: str | None = None, dry_run: bool = False) -> dict:
+         exclude: str | None = None, dry_run: bool = False, require_unused: bool = False) -> dict:
     """Move the IOMMU groups of ``addresses`` to vfio-pci. A dry run raises Refused exactly when
-    the real run would; devices already on vfio-pci are "nothing to do" (even in use)."""
+    the real run would. Devices already on vfio-pci are "nothing to do" (gpuvfio bind: in use by a
+    domain is the expected state then); with ``require_unused`` (attach: a domain is about to get
+    them) a domain using them still refuses."""
     if not addresses:
         raise InputError("no PCI address given")
     directory = state_dir(ctx.host)
@@ -92,6 +106,7 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         if os.path.exists(os.path.join(directory, "journal.json")):
             Journal.load(directory)  # a corrupt journal is reported even on a dry run
         _plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
+        _check_nothing_to_do(report, require_unused)
         if "result" in report:
             return report
         if report["refused"]:
@@ -102,6 +117,7 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     with RunLock(directory, ctx.lock_timeout):
         journal = Journal.load(directory)
         bind_plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
+        _check_nothing_to_do(report, require_unused)
         if bind_plan.nothing_to_do:
             return report
         if report["refused"]:
@@ -110,6 +126,15 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         result = apply_bind(ctx.host, bind_plan, journal, ctx.writer(), ctx.host_actions(), ctx.progress)
         report["result"] = result.status
         return report
+
+
+def _check_nothing_to_do(report: dict, require_unused: bool) -> None:
+    if report.get("result") != "nothing_to_do" or not require_unused:
+        return
+    in_use = [c for c in report["refused"] if c["id"] == "libvirt"]
+    if in_use:
+        report["result"] = "refused"
+        raise Refused("refused: " + "; ".join(c["message"] for c in in_use), report)
 
 
 def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
@@ -141,10 +166,13 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
     report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
               "failed": {a: msg for a, (ok, msg) in results.items() if not ok},
               "services_not_restarted": list(journal.data["services_stopped"]), "vgpu": undone}
-    if report["failed"] or report["services_not_restarted"] or vgpu_failures:
+    # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
+    # last one): only a restart that should have happened and did not is a failure.
+    unrestarted = report["services_not_restarted"] if not journal.devices else []
+    if report["failed"] or unrestarted or vgpu_failures:
         problems = vgpu_failures + [f"{a}: {m}" for a, m in report["failed"].items()]
-        problems += [f"service {s} not restarted" for s in report["services_not_restarted"]]
-        raise Refused("restore incomplete: " + "; ".join(problems), report)
+        problems += [f"service {s} not restarted" for s in unrestarted]
+        raise GpuvfioError("restore incomplete: " + "; ".join(problems), report)
     return report
 
 
@@ -234,6 +262,18 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
             raise Refused("refused: " + "; ".join(dict.fromkeys(p.message for p in refused))
                           + " (--force persists the whole group anyway)")
     endpoints = set(addresses_in_groups(inventory, addresses))
+    if dry_run:
+        return _persist_changes(host, endpoints, remove, dry_run)[0]
+    # Planned and written under the lock: two persists at once must not lose each other's devices.
+    with RunLock(state_dir(host), ctx.lock_timeout):
+        report, changes = _persist_changes(host, endpoints, remove, dry_run)
+        if changes:
+            store.commit(changes, rename=rename)
+    return report
+
+
+def _persist_changes(host, endpoints: set[PciAddress], remove: bool, dry_run: bool):
+    inventory = read_inventory(host)
     journal = Journal.load(state_dir(host))
     modules = set()
     for address in endpoints:
@@ -252,8 +292,4 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
               "result": "dry_run" if dry_run else ("nothing_to_do" if not changes else "applied")}
     if changes and not remove:
         report["next"] = store.initramfs_hint(host)
-    if dry_run or not changes:
-        return report
-    with RunLock(state_dir(host), ctx.lock_timeout):
-        store.commit(changes, rename=rename)
-    return report
+    return report, changes

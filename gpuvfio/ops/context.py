@@ -85,22 +85,14 @@ class Context:
         return self.host.root == "/"
 
 
-def checked_seconds(value: float, what: str, *, upper: float = 30 * 24 * 3600.0) -> float:
-    """A timeout from the user: a finite number of seconds, above zero (NaN and inf never return)."""
+def checked_seconds(value: float, what: str, *, upper: float = 30 * 24 * 3600.0, allow_zero: bool = False) -> float:
+    """A timeout from the user: a finite number of seconds, above zero (or zero where that means
+    "at once"); NaN and infinity never return."""
+    low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or not 0 < value <= upper:
+            or not (low_ok(value) and value <= upper):
         raise InputError(f"{what} must be a number of seconds between 0 and {upper:g}, not {value!r}")
     return float(value)
-
-
-def run_command(argv: list[str], timeout: float = 60.0) -> None:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise GpuvfioError(f"{' '.join(argv)}: {exc}") from None
-    if proc.returncode:
-        last = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise GpuvfioError(f"{' '.join(argv)} failed: {last[0]}")
 
 
 def run_output(argv: list[str], timeout: float, env: dict | None = None) -> str:
@@ -111,15 +103,15 @@ def run_output(argv: list[str], timeout: float, env: dict | None = None) -> str:
         raise GpuvfioError(f"{argv[0]}: {exc}") from None
     if proc.returncode:
         last = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise GpuvfioError(f"{' '.join(argv[:2])} failed: {last[0]}")
+        raise GpuvfioError(f"{' '.join(argv[:3])} failed: {last[0]}")
     return proc.stdout
 
 
 def live_actions(timeout: float = 60.0) -> Actions:
     """modprobe and systemctl on this machine (argument lists: nothing goes through a shell)."""
-    return Actions(modprobe=lambda name: run_command(["modprobe", "--", name], timeout),
-                   stop_service=lambda unit: run_command(["systemctl", "stop", "--", unit], timeout),
-                   start_service=lambda unit: run_command(["systemctl", "start", "--", unit], timeout))
+    return Actions(modprobe=lambda name: run_output(["modprobe", "--", name], timeout),
+                   stop_service=lambda unit: run_output(["systemctl", "stop", "--", unit], timeout),
+                   start_service=lambda unit: run_output(["systemctl", "start", "--", unit], timeout))
 
 
 def refusing_actions(host: HostRoot) -> Actions:

@@ -5,6 +5,7 @@ build their domains here.
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
@@ -17,10 +18,10 @@ from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import Refused
 from gpuvfio.virt import lifecycle
-from gpuvfio.virt.connection import libvirt_module
+from gpuvfio.virt.connection import call, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 
-__all__ = ["Provisioned", "provision_xml", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -37,17 +38,50 @@ class Provisioned:
         """The host PCI functions the guest gets (the slot's functions, or the vGPU's VF)."""
         return [PciAddress.parse(a) for a in self.spec.host_devices]
 
+    @property
+    def passthrough(self) -> list[PciAddress]:
+        """The functions passed through whole: bound to vfio-pci for the guest (never a vGPU's VF,
+        which the vGPU host driver keeps)."""
+        return [f.address for port in self.spec.ports for f in port.functions]
 
-def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequest) -> Provisioned:
+
+def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *,
+                  replacing: "Existing | None" = None) -> Provisioned:
+    """``replacing``: the domain of that name as it is; when it runs, the hugepages it holds count
+    as free for its new definition (a re-run of the same request must come out the same)."""
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
-    spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request)
+    held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
+    spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held)
     return Provisioned(spec, domain_xml(spec), inventory)
+
+
+def pages_held(xml: str) -> dict[int, dict[int, int]] | None:
+    """node -> page KiB -> pages a running domain's definition holds (its memory in hugepages,
+    split over its memnode nodes, else its numatune nodeset, else host node 0)."""
+    root = ET.fromstring(xml)
+    page = root.find("memoryBacking/hugepages/page")
+    memory = root.findtext("memory")
+    if page is None or not (page.get("size") or "").isdigit() or not (memory or "").isdigit():
+        return None
+    size, kib = int(page.get("size")), int(memory)
+    nodes = [int(m.get("nodeset")) for m in root.iterfind("numatune/memnode") if (m.get("nodeset") or "").isdigit()]
+    if not nodes:
+        nodeset = (root.find("numatune/memory").get("nodeset") if root.find("numatune/memory") is not None else "")
+        nodes = [int(n) for n in nodeset.split(",") if n.isdigit()] or [0]
+    per_node = -(-kib // size) // len(nodes)
+    return {node: {size: per_node} for node in nodes}
 
 
 def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False,
                   dry_run: bool = False) -> DefineResult:
-    """Define ``xml`` on libvirt at ``uri`` (default: libvirt's default), idempotently."""
-    return define(ctx.libvirt(uri), xml, update=update, dry_run=dry_run)
+    """Define ``xml`` on libvirt at ``uri`` (default: libvirt's default), idempotently. A domain of
+    that name gpuvfio did not define is refused, not taken over."""
+    conn = ctx.libvirt(uri)
+    name = ET.fromstring(xml).findtext("name")
+    dom = lifecycle.lookup(conn, name)
+    if dom is not None and not lifecycle.made_by_gpuvfio(dom):
+        raise Refused(f"domain {name} exists and was not created by gpuvfio; pick another name")
+    return define(conn, xml, update=update, dry_run=dry_run)
 
 
 @dataclass
@@ -70,8 +104,8 @@ def existing_domain(ctx: Context, name: str, *, uri: str | None = None, ours_onl
     if ours_only and not ours:
         raise Refused(f"domain {name} exists and was not created by gpuvfio; pick another name")
     libvirt = libvirt_module()
-    return Existing(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), bool(dom.isActive()), ours,
-                    lifecycle.recorded_devices(dom) if ours else [])
+    return Existing(call(f"reading {name}'s definition", dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE),
+                    lifecycle.is_active(dom), ours, lifecycle.recorded_devices(dom) if ours else [])
 
 
 def differences(wanted_xml: str, current_xml: str) -> list[str]:

@@ -30,7 +30,7 @@ from gpuvfio.host.inventory import read_inventory
 from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context, checked_seconds, run_output
 from gpuvfio.ops.domains import define_domain, provision_xml
-from gpuvfio.ops.targets import SshOptions, guest_target, recorded_known_hosts
+from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, default_uri
 
@@ -92,9 +92,9 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
         ctx.progress(f"{name} ...")
         try:
             value = func(*args)
-        except GpuvfioError as exc:
+        except BaseException as exc:
             result.steps.append({"step": name, "ok": False, "seconds": round(ctx.clock.monotonic() - started, 3),
-                                 "error": str(exc)})
+                                 "error": str(exc) or type(exc).__name__})
             raise
         seconds = ctx.clock.monotonic() - started
         result.steps.append({"step": name, "ok": True, "seconds": round(seconds, 3)})
@@ -104,18 +104,20 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
     existing = lifecycle.lookup(conn, request.name)
     if existing is not None and not lifecycle.made_by_gpuvfio(existing):
         raise Refused(f"domain {request.name} exists and was not created by gpuvfio; pick another --name")
-    if existing is not None and existing.isActive():
+    if existing is not None and lifecycle.is_active(existing):
         raise Refused(f"domain {request.name} is running; gpuvfio detach {request.name} first")
     try:
         provisioned = provision_xml(ctx, addresses, request)
         result.xml = provisioned.xml
-        passthrough = [f.address for port in provisioned.spec.ports for f in port.functions]
-        if passthrough:
+        if provisioned.passthrough:
             # The domain-use check asks the connection this attach defines on, leaving its own
-            # domain out (it is about to be redefined).
-            step("bind", lambda: binding.bind(ctx, passthrough, policy, uri=uri or default_uri(),
-                                              exclude=request.name))
-            undo.append(("restore devices", lambda: binding.release(ctx, passthrough)))
+            # domain out (it is about to be redefined); devices already on vfio-pci must not be
+            # in use by another domain either. The undo gives back only what this bind moved.
+            bound = step("bind", lambda: binding.bind(ctx, provisioned.passthrough, policy, uri=uri or default_uri(),
+                                                      exclude=request.name, require_unused=True))
+            moved = [PciAddress.parse(a) for a in bound.get("moving", [])] if bound["result"] == "applied" else []
+            if moved:
+                undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
         defined = step("define", lambda: define_domain(ctx, provisioned.xml, uri=uri, update=True))
         result.define = defined.to_json()
         dom = lifecycle.lookup(conn, request.name)
@@ -126,7 +128,10 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                          lambda: call(f"redefining {request.name}", conn.defineXML, defined.previous_xml)))
         step("start", lifecycle.start, dom)
         undo.append(("destroy", lambda: lifecycle.stop(dom, timeout=0)))
-        target = step("find address", guest_target, ssh, conn, dom) if ssh.host is None else guest_target(ssh)
+        if ssh.host is None:
+            target = step("find address", _discover, ctx, ssh, conn, dom)
+        else:
+            target = guest_target(ssh)
         result.ssh = {"host": target.host, "port": target.port, "user": target.user}
         session = step("wait for ssh", Session(target, recorded_known_hosts(ctx)).connect)
         try:
@@ -138,14 +143,18 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                     probe_timeout=verify.probe_timeout, progress=ctx.progress))
         finally:
             session.close()
-    except GpuvfioError as exc:
+    except BaseException as exc:
+        # Any failure -- also a libvirt error gpuvfio did not expect, Ctrl-C, a testbed's
+        # SIGTERM -- undoes what this run did before it goes on.
         if not keep_on_failure:
             for what, action in reversed(undo):
                 try:
                     action()
                     result.rolled_back.append(what)
-                except GpuvfioError as undo_exc:
+                except Exception as undo_exc:  # noqa: BLE001 - every undo is tried
                     result.rolled_back.append(f"{what} FAILED: {undo_exc}")
+        if not isinstance(exc, GpuvfioError):
+            raise
         raise AttachFailed(f"attach {request.name} failed: {exc}"
                            + (f"; rolled back: {', '.join(result.rolled_back)}" if result.rolled_back else
                               ("; kept as it is (--keep-on-failure)" if keep_on_failure and undo else "")),
@@ -154,25 +163,39 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
     return result
 
 
+def _discover(ctx: Context, ssh: SshOptions, conn, dom):
+    """The guest's address through libvirt. A DHCP lease, the guest agent and the ARP table only
+    know it once the guest is up: ask again until the boot timeout."""
+    deadline = ctx.clock.monotonic() + ssh.timeout
+    while True:
+        try:
+            return guest_target(ssh, conn, dom)
+        except AddressUnknown:
+            if ctx.clock.monotonic() >= deadline:
+                raise
+            ctx.clock.sleep(1.0)
+
+
 def exists(ctx: Context, name: str, *, uri: str | None = None) -> bool:
     return lifecycle.lookup(ctx.libvirt(uri), name) is not None
 
 
 def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0, restore: bool = True) -> dict:
-    """Stop the guest, undefine it if gpuvfio defined it, give its devices back."""
-    timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600)
+    """Stop the guest, undefine it, give its devices back (by the one release policy). A domain
+    gpuvfio did not define is not touched."""
+    timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600, allow_zero=True)
     dom = lifecycle.lookup(ctx.libvirt(uri), name)
     if dom is None:
         raise InputError(f"no domain named {name}")
-    ours = lifecycle.made_by_gpuvfio(dom)
-    devices = lifecycle.recorded_devices(dom) if ours else []
+    if not lifecycle.made_by_gpuvfio(dom):
+        raise Refused(f"domain {name} was not created by gpuvfio; stop it with virsh")
+    devices = lifecycle.recorded_devices(dom)
     how = lifecycle.stop(dom, timeout=timeout, monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
     ctx.progress(f"{name}: {how}")
-    if ours:
-        lifecycle.undefine(dom)
-        ctx.progress(f"{name}: undefined")
+    lifecycle.undefine(dom)
+    ctx.progress(f"{name}: undefined")
     restored = binding.release(ctx, devices) if devices and restore else None
-    return {"name": name, "stopped": how, "undefined": ours, "devices": [str(d) for d in devices],
+    return {"name": name, "stopped": how, "undefined": True, "devices": [str(d) for d in devices],
             "restored": restored}
 
 

@@ -16,7 +16,9 @@ from gpuvfio.bind.journal import known_hosts_file
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.ops.context import Context, checked_seconds
-from gpuvfio.virt.lifecycle import ssh_address
+from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
+
+__all__ = ["SshOptions", "ssh_options", "guest_target", "recorded_known_hosts", "AddressUnknown"]
 
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]{0,252}|[0-9A-Fa-f:.]+")

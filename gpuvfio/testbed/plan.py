@@ -80,9 +80,8 @@ def plan(ctx: Context, spec: Spec, *, uri: str | None = None) -> dict:
                              "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the "
                                                 "previous policy put back after" if variant.scheduler else
                                                 "left as the host driver has it")}
-        passthrough = [f.address for port in spec_.ports for f in port.functions]
-        if passthrough:
-            _bind_plan, report = binding.plan(ctx, passthrough, policy_for(variant), uri=uri,
+        if provisioned.passthrough:
+            _bind_plan, report = binding.plan(ctx, provisioned.passthrough, policy_for(variant), uri=uri,
                                               exclude=request.name)
             entry["bind"] = report
             entry["refused"] = [c["message"] for c in report["refused"]] if "result" not in report else []

@@ -16,10 +16,14 @@ from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.render import METADATA_NS
-from gpuvfio.errors import InputError
+from gpuvfio.errors import GpuvfioError
 from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
 
 QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+
+
+class AddressUnknown(GpuvfioError):
+    """libvirt knows no address for the guest (yet): no forward, lease, agent or ARP entry."""
 _HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>\d+)-[0-9.]*:22\b")
 
 
@@ -44,8 +48,12 @@ def made_by_gpuvfio(dom) -> bool:
         return False
 
 
+def is_active(dom) -> bool:
+    return bool(call("asking libvirt whether the domain runs", dom.isActive))
+
+
 def start(dom) -> None:
-    if not dom.isActive():
+    if not is_active(dom):
         call(f"starting {dom.name()}", dom.create)
 
 
@@ -53,7 +61,7 @@ def stop(dom, timeout: float = 60.0, *, monotonic: Callable[[], float] = time.mo
          sleep: Callable[[float], None] = time.sleep) -> str:
     """ACPI shutdown, wait up to ``timeout``, then destroy. Returns how it ended."""
     libvirt = libvirt_module()
-    if not dom.isActive():
+    if not is_active(dom):
         return "not running"
     if timeout > 0:
         try:
@@ -62,10 +70,10 @@ def stop(dom, timeout: float = 60.0, *, monotonic: Callable[[], float] = time.mo
             pass
         deadline = monotonic() + timeout
         while monotonic() < deadline:
-            if not dom.isActive():
+            if not is_active(dom):
                 return "shut down"
             sleep(0.25)
-    if dom.isActive():
+    if is_active(dom):
         call(f"destroying {dom.name()}", dom.destroy)
     return "destroyed"
 
@@ -81,7 +89,7 @@ def undefine(dom) -> None:
 
 def recorded_devices(dom) -> list[PciAddress]:
     """The host devices gpuvfio recorded in the domain's metadata when it defined it."""
-    root = ET.fromstring(dom.XMLDesc(0))
+    root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
     found = []
     for element in root.iter(f"{{{METADATA_NS}}}device"):
         address = PciAddress.try_parse(element.get("address", ""))
@@ -93,7 +101,7 @@ def recorded_devices(dom) -> list[PciAddress]:
 def ssh_address(conn, dom) -> tuple[str, int]:
     """Where the guest's SSH answers, from the sources libvirt knows, in that order."""
     libvirt = libvirt_module()
-    root = ET.fromstring(dom.XMLDesc(0))
+    root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
     for element in root.iter(f"{{{METADATA_NS}}}ssh"):
         port = element.get("port", "")
         if port.isdigit() and 0 < int(port) < 65536:
@@ -124,5 +132,5 @@ def ssh_address(conn, dom) -> tuple[str, int]:
             for addr in iface.get("addrs") or []:
                 if addr.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and not addr["addr"].startswith("127."):
                     return addr["addr"], 22
-    raise InputError(f"cannot find an address for {dom.name()} (no forwarded port, DHCP lease, guest agent "
+    raise AddressUnknown(f"cannot find an address for {dom.name()} (no forwarded port, DHCP lease, guest agent "
                      "or ARP entry); give --ssh-host/--ssh-port")

@@ -8,6 +8,7 @@ not answer, is one policy in gpuvfio.ops.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.virt.connection import LibvirtError, libvirt_module
@@ -31,9 +32,18 @@ def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
     return found
 
 
-def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = None) -> dict[PciAddress, list[str]]:
-    """Per address, the domains whose live or persistent definition assigns it (``exclude``: a
-    domain not to count, the one an attach is about to replace)."""
+def mdev_uuids(domain_xml: str) -> set[str]:
+    """UUIDs of ``<hostdev mode='subsystem' type='mdev'>`` in a domain's XML."""
+    root = ET.fromstring(domain_xml)
+    return {a.get("uuid") for h in root.iter("hostdev") if h.get("type") == "mdev"
+            for a in h.iterfind("source/address") if a.get("uuid")}
+
+
+def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = None,
+                  mdev_parent: Callable[[str], PciAddress | None] = lambda uuid: None) -> dict[PciAddress, list[str]]:
+    """Per address, the domains whose live or persistent definition assigns it, directly or as the
+    parent of an mdev they use (``mdev_parent``: the GPU an mdev UUID lives on); ``exclude``: a
+    domain not to count, the one an attach is about to replace."""
     libvirt = libvirt_module()
     used: dict[PciAddress, list[str]] = {a: [] for a in addresses}
     try:
@@ -44,6 +54,7 @@ def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = No
             if dom.isActive() and dom.isPersistent():
                 xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
             assigned = set().union(*(hostdev_addresses(x) for x in xmls))
+            assigned |= {mdev_parent(u) for u in set().union(*(mdev_uuids(x) for x in xmls))} - {None}
             for address in addresses:
                 if address in assigned:
                     used[address].append(dom.name())

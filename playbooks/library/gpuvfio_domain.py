@@ -106,6 +106,9 @@ options:
   ssh_forward_port:
     description: QEMU user networking with host C(127.0.0.1:PORT) forwarded to the guest's port 22.
     type: int
+  console_log:
+    description: Also write the guest's serial console to this file on the host (absolute path).
+    type: path
   force:
     description: Share cores or accept short hugepages; with C(state=running) also overridable bind refusals.
     type: bool
@@ -226,11 +229,12 @@ def domain_request(params):
         numa=params["numa"], firmware=params["firmware"], hide_kvm=params["hide_kvm"], mdev=params["mdev"],
         vgpu=params["vgpu"], uuid=params["uuid"], disk=params["disk"], kernel=params["kernel"],
         initrd=params["initrd"], cmdline=params["cmdline"], network=params["network"],
-        virt_type=params["virt_type"], ssh_forward_port=params["ssh_forward_port"], force=params["force"])
+        virt_type=params["virt_type"], ssh_forward_port=params["ssh_forward_port"], console_log=params["console_log"],
+        force=params["force"])
 
 
-def build(module, ctx, addresses):
-    provisioned = domains.provision_xml(ctx, addresses, domain_request(module.params))
+def build(module, ctx, addresses, existing):
+    provisioned = domains.provision_xml(ctx, addresses, domain_request(module.params), replacing=existing)
     for warning in provisioned.spec.warnings:
         module.warn(warning)
     return provisioned
@@ -247,8 +251,8 @@ def policy(params):
 
 def defined(module, ctx, uri, addresses) -> dict:
     name = module.params["name"]
-    provisioned = build(module, ctx, addresses)
     existing = domains.existing_domain(ctx, name, uri=uri)
+    provisioned = build(module, ctx, addresses, existing)
     before = existing.xml if existing is not None else ""
     report = domains.define_domain(ctx, provisioned.xml, uri=uri, update=module.params["update"],
                                    dry_run=module.check_mode).to_json()
@@ -267,8 +271,8 @@ def defined(module, ctx, uri, addresses) -> dict:
 def running(module, ctx, uri, addresses) -> dict:
     params = module.params
     name = params["name"]
-    provisioned = build(module, ctx, addresses)
     existing = domains.existing_domain(ctx, name, uri=uri)
+    provisioned = build(module, ctx, addresses, existing)
     before = existing.xml if existing is not None else ""
     if existing is not None and existing.active:
         changes = domains.differences(provisioned.xml, existing.xml)
@@ -280,9 +284,9 @@ def running(module, ctx, uri, addresses) -> dict:
     if module.check_mode:
         plan = {"define": domains.define_domain(ctx, provisioned.xml, uri=uri, update=True, dry_run=True).result,
                 "start": True, "wait_for_ssh": True, "verify": params["verify"]}
-        passthrough = [f.address for port in provisioned.spec.ports for f in port.functions]
-        if passthrough:  # the plan of the real run: a refusal fails the task here too
-            plan["bind"] = binding.bind(ctx, passthrough, policy(params), uri=uri, exclude=name, dry_run=True)
+        if provisioned.passthrough:  # the plan of the real run: a refusal fails the task here too
+            plan["bind"] = binding.bind(ctx, provisioned.passthrough, policy(params), uri=uri, exclude=name,
+                                        dry_run=True, require_unused=True)
         result["plan"] = plan
         return result
     checks = guests.verify_options() if params["verify"] else None
@@ -306,8 +310,8 @@ def absent(module, ctx, uri) -> dict:
         return {"changed": False}
     result = {"changed": True, "diff": xml_diff(existing.xml, "", name)}
     if module.check_mode:
-        result["plan"] = {"stop": existing.active, "undefine": True,
-                          "restore": [str(a) for a in existing.devices] if module.params["restore_devices"] else []}
+        held = binding.held(ctx, existing.devices) if existing.devices and module.params["restore_devices"] else {}
+        result["plan"] = {"stop": existing.active, "undefine": True, "restore": sorted(held)}
         return result
     result["detach"] = guests.detach(ctx, name, uri=uri, timeout=module.params["stop_timeout"],
                                      restore=module.params["restore_devices"])
@@ -340,6 +344,7 @@ def main(context_factory=None) -> None:
             cmdline=dict(type="str"),
             network=dict(type="str"),
             ssh_forward_port=dict(type="int"),
+            console_log=dict(type="path"),
             force=dict(type="bool", default=False),
             stop_services=dict(type="bool", default=False),
             verify=dict(type="bool", default=True),
