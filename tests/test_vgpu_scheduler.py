@@ -190,3 +190,14 @@ def test_testbed_puts_back_what_it_found_not_the_first_original(nvml, tmp_path, 
     assert sched.read_text().split()[0] == "3"
     journal = json.loads((tmp_path / "state" / "journal.json").read_text())
     assert journal["schedulers"][H100]["policy"] == "best-effort"
+
+
+def test_nvml_refuses_a_root_that_is_not_this_machine(nvml, tmp_path):
+    """NVML reaches the GPUs of the machine gpuvfio runs on, whatever --root says (on main
+    vgpu scheduler --set on a recorded host changed this machine's GPU)."""
+    env, sched = nvml
+    root = build(str(tmp_path / "host"))
+    for args in (["--json"], ["--set", "equal-share"]):
+        result = run_gpuvfio("--root", root, "vgpu", "scheduler", H100, *args, env=env)
+        assert result.code == 1 and "not this machine" in result.err and result.err.count("\n") == 1, result.err
+    assert sched.read_text().split()[0] == "1"  # unchanged

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import os
 import re
 import tempfile
@@ -230,48 +231,130 @@ def _record_holders(rec: _Recorder, host: HostRoot) -> None:
             rec.file(os.path.join(proc, pid, "comm"))
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _fd_link(parts: list[str]) -> bool:
+    """proc/PID/fd/N: an open file's name (/dev/nvidia0), recorded as data and only ever read
+    with readlink, never followed."""
+    return len(parts) == 4 and parts[0] == "proc" and parts[1].isdigit() and parts[2] == "fd" and parts[3].isdigit()
+
+
 def load_fixture(text: str, target: str) -> str:
-    """Materialise fixture ``text`` under directory ``target``; returns ``target``."""
+    """Materialise fixture ``text`` under directory ``target``; returns ``target``.
+
+    A fixture is input from anyone (``gpuvfio --root bug-report.host``), and gpuvfio runs as root:
+    nothing is written outside ``target``. Every path is walked one component at a time from a
+    directory file descriptor with O_NOFOLLOW (a component that is a link refuses the record), so
+    links are created but never followed while loading; each link's target must stay inside
+    ``target`` from where the link really is, which is checked again once all links exist (a chain
+    of links inside can still lead out).
+    """
     lines = text.splitlines()
     if not lines or lines[0].strip() != HEADER:
         raise InputError("not a gpuvfio host fixture (missing header line)")
+    os.makedirs(target, exist_ok=True)
     top = os.path.realpath(target)
-    os.makedirs(top, exist_ok=True)
-    for number, line in enumerate(lines[1:], start=2):
-        if not line or line.startswith("#"):
-            continue
-        kind, _, rest = line.partition(" ")
-        rel_esc, _, payload = rest.partition(" ")
-        rel = _unesc(rel_esc)
-        if not rel or os.path.isabs(rel) or ".." in rel.split("/"):
-            raise InputError(f"fixture line {number}: unsafe path {rel!r}")
-        path = os.path.join(top, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if kind == "D":
-            os.makedirs(path, exist_ok=True)
-        elif kind == "F":
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(_unesc(payload))
-        elif kind == "B":
+    top_fd = os.open(top, _DIR_FLAGS)
+    links: list[tuple[int, str]] = []
+    try:
+        for number, line in enumerate(lines[1:], start=2):
+            if not line or line.startswith("#"):
+                continue
+            kind, _, rest = line.partition(" ")
+            rel_esc, _, payload = rest.partition(" ")
             try:
-                data = bytes.fromhex(payload)
-            except ValueError:
-                raise InputError(f"fixture line {number}: bad hex data") from None
-            with open(path, "wb") as handle:
-                handle.write(data)
-        elif kind == "L":
-            link_target = _unesc(payload)
-            if rel.startswith("proc/") and "/fd/" in rel:
-                pass  # fd links name device nodes; they are read, never followed
-            elif os.path.isabs(link_target) or not os.path.normpath(
-                    os.path.join(os.path.dirname(path), link_target)).startswith(top + "/"):
-                raise InputError(f"fixture line {number}: link {rel} leaves the root")
-            if os.path.lexists(path):
-                os.unlink(path)
-            os.symlink(link_target, path)
-        else:
-            raise InputError(f"fixture line {number}: unknown record {kind!r}")
+                rel = _unesc(rel_esc)
+            except (UnicodeDecodeError, ValueError):
+                raise InputError(f"fixture line {number}: malformed path") from None
+            parts = rel.split("/")
+            if not rel or any(p in ("", ".", "..") or "\0" in p for p in parts):
+                raise InputError(f"fixture line {number}: unsafe path {rel!r}")
+            parent = _open_parent(top_fd, parts[:-1], number, rel)
+            try:
+                _record(kind, parent, parts, payload, number, rel, top)
+            finally:
+                os.close(parent)
+            if kind == "L" and not _fd_link(parts):
+                links.append((number, rel))
+    except OSError as exc:
+        raise InputError(f"cannot load the host fixture into {target}: {exc.strerror or exc}") from None
+    finally:
+        os.close(top_fd)
+    for number, rel in links:  # now that every link exists: chains resolved as the kernel would
+        real = os.path.realpath(os.path.join(top, rel))
+        if real != top and not real.startswith(top + "/"):
+            raise InputError(f"fixture line {number}: link {rel} leads outside the root")
     return target
+
+
+def _open_parent(top_fd: int, parts: list[str], number: int, rel: str) -> int:
+    """A descriptor of the record's parent directory, created as needed, never through a link."""
+    fd = os.dup(top_fd)
+    try:
+        for part in parts:
+            try:
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise InputError(f"fixture line {number}: {rel} passes through {part!r}, which is a link "
+                                     "or a file") from None
+                raise
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _record(kind: str, parent: int, parts: list[str], payload: str, number: int, rel: str, top: str) -> None:
+    name = parts[-1]
+    if kind == "D":
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            os.close(os.open(name, _DIR_FLAGS, dir_fd=parent))  # a directory, not a link or a file
+    elif kind in ("F", "B"):
+        try:
+            data = _unesc(payload).encode("utf-8") if kind == "F" else bytes.fromhex(payload)
+        except (ValueError, UnicodeError):
+            raise InputError(f"fixture line {number}: bad {'text' if kind == 'F' else 'hex'} data") from None
+        try:
+            fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise InputError(f"fixture line {number}: {rel} is a link or a directory already") from None
+            raise
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    elif kind == "L":
+        try:
+            link_target = _unesc(payload)
+        except (UnicodeDecodeError, ValueError):
+            raise InputError(f"fixture line {number}: malformed link target") from None
+        if not link_target or "\0" in link_target:
+            raise InputError(f"fixture line {number}: empty link target")
+        if not _fd_link(parts):
+            where = os.path.join(top, *parts[:-1])  # the link's real parent: walked without links
+            resolved = os.path.normpath(os.path.join(where, link_target))
+            if os.path.isabs(link_target) or not resolved.startswith(top + "/"):
+                raise InputError(f"fixture line {number}: link {rel} leaves the root")
+        try:
+            os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            raise InputError(f"fixture line {number}: {rel} is a directory already") from None
+        os.symlink(link_target, name, dir_fd=parent)
+    else:
+        raise InputError(f"fixture line {number}: unknown record {kind!r}")
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Callable
 
 from gpuvfio.bind.apply import Actions
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
-from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.virt.connection import default_uri, open_connection
 from gpuvfio.vgpu.scheduler import Nvml
@@ -125,11 +125,21 @@ def refusing_actions(host: HostRoot) -> Actions:
                    start_service=refuse("systemctl start"))
 
 
+def refusing_nvml(host: HostRoot) -> Callable[[], Nvml]:
+    """NVML talks to the GPUs of the machine it runs on, whatever the root: refused elsewhere."""
+    def refuse() -> Nvml:
+        raise Refused(f"NVML reaches this machine's GPUs only; {host.root} is not this machine")
+
+    return refuse
+
+
 def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progress,
                  write_timeout: float = DEFAULT_WRITE_TIMEOUT, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Context:
-    """The real thing around a host root: write(2), libvirt, and modprobe/systemctl when the root
-    is this machine (``/``)."""
-    return Context(host=host, actions=live_actions() if host.root == "/" else None, progress=progress,
+    """The real thing around a host root: write(2), libvirt, and modprobe/systemctl and NVML when
+    the root is this machine (``/``)."""
+    live = host.root == "/"
+    return Context(host=host, actions=live_actions() if live else None, progress=progress,
+                   nvml=Nvml if live else refusing_nvml(host),
                    write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),
                    lock_timeout=checked_seconds(lock_timeout, "--lock-timeout", upper=24 * 3600))
 

@@ -1,0 +1,85 @@
+"""Hostile host fixtures (``gpuvfio --root bug-report.host``) never write outside their directory.
+
+On main a fixture could write anywhere: link targets were checked by their text, ``proc/*/fd/*``
+links were exempt, and later records were written through links.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpuvfio.errors import InputError
+from gpuvfio.host.fixture import HEADER, load_fixture
+
+FD = "proc/1/fd/9"
+
+
+def fixture(*records: str) -> str:
+    return HEADER + "\n" + "\n".join(records) + "\n"
+
+
+def outside_untouched(outside) -> bool:
+    return sorted(os.listdir(outside)) == ["keep"]
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A directory next to the fixture's: nothing may appear in it."""
+    path = tmp_path / "outside"
+    path.mkdir()
+    (path / "keep").write_text("x")
+    return path
+
+
+@pytest.mark.parametrize("records", [
+    # the exemption for fd links, then a file written through it
+    lambda out: [f"L {FD} {out}", f"F {FD}/pwned yes"],
+    lambda out: [f"L {FD} {out}", f"D {FD}/pwned"],
+    lambda out: [f"L {FD} {out}", f"L {FD}/pwned ../x"],
+    # a link inside the root, then a record through it
+    lambda out: ["D sys", "L sys/up ..", "F sys/up/pwned yes"],
+    # a record at a path that is a link already
+    lambda out: ["D sys", f"L {FD} {out}/keep", f"F {FD} clobbered"],
+    # a link that is lexically inside but really leaves: "." then "<it>/.."
+    lambda out: ["L here .", "L out here/../outside/pwned", "F out yes"],
+    # absolute and parent-directory targets, and paths
+    lambda out: [f"L sys/x {out}"],
+    lambda out: ["L sys/x ../../outside"],
+    lambda out: ["F ../outside/pwned yes"],
+    lambda out: [f"F {out}/pwned yes"],
+    lambda out: ["F sys//x yes"],
+    lambda out: ["F sys/./x yes"],
+])
+def test_records_cannot_leave_the_directory(tmp_path, outside, records):
+    text = fixture(*records(outside))
+    with pytest.raises(InputError):
+        load_fixture(text, str(tmp_path / "root"))
+    assert outside_untouched(outside)
+
+
+def test_the_cli_refuses_a_hostile_fixture_in_one_line(cli, tmp_path, outside):
+    evil = tmp_path / "evil.host"
+    evil.write_text(fixture(f"L {FD} {outside}", f"F {FD}/pwned yes"))
+    result = cli("--root", str(evil), "list")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+    assert outside_untouched(outside)
+
+
+def test_fd_links_stay_data(tmp_path):
+    """What the recorder writes for a process holding a GPU still loads: the fd link names a device
+    node outside the root, read with readlink only."""
+    text = fixture("D sys", f"L {FD} /dev/nvidia0", "F proc/1/comm nvidia-persiste")
+    root = load_fixture(text, str(tmp_path / "r"))
+    assert os.readlink(os.path.join(root, FD)) == "/dev/nvidia0"
+
+
+@pytest.mark.parametrize("record, fragment", [
+    ("B sys/config zz", "bad hex data"),
+    ("X sys/thing", "unknown record"),
+    ("L sys/x ", "empty link target"),
+])
+def test_malformed_records_are_bad_input(tmp_path, record, fragment):
+    with pytest.raises(InputError, match=fragment):
+        load_fixture(fixture("D sys", record), str(tmp_path / "root"))
