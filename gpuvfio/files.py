@@ -6,9 +6,15 @@ import os
 
 
 def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to a new temp file beside ``path`` (created afresh: never opened through
+    something that was there), fsync it, rename it over ``path``, fsync the directory."""
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.unlink(tmp)  # a stale temp of an earlier run with this pid (or anything planted there)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

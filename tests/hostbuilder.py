@@ -242,6 +242,9 @@ class HostBuilder:
         self._irq += 1
         if reset_method is not None and not is_bridge:
             attrs["reset_method"] = reset_method
+        if not is_bridge:  # Documentation/ABI/testing/sysfs-bus-pci: power state, D3cold policy
+            attrs["power_state"] = "D0"
+            attrs["d3cold_allowed"] = "1"
         if boot_vga is not None:
             attrs["boot_vga"] = "1" if boot_vga else "0"
         if link is not None:
@@ -264,9 +267,15 @@ class HostBuilder:
         attrs["resource"] = "".join(f"0x{s:016x} 0x{e:016x} 0x{f:016x}\n" for s, e, f in resources)
         for name, value in attrs.items():
             _write(os.path.join(path, name), value + ("" if value.endswith("\n") else "\n"))
+        if not is_bridge:
+            _write(os.path.join(path, "power", "control"), "auto\n")
+        if reset_method:  # pci-sysfs.c: "reset" is visible only when the kernel has a method
+            _write(os.path.join(path, "reset"), "")
+        if is_bridge:  # sysfs-bus-pci: secondary bus reset below the bridge (newer kernels)
+            _write(os.path.join(path, "reset_subordinate"), "")
         with open(os.path.join(path, "config"), "wb") as handle:
             handle.write(_config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction,
-                                 secondary_bus))
+                                 secondary_bus, flr="flr" in (reset_method or "").split()))
         _relink(self.sys_path("bus", "pci", "devices", str(addr)), path)
         if driver:
             self.bind(addr, driver, path)
@@ -359,9 +368,15 @@ def _align(value: int, size: int) -> int:
     return (value + size - 1) // size * size if size else value
 
 
-def _config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction, secondary_bus) -> bytes:
-    """A 256-byte config space header (PCI Local Bus spec 3.0, 6.1)."""
+def _config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction, secondary_bus,
+            flr: bool = False) -> bytes:
+    """A 256-byte config space: the header (PCI Local Bus spec 3.0, 6.1) and a PCI Express
+    capability at 0x40 whose DevCap advertises FLR when the function has it (PCIe base 7.5.3)."""
     cfg = bytearray(256)
+    cfg[0x34] = 0x40
+    cfg[0x40], cfg[0x41] = 0x10, 0x00  # PCI Express capability, last in the list
+    struct.pack_into("<H", cfg, 0x42, 0x0002)  # capability version 2
+    struct.pack_into("<I", cfg, 0x44, (1 << 28) if flr else 0)
     struct.pack_into("<HHHH", cfg, 0, int(vendor, 16), int(device, 16), 0x0406, 0x0010)
     cfg[8] = int(revision, 16)
     cfg[9], cfg[10], cfg[11] = int(klass[4:6], 16), int(klass[2:4], 16), int(klass[0:2], 16)

@@ -184,6 +184,13 @@ class SimKernel:
             if driver and self._loaded(driver):
                 self._bind(value, dev, driver)
             return
+        if name == "reset" and os.path.exists(os.path.join(os.path.dirname(path), "config")):
+            self._recover(state, [os.path.dirname(path)])
+            return
+        if name == "reset_subordinate":  # everything below the bridge
+            bridge = os.path.dirname(path)
+            self._recover(state, [os.path.join(bridge, n) for n in os.listdir(bridge) if ":" in n and "." in n])
+            return
         if name == "create" and len(rel) >= 3 and rel[-3] == "mdev_supported_types":
             self._mdev_create(state, os.path.dirname(path), value)
             return
@@ -196,6 +203,38 @@ class SimKernel:
         # Any other attribute: a plain store.
         with open(path, "w") as handle:
             handle.write(value + "\n")
+
+    # -- a device that does not come back (config space 0xffff, BARs unassigned) ----------------
+    def kill(self, address: str, *, bars: bool = False, recovers: bool = True) -> None:
+        """Make the function read 0xffff (or, with ``bars``, lose its BAR assignments), as a GPU
+        that a guest left hung; the kernel's reset brings it back when ``recovers``."""
+        state = self._load()
+        dev = self._dev(address)
+        name = "resource" if bars else "config"
+        with open(os.path.join(dev, name), "rb") as handle:
+            original = handle.read()
+        state.setdefault("dead", {})[dev] = {"file": name, "original": original.hex(), "recovers": recovers}
+        if bars:  # include/linux/ioport.h IORESOURCE_UNSET, start 0 (pci-sysfs.c resource_show)
+            lines = []
+            for line in original.decode().splitlines():
+                start, end, flags = (int(f, 16) for f in line.split())
+                if flags & 0x300 and end > start:
+                    start, end, flags = 0, end - start, flags | 0x20000000
+                lines.append(f"0x{start:016x} 0x{end:016x} 0x{flags:016x}\n")
+            damaged = "".join(lines).encode()
+        else:
+            damaged = b"\xff" * len(original)
+        with open(os.path.join(dev, name), "wb") as handle:
+            handle.write(damaged)
+        self._save(state)
+
+    def _recover(self, state: dict, devices: list[str]) -> None:
+        for dev in devices:
+            dead = state.get("dead", {}).get(os.path.realpath(dev))
+            if dead and dead["recovers"]:
+                with open(os.path.join(dev, dead["file"]), "wb") as handle:
+                    handle.write(bytes.fromhex(dead["original"]))
+                del state["dead"][os.path.realpath(dev)]
 
     # -- mediated devices (drivers/vfio/mdev/mdev_sysfs.c) and NVIDIA SR-IOV vGPU types ---------
     def _mdev_create(self, state: dict, type_dir: str, uuid: str) -> None:

@@ -95,3 +95,87 @@ def test_bad_fixture_file(cli, tmp_path):
 def test_real_process_has_no_traceback(tmp_path):
     result = run_gpuvfio("list", "--root", str(tmp_path))
     assert_one_line_error(result, "missing")
+
+
+@pytest.mark.parametrize("make", [
+    lambda tmp: "/dev/null",
+    lambda tmp: str(tmp),
+    lambda tmp: (os.symlink("/dev/null", tmp / "link.host"), str(tmp / "link.host"))[1],
+    lambda tmp: (os.mkfifo(tmp / "fifo"), str(tmp / "fifo"))[1],
+])
+def test_dump_host_never_replaces_what_is_not_a_regular_file(cli, tmp_path, make):
+    """On main dump-host renamed over whatever OUT was: a device node, a directory (traceback)."""
+    from tests.make_samples import sample_path
+
+    out = make(tmp_path)
+    before = os.lstat(out)
+    result = cli("--root", sample_path("workstation"), "dump-host", out)
+    assert result.code == 2 and "cannot write" in result.err and "Traceback" not in result.err
+    assert os.lstat(out).st_mode == before.st_mode and os.lstat(out).st_ino == before.st_ino
+
+
+def test_dump_host_replaces_a_regular_file(cli, tmp_path):
+    from tests.make_samples import sample_path
+
+    out = tmp_path / "ws.host"
+    out.write_text("old")
+    assert cli("--root", sample_path("workstation"), "dump-host", str(out)).code == 0
+    assert out.read_text().startswith("# gpuvfio host fixture v1")
+
+
+@pytest.mark.parametrize("journal, fragment", [
+    ({"version": 1, "devices": {"0000:01:00.0": {"original_driver": "../../../x"}}}, "original_driver"),
+    ({"version": 1, "devices": {"0000:01:00.0": "nvidia"}}, "not an object"),
+    ({"version": 1, "devices": {"01:00.0": {}}}, "not a PCI address"),
+    ({"version": 1, "devices": {}, "services_stopped": ["sshd"]}, "services_stopped"),
+    ({"version": 1, "devices": {}, "mdevs": {"x": {}}}, "not a UUID"),
+    ({"version": 1, "devices": {}, "vgpus": {"0000:41:00.4": {"type": "593"}}}, "type"),
+    ({"version": 1, "devices": {}, "schedulers": {"0000:41:00.0": {"policy": "random"}}}, "policy"),
+    ({"version": 1, "devices": {}, "operation": {"steps": "all"}}, "operation"),
+    ({"version": 1, "devices": {}, "colour": "red"}, "unknown field"),
+    ({"version": 1, "devices": {}, "broken": {"0000:01:00.0": {"reason": 7}}}, "broken"),
+])
+def test_a_journal_of_the_wrong_shape_is_kept_and_not_acted_on(cli, workstation, tmp_path, monkeypatch, journal,
+                                                              fragment):
+    """On main valid JSON with wrong inner types gave tracebacks in status, restore and vgpu remove."""
+    import json
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "journal.json").write_text(json.dumps(journal))
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    for args in (["status"], ["restore"], ["vgpu", "remove", "0000:41:00.4"], ["bind", "0000:01:00.0", "--dry-run"]):
+        result = cli("--root", workstation.root, *args)
+        assert result.code == 2 and "corrupt" in result.err and fragment in result.err, (args, result.err)
+        assert len(result.err.strip().splitlines()) == 1
+    assert json.loads((state / "journal.json").read_text()) == journal
+
+
+def test_a_state_dir_that_is_a_file_is_one_line(cli, workstation, tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.write_text("not a directory")
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    result = cli("--root", workstation.root, "restore")
+    assert result.code == 2 and "not a directory" in result.err and "Traceback" not in result.err
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    ("results/pt/rep-1.json", "[1, 2]", "not a JSON object"),
+    ("results/pt/rep-1.json", '{"variant": "pt", "kind": "passthrough", "metrics": {"h2d_gbps": "fast"}}',
+     "not a finite number"),
+    ("results/pt/rep-1.json", '{"variant": "pt", "kind": "passthrough", "metrics": {"h2d_gbps": NaN}}',
+     "not a finite number"),
+    ("results/pt/rep-1.json", '{"kind": "passthrough", "metrics": {}}', "variant is not a name"),
+    ("identity.json", "[]", "not a testbed identity"),
+    ("identity.json", "{", "unreadable"),
+])
+def test_damaged_testbed_results_are_one_line(cli, tmp_path, name, text, fragment):
+    out = tmp_path / "out"
+    good = out / "results" / "pt" / "rep-0.json"
+    good.parent.mkdir(parents=True)
+    good.write_text('{"variant": "pt", "kind": "passthrough", "metrics": {"h2d_gbps": 25.0}}')
+    (out / name).write_text(text)
+    result = cli("testbed", "report", str(out))
+    assert_one_line_error(result, fragment)
+    assert sorted(p.name for p in out.iterdir()) == ["identity.json", "results"] if name == "identity.json" \
+        else ["results"]

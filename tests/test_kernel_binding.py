@@ -129,7 +129,7 @@ with part("warm-up"):
     warm_up = (["bind", BAD_FUNCTION, "--connect", "none", "--dry-run", "--json", "--timeout", "10",
                 "--lock-timeout", "1"],
                ["restore", BAD_FUNCTION, "--json", "--timeout", "10", "--lock-timeout", "1"],
-               ["status", "--help"])
+               ["status", "--help"], ["reset", BAD_FUNCTION, "--connect", "none", "--json"])
     for argv in () if SUBPROCESS else warm_up:
         sink = io.StringIO()
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -322,6 +322,15 @@ with part("6 edu"):
     gv("edu_bind", "bind", EDU, "--connect", "none", "--json")
     snap("edu_bind")
     gv("edu_status", "status", "--json")
+    # The kernel's own reset of a device gpuvfio holds (reset_method as this kernel offers it),
+    # then a device it does not hold, refused.
+    try:
+        put("edu.reset_method", open(f"/sys/bus/pci/devices/{EDU}/reset_method").read())
+    except OSError as exc:
+        put("edu.reset_method", f"unreadable: {exc}\n")
+    gv("edu_reset", "reset", EDU, "--connect", "none", "--json")
+    put("edu.config_after_reset", open(f"/sys/bus/pci/devices/{EDU}/config", "rb").read(4).hex() + "\n")
+    gv("fn0_reset", "reset", FN0, "--connect", "none")
     gv("edu_restore", "restore", "--json")
     snap("edu_restore")
     gv("edu_status_after", "status", "--json")
@@ -611,6 +620,23 @@ def test_edu_restore(rec):
 
 
 # --- 7. bad input ---------------------------------------------------------------------
+
+def test_edu_reset_through_the_kernel(rec):
+    methods = rec.text("edu.reset_method").split()
+    assert methods and "unreadable:" not in methods, rec.text("edu.reset_method")
+    assert rec.rc("edu_reset") == 0, rec.run("edu_reset")
+    report = rec.json("edu_reset")
+    assert report["method"] == "function" and report["devices"] == {EDU: None}
+    assert len(report["reset"]) == 1 and report["reset"][0].startswith("sys/devices/pci0000:00/")
+    assert report["reset"][0].endswith(f"/{EDU}/reset")
+    # The device answers after the kernel reset it: QEMU's edu is 1234:11e8.
+    assert rec.text("edu.config_after_reset").strip() == "3412e811"
+
+
+def test_reset_refuses_a_device_gpuvfio_does_not_hold(rec):
+    assert rec.rc("fn0_reset") == 1, rec.run("fn0_reset")
+    assert "not held" in rec.text("fn0_reset.err") and "Traceback" not in rec.text("fn0_reset.err")
+
 
 @pytest.mark.parametrize("name", ["bad_function", "absent"])
 def test_bad_address_exit_2_one_line(rec, name):

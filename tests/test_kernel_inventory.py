@@ -48,6 +48,10 @@ PYTHONPATH={shlex.quote(REPO)} PYTHONDONTWRITEBYTECODE=1 \\
 echo $? >"$OUT/inventory.rc"
 lspci -D -nn -k -vmm >"$OUT/lspci.txt"
 {kl.iommu_groups_script()} >"$OUT/groups.txt"
+lspci -D -vvv >"$OUT/lspci_vvv.txt" 2>&1
+for dev in /sys/bus/pci/devices/*; do
+  echo "${{dev##*/}}|$(cat "$dev/reset_method" 2>/dev/null || echo -)"
+done >"$OUT/reset_methods.txt"
 """
 
 
@@ -157,3 +161,39 @@ def test_known_topology(inventory):
     by_id = {int(g["id"]): g for g in groups}
     edu_group = by_id[devices[kl.EDU]["iommu_group"]]
     assert len(edu_group["devices"]) == 1
+
+
+def _lspci_flr(text: str) -> dict[str, bool]:
+    """address -> FLReset+ in DevCap, from lspci -vvv (an independent reader of config space)."""
+    found, address = {}, None
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if line and not line[0].isspace():
+            address = line.split()[0]
+        elif address and "DevCap:" in line:  # FLReset is on DevCap's continuation line
+            chunk = line + " " + (lines[index + 1] if index + 1 < len(lines) else "")
+            if "FLReset" in chunk:
+                found[address] = "FLReset+" in chunk
+    return found
+
+
+def test_health_agrees_with_the_kernel_and_lspci(inventory, guest):
+    """reset_method as the kernel lists it, FLR as lspci decodes DevCap, every function alive."""
+    devices, _ = inventory
+    methods = dict(line.split("|", 1) for line in guest.files["reset_methods.txt"].splitlines())
+    flr = _lspci_flr(guest.files["lspci_vvv.txt"])
+    assert flr, "lspci -vvv decoded no DevCap (not root in the guest?)"
+    rows = []
+    for address, device in sorted(devices.items()):
+        health = device["health"]
+        rows.append(f"{address} {health}")
+        if device.get("is_bridge"):
+            continue
+        assert health["alive"] is True, address
+        want = None if methods[address] == "-" else methods[address].split()
+        assert health["reset_method"] == want, address
+        if address in flr:
+            assert health["flr"] is flr[address], address
+    print("\n".join(rows))
+    # Something to compare: at least one endpoint whose kernel offers a reset.
+    assert any(d["health"]["reset_method"] for d in devices.values() if d["health"])

@@ -131,12 +131,13 @@ def test_probe_fits_a_dropbear_command_line():
         assert len(shlex.join(probe_argv(handle.read())).encode()) < 8000
 
 
-def test_banner_poll_tells_a_listening_server_from_slirps_accept():
-    """While a guest boots, QEMU's user networking accepts and closes at once: not ready."""
+def test_banner_poll_says_why_a_server_is_not_ready():
+    """While a guest boots, QEMU's user networking accepts and closes at once: not ready. The
+    reasons differ and are said (on main every one read "no SSH banner yet")."""
     import socket
     import threading
 
-    from gpuvfio.guest.ssh import _banner_ready
+    from gpuvfio.guest.ssh import banner_state
 
     def serve(greeting: bytes):
         server = socket.socket()
@@ -152,10 +153,43 @@ def test_banner_poll_tells_a_listening_server_from_slirps_accept():
         threading.Thread(target=accept_once, daemon=True).start()
         return server.getsockname()[1]
 
-    assert _banner_ready("127.0.0.1", serve(b"SSH-2.0-dropbear_2022.83\r\n")) is True
-    assert _banner_ready("127.0.0.1", serve(b"")) is False
+    assert banner_state("127.0.0.1", serve(b"SSH-2.0-dropbear_2022.83\r\n")) is None
+    assert "closed before an SSH banner" in banner_state("127.0.0.1", serve(b""))
+    assert banner_state("127.0.0.1", serve(b"HTTP/1.1 400 Bad Request\r\n")).startswith(
+        "not an SSH server (it sent 'HTTP/1.1 400 Bad Requ")
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
-    assert _banner_ready("127.0.0.1", port) is False
+    assert banner_state("127.0.0.1", port) == "connection refused"
+    assert "not resolved" in banner_state("no-such-host.invalid", 22)
+
+
+def test_ssh_errors_say_which(cli, tmp_path):
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+
+    def http():
+        for _ in range(5):
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=http, daemon=True).start()
+    try:
+        result = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", str(server.getsockname()[1]),
+                     "--timeout", "5")
+    finally:
+        server.close()
+    assert result.code == 1 and "not an SSH server" in result.err
+    refused = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "1", "--timeout", "0.5")
+    assert refused.code == 1 and "connection refused" in refused.err
+    zero = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "0")
+    assert zero.code == 2 and "SSH port must be 1-65535" in zero.err  # on main 0 silently became 22

@@ -17,6 +17,7 @@ from typing import Callable
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, Step
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.host.health import return_problem
 from gpuvfio.host.root import HostRoot
 from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.sysfs_write import SysfsWriter, SysfsWriteTimeout
@@ -26,6 +27,10 @@ TEST_PAUSE_ENV = "GPUVFIO_TEST_PAUSE_AFTER_STEP"  # kernel-lane hook: sleep afte
 
 class BindError(GpuvfioError):
     """A step failed; the message says which, where, what the kernel said, and the rollback."""
+
+
+class DeviceDead(GpuvfioError):
+    """The function does not answer its config space: not given to a host driver, marked broken."""
 
 
 @dataclass
@@ -156,6 +161,9 @@ def reconcile(host: HostRoot, journal: Journal, writer: SysfsWriter, actions: Ac
         except GpuvfioError as exc:
             results[address] = (False, str(exc))
             progress(f"{address}: restore failed: {exc}")
+            if isinstance(exc, DeviceDead):
+                journal.data["broken"][address] = {"reason": str(exc), "since": time.time()}
+                journal.save()
             continue
         results[address] = (True, record["original_driver"] or "no driver")
         del journal.devices[address]
@@ -182,6 +190,12 @@ def _restore_one(host: HostRoot, address: str, record: dict, writer: SysfsWriter
     device_dir = host.sys_path("bus", "pci", "devices", address)
     if not os.path.lexists(device_dir):
         raise GpuvfioError(f"{address} is gone from sysfs (hot-removed?)")
+    problem = return_problem(host, address) if current_driver(host, address) != original_driver else None
+    if problem:
+        # Back from a guest dead (config space 0xffff) or with its BARs gone: not free. A host
+        # driver probing it would fail or hang; it stays where it is, marked, until it is reset.
+        raise DeviceDead(f"{problem}; not given to {original_driver or 'the host'} "
+                         f"(gpuvfio reset {address} once the kernel can reach it)")
     if current_override(host, address) != original_override:
         writer.write(os.path.join(device_dir, "driver_override"), (original_override or "") + "\n")
     driver = current_driver(host, address)

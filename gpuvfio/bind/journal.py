@@ -16,10 +16,13 @@ import errno
 import fcntl
 import json
 import os
+import re
 import time
 
+from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.files import atomic_write
+from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
 
 STATE_ENV = "GPUVFIO_STATE_DIR"
@@ -43,12 +46,111 @@ def known_hosts_file(host: HostRoot) -> str:
     return os.path.join(state_dir(host), "known_hosts")
 
 
+def make_state_dir(directory: str) -> None:
+    """The state directory, made private when gpuvfio makes it; a file or an unwritable place in
+    its stead is one line, not a traceback."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"the state directory {directory} exists and is not a directory") from None
+    except OSError as exc:
+        raise GpuvfioError(f"cannot make the state directory {directory}: {exc.strerror or exc}") from None
+    if not os.path.isdir(directory):
+        raise InputError(f"the state directory {directory} is not a directory")
+
+
+# What a journal may hold, checked on every load: a journal that does not fit is not acted on
+# (a bogus original driver would have restore reprobe a device gpuvfio never held).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:-]{0,63}")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UNITS = set(NVIDIA_SERVICES.values())
+_POLICIES = {"best-effort", "equal-share", "fixed-share"}
+_KEYS = {"version", "devices", "services_stopped", "operation", "mdevs", "vgpus", "schedulers", "broken"}
+
+
+def _address(text) -> bool:
+    parsed = PciAddress.try_parse(text) if isinstance(text, str) else None
+    return parsed is not None and str(parsed) == text
+
+
+def _integer(value, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _optional_name(value) -> bool:
+    return value is None or (isinstance(value, str) and bool(_NAME.fullmatch(value)))
+
+
+def _record(where: str, record, allowed: dict) -> str | None:
+    if not isinstance(record, dict):
+        return f"{where} is not an object"
+    for key, value in record.items():
+        if key not in allowed:
+            return f"{where} has an unknown field {key!r}"
+        if not allowed[key](value):
+            return f"{where}.{key} is {value!r}"
+    return None
+
+
+def journal_problem(data: dict) -> str | None:
+    """What is wrong with a journal's content, or None."""
+    unknown = set(data) - _KEYS
+    if unknown:
+        return f"unknown field(s) {', '.join(sorted(map(str, unknown)))}"
+    for key in ("devices", "mdevs", "vgpus", "schedulers", "broken"):
+        if not isinstance(data.get(key, {}), dict):
+            return f"{key} is not an object"
+    device = {"original_driver": _optional_name, "original_override": _optional_name,
+              "group": lambda v: v is None or _integer(v)}
+    for address, record in data.get("devices", {}).items():
+        problem = (f"device {address!r} is not a PCI address" if not _address(address)
+                   else _record(f"device {address}", record, device))
+        if problem:
+            return problem
+    services = data.get("services_stopped", [])
+    if not isinstance(services, list) or not all(s in _UNITS for s in services):
+        return f"services_stopped is {services!r}"
+    mdev = {"parent": _address, "type": lambda v: isinstance(v, str) and bool(_NAME.fullmatch(v)),
+            "state": lambda v: v in ("creating", "created"), "persisted": lambda v: v is None or isinstance(v, str)}
+    for uuid, record in data.get("mdevs", {}).items():
+        problem = f"mdev {uuid!r} is not a UUID" if not _UUID.fullmatch(str(uuid)) else _record(
+            f"mdev {uuid}", record, mdev)
+        if problem:
+            return problem
+    vgpu = {"parent": _address, "type": _integer, "previous": _integer}
+    for vf, record in data.get("vgpus", {}).items():
+        problem = f"vGPU {vf!r} is not a PCI address" if not _address(vf) else _record(f"vGPU {vf}", record, vgpu)
+        if problem:
+            return problem
+    scheduler = {"policy": lambda v: v in _POLICIES, "arr_mode": lambda v: isinstance(v, str),
+                 "arr": lambda v: isinstance(v, bool), "timeslice": _integer, "avg_factor": _integer}
+    for gpu, record in data.get("schedulers", {}).items():
+        problem = (f"scheduler {gpu!r} is not a PCI address" if not _address(gpu)
+                   else _record(f"scheduler {gpu}", record, scheduler))
+        if problem:
+            return problem
+    broken = {"reason": lambda v: isinstance(v, str), "since": lambda v: isinstance(v, (int, float))
+              and not isinstance(v, bool)}
+    for address, record in data.get("broken", {}).items():
+        problem = (f"broken {address!r} is not a PCI address" if not _address(address)
+                   else _record(f"broken {address}", record, broken))
+        if problem:
+            return problem
+    operation = data.get("operation")
+    if operation is not None:
+        if not isinstance(operation, dict) or not isinstance(operation.get("steps", []), list) \
+                or not all(isinstance(step, dict) and isinstance(step.get("state", ""), str)
+                           for step in operation.get("steps", [])):
+            return "operation is malformed"
+    return None
+
+
 class Journal:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, "journal.json")
         self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None,
-                     "mdevs": {}, "vgpus": {}, "schedulers": {}}
+                     "mdevs": {}, "vgpus": {}, "schedulers": {}, "broken": {}}
 
     @classmethod
     def load(cls, directory: str) -> "Journal":
@@ -70,13 +172,15 @@ class Journal:
         if data["version"] > JOURNAL_VERSION:
             raise CorruptJournal(f"journal {journal.path} is from a newer gpuvfio (version {data['version']}); "
                                  "use that version to restore")
-        if not isinstance(data.get("devices"), dict) or not isinstance(data.get("services_stopped", []), list):
-            raise CorruptJournal(f"journal {journal.path} is corrupt (bad devices/services); it is kept as is")
+        problem = journal_problem(data)
+        if problem:
+            raise CorruptJournal(f"journal {journal.path} is corrupt ({problem}); it is kept as is: inspect it, "
+                                 "then move it away")
         journal.data = {"version": JOURNAL_VERSION, "devices": data["devices"],
                         "services_stopped": data.get("services_stopped", []),
                         "operation": data.get("operation"),
                         "mdevs": data.get("mdevs", {}), "vgpus": data.get("vgpus", {}),
-                        "schedulers": data.get("schedulers", {})}
+                        "schedulers": data.get("schedulers", {}), "broken": data.get("broken", {})}
         return journal
 
     @property
@@ -84,8 +188,11 @@ class Journal:
         return self.data["devices"]
 
     def save(self) -> None:
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        atomic_write(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n", 0o600)
+        make_state_dir(self.directory)
+        try:
+            atomic_write(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n", 0o600)
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from None
 
     def set_step(self, index: int, state: str, detail: str | None = None) -> None:
         step = self.data["operation"]["steps"][index]
@@ -105,8 +212,11 @@ class RunLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "RunLock":
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        make_state_dir(self.directory)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise GpuvfioError(f"cannot open the lock {self.path}: {exc.strerror or exc}") from None
         deadline = time.monotonic() + self.timeout
         while True:
             try:

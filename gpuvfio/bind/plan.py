@@ -113,8 +113,9 @@ class BindPolicy:
 
 
 def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresses: list[PciAddress],
-              policy: BindPolicy, libvirt: LibvirtView) -> BindPlan:
-    """Plan moving the IOMMU groups of ``addresses`` to vfio-pci; reads the host, changes nothing."""
+              policy: BindPolicy, libvirt: LibvirtView, broken: dict | None = None) -> BindPlan:
+    """Plan moving the IOMMU groups of ``addresses`` to vfio-pci; reads the host, changes nothing.
+    ``broken``: devices the journal marks as having come back dead (refused until reset)."""
     if not addresses:
         raise InputError("no PCI address given")
     for address in addresses:
@@ -162,6 +163,14 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
         if not os.path.exists(os.path.join(real, "driver_override")):
             checks.append(PlanCheck("driver_override", REFUSE, f"{address} has no driver_override attribute "
                                     "(kernel older than 3.16?): gpuvfio binds only by address"))
+    for address in devices:
+        health = fns[address].health
+        if str(address) in (broken or {}):
+            checks.append(PlanCheck("health", REFUSE, f"{address} came back broken from its last guest "
+                                    f"({(broken or {})[str(address)].get('reason', '?')}); gpuvfio reset {address}"))
+        elif health is not None and health.alive is False:
+            checks.append(PlanCheck("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
+                                    "dead, not free"))
     _domain_checks(libvirt, devices, checks)
     steps: list[Step] = []
     vfio_loaded = os.path.isdir(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER))

@@ -12,6 +12,7 @@ from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.ops import binding
+from gpuvfio.ops.reset import reset
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, live_context
 
@@ -37,6 +38,17 @@ Connect = Annotated[Optional[str], typer.Option(
 
 def parse_addresses(values: list[str] | None) -> list[PciAddress]:
     return [PciAddress.parse(a) for a in values or []]
+
+
+def reporting_failure(as_json: bool, call):
+    """Run a service; when it fails with a report and --json was asked, print the report first
+    (the one error line follows at the CLI edge)."""
+    try:
+        return call()
+    except GpuvfioError as exc:
+        if as_json and exc.report is not None:
+            emit_json(exc.report)
+        raise
 
 
 @app.command("bind")
@@ -90,16 +102,34 @@ def restore_cmd(addresses: OptionalAddresses = None, timeout: WriteTimeout = DEF
     wanted = parse_addresses(addresses)
     ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                        lock_timeout=lock_timeout)
-    try:
-        report = binding.restore(ctx, wanted)
-    except GpuvfioError as exc:
-        if as_json and exc.report is not None:
-            emit_json(exc.report)
-        raise
+    report = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
     if as_json:
         emit_json(report)
     elif not report["restored"] and not report.get("vgpu"):
         say("nothing to restore")
+
+
+@app.command("reset")
+def reset_cmd(addresses: Addresses, bus: Annotated[bool, typer.Option(
+                  "--bus", help="Reset the bus below the devices' bridge (reset_subordinate): only when every "
+                                "device below it is gpuvfio's.")] = False,
+              forget: Annotated[bool, typer.Option(
+                  "--forget", help="Clear the broken mark without a reset, once the device answers again.")] = False,
+              connect: Connect = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+              lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
+              root: RootOption = None) -> None:
+    """Reset devices gpuvfio holds through the kernel (a device that came back broken from a guest);
+    one that answers again may be bound or restored."""
+    wanted = parse_addresses(addresses)
+    with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
+                      lock_timeout=lock_timeout) as ctx:
+        report = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
+    if as_json:
+        emit_json(report)
+        return
+    for address in report["devices"]:
+        cleared = " (broken mark cleared)" if address in report["cleared"] else ""
+        say(f"{address}: answers{cleared}")
 
 
 @app.command("status")

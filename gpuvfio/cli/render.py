@@ -103,7 +103,7 @@ def print_doctor(report: dict, title: str, console=None) -> None:
 def print_status(report: dict, console=None) -> None:
     console = console or make_console()
     if not report["devices"] and not report["unfinished_operation"] and not any(
-            report.get(k) for k in ("mdevs", "vgpus", "schedulers")):
+            report.get(k) for k in ("mdevs", "vgpus", "schedulers", "broken")):
         console.print(f"gpuvfio holds no devices (state in {escape(report['state_dir'])})")
     if report["devices"]:
         table = _table(title="Devices held by gpuvfio", title_justify="left")
@@ -123,6 +123,9 @@ def print_status(report: dict, console=None) -> None:
         console.print(f"SR-IOV vGPU on VF {vf}: type {vgpu.get('type')} (parent {vgpu.get('parent')})")
     for gpu, previous in sorted((report.get("schedulers") or {}).items()):
         console.print(f"vGPU scheduler of {gpu} changed by gpuvfio; restore puts back {escape(previous['policy'])}")
+    for address, mark in sorted((report.get("broken") or {}).items()):
+        console.print(f"[bold red]{address} came back broken:[/] {escape(str(mark.get('reason')))} "
+                      f"(refused by bind until gpuvfio reset {address})")
     op = report["unfinished_operation"]
     if op:
         console.print(f"[yellow]Unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore:[/]")

@@ -51,9 +51,14 @@ def _known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def _banner_ready(host: str, port: int) -> bool:
-    """Does something on host:port send an SSH banner ("SSH-...") right now? slirp accepts
-    the connection before the guest's server listens, then closes it: that is a no."""
+NOT_SSH = "not an SSH server"
+
+
+def banner_state(host: str, port: int) -> str | None:
+    """None when something on host:port sends an SSH banner ("SSH-...") right now, else why not:
+    the name is not resolved, the connection is refused or times out, the peer closes before
+    its banner (slirp accepts connections before the guest's server listens), or it is not an
+    SSH server at all (it sent something else first)."""
     try:
         with socket.create_connection((host, port), timeout=2) as sock:
             sock.settimeout(2)
@@ -61,11 +66,20 @@ def _banner_ready(host: str, port: int) -> bool:
             while len(data) < 4:
                 chunk = sock.recv(256)
                 if not chunk:
-                    return False
+                    return "connection closed before an SSH banner (the server is not up yet)"
                 data += chunk
-            return data.startswith(b"SSH-")
-    except OSError:
-        return False
+            if data.startswith(b"SSH-"):
+                return None
+            shown = data[:24].decode("ascii", "replace").splitlines()[0] if data else ""
+            return f"{NOT_SSH} (it sent {shown!r})"
+    except (socket.gaierror, UnicodeError):
+        return f"name {host!r} not resolved"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except (socket.timeout, TimeoutError):
+        return "timed out (no answer)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def _fingerprint(key) -> str:
@@ -104,8 +118,11 @@ class Session:
             # A booting guest: poll for the server's banner, which is cheap, often; start the
             # SSH handshake once it is there. (Full attempts with a long backoff used to land
             # up to 4 s after the guest was ready.)
-            if not _banner_ready(target.host, target.port):
-                last = last or "no SSH banner yet"
+            waiting = banner_state(target.host, target.port)
+            if waiting is not None and waiting.startswith(NOT_SSH):
+                raise SshError(f"{target.label()}: {waiting}")
+            if waiting is not None:
+                last = waiting
                 if time.monotonic() + delay > deadline:
                     raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
                                    f"(last error: {last})")
@@ -114,7 +131,11 @@ class Session:
                 continue
             client = paramiko.SSHClient()
             for path in {p for p in (target.known_hosts, self.record_to) if p and os.path.isfile(p)}:
-                client.load_host_keys(path)
+                try:
+                    client.load_host_keys(path)
+                except (paramiko.SSHException, OSError, UnicodeError, ValueError, TypeError) as exc:
+                    client.close()
+                    raise SshError(f"cannot read the host keys in {path}: {exc}") from None
             client.set_missing_host_key_policy(_Policy(self))
             try:
                 client.connect(target.host, port=target.port, username=target.user, key_filename=target.key,

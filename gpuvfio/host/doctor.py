@@ -166,6 +166,41 @@ def check_gpu_groups(inventory: Inventory) -> Check:
                  "move the GPU to a CPU-attached slot with its own group; do not use pcie_acs_override")
 
 
+def check_device_health(inventory: Inventory) -> Check:
+    """The GPUs and the functions on vfio-pci: do they answer, can the kernel reset them, can they
+    drop into D3cold while idle (see gpuvfio.host.health)."""
+    watched = [f for f in inventory.functions.values()
+               if f.health is not None and ((f.is_nvidia and f.is_gpu) or f.driver == "vfio-pci")]
+    if not watched:
+        return Check("device_health", SKIP, "no GPU and no function on vfio-pci")
+    dead, no_reset, d3cold, fixes = [], [], [], []
+    for fn in sorted(watched, key=lambda f: f.address):
+        health = fn.health
+        if health.alive is False:
+            dead.append(str(fn.address))
+        if health.reset_method == []:
+            no_reset.append(str(fn.address))
+        if (health.d3cold_allowed and fn.driver == "vfio-pci") or health.power_state == "D3cold":
+            d3cold.append(f"{fn.address}" + (" (in D3cold now)" if health.power_state == "D3cold" else ""))
+            fixes.append(f"echo 0 > /sys/bus/pci/devices/{fn.address}/d3cold_allowed")
+    problems = []
+    if dead:
+        problems.append(f"{', '.join(dead)} do(es) not answer config space (vendor ID 0xffff): dead, not free")
+    if no_reset:
+        problems.append(f"{', '.join(no_reset)} have no reset method: state carries over between guests")
+    if d3cold:
+        problems.append(f"{', '.join(d3cold)} may enter D3cold while idle on vfio-pci, and some GPUs do not "
+                        "come back from it")
+    if not problems:
+        return Check("device_health", OK, f"{len(watched)} function(s) answer, have a reset method and stay "
+                                          "out of D3cold")
+    fix = "; ".join(fixes[:4]) + (" (now, per device; vfio_pci.disable_idle_d3=1 takes effect when the module "
+                                  "loads)" if fixes else "")
+    if dead:
+        fix = "gpuvfio reset ADDR (the kernel's reset), else reseat the card or reboot; " + fix
+    return Check("device_health", FAIL if dead else WARN, "; ".join(problems), fix.strip("; ") or None)
+
+
 def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: list[NumaNode]) -> list[Check]:
     return [
         check_iommu(host, kernel),
@@ -176,4 +211,5 @@ def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: 
         check_nvidia_holders(host),
         check_boot_vga(inventory, kernel),
         check_gpu_groups(inventory),
+        check_device_health(inventory),
     ]

@@ -34,7 +34,8 @@ PCI_ATTRS = (
     "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision",
     "irq", "numa_node", "local_cpulist", "resource", "modalias", "driver_override",
     "current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
-    "sriov_totalvfs", "sriov_numvfs", "boot_vga", "reset_method", "enable",
+    "sriov_totalvfs", "sriov_numvfs", "boot_vga", "reset_method", "enable", "power_state", "d3cold_allowed",
+    "power/control",
 )
 PCI_LINKS = ("driver", "iommu_group", "physfn")
 MDEV_TYPE_ATTRS = ("name", "available_instances", "device_api", "description")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError
 from gpuvfio.host.groups import build_groups
+from gpuvfio.host.health import read_health
 from gpuvfio.host.model import Bar, IommuGroup, Link, MdevType, PciFunction, VgpuType
 from gpuvfio.host.root import HostRoot
 
@@ -168,6 +169,8 @@ def _read_function(host: HostRoot, address: PciAddress, real_dir: str, dir_fd: i
     fn.boot_vga = None if boot_vga is None else boot_vga == "1"
     reset = attr("reset_method")
     fn.reset_method = reset.split() if reset is not None else None
+    if not fn.is_bridge:
+        fn.health = read_health(host, real_dir, fn.reset_method)
     if names is not None:
         fn.vendor_name = names.vendor(vendor)
         fn.device_name = names.device(vendor, device)

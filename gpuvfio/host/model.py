@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
+from gpuvfio.errors import HostReadError
+from gpuvfio.host.health import Health
 
 NVIDIA_VENDOR = "10de"
 PCI_BRIDGE_CLASS = "0604"  # PCI-to-PCI bridge (root ports, switch ports), include/linux/pci_ids.h
@@ -129,6 +131,7 @@ class PciFunction:
     vgpu_current: int | None = None
     boot_vga: bool | None = None
     reset_method: list[str] | None = None
+    health: Health | None = None  # endpoints only: config space, reset, power
     vendor_name: str | None = None
     device_name: str | None = None
     class_name: str | None = None
@@ -190,6 +193,7 @@ class PciFunction:
             "vgpu": vgpu,
             "boot_vga": self.boot_vga,
             "reset_method": self.reset_method,
+            "health": self.health.to_json() if self.health else None,
         }
 
 
@@ -221,22 +225,27 @@ class NumaNode:
                               for size, (t, f) in sorted(self.hugepages.items())}}
 
 
+_CPULIST_LIMIT = 1 << 16  # CPU numbers: the kernel's NR_CPUS tops out at 8192; more is a broken file
+
+
 def parse_cpulist(text: str | None) -> list[int]:
-    """``0-3,8,10-11`` -> [0,1,2,3,8,10,11] (lib/bitmap.c bitmap_parselist format)."""
+    """``0-3,8,10-11`` -> [0,1,2,3,8,10,11] (lib/bitmap.c bitmap_parselist format). Anything else
+    is a damaged host file: one line, not a traceback."""
     cpus: list[int] = []
     if not text:
         return cpus
     for part in text.strip().split(","):
         if not part:
             continue
-        if "-" in part:
-            lo, _, hi = part.partition("-")
-            step = 1
-            if ":" in hi:  # "0-15:2/4" group syntax is rare in sysfs output; take the range
-                hi = hi.split(":")[0]
-            cpus.extend(range(int(lo), int(hi) + 1, step))
-        else:
-            cpus.append(int(part))
+        lo, dash, hi = part.partition("-")
+        if dash and ":" in hi:  # "0-15:2/4" group syntax is rare in sysfs output; take the range
+            hi = hi.split(":")[0]
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise HostReadError(f"malformed CPU list {text.strip()[:60]!r}")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first or last >= _CPULIST_LIMIT:
+            raise HostReadError(f"malformed CPU list {text.strip()[:60]!r}")
+        cpus.extend(range(first, last + 1))
     return cpus
 
 

@@ -63,7 +63,8 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     for address in addresses:
         assignable.endpoint(inventory, address)
     view = libvirt_view(ctx, addresses_in_groups(inventory, addresses), uri=uri, exclude=exclude)
-    bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view)
+    broken = Journal.load(state_dir(ctx.host)).data["broken"]
+    bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, broken)
     if ctx.actions is None and not bind_plan.nothing_to_do:
         # A plan for a recorded host (a testbed on a remote hypervisor) is right for that host;
         # carried out here against the recording, these steps would stop the run: say so.
@@ -129,9 +130,11 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
 
 
 def _check_nothing_to_do(report: dict, require_unused: bool) -> None:
-    if report.get("result") != "nothing_to_do" or not require_unused:
+    """Devices already on vfio-pci: still refused when broken (always), or used by a domain
+    (when one is about to get them)."""
+    if report.get("result") != "nothing_to_do":
         return
-    in_use = [c for c in report["refused"] if c["id"] == "libvirt"]
+    in_use = [c for c in report["refused"] if c["id"] == "health" or (require_unused and c["id"] == "libvirt")]
     if in_use:
         report["result"] = "refused"
         raise Refused("refused: " + "; ".join(c["message"] for c in in_use), report)
@@ -245,7 +248,8 @@ def status(ctx: Context) -> dict:
                              for s in operation.get("steps", [])]}
     return {"state_dir": directory, "devices": devices, "services_stopped": journal.data["services_stopped"],
             "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
-            "schedulers": journal.data.get("schedulers", {}), "unfinished_operation": pending}
+            "schedulers": journal.data.get("schedulers", {}), "broken": journal.data["broken"],
+            "unfinished_operation": pending}
 
 
 def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,

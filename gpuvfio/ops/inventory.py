@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import platform
+import stat
 
 from gpuvfio.address import PciAddress
 from gpuvfio.files import atomic_write
-from gpuvfio.errors import HostReadError, InputError
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host.doctor import run_doctor
 from gpuvfio.host.fixture import dump_host as record
 from gpuvfio.host.fixture import open_host
@@ -57,15 +58,36 @@ def doctor_report(host: HostRoot) -> dict:
 
 
 def dump_host(host: HostRoot, out: str) -> str:
-    """Record the host as a fixture; write it atomically to ``out`` unless ``out`` is '-'."""
+    """Record the host as a fixture; write it atomically to ``out`` unless ``out`` is '-'.
+
+    ``out`` is a new name in an existing directory, or a regular file (replaced): never a
+    device, a directory or a link (gpuvfio runs as root; a rename over /dev/null is a mistake)."""
+    if out != "-":
+        check_output_path(out)
     text = record(host)
     if out == "-":
         return text
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory):
-        raise HostReadError(f"cannot write {out}: {directory} is not a directory")
-    atomic_write(os.path.abspath(out), text)
+    try:
+        atomic_write(os.path.abspath(out), text)
+    except OSError as exc:
+        raise GpuvfioError(f"cannot write {out}: {exc.strerror or exc}") from None
     return text
+
+
+def check_output_path(out: str) -> None:
+    if not out or "\0" in out:
+        raise InputError("the output path is empty")
+    path = os.path.abspath(out)
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write {out}: {directory} is not a directory")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise InputError(f"cannot write {out}: it is {kind} (give a new name, a regular file, or - for stdout)")
 
 
 def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:

@@ -18,10 +18,12 @@ from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
-__all__ = ["SshOptions", "ssh_options", "guest_target", "recorded_known_hosts", "AddressUnknown"]
+__all__ = ["SshOptions", "ssh_options", "valid_host", "guest_target", "recorded_known_hosts", "AddressUnknown"]
 
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
-_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]{0,252}|[0-9A-Fa-f:.]+")
+# A DNS name (labels of 1-63 characters, RFC 1123) or an IPv4/IPv6 address.
+_HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+                   r"[A-Za-z0-9])?)*\.?|[0-9A-Fa-f:.]{2,45}")
 
 
 @dataclass(frozen=True)
@@ -35,11 +37,16 @@ class SshOptions:
     timeout: float = 60.0  # seconds until SSH must answer
 
 
+def valid_host(text) -> bool:
+    """A host name (RFC 1123 labels) or an IP address: what may be handed to the resolver."""
+    return isinstance(text, str) and bool(_HOST.fullmatch(text))
+
+
 def ssh_options(*, host: str | None = None, port: int | None = None, user: str = "root", key: str | None = None,
                 known_hosts: str | None = None, trust_on_first_use: bool = False,
                 timeout: float = 60.0) -> SshOptions:
     """Validated SSH options (bad input: InputError, exit 2)."""
-    if host is not None and (not isinstance(host, str) or not _HOST.fullmatch(host)):
+    if host is not None and not valid_host(host):
         raise InputError(f"not a host name or IP address: {host!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
         raise InputError(f"SSH port must be 1-65535, not {port!r}")

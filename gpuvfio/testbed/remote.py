@@ -226,6 +226,9 @@ class _Scratch:
         except ValueError:
             raise GpuvfioError(f"{self.record} is damaged; remove it (it names an earlier run's scratch "
                                "directory on the hypervisor)") from None
+        if not isinstance(earlier, dict):
+            raise GpuvfioError(f"{self.record} is damaged (not a JSON object); remove it (it names an earlier "
+                               "run's scratch directory on the hypervisor)")
         if earlier.get("host") != self.label or not self._valid(earlier.get("scratch")):
             raise GpuvfioError(f"{self.record} names a run on {earlier.get('host')}, not {self.label}; "
                                "use another --out, or remove it")

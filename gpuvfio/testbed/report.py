@@ -31,18 +31,47 @@ def collect(out: str) -> dict:
                 record = json.load(handle)
         except ValueError:
             raise InputError(f"{path} is not valid JSON (a damaged result: remove it and rerun)") from None
+        problem = result_problem(record)
+        if problem:
+            raise InputError(f"{path}: not a testbed result ({problem}); remove it and rerun")
         entry = variants.setdefault(record["variant"], {"kind": record["kind"], "reps": [], "guest": {}})
         entry["reps"].append(record["metrics"])
         entry["provisioning"] = describe(record)
         entry["guest"] = {k: v for k, v in record.get("guest", {}).items() if v is not None} or entry["guest"]
     identity = {}
-    if os.path.exists(os.path.join(out, "identity.json")):
-        with open(os.path.join(out, "identity.json"), encoding="utf-8") as handle:
-            identity = json.load(handle)
+    identity_path = os.path.join(out, "identity.json")
+    if os.path.exists(identity_path):
+        try:
+            with open(identity_path, encoding="utf-8") as handle:
+                identity = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{identity_path} is unreadable ({exc}); remove it and rerun") from None
+        if not isinstance(identity, dict):
+            raise InputError(f"{identity_path}: not a testbed identity (a JSON object); remove it and rerun")
     for entry in variants.values():
         entry["metrics"] = {key: summarize([rep.get(key) for rep in entry["reps"]]) for key in METRICS}
     baseline = next((name for name, e in variants.items() if e["kind"] == "baremetal"), None)
     return {"identity": identity, "baseline": baseline, "variants": variants}
+
+
+def result_problem(record) -> str | None:
+    """What is wrong with one rep-N.json as ``testbed run`` writes it (None: nothing)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for key in ("variant", "kind"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            return f"{key} is not a name"
+    metrics = record.get("metrics")
+    if not isinstance(metrics, dict):
+        return "metrics is not an object"
+    for key, value in metrics.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value != value or value in (float("inf"), float("-inf"))):
+            return f"metric {key!r} is not a finite number"
+    for key in ("guest", "provisioning", "vgpu", "placement"):
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            return f"{key} is not an object"
+    return None
 
 
 def describe(record: dict) -> str:

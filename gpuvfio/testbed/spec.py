@@ -61,6 +61,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
 from gpuvfio.ops.domains import parse_hugepages, parse_numa
+from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
 from gpuvfio.sizes import parse_size_kib
 
@@ -280,7 +281,6 @@ def load_spec(path: str) -> Spec:
                 variants=variants, host=_remote_host(data.get("host"), fail))
 
 
-_HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]{0,252}|[0-9A-Fa-f:.]+|\[[0-9A-Fa-f:.]+\]")
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 
 
@@ -294,7 +294,9 @@ def _remote_host(raw, fail) -> RemoteHost | None:
         if key not in allowed:
             fail(f"unknown key {key!r} in [host] (allowed: {', '.join(sorted(allowed))})", "host", 0, key)
     address = raw.get("address")
-    if not isinstance(address, str) or not _HOSTNAME.fullmatch(address):
+    if isinstance(address, str) and address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]  # [::1] as in URLs
+    if not valid_host(address):
         fail("[host] address must be a host name or IP address", "host", 0, "address")
     port = raw.get("port", 22)
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:

@@ -1,0 +1,130 @@
+"""gpuvfio reset: the kernel's own reset of a device gpuvfio holds, and the end of a "broken" mark.
+
+A device that came back from a guest dead (config space 0xffff) or with its BARs gone is kept
+on vfio-pci, marked broken in the journal, and refused by later binds (gpuvfio.bind.apply).
+This is the one way out that gpuvfio offers, and only through the kernel's paths:
+
+* ``<dev>/reset`` (drivers/pci/pci-sysfs.c reset_store -> pci_reset_function): the methods
+  in ``reset_method``, in order; the file exists only when the device has one.
+* ``<bridge>/reset_subordinate`` (Documentation/ABI/testing/sysfs-bus-pci, newer kernels): a
+  secondary bus reset of everything below the bridge -- so only when every function below it
+  is gpuvfio's, no domain uses any of them, and none is on a host driver.
+
+No config-space pokes (setpci), no remove/rescan: those bypass the kernel's save and restore
+of config space and its locking. ``--forget`` clears the mark without a reset, once the device
+answers again (a reboot, a reseated card).
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bind.apply import current_driver
+from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.plan import VFIO_DRIVER
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.host.health import return_problem
+from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.ops.binding import libvirt_view
+from gpuvfio.ops.context import Context
+
+__all__ = ["reset"]
+
+
+def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
+          uri: str | None = None) -> dict:
+    """Reset gpuvfio's devices by the kernel's function reset (or, with ``bus``, the secondary
+    bus reset of their bridge); a device that answers afterwards loses its broken mark.
+    Returns {"method", "reset", "devices": {address: problem or None}, "cleared"}."""
+    if not addresses:
+        raise InputError("no PCI address given")
+    if bus and forget:
+        raise InputError("--bus and --forget exclude each other")
+    inventory = read_inventory(ctx.host)
+    unknown = [str(a) for a in addresses if a not in inventory.functions]
+    if unknown:
+        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+    directory = state_dir(ctx.host)
+    with RunLock(directory, ctx.lock_timeout):
+        journal = Journal.load(directory)
+        bridge = _bridge(inventory, addresses) if bus else None
+        below = [f.address for f in inventory.functions.values() if bridge in f.parents and not f.is_bridge]
+        affected = sorted(set(below) if bridge else set(addresses))
+        _check_ours(ctx, journal, affected, bridge)
+        _check_unused(ctx, affected, uri)
+        targets: list[str] = []
+        if forget:
+            method = "none"
+        elif bridge:
+            method, targets = "bus", [_kernel_file(ctx, bridge, "reset_subordinate", "its bridge has no "
+                                                   "reset_subordinate (older kernel)")]
+        else:
+            method = "function"
+            for address in affected:
+                health = inventory.functions[address].health
+                if health is not None and health.reset_method == []:
+                    raise Refused(f"refused: {address} has no reset method the kernel offers (reset_method is "
+                                  "empty); --bus resets the bus below its bridge")
+                targets.append(_kernel_file(ctx, address, "reset", "the kernel offers no reset for it"))
+        for path in targets:
+            ctx.progress(f"reset: {os.path.relpath(path, ctx.host.root)}")
+            ctx.writer().write(path, "1\n")
+        return _settle(ctx, journal, affected, method, targets)
+
+
+def _bridge(inventory: Inventory, addresses: list[PciAddress]) -> PciAddress:
+    """The one bridge above all of ``addresses``."""
+    bridges = {inventory.functions[a].parents[-1] if inventory.functions[a].parents else None for a in addresses}
+    if None in bridges:
+        raise Refused("refused: a device on a root bus has no bridge whose bus could be reset")
+    if len(bridges) > 1:
+        raise InputError("--bus: the devices sit below different bridges "
+                         f"({', '.join(sorted(map(str, bridges)))}); reset one bus at a time")
+    return bridges.pop()
+
+
+def _check_ours(ctx: Context, journal: Journal, affected: list[PciAddress], bridge: PciAddress | None) -> None:
+    ours = set(journal.devices) | set(journal.data["broken"])
+    foreign = [str(a) for a in affected if str(a) not in ours]
+    if foreign:
+        where = f"on the bus below {bridge}, " if bridge else ""
+        raise Refused(f"refused: {where}gpuvfio resets only devices it holds; not held: {', '.join(foreign)} "
+                      "(see gpuvfio status)")
+    on_host = [f"{a} ({driver})" for a in affected
+               if (driver := current_driver(ctx.host, a)) not in (None, VFIO_DRIVER)]
+    if on_host:
+        raise Refused(f"refused: on a host driver: {', '.join(on_host)}")
+
+
+def _check_unused(ctx: Context, affected: list[PciAddress], uri: str | None) -> None:
+    view = libvirt_view(ctx, affected, uri=uri)
+    if view.error:  # a check that could not run is not a pass
+        raise Refused(f"refused: cannot tell whether a domain uses them: {view.error}")
+    used = {str(a): names for a, names in (view.users or {}).items() if names}
+    if used:
+        raise Refused("refused: in use by " + "; ".join(f"{a}: {', '.join(n)}" for a, n in sorted(used.items())))
+
+
+def _kernel_file(ctx: Context, address: PciAddress, name: str, missing: str) -> str:
+    device = ctx.host.resolve_in_sys(ctx.host.sys_path("bus", "pci", "devices", str(address)))
+    path = os.path.join(device, name)
+    if not os.path.exists(path):
+        raise Refused(f"refused: {address}: {missing}")
+    return path
+
+
+def _settle(ctx: Context, journal: Journal, affected: list[PciAddress], method: str, targets: list[str]) -> dict:
+    devices = {str(a): return_problem(ctx.host, a) for a in affected}
+    cleared = [a for a, problem in devices.items() if problem is None and a in journal.data["broken"]]
+    for address in cleared:
+        del journal.data["broken"][address]
+    if cleared:
+        journal.save()
+    report = {"method": method, "reset": [os.path.relpath(p, ctx.host.root) for p in targets],
+              "devices": devices, "cleared": cleared}
+    still = {a: p for a, p in devices.items() if p}
+    if still:
+        raise GpuvfioError("still broken: " + "; ".join(f"{a}: {p}" for a, p in sorted(still.items()))
+                           + " (reseat the card or reboot)", report)
+    return report
