@@ -219,3 +219,18 @@ def test_persist_refuses_a_group_with_a_foreign_device(cli, ws):
     assert not os.path.exists(os.path.join(ws.root, "etc", "udev"))
     forced = cli("--root", ws.root, "persist", "0000:04:00.0", "--force", "--json")
     assert forced.code == 0 and "0000:03:00.0" in forced.json()["devices"]
+
+
+def test_persist_refuses_what_bind_refuses(cli, ws, tmp_path):
+    """One refusal policy: the boot VGA persisted to vfio-pci is a host without a console at the
+    next boot; a process holding the GPU refuses persist as it refuses bind."""
+    from tests.conftest import gpu_workstation
+
+    b = gpu_workstation(tmp_path / "vga")
+    with open(os.path.join(b.root, "sys", "bus", "pci", "devices", "0000:01:00.0", "boot_vga"), "w") as handle:
+        handle.write("1\n")
+    bind = cli("--root", b.root, "bind", "0000:01:00.0", "--dry-run", "--connect", "none")
+    persist = cli("--root", b.root, "persist", "0000:01:00.0", "--dry-run")
+    assert bind.code == persist.code == 1 and "boot_vga=1" in persist.err and "--force" in persist.err
+    assert cli("--root", b.root, "persist", "0000:01:00.0", "--force", "--dry-run").code == 0
+    assert not os.path.exists(os.path.join(b.root, "etc", "udev"))

@@ -260,11 +260,7 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
     inventory = read_inventory(host)
     store.check_addresses(set(inventory.functions), addresses)
     if not remove:
-        refused = [p for a in addresses for p in assignable.problems(inventory, a)
-                   if p.check_id in ("group_viable", "iommu") and not (force and p.overridable)]
-        if refused:
-            raise Refused("refused: " + "; ".join(dict.fromkeys(p.message for p in refused))
-                          + " (--force persists the whole group anyway)")
+        _check_persistable(ctx, addresses, force)
     endpoints = set(addresses_in_groups(inventory, addresses))
     if dry_run:
         return _persist_changes(host, endpoints, remove, dry_run)[0]
@@ -274,6 +270,23 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
         if changes:
             store.commit(changes, rename=rename)
     return report
+
+
+# Checks of a bind plan that are about moving the devices now, not about where they belong
+# at boot: a domain or a service using them today does not make persisting them unsafe.
+NOT_FOR_PERSIST = {"libvirt", "services", "vfio_modules"}
+
+
+def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -> None:
+    """persist refuses what bind refuses (one policy): the IOMMU, group viability, boot VGA,
+    SR-IOV, holders, health -- the boot VGA persisted to vfio-pci is a host without a console
+    at the next boot, a foreign device in the group a host without its NIC."""
+    bind_plan, _report = plan(ctx, addresses, BindPolicy(force=force), uri=NO_LIBVIRT)
+    refused = [c for c in bind_plan.refusals(force) if c.check_id not in NOT_FOR_PERSIST]
+    if refused:
+        overridable = any(c.overridable for c in refused)
+        raise Refused("refused: " + "; ".join(dict.fromkeys(c.message for c in refused))
+                      + (" (--force persists anyway what is marked overridable)" if overridable else ""))
 
 
 def _persist_changes(host, endpoints: set[PciAddress], remove: bool, dry_run: bool):
