@@ -94,20 +94,49 @@ def regenerate(request):
     return request.config.getoption("--regenerate")
 
 
-@pytest.fixture(scope="session")
-def fakecuda_libdir(tmp_path_factory):
-    """tests/fakecuda built as libcuda.so.1 + libnvidia-ml.so.1: a stand-in driver library for
-    LD_LIBRARY_PATH (no GPU here); the vGPU scheduler state lives in $FAKENVML_SCHED."""
+def build_fakecuda(out, *, nccl: bool = True, old_driver: bool = False) -> str:
+    """tests/fakecuda into directory ``out``: libcuda.so.1 (+ the libnvidia-ml.so.1 link to it) and,
+    with ``nccl``, libnccl.so.2 (tests/fakecuda/fakenccl.c, which drives the libcuda.so.1 next to it).
+    ``old_driver`` builds libcuda without cuMemHostGetDevicePointer_v2 and cuGetErrorName.
+    $FAKECUDA_CFLAGS adds compiler flags (e.g. -fsanitize=address, to debug the stand-in)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc not installed")
-    out = tmp_path_factory.mktemp("fakecuda")
-    lib = out / "libcuda.so.1"
-    source = os.path.join(REPO, "tests", "fakecuda", "fakecuda.c")
-    # The soname lets a test preload it in-process (ctypes) where pynvml then finds it by name.
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
-                    "-o", str(lib), source], check=True)
-    os.symlink(lib, out / "libnvidia-ml.so.1")
+    os.makedirs(out, exist_ok=True)
+    here = os.path.join(REPO, "tests", "fakecuda")
+    lib = os.path.join(out, "libcuda.so.1")
+    extra = os.environ.get("FAKECUDA_CFLAGS", "").split()
+    # The soname lets a test preload it in-process (ctypes) where pynvml then finds it by name;
+    # -Bsymbolic keeps each loaded copy's calls to itself inside that copy.
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-Bsymbolic",
+                    "-Wl,-soname,libnvidia-ml.so.1", *(["-DFAKECUDA_OLD_DRIVER"] if old_driver else []), *extra,
+                    "-o", lib, os.path.join(here, "fakecuda.c")], check=True)
+    os.symlink("libcuda.so.1", os.path.join(out, "libnvidia-ml.so.1"))
+    if nccl:
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnccl.so.2", *extra,
+                        "-o", os.path.join(out, "libnccl.so.2"), os.path.join(here, "fakenccl.c"), "-ldl"],
+                       check=True)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def fakecuda_libdir(tmp_path_factory):
+    """tests/fakecuda built as libcuda.so.1 + libnvidia-ml.so.1 + libnccl.so.2: stand-in driver
+    and NCCL libraries for LD_LIBRARY_PATH (no GPU here; knobs in tests/fakecuda/fakecuda.c and
+    fakenccl.c); the vGPU scheduler state lives in $FAKENVML_SCHED."""
+    return build_fakecuda(tmp_path_factory.mktemp("fakecuda"))
+
+
+@pytest.fixture(scope="session")
+def fakecuda_nonccl_libdir(tmp_path_factory):
+    """The stand-in driver without libnccl.so.2: a guest that has no NCCL."""
+    return build_fakecuda(tmp_path_factory.mktemp("fakecuda-nonccl"), nccl=False)
+
+
+@pytest.fixture(scope="session")
+def fakecuda_old_libdir(tmp_path_factory):
+    """The stand-in driver as an old one: no cuMemHostGetDevicePointer_v2, no cuGetErrorName
+    (libcuda.so.1 + libnvidia-ml.so.1, no NCCL)."""
+    return build_fakecuda(tmp_path_factory.mktemp("fakecuda-old"), nccl=False, old_driver=True)
 
 
 @pytest.fixture

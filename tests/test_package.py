@@ -68,7 +68,8 @@ def test_the_wheel_holds_every_package_and_file(installed):
     names = set(zipfile.ZipFile(installed[4]).namelist())
     for path in ("gpuvfio/testbed/run.py", "gpuvfio/guest/payload/verifier.py", "gpuvfio/guest/payload/probe.sh",
                  "gpuvfio/domain/templates/domain.xml.j2", "gpuvfio/samples/dgx-h100.host", "gpuvfio/ops/guests.py",
-                 "gpuvfio/cli/app.py"):
+                 "gpuvfio/cli/app.py", "gpuvfio/guest/payload/gpuvfio_nvapi.py", "gpuvfio/guest/payload/kernels.ptx",
+                 "gpuvfio/guest/payload/kernels.cu"):
         assert path in names, path
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
@@ -114,4 +115,10 @@ def test_verifier_and_probe_are_found_and_run(installed):
                               check=True).stdout.strip()
     out = subprocess.run([python, verifier, "--no-bandwidth"], capture_output=True, text=True, env=env, cwd=cwd,
                          timeout=120).stdout
-    assert out.startswith("GPUVFIO-VERIFIER ") and json.loads(out.split(" ", 1)[1])["version"] == 1
+    assert out.startswith("GPUVFIO-VERIFIER ") and json.loads(out.split(" ", 1)[1])["version"] == 2
+    # As verify sends it to a guest: the program and its kernels on python3's stdin.
+    code = "import sys; from gpuvfio.guest.payload import verifier_program; sys.stdout.buffer.write(verifier_program())"
+    program = subprocess.run([python, "-c", code], capture_output=True, env=env, cwd=cwd, check=True).stdout
+    out = subprocess.run([python, "-", "--no-bandwidth"], input=program, capture_output=True, env=env, cwd="/",
+                         timeout=120).stdout.decode()
+    assert out.startswith("GPUVFIO-VERIFIER ") and "Traceback" not in out

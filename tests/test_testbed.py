@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+from html import unescape as html_unescape
 
 import pytest
 
@@ -149,16 +150,130 @@ def test_report_from_synthetic_results(tmp_path):
     h2d = {r["variant"]: r for r in metric_tables["h2d_gbps"]["rows"]}
     assert metric_tables["h2d_gbps"]["reference"] == "baremetal"
     assert 98 < h2d["passthrough-1g"]["percent_of_reference"] < 101
-    assert h2d["passthrough-remote-4k"]["significant"] is True and h2d["passthrough-remote-4k"][
-        "percent_of_reference"] < 90
+    remote = h2d["passthrough-remote-4k"]
+    assert remote["significant"] is True and remote["percent_of_reference"] < 90
+    assert remote["welch"]["p"] < 0.001 and 4 <= remote["welch"]["df"] <= 8  # Welch-Satterthwaite, n = 5 + 5
+    low, high = remote["percent_ci95"]
+    assert low < remote["percent_of_reference"] < high < 90
+    assert remote["ci95"][0] < remote["mean"] < remote["ci95"][1]
+    assert remote["p95"] is None and remote["p99"] is None  # five runs hold no p95, let alone a p99
+    assert h2d["baremetal"]["welch"] is None and h2d["baremetal"]["percent_ci95"] is None
     boot = metric_tables["time_to_verified_s"]
     assert boot["reference"] != "baremetal" and all(r["count"] == 1 for r in boot["rows"])
-    assert all(r["significant"] is None for r in boot["rows"] if r["variant"] != boot["reference"])
+    assert all(r["significant"] is None and r["ci95"] is None and r["percent_ci95"] is None
+               for r in boot["rows"] if r["variant"] != boot["reference"])
+    assert "p2p_gbps" not in metric_tables and "nccl_busbw_gbps" not in metric_tables  # one GPU, no NCCL
     summary = write_report(out)
-    assert {"report.md", "report.html", "results.json", "h2d_gbps.png"} <= set(summary["files"])
+    assert {"report.md", "report.html", "results.json", "h2d_gbps.png", "bidir_gbps.png",
+            "latency_distribution.png"} <= set(summary["files"])
+    assert not any("latency_p" in name for name in summary["files"])
     md = (tmp_path / "run" / "report.md").read_text()
-    assert "| passthrough-1g |" in md and "% of bare metal" in md
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["baseline"] == "baremetal"
+    assert "| passthrough-1g |" in md and "% of bare metal" in md and "95 % CI of %" in md
+    assert "Fieller" in md and "Welch" in md and "p95 from 20 repetitions" in md
+    assert "## Not measured in this run" in md and "needs two or more GPUs" in md
+    machine = json.loads((tmp_path / "run" / "results.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"results.json holds {c}"))
+    assert machine["baseline"] == "baremetal" and machine["synthetic"] is True
+    row = next(r for t in machine["tables"] if t["metric"] == "h2d_gbps" for r in t["rows"]
+               if r["variant"] == "passthrough-remote-4k")
+    assert set(row["welch"]) == {"t", "df", "p", "significant"} and len(row["ci95"]) == len(row["percent_ci95"]) == 2
+    assert machine["not_measured"] == ["p2p_gbps", "nccl_busbw_gbps"]
+
+
+def _headings(out) -> tuple[list[str], list[str]]:
+    md = (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    return re.findall(r"^#+ (.*)$", md, re.M), [html_unescape(h) for h in re.findall(r"<h[12]>(.*?)</h[12]>", page)]
+
+
+def test_synthetic_results_are_labelled_in_the_title_and_on_every_plot(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    titles = []
+    original = Axes.set_title
+    monkeypatch.setattr(Axes, "set_title", lambda self, label, *a, **k: titles.append(label) or original(
+        self, label, *a, **k))
+    out = tmp_path / "run"
+    write_synthetic(str(out))
+    summary = write_report(str(out))
+    pngs = [f for f in summary["files"] if f.endswith(".png")]
+    assert len(titles) == len(pngs) >= 9 and all("SYNTHETIC SAMPLE, not measured" in t for t in titles)
+    md_headings, html_headings = _headings(out)
+    assert md_headings[0] == html_headings[0] == "gpuvfio testbed report — SYNTHETIC SAMPLE, not measured"
+    assert "<title>gpuvfio testbed report — SYNTHETIC SAMPLE, not measured</title>" in (out / "report.html").read_text()
+
+
+def test_recorded_results_are_not_labelled(tmp_path, monkeypatch):
+    """The label comes from the data: without "synthetic": true in identity.json, none anywhere."""
+    from matplotlib.axes import Axes
+
+    titles = []
+    original = Axes.set_title
+    monkeypatch.setattr(Axes, "set_title", lambda self, label, *a, **k: titles.append(label) or original(
+        self, label, *a, **k))
+    out = tmp_path / "run"
+    write_synthetic(str(out))
+    identity = json.loads((out / "identity.json").read_text())
+    del identity["synthetic"]
+    identity["host_cpu"] = "Intel Xeon Platinum 8480+"
+    (out / "identity.json").write_text(json.dumps(identity))
+    write_report(str(out))
+    assert titles and not any("SYNTHETIC" in t for t in titles)
+    for name in ("report.md", "report.html", "results.json"):
+        text = (out / name).read_text()
+        assert "SYNTHETIC" not in text and "not measured," not in text, name
+    assert _headings(out)[0][0] == "gpuvfio testbed report"
+
+
+def test_markdown_and_html_show_the_same_sections_and_cells(tmp_path):
+    out = tmp_path / "run"
+    write_synthetic(str(out))
+    write_report(str(out))
+    md_headings, html_headings = _headings(out)
+    assert md_headings == html_headings
+    assert {"What the verifier saw", "How to read this report", "Not measured in this run",
+            "Latency distribution"} <= set(md_headings)
+    md = (out / "report.md").read_text()
+    page = html_unescape((out / "report.html").read_text())
+    md_rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in md.splitlines()
+               if line.startswith("| ") and not line.startswith("| variant")]
+    html_rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(<td>.*?)</tr>", page)]
+    assert md_rows == html_rows and len(md_rows) > 20
+    assert md.count("](") == page.count("<img ")  # every plot in both
+
+
+def test_html_report_escapes_what_the_results_say(tmp_path):
+    out = tmp_path / "run"
+    write_synthetic(str(out))
+    rep = out / "results" / "baremetal" / "rep-4.json"  # the last repetition's guest facts are shown
+    record = json.loads(rep.read_text())
+    record["guest"]["driver_version"] = "<script>alert(1)</script>"
+    rep.write_text(json.dumps(record))
+    write_report(str(out))
+    page = (out / "report.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_percentiles_only_where_the_sample_holds_them(tmp_path):
+    out = tmp_path / "run"
+    write_synthetic(str(out), reps=20)
+    rows = {r["variant"]: r for t in tables(collect(str(out))) if t["metric"] == "latency_us" for r in t["rows"]}
+    assert rows["baremetal"]["p95"] is not None and rows["baremetal"]["p95"] < rows["baremetal"]["max"]
+    assert rows["baremetal"]["p99"] is None
+
+
+def test_report_when_nothing_was_measured(tmp_path):
+    """A run whose verifier measured nothing (no CUDA) still gets a report that says so."""
+    out = tmp_path / "run"
+    write_synthetic(str(out), reps=1)
+    for rep in (out / "results").glob("*/rep-*.json"):
+        record = json.loads(rep.read_text())
+        record["metrics"] = {key: None for key in record["metrics"]}
+        rep.write_text(json.dumps(record))
+    summary = write_report(str(out))
+    assert not [f for f in summary["files"] if f.endswith(".png")]
+    md = (out / "report.md").read_text()
+    assert md.count("no repetition recorded it") == 10 and "| variant |" not in md
 
 
 def test_report_without_results(cli, tmp_path):
@@ -359,11 +474,11 @@ def test_results_are_of_the_specs_gpu_not_cuda_device_0(tmp_path):
     from gpuvfio.testbed.run import write_rep
     from gpuvfio.testbed.spec import Variant
 
-    report = {"checks": [], "facts": {"latency": {"00000000:1b:00.0": {"p50_us": 9.0},
-                                                  "00000000:43:00.0": {"p50_us": 5.0}}},
+    report = {"checks": [], "facts": {"latency": {"00000000:1b:00.0": {"median_us": 9.0},
+                                                  "00000000:43:00.0": {"median_us": 5.0}}},
               "bandwidth_gbps": {"00000000:1b:00.0": {"h2d": 20.0, "d2h": 21.0, "d2d": 900.0},
                                  "00000000:43:00.0": {"h2d": 50.0, "d2h": 51.0, "d2d": 1900.0}}}
     variant = Variant("baremetal", "baremetal")
     write_rep(str(tmp_path), variant, 0, report, {}, [PciAddress.parse("0000:43:00.0")])
     record = json.loads((tmp_path / "results" / "baremetal" / "rep-0.json").read_text())
-    assert record["metrics"]["h2d_gbps"] == 50.0 and record["metrics"]["latency_p50_us"] == 5.0
+    assert record["metrics"]["h2d_gbps"] == 50.0 and record["metrics"]["latency_us"] == 5.0

@@ -1,9 +1,11 @@
-"""The in-guest verifier's CUDA/NVML code paths, run against a stand-in library (not a GPU).
+"""The in-guest verifier's CUDA/NVML/NCCL code paths, run against a stand-in library (not a GPU).
 
-There is no NVIDIA hardware on the unit lane; tests/fakecuda/fakecuda.c implements the
-driver-API and NVML entry points the verifier calls with host memory and a monotonic
-clock, so argument types, call order, event timing, data verification and the JSON
-shape are exercised for real. Bandwidth numbers from it mean nothing.
+There is no NVIDIA hardware on the unit lane; tests/fakecuda implements the driver-API, NVML
+and NCCL entry points the verifier calls, with host memory, a monotonic clock and streams
+that really queue behind the spin kernel (a verifier that waits before releasing the flag
+gets CUDA_ERROR_LAUNCH_TIMEOUT there, as a GPU would make it wait for the spin's timeout).
+So argument types, call order, event timing, the whole-buffer data checks, the failure
+modes and the JSON shape are exercised for real. Bandwidth numbers from it mean nothing.
 """
 
 import os
@@ -13,59 +15,167 @@ import sys
 
 import pytest
 
+from gpuvfio.guest.checks import evaluate
+from gpuvfio.guest.expect import Expected, gates
 from gpuvfio.guest.payload import VERIFIER
-from gpuvfio.guest.verify import Expected, evaluate, parse_probe, parse_verifier
+from gpuvfio.guest.verify import parse_probe, parse_verifier
 
-SOURCE = os.path.join(os.path.dirname(__file__), "fakecuda", "fakecuda.c")
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
-
-
-@pytest.fixture(scope="module")
-def libdir(fakecuda_libdir):
-    return fakecuda_libdir
+SMALL = ["--size-mib", "4", "--copies", "2", "--samples", "3", "--warmups", "1", "--hops", "500",
+         "--overhead-count", "100", "--nccl-iters", "2"]
+GPU = Expected("0000:1b:00.0", "10de", "2330", "030200", 5, 16, "0000:1b:00.0 Gen5 x16")
+ANY = gates(min_gbps=0.001)  # the stand-in's memcpy is no PCIe link
 
 
 def run(libdir, *extra, env=None):
-    proc = subprocess.run([sys.executable, VERIFIER, "--size-mib", "8", "--copies", "2", "--samples", "3", *extra],
-                          capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, VERIFIER, *SMALL, *extra], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "LD_LIBRARY_PATH": libdir, **(env or {})})
     assert proc.returncode == 0, proc.stderr
     return parse_verifier(proc.stdout)
 
 
-def test_measures_verifies_and_reads_link_under_load(libdir):
-    data = run(libdir)
+def probe(buses=("01",)):
+    lines = [f"PCI|0000:{b}:00.0|0x10de|0x2330|0x030200|nvidia|-|-|-|-|0000:00:0{i + 1}.0" for i, b in enumerate(buses)]
+    return parse_probe("\n".join(["GPUVFIO-PROBE 1", "PYTHON3 /usr/bin/python3", *lines, "END"]) + "\n")
+
+
+def judged(data, expected=(GPU,), buses=("01",)):
+    report = evaluate(probe(buses), data, list(expected), gates=ANY)
+    return report, {c["id"]: c for c in report["checks"]}
+
+
+def test_measures_like_nvbandwidth_and_checks_every_buffer(fakecuda_libdir):
+    data = run(fakecuda_libdir)
     assert data["errors"] == {}
-    assert data["nvml"]["devices"][0]["virtualization_mode"] == "Pass-Through"
-    assert data["nvml"]["devices"][0]["bar1_bytes"] == 128 << 30
+    assert data["method"]["copies"] == 2 and data["method"]["warmups"] == 1 and data["method"]["pinned"] is True
     bw = data["bandwidth"]["0000:01:00.0"]
-    assert bw["verified"] is True and len(bw["h2d"]["samples"]) == 3
-    assert all(bw[d]["median"] > 0 for d in ("h2d", "d2h", "d2d"))
+    assert bw["verified"] is True and bw["mismatches"] == {"h2d": 0, "d2d": 0, "d2h": 0, "bidir": 0}
+    for key in ("h2d", "d2h", "d2d", "bidir_h2d", "bidir_d2h", "bidir_total"):
+        assert len(bw[key]["samples"]) == 3 and bw[key]["median"] > 0, key
+    assert bw["bidir_total"]["median"] > bw["bidir_h2d"]["median"]
     assert bw["link_under_load"] == {"current_gen": 5, "current_width": 16, "max_gen": 5, "max_width": 16}
-    compute = data["compute"]["0000:01:00.0"]
-    assert compute["verified"] is True and compute["elements"] == (8 << 20) // 4 and compute["gflops"] > 0
+    assert bw["host_memory_policy"].startswith("none")  # no such PCI device on this machine: no node
     lat = data["latency"]["0000:01:00.0"]
-    assert lat["count"] == 2000 and lat["min_us"] <= lat["p50_us"] <= lat["p99_us"] <= lat["max_us"]
+    assert lat["hops"] == 500 and lat["median_us"] > 0 and len(lat["samples_us"]) == 3
+    over = data["copy_overhead"]["0000:01:00.0"]
+    assert over["count"] == 100 and over["min_us"] <= over["p50_us"] <= over["p99_us"] <= over["max_us"]
+    compute = data["compute"]["0000:01:00.0"]
+    assert compute["verified"] is True and compute["elements"] == (4 << 20) // 4 and compute["gflops"] > 0
+    assert data["p2p"] is None and data["nccl"] is None  # one GPU
+    report, checks = judged(data)
+    assert report["ok"], report["checks"]
 
 
-def test_corrupted_copy_is_caught(libdir):
-    data = run(libdir, env={"FAKECUDA_CORRUPT": "1"})
-    assert data["bandwidth"]["0000:01:00.0"]["verified"] is False
-    probe = parse_probe("GPUVFIO-PROBE 1\nPYTHON3 /usr/bin/python3\nPCI 0000:01:00.0 0x10de 0x2330 0x030200 nvidia "
-                        "- - - -\nEND\n")
-    report = evaluate(probe, data, [Expected("0000:1b:00.0", "10de", "2330", True, 5, 16)])
-    assert {c["id"]: c["status"] for c in report["checks"]}["data_verified"] == "fail"
+def test_corrupted_copy_is_caught(fakecuda_libdir):
+    data = run(fakecuda_libdir, env={"FAKECUDA_CORRUPT": "1"})
+    bw = data["bandwidth"]["0000:01:00.0"]
+    assert bw["verified"] is False and bw["mismatches"]["h2d"] == 1  # one flipped byte: one 64-bit word
+    report, checks = judged(data)
+    assert checks["data_verified"]["status"] == "fail" and "mismatching" in checks["data_verified"]["reason"]
 
 
-def test_narrow_link_under_load_fails_the_check(libdir):
-    data = run(libdir, env={"FAKECUDA_WIDTH": "8"})
-    probe = parse_probe("GPUVFIO-PROBE 1\nPYTHON3 /usr/bin/python3\nPCI 0000:01:00.0 0x10de 0x2330 0x030200 nvidia "
-                        "- - - -\nEND\n")
-    report = evaluate(probe, data, [Expected("0000:1b:00.0", "10de", "2330", True, 5, 16)])
-    link = next(c for c in report["checks"] if c["id"] == "pcie_link")
-    assert link["status"] == "fail" and link["observed"] == "Gen5 x8"
+def test_narrow_link_under_load_fails_the_check(fakecuda_libdir):
+    report, checks = judged(run(fakecuda_libdir, env={"FAKECUDA_WIDTH": "8"}))
+    assert checks["pcie_link"]["status"] == "fail" and checks["pcie_link"]["observed"] == "Gen5 x8"
 
 
-def test_no_devices(libdir):
-    data = run(libdir, env={"FAKECUDA_NODEV": "1"})
-    assert data["cuda"]["devices"] == [] and data["bandwidth"] == {}
+@pytest.mark.parametrize("env, check_id, words", [
+    ({"FAKECUDA_INIT_ERROR": "100"}, "cuda", "CUDA_ERROR_NO_DEVICE"),
+    ({"FAKECUDA_INIT_ERROR": "802"}, "cuda", "CUDA_ERROR_SYSTEM_NOT_READY"),
+    ({"FAKECUDA_NODEV": "1"}, "cuda", "CUDA sees 0 of the 1"),
+    ({"FAKENVML_INIT_ERROR": "9"}, "nvml", "NVML error 9"),
+    ({"FAKECUDA_ZERO_TIME": "1"}, "h2d_bandwidth", "cuEventElapsedTime gave 0.0 ms"),
+])
+def test_failure_modes_fail_with_the_drivers_words(fakecuda_libdir, env, check_id, words):
+    data = run(fakecuda_libdir, env=env)
+    report, checks = judged(data)
+    assert checks[check_id]["status"] == "fail" and words in checks[check_id]["reason"], checks[check_id]
+    assert not report["ok"]
+
+
+def test_missing_symbols_are_reported_not_fatal(fakecuda_old_libdir):
+    """An old driver without cuMemHostGetDevicePointer_v2 and cuGetErrorName: JSON all the same."""
+    data = run(fakecuda_old_libdir)
+    assert data["cuda"]["devices"] and "cuMemHostGetDevicePointer_v2" in data["errors"]["bandwidth 0000:01:00.0"]
+    report, checks = judged(data)
+    assert checks["h2d_bandwidth"]["status"] == "fail" and "driver too old" in checks["h2d_bandwidth"]["reason"]
+
+
+def test_mig_without_instances_is_expected_not_failed(fakecuda_libdir):
+    report, checks = judged(run(fakecuda_libdir, env={"FAKECUDA_MIG": "1"}))
+    assert checks["cuda"]["status"] == "expected" and "MIG" in checks["cuda"]["reason"]
+
+
+TWO = [Expected("0000:1b:00.0", "10de", "2330", "030200", 5, 16, "x"),
+       Expected("0000:2b:00.0", "10de", "2330", "030200", 5, 16, "x")]
+
+
+def test_two_gpus_peer_matrix_peer_copies_and_allreduce(fakecuda_libdir):
+    data = run(fakecuda_libdir, env={"FAKECUDA_NDEV": "2"})
+    assert data["errors"] == {}
+    assert data["p2p"]["access"] == [[False, True], [True, False]]
+    pairs = data["p2p"]["bandwidth"]
+    assert set(pairs) == {"0000:01:00.0->0000:02:00.0", "0000:02:00.0->0000:01:00.0"}
+    assert all(p["verified"] and p["median"] > 0 for p in pairs.values())
+    nccl = data["nccl"]
+    assert nccl["devices"] == 2 and [r["bytes"] for r in nccl["results"]] == [4 << 20]
+    result = nccl["results"][0]
+    assert result["verified"] and abs(result["busbw_gbps"] - result["algbw_gbps"] * 2 * 1 / 2) < 1e-9
+    report, checks = judged(data, TWO, ("01", "02"))
+    assert checks["p2p"]["status"] == "pass" and checks["nccl_allreduce"]["status"] == "pass", report["checks"]
+
+
+def test_four_gpus_busbw_is_nccl_tests_formula(fakecuda_libdir):
+    data = run(fakecuda_libdir, env={"FAKECUDA_NDEV": "4"})
+    result = data["nccl"]["results"][0]
+    assert result["verified"] and abs(result["busbw_gbps"] - result["algbw_gbps"] * 2 * 3 / 4) < 1e-9
+    assert len(data["p2p"]["bandwidth"]) == 12
+
+
+@pytest.mark.parametrize("env, check_id, status", [
+    ({"FAKECUDA_P2P_CORRUPT": "1"}, "p2p", "fail"), ({"FAKECUDA_NOPEER": "1"}, "p2p", "skip"),
+    ({"FAKENCCL_CORRUPT": "1"}, "nccl_allreduce", "fail"), ({"FAKENCCL_ERROR": "2"}, "nccl_allreduce", "fail")])
+def test_peer_and_nccl_failure_modes(fakecuda_libdir, env, check_id, status):
+    report, checks = judged(run(fakecuda_libdir, env={"FAKECUDA_NDEV": "2", **env}), TWO, ("01", "02"))
+    assert checks[check_id]["status"] == status, checks[check_id]
+
+
+def test_no_nccl_in_the_guest_is_a_skip(fakecuda_nonccl_libdir):
+    data = run(fakecuda_nonccl_libdir, env={"FAKECUDA_NDEV": "2"})
+    report, checks = judged(data, TWO, ("01", "02"))
+    assert checks["nccl_allreduce"]["status"] == "skip" and "libnccl.so.2" in checks["nccl_allreduce"]["reason"]
+
+
+def test_embedded_ptx_is_kernels_cu_and_loads_on_pascal_and_newer(tmp_path):
+    """kernels.ptx is kernels.cu compiled (nvcc 13's oldest target, then lowered to PTX ISA 5.0
+    / sm_60 as kernels.cu says), and ptxas takes it for Turing and Hopper."""
+    from gpuvfio.guest.payload import KERNELS_PTX
+
+    nvcc, ptxas = shutil.which("nvcc"), shutil.which("ptxas")
+    if not nvcc or not ptxas:
+        pytest.skip("nvcc/ptxas not installed (the CUDA toolkit is on the CI machine)")
+    source = os.path.join(os.path.dirname(VERIFIER), "kernels.cu")
+    out = tmp_path / "k.ptx"
+    subprocess.run([nvcc, "--ptx", "-arch=compute_75", "-o", str(out), source], check=True, timeout=120)
+    made = out.read_text()
+    made = made[made.index(".version"):].replace(".version " + made.split(".version ")[1].split()[0], ".version 5.0", 1)
+    made = made.replace(".target sm_75", ".target sm_60", 1)
+    normal = [line for line in made.splitlines() if line.strip() and not line.strip().startswith("// .globl")]
+    with open(KERNELS_PTX, encoding="utf-8") as handle:
+        assert handle.read().splitlines() == normal
+    for arch in ("sm_75", "sm_90"):
+        subprocess.run([ptxas, f"-arch={arch}", KERNELS_PTX, "-o", str(tmp_path / f"{arch}.cubin")], check=True,
+                       timeout=120)
+    with open(KERNELS_PTX, encoding="utf-8") as handle:
+        head = handle.read().split("\n", 2)
+    assert head[:2] == [".version 5.0", ".target sm_60"]
+
+
+def test_the_program_sent_on_stdin_carries_its_kernels(fakecuda_libdir):
+    """What verify_guest sends (python3 -): the kernels travel inside the program."""
+    from gpuvfio.guest.payload import verifier_program
+
+    proc = subprocess.run([sys.executable, "-", *SMALL], input=verifier_program(), capture_output=True, timeout=120,
+                          cwd="/", env={**os.environ, "LD_LIBRARY_PATH": fakecuda_libdir})
+    data = parse_verifier(proc.stdout.decode())
+    assert data["errors"] == {} and data["compute"]["0000:01:00.0"]["verified"] is True

@@ -14,7 +14,8 @@ from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, H
 from gpuvfio.errors import InputError
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import live_context
-from gpuvfio.ops.guests import PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, verify, verify_options
+from gpuvfio.ops.guests import (PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, parse_expect, verify,
+                                verify_options)
 from gpuvfio.ops.targets import ssh_options
 
 SshHost = Annotated[Optional[str], typer.Option("--ssh-host", help="Guest address (default: discovered).")]
@@ -36,22 +37,39 @@ def verify_cmd(
     expect_device: Annotated[Optional[list[str]], typer.Option(
         "--expect-device", metavar="ADDR", help="Host device that must be in the guest (default: the devices "
                                                 "gpuvfio assigned to DOMAIN).")] = None,
+    expect_ids: Annotated[Optional[list[str]], typer.Option(
+        "--expect", metavar="VENDOR:DEVICE[xN]", help="N functions with these IDs must be in the guest (a guest "
+                                                      "gpuvfio did not define; e.g. 10de:2335x4).")] = None,
     ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = "root", ssh_key: SshKey = None,
     known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
     no_bandwidth: Annotated[bool, typer.Option("--no-bandwidth", help="Skip the copy measurements.")] = False,
+    link_efficiency: Annotated[Optional[float], typer.Option(
+        "--link-efficiency", metavar="FRACTION", help="Share of the slot's link each copy must reach "
+                                                      "(default 0.762: 48 GB/s at Gen5 x16).")] = None,
+    min_gbps: Annotated[Optional[float], typer.Option(
+        "--min-gbps", metavar="GBPS", help="Absolute bandwidth floor per direction instead.")] = None,
+    size_mib: Annotated[Optional[int], typer.Option("--size-mib", help="Copy buffer (default 512, as nvbandwidth).")]
+    = None,
+    copies: Annotated[Optional[int], typer.Option("--copies", help="Copies per sample (default 16).")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples, median reported (default 3).")]
+    = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for SSH.")] = 60.0,
     probe_timeout: ProbeTimeout = PROBE_TIMEOUT, verify_timeout: VerifyTimeout = VERIFY_TIMEOUT,
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth."""
     expect = parse_addresses(expect_device) if expect_device else None
+    wanted_ids = parse_expect(expect_ids) if expect_ids else None
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
                       trust_on_first_use=trust_on_first_use, timeout=timeout)
     if ssh.host is None and domain is None:
         raise InputError("give --ssh-host (and --ssh-port) or a domain name")
-    options = verify_options(bandwidth=not no_bandwidth, probe_timeout=probe_timeout, timeout=verify_timeout)
+    options = verify_options(bandwidth=not no_bandwidth, probe_timeout=probe_timeout, timeout=verify_timeout,
+                             link_efficiency=link_efficiency, min_gbps=min_gbps, size_mib=size_mib, copies=copies,
+                             samples=samples)
     with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
-        report = verify(ctx, ssh=ssh, domain=domain, uri=connect, expect=expect, options=options)
+        report = verify(ctx, ssh=ssh, domain=domain, uri=connect, expect=expect, expect_ids=wanted_ids,
+                        options=options)
     if as_json:
         emit_json(report)
     else:

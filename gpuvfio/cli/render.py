@@ -150,7 +150,7 @@ def print_plan(report: dict, console=None) -> None:
             console.print(f"  {number}. {escape(step['description'])}")
 
 
-VERIFY_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+VERIFY_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim", "expected": "cyan"}
 
 
 def print_verify(report: dict, console=None) -> None:
@@ -161,6 +161,8 @@ def print_verify(report: dict, console=None) -> None:
             f"expected {check['expected']}" if check["expected"] is not None else "",
             f"observed {check['observed']}" if check["observed"] is not None else "",
             check["reason"] or "") if x)
-        console.print(f"  [{VERIFY_STYLE[check['status']]}]{check['status']:4}[/] {check['id']:14} {escape(detail)}")
+        where = f"{check['device']} " if check.get("device") else ""
+        console.print(f"  [{VERIFY_STYLE.get(check['status'], 'bold')}]{check['status']:8}[/] {check['id']:15} "
+                      f"{escape(where + detail)}")
     for bus, rates in report["bandwidth_gbps"].items():
         console.print(f"  bandwidth {bus}: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))

@@ -23,9 +23,11 @@ from gpuvfio.address import PciAddress
 from gpuvfio.bind.plan import BindPolicy
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.guest.checks import evaluate
+from gpuvfio.guest.expect import Expected, Gates, expectations, gates, parse_expect  # noqa: F401 (parse_expect: for the CLI)
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
-from gpuvfio.guest.verify import evaluate, expectations, parse_probe, parse_verifier, verify_guest
+from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier, verify_guest
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context, checked_seconds, run_output
@@ -68,12 +70,32 @@ class VerifyOptions:
     bandwidth: bool = True
     probe_timeout: float = PROBE_TIMEOUT
     timeout: float = VERIFY_TIMEOUT
+    gates: Gates = Gates()
+    size_mib: int | None = None  # None: the verifier's own defaults (nvbandwidth's)
+    copies: int | None = None
+    samples: int | None = None
+
+    @property
+    def verifier_args(self) -> tuple[str, ...]:
+        out: list[str] = []
+        for flag, value in (("--size-mib", self.size_mib), ("--copies", self.copies), ("--samples", self.samples)):
+            if value is not None:
+                out += [flag, str(value)]
+        return tuple(out)
 
 
 def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEOUT,
-                   timeout: float = VERIFY_TIMEOUT) -> VerifyOptions:
+                   timeout: float = VERIFY_TIMEOUT, link_efficiency: float | None = None,
+                   min_gbps: float | None = None, size_mib: int | None = None, copies: int | None = None,
+                   samples: int | None = None) -> VerifyOptions:
+    for name, value, top in (("--size-mib", size_mib, 64 * 1024), ("--copies", copies, 1000),
+                             ("--samples", samples, 1000)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
+            raise InputError(f"{name} must be a whole number from 1 to {top}")
+    chosen = gates(min_gbps=min_gbps) if link_efficiency is None else gates(link_efficiency=link_efficiency,
+                                                                            min_gbps=min_gbps)
     return VerifyOptions(bool(bandwidth), checked_seconds(probe_timeout, "probe timeout", upper=24 * 3600),
-                         checked_seconds(timeout, "verify timeout", upper=24 * 3600))
+                         checked_seconds(timeout, "verify timeout", upper=24 * 3600), chosen, size_mib, copies, samples)
 
 
 def attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
@@ -140,7 +162,8 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                 expected = expectations(provisioned.inventory, provisioned.assigned)
                 result.report = step("verify", lambda: verify_guest(
                     session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
-                    probe_timeout=verify.probe_timeout, progress=ctx.progress))
+                    probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
+                    progress=ctx.progress))
         finally:
             session.close()
     except BaseException as exc:
@@ -200,9 +223,10 @@ def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 
 
 
 def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,
-           expect: list[PciAddress] | None = None, options: VerifyOptions = VerifyOptions()) -> dict:
-    """Check a running guest. Without ``expect``, a domain gpuvfio defined is checked for the
-    devices recorded in it."""
+           expect: list[PciAddress] | None = None, expect_ids: list[Expected] | None = None,
+           options: VerifyOptions = VerifyOptions()) -> dict:
+    """Check a running guest against what the host assigned: the functions gpuvfio recorded in
+    DOMAIN, else ``expect`` (host addresses) and ``expect_ids`` (--expect VENDOR:DEVICE[xN])."""
     dom = conn = None
     recorded: list[PciAddress] = []
     if domain is not None:
@@ -212,10 +236,12 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
             raise InputError(f"no domain named {domain}")
         recorded = lifecycle.recorded_devices(dom) if lifecycle.made_by_gpuvfio(dom) else []
     target = guest_target(ssh, conn, dom)
-    expected = expectations(read_inventory(ctx.host), recorded if expect is None else expect)
+    given = expect is not None or expect_ids is not None
+    expected = expectations(read_inventory(ctx.host), (expect or []) if given else recorded) + (expect_ids or [])
     with Session(target, recorded_known_hosts(ctx)) as session:
         report = verify_guest(session, expected, bandwidth=options.bandwidth, timeout=options.timeout,
-                              probe_timeout=options.probe_timeout, progress=ctx.progress)
+                              probe_timeout=options.probe_timeout, gates=options.gates,
+                              verifier_args=options.verifier_args, progress=ctx.progress)
     report["ssh_notes"] = list(target.notes)
     return report
 
@@ -227,11 +253,17 @@ def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = V
     expected = expectations(read_inventory(ctx.host), gpus)
     env = dict(os.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
     probe = parse_probe(run_output(["sh", PROBE], options.probe_timeout, env=env))
-    argv = [sys.executable, VERIFIER] + (["--devices", ",".join(str(g) for g in gpus)] if gpus else [])
+    argv = [sys.executable, VERIFIER, *options.verifier_args] + (
+        ["--devices", ",".join(str(g) for g in gpus)] if gpus else [])
     if not options.bandwidth:
         argv.append("--no-bandwidth")
-    verifier = parse_verifier(run_output(argv, options.timeout))
-    report = evaluate(probe, verifier, expected)
+    verifier = problem = None
+    try:
+        verifier = parse_verifier(run_output(argv, options.timeout))
+    except (VerifyError, GpuvfioError) as exc:
+        problem = str(exc)
+    report = evaluate(probe, verifier, expected, gates=options.gates, bandwidth=options.bandwidth,
+                      verifier_problem=problem)
     report["expected"] = [e.to_json() for e in expected]
     report["host_root"] = ctx.host.root
     return report

@@ -1,23 +1,22 @@
 """``gpuvfio testbed report``: results.json, report.md and a self-contained report.html.
 
 Each metric is a table with every variant as a share of bare metal (or of the best
-variant when no baseline ran); plots are matplotlib PNGs embedded in the HTML as data
-URIs, so the page opens without a network. A difference is called significant only when
-the spread of the repetitions allows it (stats.significant).
+variant when no baseline ran), with 95 % confidence intervals of each mean and of each
+share (Fieller), and Welch's t-test against the reference (stats.py). Plots are matplotlib
+PNGs embedded in the HTML as data URIs, so the page opens without a network; render.py
+writes the Markdown and the HTML from one document, so both show the same sections.
 """
 
 from __future__ import annotations
 
-import base64
 import glob
-import html
-import io
 import json
 import os
 
 from gpuvfio.errors import InputError
 from gpuvfio.files import atomic_write
-from gpuvfio.testbed.stats import METRICS, significant, summarize
+from gpuvfio.testbed.render import document, html_page, markdown, method_paragraphs, plots, report_title
+from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N, ratio_ci, summarize, welch_test
 
 
 def collect(out: str) -> dict:
@@ -113,131 +112,35 @@ def _reference(results: dict, key: str) -> tuple[str | None, float | None]:
     return (max if higher_better else min)(candidates, key=lambda c: c[1])
 
 
+def _row(name: str, variant: dict, key: str, ref_name: str, ref_stats: dict, higher: bool) -> dict:
+    stats = variant["metrics"][key]
+    mean, ref = stats["mean"], ref_stats["mean"]
+    if name == ref_name:
+        share, share_ci, test = 100.0, None, None
+    else:
+        share = 100.0 * (mean / ref if higher else ref / mean) if mean and ref else None
+        # Fieller's interval of the same ratio: variant/reference, or reference/variant when lower is better
+        bounds = ratio_ci(stats, ref_stats) if higher else ratio_ci(ref_stats, stats)
+        share_ci = [100.0 * b for b in bounds] if bounds and share is not None else None
+        test = welch_test(stats, ref_stats)
+    return {"variant": name, "kind": variant["kind"],
+            **{k: stats[k] for k in ("count", "mean", "ci95", "median", "stdev", "min", "max", "p95", "p99")},
+            "percent_of_reference": share, "percent_ci95": share_ci, "welch": test,
+            "significant": None if test is None else test["significant"], "values": stats["values"]}
+
+
 def tables(results: dict) -> list[dict]:
     out = []
     for key, (label, unit, higher) in METRICS.items():
         ref_name, ref = _reference(results, key)
         if ref is None:
             continue
-        rows = []
-        for name, variant in results["variants"].items():
-            stats = variant["metrics"][key]
-            if not stats.get("count"):
-                continue
-            share = 100.0 * (stats["mean"] / ref if higher else ref / stats["mean"]) if stats["mean"] and ref else None
-            sig = None if name == ref_name else significant(stats, results["variants"][ref_name]["metrics"][key])
-            rows.append({"variant": name, "kind": variant["kind"], **{k: stats[k] for k in
-                         ("mean", "median", "p99", "min", "max", "count", "stdev")},
-                         "percent_of_reference": share, "significant": sig})
+        ref_stats = results["variants"][ref_name]["metrics"][key]
+        rows = [_row(name, variant, key, ref_name, ref_stats, higher)
+                for name, variant in results["variants"].items() if variant["metrics"][key].get("count")]
         out.append({"metric": key, "label": label, "unit": unit, "higher_is_better": higher,
                     "reference": ref_name, "reference_is_baseline": ref_name == results["baseline"], "rows": rows})
     return out
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
-
-
-def markdown(results: dict, metric_tables: list[dict]) -> str:
-    lines = ["# gpuvfio testbed report", "", "## System", ""]
-    lines += [f"- **{k}**: {v}" for k, v in results["identity"].items()]
-    lines += ["", "## Variants", ""]
-    lines += [f"- **{name}** ({variant['kind']}): {variant.get('provisioning', '')}"
-              for name, variant in results["variants"].items()]
-    if any(variant["guest"] for variant in results["variants"].values()):
-        lines += ["", "## What the verifier saw", ""]
-    for name, variant in results["variants"].items():
-        if variant["guest"]:
-            lines.append(f"- **{name}** ({variant['kind']}): " + ", ".join(f"{k} {v}" for k, v in
-                                                                              variant["guest"].items()))
-    for table in metric_tables:
-        ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
-        lines += ["", f"## {table['label']} ({table['unit']})", "",
-                  f"| variant | mean | median | p99 | min | max | n | % of {ref} | significant |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for row in table["rows"]:
-            sig = {True: "yes", False: "no", None: "n/a (too few runs)"}[row["significant"]]
-            if row["variant"] == table["reference"]:
-                sig = "reference"
-            pct = "-" if row["percent_of_reference"] is None else f"{row['percent_of_reference']:.1f}%"
-            lines.append(f"| {row['variant']} | {_fmt(row['mean'])} | {_fmt(row['median'])} | {_fmt(row['p99'])} | "
-                         f"{_fmt(row['min'])} | {_fmt(row['max'])} | {row['count']} | {pct} | {sig} |")
-    return "\n".join(lines) + "\n"
-
-
-def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    images = {}
-    for table in metric_tables:
-        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-        names = [r["variant"] for r in table["rows"]]
-        means = [r["mean"] for r in table["rows"]]
-        errors = [r["stdev"] for r in table["rows"]]
-        ax.bar(names, means, yerr=errors, capsize=4, color="#4C72B0")
-        ax.set_ylabel(table["unit"])
-        ax.set_title(table["label"])
-        ax.tick_params(axis="x", labelrotation=20)
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        plt.close(fig)
-        images[f"{table['metric']}.png"] = buffer.getvalue()
-    latencies = {name: v["metrics"]["latency_p50_us"].get("values", []) for name, v in results["variants"].items()}
-    latencies = {k: v for k, v in latencies.items() if v}
-    if latencies:
-        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-        ax.boxplot(list(latencies.values()))
-        ax.set_xticks(range(1, len(latencies) + 1), list(latencies))  # works before and after 3.9
-        ax.set_ylabel("µs")
-        ax.set_title("Small-copy latency (p50 per repetition)")
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        plt.close(fig)
-        images["latency_distribution.png"] = buffer.getvalue()
-    return images
-
-
-def html_page(results: dict, metric_tables: list[dict], images: dict[str, bytes]) -> str:
-    esc = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>gpuvfio testbed report</title><style>",
-             "body{font-family:sans-serif;margin:2em;max-width:60em}table{border-collapse:collapse;margin:1em 0}",
-             "td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right}td:first-child{text-align:left}",
-             "</style></head><body><h1>gpuvfio testbed report</h1><h2>System</h2><ul>"]
-    parts += [f"<li><b>{esc(str(k))}</b>: {esc(str(v))}</li>" for k, v in results["identity"].items()]
-    parts.append("</ul><h2>Variants</h2><ul>")
-    parts += [f"<li><b>{esc(name)}</b> ({esc(v['kind'])}): {esc(v.get('provisioning', ''))}</li>"
-              for name, v in results["variants"].items()]
-    parts.append("</ul>")
-    for table in metric_tables:
-        ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
-        parts.append(f"<h2>{esc(table['label'])} ({esc(table['unit'])})</h2><table><tr><th>variant</th><th>mean</th>"
-                     f"<th>median</th><th>p99</th><th>min</th><th>max</th><th>n</th><th>% of {esc(ref)}</th>"
-                     "<th>significant</th></tr>")
-        for row in table["rows"]:
-            sig = {True: "yes", False: "no", None: "n/a"}[row["significant"]]
-            if row["variant"] == table["reference"]:
-                sig = "reference"
-            pct = "-" if row["percent_of_reference"] is None else f"{row['percent_of_reference']:.1f}%"
-            parts.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
-                row["variant"], _fmt(row["mean"]), _fmt(row["median"]), _fmt(row["p99"]), _fmt(row["min"]),
-                _fmt(row["max"]), row["count"], pct, sig)) + "</tr>")
-        parts.append("</table>")
-        image = images.get(f"{table['metric']}.png")
-        if image:
-            parts.append(f"<img alt='{esc(table['label'])}' src='data:image/png;base64,"
-                         f"{base64.b64encode(image).decode()}'>")
-    if "latency_distribution.png" in images:
-        parts.append("<h2>Latency distribution</h2><img alt='latency distribution' src='data:image/png;base64,"
-                     f"{base64.b64encode(images['latency_distribution.png']).decode()}'>")
-    parts.append("</body></html>")
-    return "".join(parts)
 
 
 def write_report(out: str) -> dict:
@@ -247,11 +150,19 @@ def write_report(out: str) -> dict:
     for name, data in images.items():
         with open(os.path.join(out, name), "wb") as handle:
             handle.write(data)
-    machine = {"identity": results["identity"], "baseline": results["baseline"],
-               "variants": {name: {"kind": v["kind"], "provisioning": v.get("provisioning")}
-                            for name, v in results["variants"].items()}, "tables": metric_tables}
-    atomic_write(os.path.join(out, "results.json"), json.dumps(machine, indent=2))
-    atomic_write(os.path.join(out, "report.md"), markdown(results, metric_tables))
-    atomic_write(os.path.join(out, "report.html"), html_page(results, metric_tables, images))
+    doc = document(results, metric_tables, images)
+    machine = {"title": report_title(results), "synthetic": results["identity"].get("synthetic") is True,
+               "identity": results["identity"], "baseline": results["baseline"],
+               "method": {"test": "Welch's t-test (Welch 1947), two-sided, Welch-Satterthwaite df",
+                          "alpha": ALPHA, "mean_ci": "Student's t, 95 %",
+                          "percent_ci": "Fieller's interval for a ratio of independent means, Welch-Satterthwaite df",
+                          "percentile_min_n": PERCENTILE_MIN_N, "notes": method_paragraphs()},
+               "variants": {name: {"kind": v["kind"], "provisioning": v.get("provisioning"), "guest": v["guest"]}
+                            for name, v in results["variants"].items()},
+               "tables": metric_tables,
+               "not_measured": [key for key in METRICS if key not in {t["metric"] for t in metric_tables}]}
+    atomic_write(os.path.join(out, "results.json"), json.dumps(machine, indent=2, allow_nan=False))
+    atomic_write(os.path.join(out, "report.md"), markdown(doc, images))
+    atomic_write(os.path.join(out, "report.html"), html_page(doc, images))
     return {"out": out, "files": ["results.json", "report.md", "report.html", *sorted(images)],
             "variants": list(results["variants"]), "baseline": results["baseline"]}

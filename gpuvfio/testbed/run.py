@@ -42,10 +42,17 @@ def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
 
     bw = pick(report.get("bandwidth_gbps") or {})
     latency = pick(facts.get("latency") or {})
+    overhead = pick(facts.get("copy_overhead") or {})
     compute = pick(facts.get("compute") or {})
-    return {"h2d_gbps": bw.get("h2d"), "d2h_gbps": bw.get("d2h"), "d2d_gbps": bw.get("d2d"),
-            "latency_p50_us": latency.get("p50_us"), "latency_p99_us": latency.get("p99_us"),
-            "saxpy_ms": compute.get("launch_ms")}
+    pairs = [v.get("median") for v in ((facts.get("p2p") or {}).get("bandwidth") or {}).values()
+             if v.get("verified") is True]
+    nccl = (facts.get("nccl") or {}).get("results") or []
+    largest = max(nccl, key=lambda r: r.get("bytes", 0)) if nccl else {}
+    return {"h2d_gbps": bw.get("h2d"), "d2h_gbps": bw.get("d2h"), "bidir_gbps": bw.get("bidir"),
+            "d2d_gbps": bw.get("d2d"), "latency_us": latency.get("median_us"),
+            "copy_overhead_us": overhead.get("p50_us"), "saxpy_ms": compute.get("launch_ms"),
+            "p2p_gbps": min(pairs) if pairs else None,
+            "nccl_busbw_gbps": largest.get("busbw_gbps") if largest.get("verified") is True else None}
 
 
 def placement(xml: str | None) -> dict | None:
@@ -162,9 +169,10 @@ def _run_variant(ctx: Context, spec: Spec, variant: Variant, out: str, uri: str 
         return {"ran": 0}
     if variant.kind == "baremetal":
         gpus = [PciAddress.parse(g) for g in spec.gpus]
+        options = guests.verify_options(**spec.verify)
         for rep in todo:
             ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions} on this host")
-            write_rep(out, variant, rep, guests.verify_here(ctx, gpus), {}, gpus)
+            write_rep(out, variant, rep, guests.verify_here(ctx, gpus, options), {}, gpus)
         return {"ran": len(todo)}
     return _run_guest_variant(ctx, spec, variant, out, uri, todo, signals)
 
@@ -238,7 +246,8 @@ def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, out: str, uri
                                                       "attach_steps": result.steps, **extra}, measured)
         for rep in rest:
             ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
-            report = guests.verify(ctx, ssh=_ssh(spec, 60.0), domain=request.name, uri=uri)
+            report = guests.verify(ctx, ssh=_ssh(spec, 60.0), domain=request.name, uri=uri,
+                                   options=guests.verify_options(**spec.verify))
             write_rep(out, variant, rep, report, extra, measured)
     finally:
         with signals.deferred():

@@ -32,6 +32,10 @@
     stop_services = false        # stop nvidia-persistenced/fabricmanager/DCGM for the binds (restore
                                  # restarts them); a Fabric Manager in shared-NVSwitch mode keeps running
     force = false                # bind groups with a foreign device / the console GPU anyway
+    size_mib = 512               # the verifier's copy buffer, copies per sample, samples (nvbandwidth's)
+    copies = 16
+    samples = 3
+    link_efficiency = 0.762      # bandwidth gate: share of the slot's link (or min_gbps = 40.0)
 
     [[variant]]
     name = "passthrough-1g"
@@ -93,6 +97,7 @@ class Spec:
     connect: str | None
     variants: list[Variant] = field(default_factory=list)
     host: RemoteHost | None = None
+    verify: dict = field(default_factory=dict)  # [run] size_mib, copies, samples, link_efficiency, min_gbps
 
 
 @dataclass
@@ -210,7 +215,7 @@ def load_spec(path: str) -> Spec:
     run = data.get("run", {})
     if not isinstance(run, dict):
         fail("[run] must be a table", "run")
-    run_keys = {"repetitions", "gpus", "connect", "stop_services", "force"}
+    run_keys = {"repetitions", "gpus", "connect", "stop_services", "force", *VERIFY_KEYS}
     for key in run:
         if key not in run_keys:
             fail(f"unknown key {key!r} in [run] (allowed: {', '.join(sorted(run_keys))})", "run", 0, key)
@@ -227,6 +232,15 @@ def load_spec(path: str) -> Spec:
             fail(str(exc), "run", 0, "gpus")
     if "connect" in run and (not isinstance(run["connect"], str) or not run["connect"]):
         fail("connect must be a libvirt URI", "run", 0, "connect")
+    verify = {}
+    for key, (low, high, kind) in VERIFY_KEYS.items():
+        if key in run:
+            value = run[key]
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if not (whole if kind is int else (whole or isinstance(value, float))) or not low <= value <= high:
+                fail(f"{key} must be {'an integer' if kind is int else 'a number'} from {low} to {high}", "run", 0,
+                     key)
+            verify[key] = value
     stop_services = boolean("run", 0, run, "stop_services", False)
     force = boolean("run", 0, run, "force", False)
     variants_raw = data.get("variant")
@@ -278,9 +292,12 @@ def load_spec(path: str) -> Spec:
                                 boolean("variant", index, raw, "stop_services", stop_services),
                                 boolean("variant", index, raw, "force", force)))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
-                variants=variants, host=_remote_host(data.get("host"), fail))
+                variants=variants, host=_remote_host(data.get("host"), fail), verify=verify)
 
 
+# [run] keys that go to the verifier: (lowest, highest, type); ops.guests.verify_options checks them again.
+VERIFY_KEYS = {"size_mib": (1, 65536, int), "copies": (1, 1000, int), "samples": (1, 1000, int),
+               "link_efficiency": (0.01, 1.0, float), "min_gbps": (0.001, 10000.0, float)}
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 
 

@@ -4,13 +4,15 @@
 #   GPUVFIO-PROBE 1
 #   KERNEL <release>
 #   PYTHON3 <path>|none
-#   PCI|<addr>|<vendor>|<device>|<class>|<driver|->|<cur speed>|<cur width>|<max speed>|<max width>
+#   PCI|<addr>|<vendor>|<device>|<class>|<driver|->|<cur speed>|<cur width>|<max speed>|<max width>|<upstream|->
 #   MODULE <name>
 #   NVIDIA-VERSION <first line of /proc/driver/nvidia/version>
 #   NVSMI-BEGIN / ... nvidia-smi -q -x ... / NVSMI-END
+#   DMESG <a kernel line about NVRM/nvidia>   (the driver's own words when a GPU fails to come up)
 #   END
 # GPUVFIO_PROBE_ROOT prefixes /sys and /proc (tests run it against recorded trees).
 R="${GPUVFIO_PROBE_ROOT:-}"
+nv=
 echo "GPUVFIO-PROBE 1"
 echo "KERNEL $(uname -r)"
 py=$(command -v python3 2>/dev/null || true)
@@ -32,7 +34,14 @@ for d in "$R/sys/bus/pci/devices/"*; do
     one "$d/vendor"; ven=$V; one "$d/device"; dev=$V; one "$d/class"; cls=$V
     one "$d/current_link_speed"; cs=$V; one "$d/current_link_width"; cw=$V
     one "$d/max_link_speed"; ms=$V; one "$d/max_link_width"; mw=$V
-    printf 'PCI|%s|%s|%s|%s|%s|%s|%s|%s|%s\n' "$a" "$ven" "$dev" "$cls" "$drv" "$cs" "$cw" "$ms" "$mw"
+    up=-
+    if [ "$ven" = 0x10de ]; then  # the port it sits on (one fork, NVIDIA functions only)
+        nv=1
+        up=$(readlink -f "$d" 2>/dev/null) || up=-
+        up=${up%/*}; up=${up##*/}
+        case $up in *:*:*.*) ;; *) up=- ;; esac
+    fi
+    printf 'PCI|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s\n' "$a" "$ven" "$dev" "$cls" "$drv" "$cs" "$cw" "$ms" "$mw" "$up"
 done
 if [ -r "$R/proc/modules" ]; then
     while read -r name _rest; do echo "MODULE $name"; done < "$R/proc/modules"
@@ -44,5 +53,8 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     echo "NVSMI-BEGIN"
     nvidia-smi -q -x 2>/dev/null
     echo "NVSMI-END"
+fi
+if [ -n "$nv" ] && [ -z "$R" ]; then
+    dmesg 2>/dev/null | grep -e NVRM -e 'nvidia' | tail -n 20 | while IFS= read -r line; do echo "DMESG $line"; done
 fi
 echo "END"

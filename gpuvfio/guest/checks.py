@@ -1,0 +1,288 @@
+"""Checks from what the guest reported against what the host assigned. Fail closed.
+
+Every expected function gets a verdict. An expected NVIDIA GPU that is absent, lacks the
+nvidia driver, or that NVML or CUDA cannot bring up fails, with the guest's own words (the
+CUDA error name, the NVRM lines of its kernel log); a check that could not run because
+something expected is missing (no python3, no libcuda) fails too. Skip is only for what
+was not expected (no NVIDIA GPU assigned, --no-bandwidth, a link the host cannot see).
+"expected" marks outcomes that are right for the setup although they look like failures:
+an A/B-series vGPU without CUDA, a MIG-enabled GPU without instances.
+
+N identical GPUs need N functions and N CUDA devices: the host cannot know the guest's bus
+numbers (libvirt's bus= is a controller index, and pxb-pcie renumbers), so functions are
+matched slot by slot (a GPU with its audio function must appear as one slot with the same
+functions), then by vendor:device, each guest function used once.
+"""
+
+from __future__ import annotations
+
+from gpuvfio.guest.expect import Expected, Gates, cuda_not_expected
+
+MIG_WITHOUT_INSTANCES = ("MIG mode is on and CUDA sees no MIG device: none exists until a GPU instance and a "
+                         "compute instance are created (nvidia-smi mig -cgi PROFILE -C)")
+
+
+def check(check_id, status, expected=None, observed=None, reason=None, device=None) -> dict:
+    return {"id": check_id, "status": status, "expected": expected, "observed": observed, "reason": reason,
+            "device": device}
+
+
+def _slot(address: str) -> str:
+    return address.rsplit(".", 1)[0]
+
+
+def match(expected: list[Expected], pci: list[dict]) -> list[dict | None]:
+    """The guest function each expected one is, or None."""
+    found: list[dict | None] = [None] * len(expected)
+    used: set[str] = set()
+    guest_slots: dict[str, list[dict]] = {}
+    for fn in pci:
+        guest_slots.setdefault(_slot(fn["address"]), []).append(fn)
+    host_slots: dict[str, list[int]] = {}
+    for index, exp in enumerate(expected):
+        if exp.slot:
+            host_slots.setdefault(exp.slot, []).append(index)
+    for indices in host_slots.values():
+        want = sorted((expected[i].function, expected[i].vendor_id, expected[i].device_id) for i in indices)
+        for functions in guest_slots.values():
+            have = sorted((f["address"].rsplit(".", 1)[1], f["vendor_id"], f["device_id"]) for f in functions)
+            if have == want and not any(f["address"] in used for f in functions):
+                by_function = {f["address"].rsplit(".", 1)[1]: f for f in functions}
+                for i in indices:
+                    found[i] = by_function[expected[i].function]
+                    used.add(found[i]["address"])
+                break
+    for index, exp in enumerate(expected):
+        if found[index] is None:
+            fn = next((f for f in pci if f["address"] not in used
+                       and (f["vendor_id"], f["device_id"]) == (exp.vendor_id, exp.device_id)), None)
+            if fn is not None:
+                found[index] = fn
+                used.add(fn["address"])
+    return found
+
+
+def _by_bus(table: dict, address: str | None):
+    """The entry of a verifier table (keyed by CUDA's or NVML's bus id) for a guest address."""
+    if not address:
+        return None
+    return next((v for k, v in table.items() if k.lower()[-12:] == address.lower()[-12:]), None)
+
+
+def _nvml_device(verifier: dict, address: str | None) -> dict | None:
+    devices = (verifier.get("nvml") or {}).get("devices") or []
+    return next((d for d in devices if address and d.get("bus_id", "").lower()[-12:] == address[-12:]), None)
+
+
+def _kernel_words(probe: dict) -> str:
+    lines = [line for line in probe.get("dmesg") or [] if "NVRM" in line or "nvidia" in line]
+    return f"; guest kernel log: {' | '.join(lines[-3:])}" if lines else ""
+
+
+def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, gates: Gates = Gates(),
+             bandwidth: bool = True, verifier_problem: str | None = None) -> dict:
+    """Checks, facts and bandwidth from what the guest reported and what the host assigned.
+    ``verifier`` None: it did not run (no python3) or ``verifier_problem`` says why it failed."""
+    checks: list[dict] = []
+    pci = probe.get("pci") or []
+    found = match(expected, pci)
+    if not expected:
+        checks.append(check("pci_present", "skip", reason="no devices assigned (nothing to look for)"))
+    for exp, fn in zip(expected, found):
+        where = fn and (fn["address"] + (f" (under {fn['upstream']})" if fn.get("upstream") else ""))
+        checks.append(check("pci_present", "pass" if fn else "fail", f"{exp.vendor_id}:{exp.device_id}", where,
+                            None if fn else "not visible in the guest (with N identical devices, N must be)",
+                            exp.address))
+    gpus = [(exp, fn) for exp, fn in zip(expected, found) if exp.kind == "gpu"]
+    if not gpus:
+        why = "no devices assigned" if not expected else "no NVIDIA GPU assigned"
+        checks.append(check("driver", "skip", reason=why))
+        return report(checks, probe, verifier, verifier_problem)
+    words = _kernel_words(probe)
+    for exp, fn in gpus:
+        driver = fn["driver"] if fn else None
+        ok = driver == "nvidia"
+        checks.append(check("driver", "pass" if ok else "fail", "nvidia", driver, None if ok else (
+            ("not in the guest" if fn is None else "the NVIDIA driver is not bound to it") + words), exp.address))
+    if verifier is None:
+        reason = verifier_problem or "the guest has no python3: NVML, CUDA and the link could not be checked"
+        checks.append(check("cuda", "fail", f"{len(gpus)} device(s)", None, reason))
+        return report(checks, probe, verifier, verifier_problem)
+    errors = verifier.get("errors") or {}
+    if "verifier" in errors:
+        checks.append(check("verifier", "fail", reason=f"the in-guest verifier failed: {errors['verifier']}"))
+    _check_nvml_and_cuda(checks, verifier, gpus, words)
+    for exp, fn in gpus:
+        _check_one_gpu(checks, verifier, exp, fn, gates, bandwidth)
+    if len(gpus) >= 2 and bandwidth:
+        _check_peers(checks, verifier, len(gpus))
+    return report(checks, probe, verifier, verifier_problem)
+
+
+def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:
+    errors = verifier.get("errors") or {}
+    nvml = verifier.get("nvml")
+    if nvml is None:
+        checks.append(check("nvml", "fail", "NVML up", None, f"{errors.get('nvml', 'NVML did not start')}{words}"))
+    else:
+        count = len(nvml.get("devices") or [])
+        checks.append(check("nvml", "pass" if count >= len(gpus) else "fail", f">= {len(gpus)} device(s)", count,
+                            None if count >= len(gpus) else f"NVML sees fewer GPUs than were assigned{words}"))
+    exempt = [(exp, cuda_not_expected(exp)) for exp, _fn in gpus if cuda_not_expected(exp)]
+    want = len(gpus) - len(exempt)
+    cuda = verifier.get("cuda")
+    count = len(cuda.get("devices") or []) if cuda else 0
+    mig = [d for d in (nvml or {}).get("devices") or [] if d.get("mig") is True]
+    for exp, why in exempt:
+        checks.append(check("cuda", "expected", "no CUDA device", None, why, exp.address))
+    if want <= 0:
+        return
+    if count >= want:
+        checks.append(check("cuda", "pass", f">= {want} device(s)", count))
+    elif mig and count + len(mig) >= want:
+        checks.append(check("cuda", "expected", f">= {want} device(s)", count, MIG_WITHOUT_INSTANCES))
+    else:
+        reason = errors.get("cuda") if cuda is None else f"CUDA sees {count} of the {want} GPUs assigned"
+        checks.append(check("cuda", "fail", f">= {want} device(s)", count, f"{reason}{words}"))
+
+
+def _link_of(verifier, measured, address):
+    link = (measured or {}).get("link_under_load")
+    if isinstance(link, dict) and "error" not in link and link.get("current_gen"):
+        return link, True
+    link = (_nvml_device(verifier, address) or {}).get("link_idle")
+    if isinstance(link, dict) and "error" not in link and link.get("current_gen"):
+        return link, False
+    return None, False
+
+
+def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth: bool) -> None:
+    device = exp.address
+    address = fn["address"] if fn else None
+    ids = ("pcie_link", "h2d_bandwidth", "d2h_bandwidth", "bidir_bandwidth", "data_verified", "compute")
+    if fn is None:
+        for check_id in ids:
+            checks.append(check(check_id, "skip", reason="the device is not in the guest (see pci_present)",
+                                device=device))
+        return
+    if cuda_not_expected(exp):
+        for check_id in ids:
+            checks.append(check(check_id, "expected", reason="no CUDA on this vGPU profile: nothing to measure",
+                                device=device))
+        return
+    errors = verifier.get("errors") or {}
+    cuda_buses = [d.get("bus_id", "")[-12:] for d in (verifier.get("cuda") or {}).get("devices") or []]
+    if (_nvml_device(verifier, address) or {}).get("mig") is True and address[-12:] not in cuda_buses:
+        for check_id in ids:
+            checks.append(check(check_id, "expected", reason=MIG_WITHOUT_INSTANCES, device=device))
+        return
+    measured = _by_bus(verifier.get("bandwidth") or {}, address)
+    link, under_load = _link_of(verifier, measured, address)
+    want = f"Gen{exp.link_gen} x{exp.link_width}" if exp.link_gen else None
+    if link is None:
+        checks.append(check("pcie_link", "fail" if bandwidth else "skip", want, None,
+                            errors.get("nvml", "NVML could not read the GPU's link"), device))
+    elif want is None:
+        checks.append(check("pcie_link", "skip", None, f"Gen{link['current_gen']} x{link['current_width']}",
+                            "not observable here: the host knows no slot capability for this device", device))
+    else:
+        seen = f"Gen{link['current_gen']} x{link['current_width']}"
+        ok = link["current_gen"] >= exp.link_gen and link["current_width"] >= exp.link_width
+        checks.append(check("pcie_link", "pass" if ok else ("fail" if under_load else "warn"), want, seen,
+                            None if ok else "the GPU trained below what its host slot allows (" + exp.link_source
+                            + ")" + ("" if under_load else "; read idle, links train down when idle"), device))
+    if not bandwidth:
+        for check_id in ids[1:]:
+            checks.append(check(check_id, "skip", reason="not asked (--no-bandwidth)", device=device))
+        return
+    problem = next((v for k, v in errors.items() if k.startswith("bandwidth") and k[-12:] == address[-12:]), None)
+    if measured is None:
+        reason = problem or "the verifier measured nothing for this GPU"
+        for check_id in ids[1:5]:
+            checks.append(check(check_id, "fail", reason=reason, device=device))
+    else:
+        gen, width = exp.link_gen, exp.link_width
+        basis = exp.link_source
+        if gen is None and link is not None:
+            gen, width, basis = link["current_gen"], link["current_width"], "the link the GPU negotiated (NVML)"
+        floor = gates.floor(gen, width)
+        for check_id, key in (("h2d_bandwidth", "h2d"), ("d2h_bandwidth", "d2h"), ("bidir_bandwidth", "bidir_total")):
+            gbps = (measured.get(key) or {}).get("median")
+            if gbps is None:
+                checks.append(check(check_id, "fail", reason=f"no {key} figure in the verifier's answer", device=device))
+            elif floor is None:
+                checks.append(check(check_id, "skip", None, round(gbps, 2), "no link to derive a floor from "
+                                    "(give --min-gbps)", device))
+            else:
+                # Both directions at once must still beat one direction's floor: a weak gate that
+                # catches a collapse (platforms differ in how far over it they get, 1.5-1.9x).
+                ok = gbps >= floor
+                checks.append(check(check_id, "pass" if ok else "fail", gates.describe(gen, width), round(gbps, 2),
+                                    None if ok else f"below the floor for {basis or 'this link'}", device))
+        verified = measured.get("verified")
+        checks.append(check("data_verified", "pass" if verified is True else "fail", True, verified,
+                            None if verified is True else f"the copied data came back wrong: "
+                            f"{measured.get('mismatches')} mismatching 64-bit words per copy stage", device))
+    compute = _by_bus(verifier.get("compute") or {}, address)
+    compute_problem = next((v for k, v in errors.items() if k.startswith("compute") and k[-12:] == address[-12:]),
+                           None)
+    if compute is None:
+        checks.append(check("compute", "fail", reason=compute_problem or problem or "no SAXPY result", device=device))
+    else:
+        ok = compute.get("verified") is True
+        checks.append(check("compute", "pass" if ok else "fail", "SAXPY result exact",
+                            f"{compute.get('launch_ms', 0):.3f} ms", None if ok else "the kernel computed wrong "
+                            "results", device))
+
+
+def _check_peers(checks, verifier, gpus: int) -> None:
+    errors = verifier.get("errors") or {}
+    p2p = verifier.get("p2p")
+    if p2p is None:
+        checks.append(check("p2p", "fail", reason=errors.get("p2p", "no peer-to-peer result for several GPUs")))
+    else:
+        pairs = p2p.get("bandwidth") or {}
+        bad = {k: v.get("error") or f"{v.get('mismatches')} wrong words" for k, v in pairs.items()
+               if v.get("error") or v.get("verified") is not True}
+        if bad:
+            checks.append(check("p2p", "fail", "peer copies move the right data", None,
+                                "; ".join(f"{k}: {v}" for k, v in sorted(bad.items()))))
+        elif not pairs:
+            checks.append(check("p2p", "skip", None, "no pair has peer access",
+                                "no GPU pair reports peer access (cuDeviceCanAccessPeer): copies go through the "
+                                "host; a clique (x-nv-gpudirect-clique) enables it where the host can route it"))
+        else:
+            slowest = min(v["median"] for v in pairs.values())
+            checks.append(check("p2p", "pass", "peer copies move the right data",
+                                f"{len(pairs)} pair(s), slowest {slowest:.1f} GB/s"))
+    nccl = verifier.get("nccl")
+    if nccl is None:
+        reason = errors.get("nccl", "NCCL did not run")
+        not_there = "libnccl.so.2 not found" in reason
+        checks.append(check("nccl_allreduce", "skip" if not_there else "fail", reason=(
+            "no NCCL in the guest (libnccl.so.2): install it to measure an all-reduce" if not_there else reason)))
+    else:
+        results = nccl.get("results") or []
+        ok = bool(results) and all(r.get("verified") is True for r in results)
+        top = max(results, key=lambda r: r.get("bytes", 0)) if results else {}
+        checks.append(check("nccl_allreduce", "pass" if ok else "fail", f"sum over {gpus} GPUs exact",
+                            f"busbw {top.get('busbw_gbps', 0):.1f} GB/s at {int(top.get('bytes', 0)) >> 20} MiB"
+                            if top else None, None if ok else "the all-reduce gave wrong sums"))
+
+
+def report(checks: list[dict], probe: dict, verifier: dict | None, problem: str | None = None) -> dict:
+    if problem and not any(c["id"] == "verifier" for c in checks):
+        checks.append(check("verifier", "fail", reason=problem))
+    bandwidth = {}
+    for bus, measured in ((verifier or {}).get("bandwidth") or {}).items():
+        bandwidth[bus] = {name: round(measured[key]["median"], 3) for name, key in
+                          (("h2d", "h2d"), ("d2h", "d2h"), ("d2d", "d2d"), ("bidir", "bidir_total"))
+                          if isinstance(measured.get(key), dict) and "median" in measured[key]}
+    facts = {"guest_kernel": probe.get("kernel"), "python3": probe.get("python3"), "pci": probe.get("pci") or [],
+             "nvidia_modules": [m for m in probe.get("modules") or [] if m.startswith(("nvidia", "vfio"))],
+             "nvidia_version": probe.get("nvidia_version"), "kernel_log": probe.get("dmesg") or []}
+    if verifier is not None:
+        facts.update({key: verifier.get(key) for key in ("method", "nvml", "cuda", "latency", "copy_overhead",
+                                                         "compute", "p2p", "nccl", "errors")})
+    return {"checks": checks, "facts": facts, "bandwidth_gbps": bandwidth,
+            "ok": not any(c["status"] == "fail" for c in checks)}

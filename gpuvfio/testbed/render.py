@@ -1,0 +1,232 @@
+"""The testbed report as a document -- title, sections of paragraphs, bullets, tables and
+plots -- written out as Markdown and as a self-contained HTML page (jinja2, autoescaped) from
+the same structure, so both always show the same sections and numbers.
+
+Results marked synthetic (identity.json ``"synthetic": true``) are labelled as such in the
+title and on every plot; a recorded run has no such mark and no label.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+import jinja2
+
+from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N
+
+TITLE = "gpuvfio testbed report"
+SYNTHETIC_LABEL = "SYNTHETIC SAMPLE, not measured"
+COLUMNS = ["variant", "n", "mean", "95 % CI of mean", "median", "min", "max", "p95", "p99", "% of {ref}",
+           "95 % CI of %", "Welch p (df)", "significant"]
+# Why a metric can have no value at all in a run.
+ABSENT_BECAUSE = {"p2p_gbps": "needs two or more GPUs in the guest",
+                  "nccl_busbw_gbps": "needs NCCL, libnccl.so.2, and two or more GPUs in the guest",
+                  "time_to_verified_s": "measured for guests only"}
+
+
+def synthetic_label(results: dict) -> str | None:
+    return SYNTHETIC_LABEL if results["identity"].get("synthetic") is True else None
+
+
+def report_title(results: dict) -> str:
+    label = synthetic_label(results)
+    return f"{TITLE} — {label}" if label else TITLE
+
+
+def chart_title(text: str, results: dict) -> str:
+    label = synthetic_label(results)
+    return f"{text}\n{label}" if label else text
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _interval(bounds: list[float] | None, suffix: str = "") -> str:
+    if bounds is None:
+        return "-"
+    low, high = bounds
+    if suffix:
+        return f"{low:.1f}–{high:.1f}{suffix}"
+    return f"{fmt(low)}–{fmt(high)}"
+
+
+def _welch_cells(row: dict, reference: str) -> tuple[str, str]:
+    if row["variant"] == reference:
+        return "-", "reference"
+    test = row["welch"]
+    if test is None:
+        return "-", "n/a (n < 2)"
+    p = "<0.001" if test["p"] < 0.001 else f"{test['p']:.3f}"
+    cell = f"{p} ({test['df']:.1f})" if test["df"] is not None else p
+    verdict = "yes" if test["significant"] else "no"
+    return cell, f"{verdict} ({test['note']})" if test.get("note") else verdict
+
+
+def _metric_section(table: dict) -> dict:
+    ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
+    rows = []
+    for row in table["rows"]:
+        pct = row["percent_of_reference"]
+        p_cell, verdict = _welch_cells(row, table["reference"])
+        rows.append([row["variant"], str(row["count"]), fmt(row["mean"]), _interval(row["ci95"]),
+                     fmt(row["median"]), fmt(row["min"]), fmt(row["max"]), fmt(row["p95"]), fmt(row["p99"]),
+                     "-" if pct is None else f"{pct:.1f}%", _interval(row["percent_ci95"], "%"),
+                     p_cell, verdict])
+    better = "higher" if table["higher_is_better"] else "lower"
+    return {"heading": f"{table['label']} ({table['unit']})",
+            "paragraphs": [f"Key {table['metric']}; {better} is better."],
+            "table": {"header": [c.format(ref=ref) for c in COLUMNS], "rows": rows},
+            "image": {"name": f"{table['metric']}.png", "alt": table["label"]}}
+
+
+def method_paragraphs() -> list[str]:
+    level = round(100 * (1 - ALPHA))
+    return [
+        "% of reference: the variant's mean over the reference's where higher is better, the reference's over "
+        "the variant's where lower is better; 100 % is parity, less is worse. The reference is bare metal when "
+        "it ran, else the best variant.",
+        f"{level} % CI of mean: mean ± t(0.975, n−1) · s / √n (Student's t). {level} % CI of %: Fieller's "
+        "interval for the ratio of two independent means, t at Welch–Satterthwaite degrees of freedom; \"-\" "
+        "when a side has fewer than 2 repetitions or the denominator is not clearly away from zero.",
+        f"Significant: Welch's unequal-variance t-test (Welch 1947) against the reference, two-sided p < "
+        f"{ALPHA:g}, degrees of freedom by Welch–Satterthwaite (shown in brackets). Each comparison is tested on "
+        "its own, without a correction for the number of comparisons: where nothing differs, about one in twenty "
+        "says \"yes\" by chance. \"n/a\": fewer than 2 repetitions on a side, no spread to test against.",
+        f"Percentiles: p95 from {PERCENTILE_MIN_N['p95']} repetitions on, p99 from {PERCENTILE_MIN_N['p99']} on "
+        "(nearest rank); with fewer, the percentile would only be the maximum renamed, so those cells say \"-\".",
+        f"Plots: bars are means (the reference in green), error bars their {level} % confidence interval (none "
+        "for a single repetition).",
+    ]
+
+
+def document(results: dict, metric_tables: list[dict], images: dict[str, bytes]) -> dict:
+    """The whole report as data: what markdown() and html_page() both render."""
+    label = synthetic_label(results)
+    banner = (f"{label}: identity.json marks these results synthetic. No GPU was measured; the numbers only "
+              "show what a report looks like.") if label else None
+    sections = [{"heading": "System", "bullets": [(str(k), f": {v}") for k, v in results["identity"].items()]},
+                {"heading": "Variants", "bullets": [(name, f" ({v['kind']}): {v.get('provisioning', '')}")
+                                                    for name, v in results["variants"].items()]}]
+    seen = [(name, f" ({v['kind']}): " + ", ".join(f"{k} {value}" for k, value in v["guest"].items()))
+            for name, v in results["variants"].items() if v["guest"]]
+    if seen:
+        sections.append({"heading": "What the verifier saw", "bullets": seen})
+    sections.append({"heading": "How to read this report", "paragraphs": method_paragraphs()})
+    sections += [_metric_section(table) for table in metric_tables]
+    shown = {table["metric"] for table in metric_tables}
+    absent = [(label_, f": no repetition recorded it ({ABSENT_BECAUSE[key]})" if key in ABSENT_BECAUSE else
+               ": no repetition recorded it") for key, (label_, _unit, _higher) in METRICS.items() if key not in shown]
+    if absent:
+        sections.append({"heading": "Not measured in this run", "bullets": absent})
+    if "latency_distribution.png" in images:
+        sections.append({"heading": "Latency distribution",
+                         "paragraphs": ["Host-device latency (latency_us, pointer chase) of every repetition, "
+                                        "per variant: the box spans the middle half, the dots are the runs."],
+                         "image": {"name": "latency_distribution.png", "alt": "latency distribution"}})
+    sections = [{"paragraphs": [], "bullets": [], "table": None, "image": None, **section} for section in sections]
+    return {"title": report_title(results), "banner": banner, "sections": sections}
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown(doc: dict, images: dict[str, bytes]) -> str:
+    lines = [f"# {doc['title']}", ""]
+    if doc["banner"]:
+        lines += [f"> **{doc['banner']}**", ""]
+    for section in doc["sections"]:
+        lines += [f"## {section['heading']}", ""]
+        for paragraph in section["paragraphs"]:
+            lines += [paragraph, ""]
+        if section["bullets"]:
+            lines += [f"- **{name}**{text}" for name, text in section["bullets"]] + [""]
+        table = section["table"]
+        if table:
+            lines.append("| " + " | ".join(_md_cell(h) for h in table["header"]) + " |")
+            lines.append("|" + "---|" * len(table["header"]))
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table["rows"]]
+            lines.append("")
+        image = section["image"]
+        if image and image["name"] in images:
+            lines += [f"![{image['alt']}]({image['name']})", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ doc.title }}</title><style>
+body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+.banner{background:#fde2e1;border:2px solid #c0392b;color:#7b1e16;font-weight:bold;padding:.6em}
+</style></head><body>
+<h1>{{ doc.title }}</h1>
+{% if doc.banner %}<p class="banner">{{ doc.banner }}</p>
+{% endif %}{% for section in doc.sections %}<h2>{{ section.heading }}</h2>
+{% for paragraph in section.paragraphs %}<p>{{ paragraph }}</p>
+{% endfor %}{% if section.bullets %}<ul>{% for name, text in section.bullets %}<li><b>{{ name }}</b>{{ text }}</li>
+{% endfor %}</ul>
+{% endif %}{% if section.table %}<table><tr>{% for cell in section.table.header %}<th>{{ cell }}</th>{% endfor %}</tr>
+{% for row in section.table.rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% endif %}{% if section.image and section.image.name in images %}<img alt="{{ section.image.alt }}" \
+src="data:image/png;base64,{{ images[section.image.name] }}">
+{% endif %}{% endfor %}</body></html>
+"""
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+def html_page(doc: dict, images: dict[str, bytes]) -> str:
+    encoded = {name: base64.b64encode(data).decode() for name, data in images.items()}
+    return _ENV.from_string(PAGE).render(doc=doc, images=encoded)
+
+
+def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:
+    """A bar chart per metric (means, 95 % CI error bars) and the latency of every repetition."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    label = synthetic_label(results)
+
+    def finish(fig, ax) -> bytes:
+        if label:  # on the plot itself too, so a PNG copied out of the report keeps it
+            ax.text(0.5, 0.5, "SYNTHETIC", transform=ax.transAxes, fontsize=40, color="#c0392b", alpha=0.25,
+                    ha="center", va="center", rotation=20, zorder=5)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        plt.close(fig)
+        return buffer.getvalue()
+
+    images = {}
+    for table in metric_tables:
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+        rows = table["rows"]
+        means = [r["mean"] for r in rows]
+        below = [r["mean"] - r["ci95"][0] if r["ci95"] else math.nan for r in rows]  # nan: no error bar
+        above = [r["ci95"][1] - r["mean"] if r["ci95"] else math.nan for r in rows]
+        colours = ["#55A868" if r["variant"] == table["reference"] else "#4C72B0" for r in rows]
+        ax.bar([r["variant"] for r in rows], means, yerr=[below, above], capsize=4, color=colours, zorder=2)
+        ax.set_ylabel(f"{table['unit']} (mean, 95 % CI)")
+        ax.set_title(chart_title(table["label"], results), fontsize=10)
+        ax.tick_params(axis="x", labelrotation=15)
+        images[f"{table['metric']}.png"] = finish(fig, ax)
+    latencies = {name: v["metrics"]["latency_us"].get("values", []) for name, v in results["variants"].items()}
+    latencies = {k: v for k, v in latencies.items() if v}
+    if latencies:
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+        ax.boxplot(list(latencies.values()), zorder=2)
+        for i, values in enumerate(latencies.values(), start=1):
+            ax.plot([i] * len(values), values, "o", color="#4C72B0", alpha=0.6, zorder=3)
+        ax.set_xticks(range(1, len(latencies) + 1), list(latencies))  # works before and after 3.9
+        ax.set_ylabel("µs")
+        ax.set_title(chart_title("Host-device latency per repetition (pointer chase)", results), fontsize=10)
+        images["latency_distribution.png"] = finish(fig, ax)
+    return images
