@@ -580,26 +580,39 @@ def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
     assert _driver(root, GPU) == "nvidia"
 
 
-def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_host, tmp_path):
+def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_host, tmp_path, fakecuda_libdir):
     """Real SSH: this machine behind dropbear (tests/lanes/hypervisor.py) plays the guest, its
-    probe pointed at the built host's tree (GPUVFIO_PROBE_ROOT), so the GPU is "in the guest";
-    then the GPU's driver goes away there and the module fails on that check."""
+    probe pointed at the built host's tree (GPUVFIO_PROBE_ROOT) and the stand-in CUDA/NVML on its
+    library path, so the GPU is "in the guest"; then the GPU's driver goes away there and the
+    module fails on that check. Without CUDA in the guest it fails closed."""
     from tests.lanes import hypervisor as hv
 
     if hv.skip_reason():
         pytest.skip(hv.skip_reason())
     root, state, _kernel = built_host
-    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root})
+    bare = hv.start(str(tmp_path / "bare"), env={"GPUVFIO_PROBE_ROOT": root})
+    try:
+        with open(bare.client_key) as handle:
+            key = handle.read()
+        failed, result = run_module("gpuvfio_verify", {
+            "root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": bare.port,
+            "known_hosts": bare.known_hosts, "expect_devices": [GPU], "ssh_private_key": key, "bandwidth": False})
+        assert failed and result["report"]["ok"] is False  # an NVIDIA GPU and no CUDA: not a pass
+        assert {c["id"]: c["status"] for c in result["report"]["checks"]}["cuda"] == "fail"
+    finally:
+        bare.stop()
+    server = hv.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": root, "LD_LIBRARY_PATH": fakecuda_libdir})
     try:
         with open(server.client_key) as handle:
             private_key = handle.read()
         args = {"root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": server.port,
-                "known_hosts": server.known_hosts, "expect_devices": [GPU], "ssh_private_key": private_key}
+                "known_hosts": server.known_hosts, "expect_devices": [GPU], "ssh_private_key": private_key,
+                "bandwidth": False}
         failed, result = run_module("gpuvfio_verify", args, check=True)
         assert not failed and result["changed"] is False, result
         assert result["report"]["ok"] is True
         checks = {c["id"]: c for c in result["report"]["checks"]}
-        assert checks["pci_present"]["status"] == "pass" and checks["pci_present"]["observed"] == GPU
+        assert checks["pci_present"]["status"] == "pass" and checks["pci_present"]["observed"].startswith(GPU)
         assert checks["driver"]["status"] == "pass"
         assert private_key.splitlines()[1] not in json.dumps(result)
         os.unlink(os.path.join(root, "sys", "bus", "pci", "devices", GPU, "driver"))

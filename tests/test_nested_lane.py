@@ -77,7 +77,8 @@ def test_verify_finds_the_device_in_the_second_level_guest(attach):
     assert (seen["vendor_id"], seen["device_id"]) == (VENDOR, DEVICE)
     assert attach["verify"]["ok"] is True
     assert attach["verify"]["expected"] == [{"address": EDU, "vendor_id": VENDOR, "device_id": DEVICE,
-                                             "is_nvidia": False, "link_gen": None, "link_width": None}]
+                                             "class_id": "00ff00", "link_gen": None, "link_width": None,
+                                             "link_source": None, "vgpu_profile": None, "kind": "present"}]
 
 
 def test_second_level_guest_is_the_tiny_guest(attach, rec):

@@ -249,6 +249,8 @@ def test_a_verifier_that_failed_is_a_failed_check():
     lambda d: d["bandwidth"]["0000:01:00.0"]["h2d"].update(median="fast"),
     lambda d: d["bandwidth"].update({"x": 1}), lambda d: d.update(p2p={"bandwidth": {"a": {"median": None}}}),
     lambda d: d.update(nccl={"results": [{"bytes": 1}]}),
+    lambda d: d.update(p2p={"bandwidth": {"a->b": {"error": "", "verified": True}}}),
+    lambda d: d.update(p2p={"bandwidth": {"a->b": {"error": None, "verified": True, "median": "x"}}}),
     lambda d: d["nvml"]["devices"][0].update(link_idle={"current_gen": "5"})])
 def test_malformed_verifier_answers_are_refused(mutate):
     data = verifier_data()

@@ -138,8 +138,9 @@ def shape_problem(data: dict) -> str | None:
     p2p = data.get("p2p")
     if p2p is not None:
         pairs = p2p.get("bandwidth")
-        if not isinstance(pairs, dict) or not all(isinstance(v, dict) and ("error" in v or _number(v.get("median")))
-                                                  for v in pairs.values()):
+        if not isinstance(pairs, dict) or not all(
+                isinstance(v, dict) and ((isinstance(v.get("error"), str) and v["error"]) or _number(v.get("median")))
+                for v in pairs.values()):
             return "p2p.bandwidth is malformed"
     nccl = data.get("nccl")
     if nccl is not None:
@@ -193,6 +194,10 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
             verifier = parse_verifier(out)
         except VerifyError as exc:
             problem = f"{exc} (exit {status}{': ' + err.strip()[-200:] if err.strip() else ''})"
-    result = evaluate(probe, verifier, expected, gates=gates, bandwidth=bandwidth, verifier_problem=problem)
+    try:
+        result = evaluate(probe, verifier, expected, gates=gates, bandwidth=bandwidth, verifier_problem=problem)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape shape_problem did not foresee
+        result = report([check("verifier", "fail", reason=f"the guest's answer could not be judged: "
+                                                         f"{type(exc).__name__}: {exc}")], probe, None)
     result["expected"] = [e.to_json() for e in expected]
     return result

@@ -350,13 +350,16 @@ class Device(object):
         rates, seen = dict((name, []) for name, _s, _b, _e in lanes), None
         for _ in range(samples):
             flag.value = 0
-            for number, (name, stream, nbytes, enqueue) in enumerate(lanes):
-                start, stop = self.events[2 * number], self.events[2 * number + 1]
-                self.launch("spin", 1, 1, stream, ctypes.c_uint64(self.flag_dev), ctypes.c_uint64(SPIN_TIMEOUT_NS))
-                call("cuEventRecord", start, stream)
-                enqueue(stream)
-                call("cuEventRecord", stop, stream)
-            flag.value = 1
+            try:
+                for number, (name, stream, nbytes, enqueue) in enumerate(lanes):
+                    start, stop = self.events[2 * number], self.events[2 * number + 1]
+                    self.launch("spin", 1, 1, stream, ctypes.c_uint64(self.flag_dev),
+                                ctypes.c_uint64(SPIN_TIMEOUT_NS))
+                    call("cuEventRecord", start, stream)
+                    enqueue(stream)
+                    call("cuEventRecord", stop, stream)
+            finally:
+                flag.value = 1  # also when queueing failed: never leave a stream held
             if link_probe is not None and seen is None:
                 seen = link_probe()  # while the copies run: the link at its working speed
             for number, (name, stream, nbytes, enqueue) in enumerate(lanes):
@@ -366,7 +369,13 @@ class Device(object):
         return rates, seen
 
     def close(self):
+        """Wait for this GPU's queued work in its own context, then free what was made."""
         errors = []
+        try:
+            self.current()
+            self.cuda.call("cuCtxSynchronize")
+        except Failure as exc:
+            errors.append(str(exc))
         for destroy, handle in reversed(self.freed):
             try:
                 self.cuda.call(destroy, handle)
