@@ -186,13 +186,19 @@ def _headings(out) -> tuple[list[str], list[str]]:
     return re.findall(r"^#+ (.*)$", md, re.M), [html_unescape(h) for h in re.findall(r"<h[12]>(.*?)</h[12]>", page)]
 
 
-def test_synthetic_results_are_labelled_in_the_title_and_on_every_plot(tmp_path, monkeypatch):
+def _plot_titles(monkeypatch) -> list[str]:
+    """Every plot title the report sets, as it sets it."""
     from matplotlib.axes import Axes
 
-    titles = []
+    titles: list[str] = []
     original = Axes.set_title
     monkeypatch.setattr(Axes, "set_title", lambda self, label, *a, **k: titles.append(label) or original(
         self, label, *a, **k))
+    return titles
+
+
+def test_synthetic_results_are_labelled_in_the_title_and_on_every_plot(tmp_path, monkeypatch):
+    titles = _plot_titles(monkeypatch)
     out = tmp_path / "run"
     write_synthetic(str(out))
     summary = write_report(str(out))
@@ -205,12 +211,7 @@ def test_synthetic_results_are_labelled_in_the_title_and_on_every_plot(tmp_path,
 
 def test_recorded_results_are_not_labelled(tmp_path, monkeypatch):
     """The label comes from the data: without "synthetic": true in identity.json, none anywhere."""
-    from matplotlib.axes import Axes
-
-    titles = []
-    original = Axes.set_title
-    monkeypatch.setattr(Axes, "set_title", lambda self, label, *a, **k: titles.append(label) or original(
-        self, label, *a, **k))
+    titles = _plot_titles(monkeypatch)
     out = tmp_path / "run"
     write_synthetic(str(out))
     identity = json.loads((out / "identity.json").read_text())
