@@ -179,3 +179,20 @@ def test_the_program_sent_on_stdin_carries_its_kernels(fakecuda_libdir):
                           cwd="/", env={**os.environ, "LD_LIBRARY_PATH": fakecuda_libdir})
     data = parse_verifier(proc.stdout.decode())
     assert data["errors"] == {} and data["compute"]["0000:01:00.0"]["verified"] is True
+
+
+def test_host_memory_goes_to_the_gpus_numa_node_read_under_root(tmp_path, fakecuda_libdir):
+    """The verifier reads /sys under --root (as the probe does under GPUVFIO_PROBE_ROOT): a GPU on
+    node 0 of a two-node guest gets its pinned buffers under MPOL_PREFERRED with that node's CPUs."""
+    sys_dir = tmp_path / "sys"
+    (sys_dir / "bus" / "pci" / "devices" / "0000:01:00.0").mkdir(parents=True)
+    (sys_dir / "bus" / "pci" / "devices" / "0000:01:00.0" / "numa_node").write_text("0\n")
+    for node, cpus in ((0, "0"), (1, "1")):
+        (sys_dir / "devices" / "system" / "node" / f"node{node}").mkdir(parents=True)
+        (sys_dir / "devices" / "system" / "node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    bw = run(fakecuda_libdir, "--root", str(tmp_path))["bandwidth"]["0000:01:00.0"]
+    assert bw["host_numa_node"] == 0 and bw["host_memory_policy"] == "preferred node 0, CPUs of that node"
+    (sys_dir / "devices" / "system" / "node" / "node1" / "cpulist").unlink()
+    (sys_dir / "devices" / "system" / "node" / "node1").rmdir()
+    bw = run(fakecuda_libdir, "--root", str(tmp_path))["bandwidth"]["0000:01:00.0"]
+    assert bw["host_numa_node"] == 0 and bw["host_memory_policy"] == "none (one NUMA node in the guest)"

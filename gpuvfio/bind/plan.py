@@ -1,6 +1,6 @@
 """Planning a bind: which endpoints move, the pre-checks, and the steps. No side effects.
 
-The kernel facts this follows (anchors.md; Documentation/ABI/testing/sysfs-bus-pci):
+The kernel facts this follows (the kernel's Documentation/ABI/testing/sysfs-bus-pci):
 bind by address -- write ``driver_override``, unbind from the current driver, write the
 address to ``drivers_probe``, then check the ``driver`` link. Never ``new_id`` (it takes
 every card with that ID). VFIO hands out whole IOMMU groups, so every endpoint of the

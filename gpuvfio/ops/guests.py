@@ -24,10 +24,11 @@ from gpuvfio.bind.plan import BindPolicy
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.guest.checks import evaluate
-from gpuvfio.guest.expect import Expected, Gates, expectations, gates, parse_expect  # noqa: F401 (parse_expect: for the CLI)
+from gpuvfio.guest.expect import (LINK_EFFICIENCY, Expected, Gates, expectations, gates,  # noqa: F401
+                                  parse_expect)  # parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
-from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier, verify_guest
+from gpuvfio.guest.verify import parse_probe, parse_verifier, verify_guest
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context, checked_seconds, run_output
@@ -92,8 +93,7 @@ def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEO
                              ("--samples", samples, 1000)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
             raise InputError(f"{name} must be a whole number from 1 to {top}")
-    chosen = gates(min_gbps=min_gbps) if link_efficiency is None else gates(link_efficiency=link_efficiency,
-                                                                            min_gbps=min_gbps)
+    chosen = gates(link_efficiency=LINK_EFFICIENCY if link_efficiency is None else link_efficiency, min_gbps=min_gbps)
     return VerifyOptions(bool(bandwidth), checked_seconds(probe_timeout, "probe timeout", upper=24 * 3600),
                          checked_seconds(timeout, "verify timeout", upper=24 * 3600), chosen, size_mib, copies, samples)
 
@@ -253,14 +253,14 @@ def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = V
     expected = expectations(read_inventory(ctx.host), gpus)
     env = dict(os.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
     probe = parse_probe(run_output(["sh", PROBE], options.probe_timeout, env=env))
-    argv = [sys.executable, VERIFIER, *options.verifier_args] + (
+    argv = [sys.executable, VERIFIER, *options.verifier_args, "--root", ctx.host.root] + (
         ["--devices", ",".join(str(g) for g in gpus)] if gpus else [])
     if not options.bandwidth:
         argv.append("--no-bandwidth")
     verifier = problem = None
     try:
         verifier = parse_verifier(run_output(argv, options.timeout))
-    except (VerifyError, GpuvfioError) as exc:
+    except GpuvfioError as exc:  # VerifyError among them
         problem = str(exc)
     report = evaluate(probe, verifier, expected, gates=options.gates, bandwidth=options.bandwidth,
                       verifier_problem=problem)

@@ -41,19 +41,29 @@ class Bar1Memory(ctypes.Structure):  # nvmlBAR1Memory_t
                 ("bar1Used", ctypes.c_ulonglong)]
 
 
+def load(soname, what):
+    """A driver library, or a Failure saying which is missing."""
+    try:
+        return ctypes.CDLL(soname)
+    except OSError as exc:
+        raise Failure("%s not found (no %s in the guest): %s" % (soname, what, exc))
+
+
+def entry(lib, name):
+    """An entry point of a loaded library, or a Failure naming it (an older driver lacks it)."""
+    func = getattr(lib, name, None)
+    if func is None:  # _name: the name given to CDLL (a documented attribute, ctypes docs "Loading shared libraries")
+        raise Failure("%s has no %s (driver too old)" % (os.path.basename(lib._name or "?"), name))
+    return func
+
+
 class Nvml(object):
     def __init__(self):
-        try:
-            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        except OSError as exc:
-            raise Failure("libnvidia-ml.so.1 not found (no NVIDIA driver in the guest): %s" % exc)
+        self.lib = load("libnvidia-ml.so.1", "NVIDIA driver")
         self.call("nvmlInit_v2")
 
     def call(self, name, *args):
-        func = getattr(self.lib, name, None)
-        if func is None:
-            raise Failure("libnvidia-ml.so.1 has no %s (driver too old)" % name)
-        rc = func(*args)
+        rc = entry(self.lib, name)(*args)
         if rc != 0:
             text = ""
             try:
@@ -137,10 +147,7 @@ class Cuda(object):
     HOST_ALLOC_PORTABLE, HOST_ALLOC_DEVICEMAP = 0x01, 0x02
 
     def __init__(self):
-        try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise Failure("libcuda.so.1 not found (no CUDA driver in the guest): %s" % exc)
+        self.lib = load("libcuda.so.1", "CUDA driver")
         for name, types in ARGTYPES.items():
             func = getattr(self.lib, name, None)
             if func is not None:
@@ -159,10 +166,7 @@ class Cuda(object):
         return label + (" (%s)" % text.value.decode(errors="replace") if text.value else "")
 
     def call(self, name, *args):
-        func = getattr(self.lib, name, None)
-        if func is None:
-            raise Failure("libcuda.so.1 has no %s (driver too old)" % name)
-        rc = func(*args)
+        rc = entry(self.lib, name)(*args)
         if rc != 0:
             raise Failure("%s failed: %s" % (name, self.error(rc)))
 
@@ -216,11 +220,13 @@ class NumaPlacement(object):
     node's CPUs and prefers its memory (set_mempolicy MPOL_PREFERRED) while the pinned buffers
     are allocated and first touched; undone afterwards."""
 
-    def __init__(self, bus_id):
+    def __init__(self, root, bus_id):
+        """``root``: where the guest's /sys is found (the verifier's --root, "/" in a guest)."""
         self.node, self.policy, self.saved = None, "none", None
-        value = sysfs_first_line("/sys/bus/pci/devices/%s/numa_node" % bus_id)
-        nodes = [n for n in (os.listdir("/sys/devices/system/node") if os.path.isdir("/sys/devices/system/node")
-                             else []) if n.startswith("node") and n[4:].isdigit()]
+        node_dir = os.path.join(root, "sys", "devices", "system", "node")
+        value = sysfs_first_line(os.path.join(root, "sys", "bus", "pci", "devices", bus_id, "numa_node"))
+        nodes = [n for n in (os.listdir(node_dir) if os.path.isdir(node_dir) else [])
+                 if n.startswith("node") and n[4:].isdigit()]
         if value is None or not value.lstrip("-").isdigit() or int(value) < 0:
             self.policy = "none (the guest gives the GPU no NUMA node)"
             return
@@ -230,7 +236,7 @@ class NumaPlacement(object):
             return
         try:
             self.saved = os.sched_getaffinity(0)
-            cpus = parse_cpulist(sysfs_first_line("/sys/devices/system/node/node%d/cpulist" % self.node))
+            cpus = parse_cpulist(sysfs_first_line(os.path.join(node_dir, "node%d" % self.node, "cpulist")))
             if cpus:
                 os.sched_setaffinity(0, cpus)
             number = SET_MEMPOLICY.get(platform.machine())
@@ -318,8 +324,7 @@ class Device(object):
         return host, dev.value
 
     def launch(self, name, grid, block, stream, *args):
-        holders = [a for a in args]
-        params = (ctypes.c_void_p * len(holders))(*(ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders))
+        params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args))
         self.cuda.call("cuLaunchKernel", self.kernels[name], grid, 1, 1, block, 1, 1, 0, stream, params, None)
 
     def blocks(self, words):

@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 
-from gpuvfio_nvapi import PTR, SIZE, U64, Cuda, Device, Failure, NumaPlacement, Nvml, seconds
+from gpuvfio_nvapi import PTR, SIZE, U64, Cuda, Device, Failure, NumaPlacement, Nvml, entry, load, seconds
 
 MARKER = "GPUVFIO-VERIFIER"
 
@@ -56,7 +56,7 @@ def measure(device, opts, link_probe):
     """Bandwidth (nvbandwidth's copy-engine tests), each buffer's data checked whole."""
     call, size, copies = device.cuda.call, device.size, opts.copies
     s1, s2 = device.streams
-    placement = NumaPlacement(device.bus_id)
+    placement = NumaPlacement(opts.root, device.bus_id)
     try:
         src, dst = device.host_alloc(size), device.host_alloc(size)
         ctypes.memset(src, 0, size)  # first touch, under the placement
@@ -229,15 +229,12 @@ def peers(devices, opts):
 
 class Nccl(object):
     def __init__(self):
-        try:
-            self.lib = ctypes.CDLL("libnccl.so.2")
-        except OSError as exc:
-            raise Failure("libnccl.so.2 not found: %s" % exc)
-        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
-        self.lib.ncclAllReduce.argtypes = [U64, U64, SIZE, ctypes.c_int, ctypes.c_int, PTR, PTR]
+        self.lib = load("libnccl.so.2", "NCCL")
+        entry(self.lib, "ncclGetErrorString").restype = ctypes.c_char_p
+        entry(self.lib, "ncclAllReduce").argtypes = [U64, U64, SIZE, ctypes.c_int, ctypes.c_int, PTR, PTR]
 
     def call(self, name, *args):
-        rc = getattr(self.lib, name)(*args)
+        rc = entry(self.lib, name)(*args)
         if rc != 0:
             raise Failure("%s failed: NCCL error %d (%s)" % (name, rc, (self.lib.ncclGetErrorString(rc) or b"")
                                                               .decode(errors="replace")))
@@ -370,6 +367,7 @@ def main(argv):
     parser.add_argument("--overhead-count", type=int, default=2000, help="small copies timed for the API overhead")
     parser.add_argument("--nccl-iters", type=int, default=10, help="timed all-reduces per size")
     parser.add_argument("--no-bandwidth", action="store_true")
+    parser.add_argument("--root", default="/", help="where /sys is read from (a recorded tree in tests)")
     parser.add_argument("--devices", default="",
                         help="measure only these PCI addresses (comma-separated; the bare-metal baseline)")
     args = parser.parse_args(argv)
