@@ -73,6 +73,7 @@ class HostBuilder:
         self._irq = 16
         self.functions: dict[PciAddress, Function] = {}
         self.node_cpus: dict[int, str] = {}
+        self.remote_distance = 21  # SLIT distance between nodes (AMD NPS2 on one socket: 12)
         for sub in ("bus/pci/devices", "bus/pci/drivers", "devices/system/node", "devices/system/cpu",
                     "kernel", "module", "class"):
             os.makedirs(os.path.join(self.sys, sub), exist_ok=True)
@@ -190,6 +191,9 @@ class HostBuilder:
             _write(os.path.join(hp, "nr_hugepages"), f"{t}\n")
             _write(os.path.join(hp, "free_hugepages"), f"{f}\n")
         nodes = sorted(self.node_cpus)
+        for other in nodes:  # the ACPI SLIT row of every node (10 local; 21 is two-socket Xeon's remote)
+            row = " ".join("10" if n == other else str(self.remote_distance) for n in nodes)
+            _write(self.sys_path("devices", "system", "node", f"node{other}", "distance"), row + "\n")
         _write(self.sys_path("devices", "system", "node", "online"), format_cpulist(nodes) + "\n")
         _write(self.sys_path("devices", "system", "node", "possible"), format_cpulist(nodes) + "\n")
 

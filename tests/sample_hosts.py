@@ -439,6 +439,7 @@ def build_epyc_mixed(root: str) -> None:
     b.firmware("usr/share/edk2/ovmf/OVMF_CODE.fd", "usr/share/edk2/ovmf/OVMF_VARS.fd")  # RHEL's edk2-ovmf
     per_socket = b.cpu_topology(1, 64, 2)[0]
     halves = {0: [c for c in per_socket if c % 64 < 32], 1: [c for c in per_socket if c % 64 >= 32]}
+    b.remote_distance = 12  # two NPS2 quadrant groups of one socket
     b.numa_node(0, halves[0], 256, {HUGE_2M: (32768, 32768)})
     b.numa_node(1, halves[1], 256, {HUGE_2M: (32768, 24576)})  # 16 GiB backs the A100 guest
     b.framebuffer("astdrmfb")

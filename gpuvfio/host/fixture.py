@@ -178,6 +178,7 @@ def dump_host(host: HostRoot) -> str:
         ndir = os.path.join(nodes, node)
         rec.file(os.path.join(ndir, "cpulist"))
         rec.file(os.path.join(ndir, "meminfo"))
+        rec.file(os.path.join(ndir, "distance"))
         hp = os.path.join(ndir, "hugepages")
         for size in host.listdir(hp):
             for attr in ("nr_hugepages", "free_hugepages"):

@@ -217,9 +217,11 @@ class NumaNode:
     mem_total_kb: int | None
     mem_free_kb: int | None
     hugepages: dict[int, tuple[int, int]]  # page size kB -> (total, free)
+    distances: dict[int, int] = field(default_factory=dict)  # node -> ACPI SLIT distance (10 = local)
 
     def to_json(self) -> dict:
         return {"id": self.node_id, "cpulist": self.cpulist, "cpus": len(self.cpus),
+                "distances": {str(k): v for k, v in sorted(self.distances.items())},
                 "mem_total_kb": self.mem_total_kb, "mem_free_kb": self.mem_free_kb,
                 "hugepages": {f"{size}kB": {"total": t, "free": f}
                               for size, (t, f) in sorted(self.hugepages.items())}}

@@ -42,7 +42,20 @@ def read_numa(host: HostRoot) -> list[NumaNode]:
             mem_free_kb=int(meminfo["MemFree"]) if "MemFree" in meminfo else None,
             hugepages=hugepages,
         ))
+    ids = sorted(n.node_id for n in nodes)
+    for node in nodes:
+        node.distances = _distances(host.read(os.path.join(base, f"node{node.node_id}", "distance")), ids)
     return sorted(nodes, key=lambda n: n.node_id)
+
+
+def _distances(text: str | None, ids: list[int]) -> dict[int, int]:
+    """node -> distance from ``nodeN/distance`` (the ACPI SLIT row, one value per online node in
+    node order; Documentation/ABI/stable/sysfs-devices-node). A row that does not fit the nodes
+    is left out: libvirt then uses its default distances, which is what an unreadable SLIT means."""
+    values = (text or "").split()
+    if len(values) != len(ids) or not all(v.isdigit() and 10 <= int(v) <= 255 for v in values):
+        return {}
+    return dict(zip(ids, (int(v) for v in values)))
 
 
 class Cpu:
