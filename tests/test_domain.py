@@ -20,6 +20,11 @@ CASES = {
     "dgx-8gpu-two-cells": ("dgx-h100", ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
                                         "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0",
                                         "--name", "dgx-8gpu", "--vcpus", "64", "--memory", "512G"]),
+    "dgx-8gpu-flat": ("dgx-h100", ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
+                                   "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0",
+                                   "--name", "dgx-8gpu", "--vcpus", "64", "--memory", "512G", "--topology", "flat"]),
+    "dgx-gpu-nic-pairs": ("dgx-h100", ["0000:1b:00.0", "0000:18:00.0", "0000:43:00.0", "0000:40:00.0",
+                                       "--name", "pairs", "--vcpus", "16", "--memory", "128G"]),
     "dgx-1gpu-local": ("dgx-h100", ["0000:9d:00.0", "--name", "h100-node1", "--vcpus", "16", "--memory", "64GiB",
                                     "--disk", "/var/lib/libvirt/images/h100.qcow2", "--network", "default"]),
     "dgx-1gpu-remote-numa": ("dgx-h100", ["0000:1b:00.0", "--name", "h100-remote", "--vcpus", "8",
@@ -98,25 +103,34 @@ def test_schema_and_test_driver(case, generated, tmp_path):
         conn.close()
 
 
-def test_dgx_two_cells_keep_host_locality(generated):
-    doc = etree.fromstring(generated["dgx-8gpu-two-cells"].encode())
-    pxb = {c.get("index"): c.findtext("target/node") for c in doc.iter("controller")
-           if c.get("model") == "pcie-expander-bus"}
-    assert sorted(pxb.values()) == ["0", "1"]
-    ports = {c.get("index"): c.find("address").get("bus") for c in doc.iter("controller")
-             if c.get("model") == "pcie-root-port"}
-    cell_of_gpu = {}
-    for hostdev in doc.iter("hostdev"):
-        src = hostdev.find("source/address").get("bus")
-        port = str(int(hostdev.find("address").get("bus"), 16))
-        cell_of_gpu[src] = pxb[str(int(ports[port], 16))]
+def expander_of(doc, bus: str) -> etree._Element:
+    """The pcie-expander-bus a guest bus (controller index, hex) hangs from."""
+    controllers = {c.get("index"): c for c in doc.iter("controller")}
+    index = str(int(bus, 16))
+    while controllers[index].get("model") != "pcie-expander-bus":
+        index = str(int(controllers[index].find("address").get("bus"), 16))
+    return controllers[index]
+
+
+@pytest.mark.parametrize("case", ["dgx-8gpu-two-cells", "dgx-8gpu-flat"])
+def test_dgx_two_cells_keep_host_locality(generated, case):
+    doc = etree.fromstring(generated[case].encode())
+    cell_of_gpu = {h.find("source/address").get("bus"): expander_of(doc, h.find("address").get("bus")).findtext(
+        "target/node") for h in doc.iter("hostdev")}
     assert cell_of_gpu == {"0x1b": "0", "0x43": "0", "0x52": "0", "0x61": "0",
                            "0x9d": "1", "0xc3": "1", "0xd1": "1", "0xdf": "1"}
+    pxbs = [c for c in doc.iter("controller") if c.get("model") == "pcie-expander-bus"]
+    # mirror: one pxb per host root complex (each GPU has its own); flat: one per guest cell
+    assert len(pxbs) == (8 if case == "dgx-8gpu-two-cells" else 2)
+    bus_nrs = sorted(int(c.find("target").get("busNr")) for c in pxbs)
+    assert len(set(bus_nrs)) == len(bus_nrs) and bus_nrs[-1] < 256
+    distances = {(c.get("id"), s.get("id")): s.get("value") for c in doc.iter("cell") for s in c.iter("sibling")}
+    assert distances == {("0", "0"): "10", ("0", "1"): "21", ("1", "0"): "21", ("1", "1"): "10"}  # the host SLIT
     pins = [int(p.get("cpuset")) for p in doc.iter("vcpupin")]
     node0 = set(range(0, 56)) | set(range(112, 168))
     assert all(p in node0 for p in pins[:32]) and all(p not in node0 for p in pins[32:])
     assert len(set(pins)) == 64
-    mmio = re.search(r"X-PciMmio64Mb,string=(\d+)", generated["dgx-8gpu-two-cells"])
+    mmio = re.search(r"X-PciMmio64Mb,string=(\d+)", generated[case])
     assert int(mmio.group(1)) * 2**20 >= 8 * 128 * 2**30  # the window covers eight 128 GiB BAR1s
     assert doc.find("memoryBacking/hugepages/page").get("size") == "1048576"
 

@@ -28,6 +28,14 @@ ForwardPort = Annotated[Optional[int], typer.Option(
 ConsoleLog = Annotated[Optional[str], typer.Option(
     "--console-log", metavar="FILE", help="Also write the guest's serial console to this host file.")]
 DomainForce = Annotated[bool, typer.Option("--force", help="Share cores / accept short hugepages.")]
+Topology = Annotated[str, typer.Option(
+    "--topology", help="auto | mirror | flat: mirror the host's PCIe switches and root complexes in the guest "
+    "(auto: for two or more devices).")]
+P2p = Annotated[str, typer.Option(
+    "--p2p", help="auto | off: P2P cliques (x-nv-gpudirect-clique) for GPUs the host can route P2P between.")]
+QemuVersion = Annotated[Optional[str], typer.Option(
+    "--qemu-version", metavar="X.Y", help="QEMU version the domain will run on (default: asked from libvirt "
+    "when a connection is used).")]
 
 
 @dataclass
@@ -49,13 +57,17 @@ class DomainArgs:
     user_net_ssh_port: int | None = None
     console_log: str | None = None
     force: bool = False
+    topology: str = "auto"
+    p2p: str = "auto"
+    qemu_version: str | None = None
 
     def request(self, **extra) -> DomainRequest:
         return domain_request(self.name, vcpus=self.vcpus, memory=self.memory, hugepages=self.hugepages,
                               numa=self.numa, firmware=self.firmware, virt_type=self.virt_type, disk=self.disk,
                               kernel=self.kernel, initrd=self.initrd, cmdline=self.cmdline, network=self.network,
                               ssh_forward_port=self.user_net_ssh_port, console_log=self.console_log,
-                              force=self.force, **extra)
+                              force=self.force, topology=self.topology, p2p=self.p2p,
+                              qemu_version=self.qemu_version, **extra)
 
 
 @app.command("xml")
@@ -70,6 +82,7 @@ def xml_cmd(
     disk: Path = None, kernel: Path = None, initrd: Path = None, cmdline: Text = None,
     network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
     user_net_ssh_port: ForwardPort = None, console_log: ConsoleLog = None, force: DomainForce = False,
+    topology: Topology = "auto", p2p: P2p = "auto", qemu_version: QemuVersion = None,
     define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
     update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
     connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
@@ -79,19 +92,22 @@ def xml_cmd(
     """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
     from the BARs), or a vGPU; --define defines it idempotently."""
     args = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
-                      network, user_net_ssh_port, console_log, force)
+                      network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version)
     request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
     wanted = parse_addresses(addresses)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
         # With --define, the domain it would replace: a running one's hugepages count as its own.
         existing = existing_domain(ctx, request.name, uri=connect) if define else None
-        provisioned = provision_xml(ctx, wanted, request, replacing=existing)
+        provisioned = provision_xml(ctx, wanted, request, replacing=existing, uri=connect,
+                                    ask_libvirt=define or connect is not None)
         for warning in provisioned.spec.warnings:
             say(f"warning: {warning}")
+        for note in provisioned.spec.notes:
+            say(f"note: {note}")
         result = define_domain(ctx, provisioned.xml, uri=connect, update=update).to_json() if define else None
     if as_json:
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,
-                   "define": result})
+                   "notes": provisioned.spec.notes, "topology": provisioned.layout_json(), "define": result})
     elif result is None:
         sys.stdout.write(provisioned.xml)
     else:

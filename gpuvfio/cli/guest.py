@@ -9,8 +9,8 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.binding import parse_addresses
-from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Memory, Name,
-                                Numa, Path, Text, Vcpus, VirtType)
+from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Memory, Name, Numa, P2p,
+                                Path, QemuVersion, Text, Topology, Vcpus, VirtType)
 from gpuvfio.errors import InputError
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import live_context
@@ -88,6 +88,7 @@ def attach_cmd(
     initrd: Path = None, cmdline: Text = None,
     network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
     user_net_ssh_port: ForwardPort = None, console_log: ConsoleLog = None,
+    topology: Topology = "auto", p2p: P2p = "auto", qemu_version: QemuVersion = None,
     ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = "root", ssh_key: SshKey = None,
     known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
     force: Annotated[bool, typer.Option("--force", help="Share cores / accept short hugepages, and override the "
@@ -106,7 +107,7 @@ def attach_cmd(
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
     wanted = parse_addresses(addresses)
     request = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
-                         network, user_net_ssh_port, console_log, force).request()
+                         network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version).request()
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
                       trust_on_first_use=trust_on_first_use, timeout=boot_timeout)
     checks = None if no_verify else verify_options(probe_timeout=probe_timeout, timeout=verify_timeout)

@@ -19,6 +19,8 @@ HUGEPAGE_CHOICES = ("auto", "none", "2M", "1G")
 NUMA_WORDS = ("auto", "none", "remote")
 FIRMWARES = ("efi", "bios")
 VIRT_TYPES = ("kvm", "qemu")
+TOPOLOGY_CHOICES = ("auto", "mirror", "flat")  # auto: mirror the host for two or more devices
+P2P_CHOICES = ("auto", "off")
 MAX_VCPUS = 4096
 MAX_NUMA_NODE = 1023  # CONFIG_NODES_SHIFT is at most 10 on x86-64
 
@@ -44,6 +46,9 @@ class DomainRequest:
     ssh_forward_port: int | None = None  # QEMU user networking, host 127.0.0.1:PORT -> guest:22
     console_log: str | None = None  # the guest's serial console, also written to this host file
     force: bool = False
+    topology: str = "auto"  # auto | mirror | flat
+    p2p: str = "auto"  # auto | off: QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between
+    qemu_version: tuple[int, ...] | None = None  # from the libvirt connection, or --qemu-version offline
 
 
 def parse_hugepages(text: str) -> str:
@@ -69,6 +74,14 @@ def parse_numa(text: str | int) -> str:
     if word.isdigit() and int(word) <= MAX_NUMA_NODE:
         return str(int(word))
     raise InputError(f"numa must be auto, none, remote or a node number, not {text!r}")
+
+
+def parse_version(text: str, what: str = "version") -> tuple[int, ...]:
+    """``8.1``, ``9.2.0``: a dotted version of one to three numbers."""
+    parts = str(text).strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        raise InputError(f"{what} must look like 8.1 or 9.2.0, not {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def parse_uuid(text: str) -> str:
@@ -108,7 +121,8 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
                    mdev: str | None = None, vgpu: str | None = None, uuid: str | None = None,
                    disk: str | None = None, kernel: str | None = None, initrd: str | None = None,
                    cmdline: str | None = None, network: str | None = None, ssh_forward_port: int | None = None,
-                   console_log: str | None = None, force: bool = False) -> DomainRequest:
+                   console_log: str | None = None, force: bool = False, topology: str = "auto",
+                   p2p: str = "auto", qemu_version: str | tuple[int, ...] | None = None) -> DomainRequest:
     """The one validation of a domain request (bad input: InputError, exit 2)."""
     if isinstance(vcpus, bool) or not isinstance(vcpus, int) or not 1 <= vcpus <= MAX_VCPUS:
         raise InputError(f"vcpus must be an integer between 1 and {MAX_VCPUS}, not {vcpus!r}")
@@ -139,4 +153,7 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         mdev=mdev, vgpu=vgpu, uuid=uuid, disk=_absolute(disk, "--disk"), kernel=_absolute(kernel, "--kernel"),
         initrd=_absolute(initrd, "--initrd"), cmdline=cmdline, network=network,
         virt_type=_choice(virt_type, VIRT_TYPES, "virt type"), ssh_forward_port=ssh_forward_port,
-        console_log=_absolute(console_log, "--console-log"), force=bool(force))
+        console_log=_absolute(console_log, "--console-log"), force=bool(force),
+        topology=_choice(topology, TOPOLOGY_CHOICES, "topology"), p2p=_choice(p2p, P2P_CHOICES, "p2p"),
+        qemu_version=qemu_version if isinstance(qemu_version, tuple) or qemu_version is None
+        else parse_version(qemu_version, "QEMU version"))

@@ -14,6 +14,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
+from gpuvfio.domain.layout import Controller, GuestPort, plan_layout
 from gpuvfio.domain.placement import (CellPlacement, guest_phys_bits_needed, hugepage_choice, mmio64_window_mb,
                                       place_cell)
 from gpuvfio.domain.request import DomainRequest
@@ -22,8 +23,10 @@ from gpuvfio.host import assignable
 from gpuvfio.host.firmware import find_ovmf
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import NumaNode, PciFunction, format_cpulist
+from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.numa import physical_address_bits, read_cpus
 from gpuvfio.host.root import HostRoot
+from gpuvfio.host.topology import CliquePlan, p2p_cliques
 from gpuvfio.vgpu.types import existing_mdev, pick_mdev, pick_vf
 
 # Fixed namespace for deterministic mdev UUIDs (same name + GPU + type -> same UUID).
@@ -35,22 +38,9 @@ def mdev_uuid(name: str, address: PciAddress, type_id: str) -> str:
     return str(uuidlib.uuid5(MDEV_NAMESPACE, f"{name}/{address}/{type_id}"))
 
 
-@dataclass
-class GuestPort:
-    """A pcie-root-port (controller index = its bus number) holding one physical device."""
-
-    index: int
-    parent: int  # 0 = pcie-root, else a pxb-pcie index
-    chassis: int
-    functions: list[PciFunction]
-    slot: int = 0  # slot on a pxb-pcie bus (on pcie-root libvirt assigns the address)
-
-
-@dataclass
-class Expander:
-    index: int
-    bus_nr: int
-    cell: int
+# The first QEMU that places NVIDIA's P2P clique capability where Turing and newer GPUs have
+# none of their own (hw/vfio/pci-quirks.c; before it the guest fails to start).
+CLIQUE_QEMU = (8, 1)
 
 
 @dataclass
@@ -65,8 +55,12 @@ class DomainSpec:
     guest_cells: bool  # expose NUMA cells to the guest (devices on more than one node)
     threads: int
     hugepage_kib: int | None
-    expanders: list[Expander] = field(default_factory=list)
+    controllers: list[Controller] = field(default_factory=list)
     ports: list[GuestPort] = field(default_factory=list)
+    topology: str = "flat"
+    distances: dict[int, dict[int, int]] = field(default_factory=dict)  # guest cell -> cell -> SLIT distance
+    p2p: CliquePlan = field(default_factory=lambda: CliquePlan([], []))
+    notes: list[str] = field(default_factory=list)  # what the plan decided and why
     mdevs: list[tuple[str, str]] = field(default_factory=list)  # (uuid, type id)
     vf_hostdevs: list[PciAddress] = field(default_factory=list)  # SR-IOV vGPU VFs, managed='no'
     mmio64_mb: int | None = None
@@ -96,6 +90,20 @@ class DomainSpec:
                      # for its own controllers (QEMU would otherwise take slot 1 first).
                      "-device", "virtio-net-pci,netdev=gpuvfio-net0,bus=pcie.0,addr=0x1c,romfile="]
         return args
+
+    @property
+    def cliques(self) -> list[tuple[str, int]]:
+        """(hostdev alias, clique id) for each GPU in a P2P clique (``<qemu:override>``)."""
+        out = []
+        for port in self.ports:
+            clique = self.p2p.clique_of(port.functions[0].address)
+            if clique is not None:
+                out.append((port.alias, clique))
+        return out
+
+    @property
+    def uses_qemu_namespace(self) -> bool:
+        return bool(self.qemu_args or self.cliques)
 
     @property
     def emulator_cpuset(self) -> str:
@@ -179,7 +187,18 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
                       warnings=warnings)
     if spec.disk and spec.disk.endswith((".qcow2", ".qcow")):
         spec.disk_format = "qcow2"
-    _lay_out_ports(spec, devices, placements)
+    cell_of_node = {p.node: i for i, p in enumerate(placements)}
+    topology = request.topology if request.topology != "auto" else ("mirror" if len(devices) > 1 else "flat")
+    layout = plan_layout(devices, topology, cell_of_node, guest_cells)
+    spec.controllers, spec.ports, spec.topology = layout.controllers, layout.ports, layout.topology
+    spec.notes += layout.notes
+    if guest_cells:
+        spec.distances = _cell_distances(placements, node_ids)
+    spec.p2p = _p2p(host, request, devices, len(nodes) <= 1)
+    spec.notes += spec.p2p.notes
+    gpu_ports = [port for port in spec.ports if spec.p2p.clique_of(port.functions[0].address) is not None]
+    for n, port in enumerate(gpu_ports):
+        port.alias = f"ua-gpu{n}"  # a user alias: <qemu:override> finds the device by it
     spec.mmio64_mb = mmio64_window_mb(devices)
     bits = physical_address_bits(host)
     needed = guest_phys_bits_needed(spec.memory_kib, spec.mmio64_mb)
@@ -255,26 +274,44 @@ def _place(host: HostRoot, request: DomainRequest, cells: list[int],
     return placements
 
 
-def _lay_out_ports(spec: DomainSpec, devices: list[list[PciFunction]], placements: list[CellPlacement]) -> None:
-    """One pcie-root-port per physical device; with several NUMA cells, each device's port
-    sits on a pxb-pcie bound to the cell of its host node."""
-    index = 1
-    cell_of_node = {p.node: i for i, p in enumerate(placements)}
-    expander_of_cell: dict[int, int] = {}
-    if spec.guest_cells:
-        for cell, _placement in enumerate(placements):
-            spec.expanders.append(Expander(index, 0x80 + 0x20 * cell, cell))
-            expander_of_cell[cell] = index
-            index += 1
-    used_slots: dict[int, int] = {}
-    for chassis, functions in enumerate(devices, start=1):
-        parent = 0
-        if spec.guest_cells:
-            node = functions[0].numa_node
-            parent = expander_of_cell.get(cell_of_node.get(node, 0), expander_of_cell[0])
-        # Each root port on an expander bus needs its own slot there (libvirt rejects a
-        # double use of the same PCI address).
-        slot = used_slots.get(parent, 0)
-        used_slots[parent] = slot + 1
-        spec.ports.append(GuestPort(index, parent, chassis, functions, slot))
-        index += 1
+def _cell_distances(placements: list[CellPlacement], node_ids: dict[int, NumaNode]) -> dict[int, dict[int, int]]:
+    """Guest cell -> cell -> the host SLIT distance between their nodes; empty when the host's
+    table is missing a pair (libvirt then keeps QEMU's defaults, 10 local / 20 remote)."""
+    table = {}
+    for i, a in enumerate(placements):
+        row = {}
+        for j, b in enumerate(placements):
+            value = node_ids[a.node].distances.get(b.node)
+            if value is None:
+                return {}
+            row[j] = value
+        table[i] = row
+    return table
+
+
+def _p2p(host: HostRoot, request: DomainRequest, devices: list[list[PciFunction]], single_node: bool) -> CliquePlan:
+    """Which GPUs get QEMU's x-nv-gpudirect-clique, or why none do."""
+    functions = [fns[0] for fns in devices]
+    if request.p2p == "off" or sum(1 for f in functions if f.is_nvidia and f.is_gpu) < 2:
+        return CliquePlan([], [])
+    if request.hide_kvm:
+        # NVIDIA's driver ignores the clique capability when the hypervisor is hidden.
+        return CliquePlan([], ["--hide-kvm: the guest driver does not honour P2P cliques with KVM hidden; none set"])
+    plan = p2p_cliques(functions, acs_override=read_kernel(host).param("pcie_acs_override") is not None,
+                       single_node=single_node)
+    if not plan.cliques:
+        return plan
+    version = request.qemu_version
+    if version is None:
+        return CliquePlan([], plan.notes + [
+            "QEMU version unknown (no libvirt connection): P2P cliques left out, since QEMU before "
+            f"{CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]} fails to start Turing and newer GPUs with one; pass --qemu-version "
+            "or --connect"])
+    if tuple(version[:2]) < CLIQUE_QEMU:
+        return CliquePlan([], plan.notes + [
+            f"QEMU {'.'.join(map(str, version))} is older than {CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]}: it puts the P2P "
+            "clique capability where Turing and newer GPUs have MSI-X (the guest fails to start); cliques left out"])
+    for clique in plan.cliques:
+        plan.notes.append(f"P2P clique {clique.clique_id}: {', '.join(map(str, clique.members))} "
+                          f"({clique.relation}: {clique.to_json()['why']})")
+    return plan

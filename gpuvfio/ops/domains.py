@@ -5,6 +5,7 @@ build their domains here.
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 
-__all__ = ["Provisioned", "provision_xml", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "hypervisor_version", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -38,6 +39,17 @@ class Provisioned:
         """The host PCI functions the guest gets (the slot's functions, or the vGPU's VF)."""
         return [PciAddress.parse(a) for a in self.spec.host_devices]
 
+    def layout_json(self) -> dict:
+        """The guest PCIe tree, P2P cliques and what the plan noted, for --json and the plan."""
+        spec = self.spec
+        return {"topology": spec.topology,
+                "controllers": [{"index": c.index, "model": c.model, "parent": c.parent, "bus_nr": c.bus_nr,
+                                 "cell": c.cell, "mirrors": c.purpose} for c in spec.controllers],
+                "devices": [{"address": str(p.functions[0].address), "bus": p.index, "alias": p.alias or None}
+                            for p in spec.ports],
+                "p2p": spec.p2p.to_json(), "numa_distances": {str(k): {str(j): v for j, v in row.items()}
+                                                              for k, row in spec.distances.items()}}
+
     @property
     def passthrough(self) -> list[PciAddress]:
         """The functions passed through whole: bound to vfio-pci for the guest (never a vGPU's VF,
@@ -46,13 +58,27 @@ class Provisioned:
 
 
 def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *,
-                  replacing: "Existing | None" = None) -> Provisioned:
+                  replacing: "Existing | None" = None, uri: str | None = None, ask_libvirt: bool = False) -> Provisioned:
     """``replacing``: the domain of that name as it is; when it runs, the hugepages it holds count
-    as free for its new definition (a re-run of the same request must come out the same)."""
+    as free for its new definition (a re-run of the same request must come out the same).
+    ``ask_libvirt``: a libvirt connection (``uri``) is in use, so the QEMU version comes from it
+    when the request does not name one."""
+    if ask_libvirt and request.qemu_version is None:
+        request = dataclasses.replace(request, qemu_version=hypervisor_version(ctx, uri))
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
     held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
     spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held)
     return Provisioned(spec, domain_xml(spec), inventory)
+
+
+def hypervisor_version(ctx: Context, uri: str | None) -> tuple[int, ...] | None:
+    """The QEMU version behind a qemu:// connection (virConnectGetVersion: major * 1000000 +
+    minor * 1000 + micro); None for other drivers (the test driver reports its own number)."""
+    conn = ctx.libvirt(uri)
+    if call("asking libvirt for its driver", conn.getType).upper() != "QEMU":
+        return None
+    number = call("asking libvirt for the QEMU version", conn.getVersion)
+    return (number // 1000000, number // 1000 % 1000, number % 1000)
 
 
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:

@@ -129,7 +129,7 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
     if existing is not None and lifecycle.is_active(existing):
         raise Refused(f"domain {request.name} is running; gpuvfio detach {request.name} first")
     try:
-        provisioned = provision_xml(ctx, addresses, request)
+        provisioned = provision_xml(ctx, addresses, request, uri=uri, ask_libvirt=True)
         result.xml = provisioned.xml
         if provisioned.passthrough:
             # The domain-use check asks the connection this attach defines on, leaving its own

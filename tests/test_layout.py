@@ -1,0 +1,182 @@
+"""Guest PCIe layout (issue 14 items 1-2): host switches mirrored, one pxb per root complex,
+P2P cliques through <qemu:override>, and the reasons a plan gives when it leaves them out.
+Every document is checked against libvirt's RelaxNG schema and defined in the test driver."""
+
+from __future__ import annotations
+
+import pytest
+from lxml import etree
+
+from gpuvfio.address import PciAddress
+from gpuvfio.domain.render import domain_xml
+from gpuvfio.domain.request import domain_request
+from gpuvfio.domain.spec import build_spec
+from gpuvfio.host.inventory import read_inventory
+from gpuvfio.host.numa import read_numa
+from gpuvfio.host.root import HostRoot
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
+
+libvirt = pytest.importorskip("libvirt")
+
+L40S = ("10de", "26b9", "030200")
+CX7 = ("15b3", "1021", "020000")
+GPU_BARS = [(0, 16 * MiB, BAR32), (1, 64 * GiB, BAR64_PREF), (3, 32 * MiB, BAR64_PREF)]
+
+
+def switch_host(root, *, acs: bool = True, cmdline: str = "intel_iommu=on iommu=pt", nic: bool = True) -> HostBuilder:
+    """Two sockets; on each a root port -> switch -> GPU, GPU, NIC. ``acs``: the downstream ports
+    isolate their devices (one group each); without, everything below the switch shares one."""
+    b = HostBuilder(str(root))
+    b.iommu("intel", 2)
+    b.cmdline(f"BOOT_IMAGE=/vmlinuz ro {cmdline}")
+    b.cpuinfo("Intel(R) Xeon(R) Gold 6448Y", 46)
+    b.firmware()
+    cpus = b.cpu_topology(2, 8, 2)
+    for node in (0, 1):
+        b.numa_node(node, cpus[node], 64, {1048576: (32, 32)})
+    for node, rbus in ((0, 0x15), (1, 0x97)):
+        rb = b.root_bus(0, rbus, numa=node)
+        shared = None if acs else b.new_group()
+        group = "auto" if acs else shared
+        rp = b.bridge(rb, f"0000:{rbus:02x}:01.0", "8086", "352a", secondary_bus=rbus + 1, link=(5, 16))
+        up = b.bridge(rp, f"0000:{rbus + 1:02x}:00.0", "1000", "c030", secondary_bus=rbus + 2, link=(5, 16),
+                      group=group)
+        for n, (vendor, device, klass) in enumerate((L40S, L40S, CX7) if nic else (L40S, L40S)):
+            dp = b.bridge(up, f"0000:{rbus + 2:02x}:{n:02x}.0", "1000", "c030", secondary_bus=rbus + 3 + n,
+                          link=(5, 16), group=group)
+            b.function(dp, f"0000:{rbus + 3 + n:02x}:00.0", vendor, device, klass,
+                       driver="vfio-pci", link=(4, 16), group=group,
+                       bars=GPU_BARS if vendor == "10de" else [(0, 32 * MiB, BAR64_PREF)])
+    b.modules(["vfio_pci", "vfio_iommu_type1", "vfio"])
+    return b
+
+
+def spec_for(root, addresses, **options):
+    host = HostRoot(str(root))
+    request = domain_request("switchy", vcpus=4, memory="16G", **options)
+    return build_spec(host, read_inventory(host), read_numa(host), [PciAddress.parse(a) for a in addresses],
+                      request)
+
+
+def checked(spec, tmp_path) -> etree._Element:
+    xml = domain_xml(spec)  # RelaxNG-validated
+    node = tmp_path / "testdriver.xml"
+    node.write_text("<node/>")
+    libvirt.registerErrorHandler(lambda *args: None, None)
+    conn = libvirt.open(f"test://{node}")
+    try:
+        conn.defineXML(xml).undefine()
+    finally:
+        conn.close()
+    return etree.fromstring(xml.encode())
+
+
+def models(doc) -> dict[str, str]:
+    return {c.get("index"): c.get("model") for c in doc.iter("controller")}
+
+
+def parent_chain(doc, bus: str) -> list[str]:
+    controllers = {c.get("index"): c for c in doc.iter("controller")}
+    chain, index = [], str(int(bus, 16))
+    while index != "0":
+        controller = controllers[index]
+        chain.append(controller.get("model"))
+        address = controller.find("address")
+        index = str(int(address.get("bus"), 16)) if address is not None else "0"
+    return chain
+
+
+def test_switch_mirrored_with_nic_and_a_clique(tmp_path):
+    switch_host(tmp_path)
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0"], qemu_version="8.2")
+    doc = checked(spec, tmp_path)
+    assert spec.topology == "mirror"
+    for hostdev in doc.iter("hostdev"):  # every device behind one emulated switch, on a pxb of its own
+        assert parent_chain(doc, hostdev.find("address").get("bus")) == [
+            "pcie-switch-downstream-port", "pcie-switch-upstream-port", "pcie-root-port", "pcie-expander-bus"]
+    assert any("128 GiB of BARs (128 GiB or more)" in note for note in spec.notes)
+    downstream = {hostdev.find("address").get("bus") for hostdev in doc.iter("hostdev")}
+    assert len(downstream) == 3
+    aliases = [a.get("name") for a in doc.iter("alias")]
+    assert aliases == ["ua-gpu0", "ua-gpu1"]  # the NIC is no GPU: no alias, no clique
+    ns = {"qemu": "http://libvirt.org/schemas/domain/qemu/1.0"}
+    props = {d.get("alias"): d.find("qemu:frontend/qemu:property", ns).attrib
+             for d in doc.iterfind("qemu:override/qemu:device", ns)}
+    assert props == {f"ua-gpu{n}": {"name": "x-nv-gpudirect-clique", "type": "unsigned", "value": "0"}
+                     for n in (0, 1)}
+    assert any("P2P clique 0: 0000:18:00.0, 0000:19:00.0 (PIX" in note for note in spec.notes)
+
+
+def test_two_sockets_two_pxbs_two_cliques(tmp_path):
+    switch_host(tmp_path)
+    gpus = ["0000:18:00.0", "0000:19:00.0", "0000:9a:00.0", "0000:9b:00.0"]
+    spec = spec_for(tmp_path, gpus, qemu_version="9.2.0")
+    doc = checked(spec, tmp_path)
+    pxbs = [c for c in doc.iter("controller") if c.get("model") == "pcie-expander-bus"]
+    assert [p.findtext("target/node") for p in pxbs] == ["0", "1"]
+    for hostdev in doc.iter("hostdev"):
+        assert parent_chain(doc, hostdev.find("address").get("bus"))[-1] == "pcie-expander-bus"
+    assert [c.members for c in spec.p2p.cliques] == [[PciAddress.parse(a) for a in gpus[:2]],
+                                                      [PciAddress.parse(a) for a in gpus[2:]]]
+    assert {s.get("value") for s in doc.iter("sibling")} == {"10", "21"}
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"qemu_version": "7.2"}, "older than 8.1"),
+    ({}, "QEMU version unknown"),
+    ({"qemu_version": "8.2", "hide_kvm": True}, "KVM hidden"),
+])
+def test_cliques_left_out_with_the_reason(tmp_path, options, why):
+    switch_host(tmp_path)
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:19:00.0"], **options)
+    doc = checked(spec, tmp_path)
+    assert spec.cliques == [] and not list(doc.iter("alias"))
+    assert any(why in note for note in spec.notes), spec.notes
+    assert spec.topology == "mirror"  # the switch is mirrored either way
+
+
+def test_p2p_off_and_flat(tmp_path):
+    switch_host(tmp_path)
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:19:00.0"], qemu_version="8.2", p2p="off", topology="flat")
+    doc = checked(spec, tmp_path)
+    assert spec.cliques == [] and spec.notes == []
+    assert set(models(doc).values()) == {"pcie-root", "pcie-root-port"}
+
+
+def test_no_acs_no_clique(tmp_path):
+    switch_host(tmp_path, acs=False, nic=False)
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:19:00.0"], qemu_version="8.2")
+    checked(spec, tmp_path)
+    assert spec.cliques == []
+    assert any("shares IOMMU group" in note for note in spec.notes)
+
+
+def test_acs_override_no_clique(tmp_path):
+    switch_host(tmp_path, cmdline="intel_iommu=on pcie_acs_override=downstream,multifunction")
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:19:00.0"], qemu_version="8.2", force=True)
+    assert spec.cliques == []
+    assert any("pcie_acs_override" in note for note in spec.notes)
+
+
+def test_across_sockets_no_clique(tmp_path):
+    switch_host(tmp_path)
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:9a:00.0"], qemu_version="8.2")
+    checked(spec, tmp_path)
+    assert spec.cliques == []
+    assert sum("nearest GPU is SYS" in note for note in spec.notes) == 2
+
+
+def test_one_device_stays_flat(tmp_path):
+    switch_host(tmp_path)
+    spec = spec_for(tmp_path, ["0000:18:00.0"], qemu_version="8.2")
+    doc = checked(spec, tmp_path)
+    assert spec.topology == "flat"
+    assert set(models(doc).values()) == {"pcie-root", "pcie-root-port"}
+
+
+def test_bad_topology_words_are_input_errors():
+    from gpuvfio.errors import InputError
+
+    for options in ({"topology": "tree"}, {"p2p": "on"}, {"qemu_version": "8.x"}, {"qemu_version": ""}):
+        with pytest.raises(InputError):
+            domain_request("x", **options)
