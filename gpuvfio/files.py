@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
+
+from gpuvfio.errors import GpuvfioError, InputError
 
 
 def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
@@ -32,3 +35,30 @@ def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def check_output_path(out: str) -> None:
+    """``out`` is a new name in an existing directory or a regular file (replaced): never a
+    device, a directory or a link (gpuvfio runs as root; a rename over /dev/null is a mistake)."""
+    if not out or "\0" in out:
+        raise InputError("the output path is empty")
+    path = os.path.abspath(out)
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write {out}: {directory} is not a directory")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise InputError(f"cannot write {out}: it is {kind} (give a new name, a regular file, or - for stdout)")
+
+
+def write_output(out: str, text: str) -> None:
+    """Write a file the user named (checked as above), atomically; errors in one line."""
+    check_output_path(out)
+    try:
+        atomic_write(os.path.abspath(out), text)
+    except OSError as exc:
+        raise GpuvfioError(f"cannot write {out}: {exc.strerror or exc}") from None

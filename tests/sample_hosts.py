@@ -47,6 +47,7 @@ A100_PCIE_80G = "20b5"      # GA100 [A100 PCIe 80GB]
 A10 = "2236"                # GA102GL [A10]; its VFs carry the same device ID
 T4 = "1eb8"                 # TU104GL [Tesla T4]
 V100_PCIE_16G = "1db4"      # GV100GL [Tesla V100 PCIe 16GB]
+L40S = "26b9"               # AD102GL [L40S]; newer than the 2023.04 pci.ids
 RTX_4090, RTX_4090_AUDIO = "2684", "22ba"  # AD102 [GeForce RTX 4090], AD102 HD Audio
 RTX_3060, RTX_3060_AUDIO = "2504", "228e"  # GA106 [GeForce RTX 3060 Lite Hash Rate], GA106 HD Audio
 CONNECTX7, CONNECTX6DX, MLX5_VF = "1021", "101d", "101e"
@@ -224,6 +225,18 @@ PRETTY_NAME="Red Hat Enterprise Linux 9.4 (Plow)"
 ANSI_COLOR="0;31"
 CPE_NAME="cpe:/o:redhat:enterprise_linux:9::baseos"
 HOME_URL="https://www.redhat.com/"
+"""
+
+UBUNTU_2404 = """
+PRETTY_NAME="Ubuntu 24.04.2 LTS"
+NAME="Ubuntu"
+VERSION_ID="24.04"
+VERSION="24.04.2 LTS (Noble Numbat)"
+VERSION_CODENAME=noble
+ID=ubuntu
+ID_LIKE=debian
+HOME_URL="https://www.ubuntu.com/"
+UBUNTU_CODENAME=noble
 """
 
 
@@ -583,9 +596,102 @@ def build_iommu_off(root: str) -> None:
     b.holder(1702, "nvidia-persiste", ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"])
 
 
+# -- 5. pcie-switch ------------------------------------------------------------------------
+def build_pcie_switch(root: str) -> None:
+    """A 2-socket PCIe GPU server with one Broadcom PEX89xxx switch behind each CPU.
+
+    Modelled on a Supermicro SYS-421GE-TNRT (X13 dual socket, 4th gen Xeon Scalable) in its
+    dual-root configuration: each CPU feeds one PEX89xxx Gen5 switch through an x16 root
+    port, and the switch's downstream ports carry the GPU and NIC slots. This one holds
+    4x L40S and 2x ConnectX-7, one L40S pair and one CX7 per switch (one NIC per two GPUs,
+    as in NVIDIA's 2-8-5 PCIe reference configuration). 2x Xeon Platinum 8462Y+ (32 cores,
+    HT), 512 GiB per socket, 192 x 1G hugepages reserved on each node, the BMC's AST2600
+    (behind its AST1150 PCIe-to-PCI bridge) as boot VGA, one PM9A3 U.2 on socket 0. The
+    L40S is a PCIe Gen4 x16 card: it trains at 16 GT/s on the Gen5 switch ports.
+
+    Socket 0's switch has ACS on its downstream ports: every DSP, GPU and NIC has a group of
+    its own. Socket 1's switch runs a configuration whose downstream ports expose no ACS
+    (as set up for GPU<->GPU and GPU<->NIC peer-to-peer inside the switch), so its DSPs and
+    everything below them share ONE group: both L40S, the CX7 and the three DSPs. The root
+    port and the upstream port (which has no BAR) stay alone. This is the grouping of the
+    corrected pci_device_group() (Jason Gunthorpe, "iommu: Compute iommu_groups properly for
+    PCIe switches", in the "Fix incorrect iommu_groups with PCIe ACS" series), which
+    NVIDIA carries in Ubuntu 24.04's linux-nvidia 6.14 kernel (NV-Kernels PR #164, July
+    2025; the ABI number in the release string is illustrative). Kernels without that series
+    put each non-ACS DSP in a group with its own child only, an isolation hole the series
+    closes. Under the same series the AST1150 (no MMIO of its own) is isolated from its
+    secondary bus, so the bridge and the AST2600 get separate groups here (the older
+    kernels of the other samples put them together).
+    """
+    b = HostBuilder(root)
+    b.osrelease("6.14.0-1013-nvidia")
+    _os_release(b, UBUNTU_2404)
+    b.cmdline("BOOT_IMAGE=/vmlinuz-6.14.0-1013-nvidia root=UUID=3c9a61d2-7e40-4b8f-a5d1-0e6f2b9c4a17 ro "
+              "intel_iommu=on iommu=pt default_hugepagesz=1G hugepagesz=1G hugepages=384 "
+              "modprobe.blacklist=nouveau nouveau.modeset=0 console=tty0 console=ttyS1,115200n8")
+    b.modules(["nvidia_peermem", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia", "mlx5_ib", "ib_uverbs",
+               "ib_core", "mlx5_core", "mlxfw", "nvme", "nvme_core", "ast", "drm_shmem_helper",
+               "drm_kms_helper", "kvm_intel", "kvm", "irqbypass"])
+    b.iommu("intel", units=16)  # one DMAR unit per PCIe/accelerator stack, 8 per socket (as dgx-h100)
+    b.cpuinfo("Intel(R) Xeon(R) Platinum 8462Y+", 46, 57)
+    b.firmware()  # Ubuntu's ovmf package
+    sockets = b.cpu_topology(2, 32, 2)  # 128 CPUs: node0 0-31,64-95; node1 32-63,96-127
+    b.remote_distance = 21  # SLIT: two-socket Xeon (the builder's default, said outright)
+    for node in (0, 1):
+        b.numa_node(node, sockets[node], 512, {HUGE_1G: (192, 192)})
+    b.framebuffer("astdrmfb")
+
+    # Socket 0, stack 0: VT-d/RAS and the BMC.
+    rb0 = b.root_bus(0, 0x00, numa=0)
+    for fn, dev in ((0, SPR_VTD), (2, SPR_RAS)):
+        b.function(rb0, f"0000:00:00.{fn}", INTEL, dev, SYSTEM_PERIPHERAL, revision="20", reset_method=None,
+                   multifunction=True)
+    bmc_port = b.bridge(rb0, "0000:00:02.0", INTEL, SPR_ROOT_PORT, secondary_bus=0x01, link=(1, 1))
+    ast_bridge = b.bridge(bmc_port, "0000:01:00.0", ASPEED, AST1150, secondary_bus=0x02, link=(1, 1),
+                          driver=None)
+    b.function(ast_bridge, "0000:02:00.0", ASPEED, AST_VGA, VGA, driver="ast", revision="52",
+               subsystem=("15d9", AST_VGA), bars=[(0, 64 * MiB, BAR32), (1, 256 * KiB, BAR32), (2, 128, IO)],
+               boot_vga=True, reset_method=None)
+
+    def switch(rbus: int, acs: bool) -> None:
+        """RB:01.0 -> PEX89xxx USP (RB+1) -> DSPs (RB+2):00-02.0 -> L40S, L40S, ConnectX-7.
+        Devices are created in the order the kernel adds them (a bus, then the buses below)."""
+        rp = b.bridge(b.root_bus(0, rbus, numa=0 if rbus < 0x80 else 1), f"0000:{rbus:02x}:01.0", INTEL,
+                      SPR_ROOT_PORT, secondary_bus=rbus + 1, link=(5, 16))
+        up = b.bridge(rp, f"0000:{rbus + 1:02x}:00.0", BROADCOM_LSI, PEX890XX, secondary_bus=rbus + 2,
+                      link=(5, 16))
+        shared = "auto" if acs else b.new_group()
+        links = ((4, 16, 5, 16), (4, 16, 5, 16), (5, 16))
+        ports = [b.bridge(up, f"0000:{rbus + 2:02x}:{n:02x}.0", BROADCOM_LSI, PEX890XX,
+                          secondary_bus=rbus + 3 + n, link=links[n], group=shared) for n in range(3)]
+        for n in range(2):
+            b.function(ports[n], f"0000:{rbus + 3 + n:02x}:00.0", NVIDIA, L40S, DISPLAY_3D, driver="nvidia",
+                       subsystem=(NVIDIA, "1851"), link=(4, 16), bars=_gpu_bars(64 * GiB), group=shared,
+                       reset_method="bus")
+        b.function(ports[2], f"0000:{rbus + 5:02x}:00.0", MELLANOX, CONNECTX7, ETHERNET, driver="mlx5_core",
+                   subsystem=(MELLANOX, "0012"), revision="00", link=(5, 16), bars=[(0, 32 * MiB, BAR64_PREF)],
+                   group=shared)
+
+    switch(0x15, acs=True)
+    rb = b.root_bus(0, 0x37, numa=0)
+    port = b.bridge(rb, "0000:37:01.0", INTEL, SPR_ROOT_PORT, secondary_bus=0x38, link=(4, 4))
+    b.function(port, "0000:38:00.0", SAMSUNG, PM9A3, NVME, driver="nvme", subsystem=(SAMSUNG, "a801"),
+               revision="00", link=(4, 4), bars=[(0, 32 * KiB, BAR64)])
+
+    # Socket 1, stack 0: VT-d/RAS again; then the switch without ACS.
+    rb = b.root_bus(0, 0x80, numa=1)
+    for fn, dev in ((0, SPR_VTD), (2, SPR_RAS)):
+        b.function(rb, f"0000:80:00.{fn}", INTEL, dev, SYSTEM_PERIPHERAL, revision="20", reset_method=None,
+                   multifunction=True)
+    switch(0x97, acs=False)
+
+    b.holder(2107, "nvidia-persiste", ["/dev/nvidiactl"] + [f"/dev/nvidia{n}" for n in range(4)])
+
+
 SAMPLES = {
     "dgx-h100": build_dgx_h100,
     "workstation": build_workstation,
     "epyc-mixed": build_epyc_mixed,
     "iommu-off": build_iommu_off,
+    "pcie-switch": build_pcie_switch,
 }

@@ -25,6 +25,10 @@ CASES = {
                                    "--name", "dgx-8gpu", "--vcpus", "64", "--memory", "512G", "--topology", "flat"]),
     "dgx-gpu-nic-pairs": ("dgx-h100", ["0000:1b:00.0", "0000:18:00.0", "0000:43:00.0", "0000:40:00.0",
                                        "--name", "pairs", "--vcpus", "16", "--memory", "128G"]),
+    "switch-2gpu-nic-clique": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "--name", "l40s-pair",
+                                               "--vcpus", "16", "--memory", "64G", "--qemu-version", "8.2"]),
+    "switch-2gpu-qemu72": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "--name", "l40s-old-qemu",
+                                           "--vcpus", "8", "--memory", "32G", "--qemu-version", "7.2"]),
     "dgx-1gpu-local": ("dgx-h100", ["0000:9d:00.0", "--name", "h100-node1", "--vcpus", "16", "--memory", "64GiB",
                                     "--disk", "/var/lib/libvirt/images/h100.qcow2", "--network", "default"]),
     "dgx-1gpu-remote-numa": ("dgx-h100", ["0000:1b:00.0", "--name", "h100-remote", "--vcpus", "8",
@@ -133,6 +137,20 @@ def test_dgx_two_cells_keep_host_locality(generated, case):
     mmio = re.search(r"X-PciMmio64Mb,string=(\d+)", generated[case])
     assert int(mmio.group(1)) * 2**20 >= 8 * 128 * 2**30  # the window covers eight 128 GiB BAR1s
     assert doc.find("memoryBacking/hugepages/page").get("size") == "1048576"
+
+
+def test_clique_golden_shape(generated):
+    """The switch sample's socket-0 pair: one emulated switch (with the NIC) and one clique;
+    the same pair for QEMU 7.2: mirrored, but no clique (and no qemu namespace at all)."""
+    doc = etree.fromstring(generated["switch-2gpu-nic-clique"].encode())
+    ns = {"qemu": "http://libvirt.org/schemas/domain/qemu/1.0"}
+    cliques = {d.get("alias"): d.find(".//qemu:property", ns).get("value")
+               for d in doc.iterfind("qemu:override/qemu:device", ns)}
+    assert cliques == {"ua-gpu0": "0", "ua-gpu1": "0"}
+    assert len([c for c in doc.iter("controller") if c.get("model") == "pcie-switch-downstream-port"]) == 3
+    old = generated["switch-2gpu-qemu72"]
+    assert "x-nv-gpudirect-clique" not in old and "qemu:override" not in old
+    assert "pcie-switch-upstream-port" in old
 
 
 def test_names_are_escaped(generated):

@@ -50,6 +50,11 @@ def test_golden_defines_in_qemu_driver(conn, path):
         assert dom.name().startswith("gpuvfio-")
         stored = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
         assert stored.count("<hostdev ") == xml.count("<hostdev ")
+        # What the schema allows and only the driver could refuse: switches, pxbs on cells, cliques.
+        for model in ("pcie-switch-upstream-port", "pcie-switch-downstream-port", "pcie-expander-bus"):
+            assert stored.count(f"model='{model}'") == xml.count(f"model='{model}'"), model
+        assert stored.count("x-nv-gpudirect-clique") == xml.count("x-nv-gpudirect-clique")
+        assert stored.count("<sibling ") == xml.count("<sibling ")
     finally:
         dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
 

@@ -12,7 +12,10 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.binding import parse_addresses
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.domains import DomainRequest, define_domain, domain_request, existing_domain, provision_xml
+from gpuvfio.domain.nccl_topo import GUEST_FILE
+from gpuvfio.files import check_output_path, write_output
+from gpuvfio.ops.domains import (DomainRequest, define_domain, domain_request, existing_domain, nccl_topology_file,
+                                 provision_xml)
 
 Name = Annotated[str, typer.Option("--name", help="Domain name.")]
 Vcpus = Annotated[int, typer.Option("--vcpus")]
@@ -86,6 +89,9 @@ def xml_cmd(
     define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
     update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
     connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
+    nccl_topo: Annotated[Optional[str], typer.Option(
+        "--nccl-topo", metavar="FILE", help="Also write the predicted NCCL topology file (NCCL_TOPO_FILE) for the "
+        "guest; attach writes the real one inside the guest.")] = None,
     as_json: JsonOption = False,
     root: RootOption = None,
 ) -> None:
@@ -95,6 +101,8 @@ def xml_cmd(
                       network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version)
     request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
     wanted = parse_addresses(addresses)
+    if nccl_topo is not None:
+        check_output_path(nccl_topo)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
         # With --define, the domain it would replace: a running one's hugepages count as its own.
         existing = existing_domain(ctx, request.name, uri=connect) if define else None
@@ -104,6 +112,10 @@ def xml_cmd(
             say(f"warning: {warning}")
         for note in provisioned.spec.notes:
             say(f"note: {note}")
+        if nccl_topo is not None:
+            write_output(nccl_topo, nccl_topology_file(ctx, provisioned))
+            say(f"wrote {nccl_topo}: a PREDICTION of the guest's bus ids (firmware numbers them at boot); attach "
+                f"writes the file from what the guest shows, as {GUEST_FILE}")
         result = define_domain(ctx, provisioned.xml, uri=connect, update=update).to_json() if define else None
     if as_json:
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,

@@ -123,10 +123,16 @@ def attach_cmd(
     if as_json:
         emit_json(result.to_json())
     else:
-        for note in (result.ssh or {}).get("notes", []):
+        for note in (result.ssh or {}).get("notes", []) + [f"note: {n}" for n in result.notes]:
             say(note)
+        if result.start_to_ssh_s is not None:
+            say(f"the guest answered SSH {result.start_to_ssh_s:.1f}s after libvirt started it")
         if result.report:
             render.print_verify(result.report)
+        nccl = result.nccl_topology
+        if nccl is not None:
+            say(f"NCCL topology written in the guest: {nccl['use']}" if nccl["written"]
+                else f"NCCL topology NOT written: {nccl['error']}")
         say(f"{name} is running ({'verified' if result.ok else 'verification FAILED'}); "
             f"gpuvfio detach {name} undoes it")
     if not result.ok:

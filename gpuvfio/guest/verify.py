@@ -158,6 +158,18 @@ def probe_argv(script: str) -> list[str]:
     return ["sh", "-c", script, PROBE_NAME]
 
 
+def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None) -> dict:
+    """The guest's facts (parse_probe); VerifyError when the probe fails or answers garbage."""
+    with open(PROBE, encoding="utf-8") as handle:
+        probe_sh = handle.read()
+    began = time.monotonic()
+    status, out, err = session.run(probe_argv(probe_sh), timeout=timeout)
+    progress(f"  guest probe: exit {status} ({time.monotonic() - began:.1f}s)")
+    if status:
+        raise VerifyError(f"the guest probe failed (exit {status}): {err.strip()[:200]}")
+    return parse_probe(out)
+
+
 def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, timeout: float = 600.0,
                  probe_timeout: float = 120.0, gates: Gates = Gates(), verifier_args: tuple[str, ...] = (),
                  progress=lambda line: None) -> dict:
@@ -169,15 +181,8 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
     layers of it), ``timeout`` the verifier (bandwidth runs included). SSH failures themselves
     (no connection) are raised: there is no guest to judge.
     """
-    with open(PROBE, encoding="utf-8") as handle:
-        probe_sh = handle.read()
-    began = time.monotonic()
-    status, out, err = session.run(probe_argv(probe_sh), timeout=probe_timeout)
-    progress(f"  guest probe: exit {status} ({time.monotonic() - began:.1f}s)")
     try:
-        if status:
-            raise VerifyError(f"the guest probe failed (exit {status}): {err.strip()[:200]}")
-        probe = parse_probe(out)
+        probe = run_probe(session, timeout=probe_timeout, progress=progress)
     except VerifyError as exc:
         failed = report([check("probe", "fail", reason=str(exc))], {}, None)
         failed["expected"] = [e.to_json() for e in expected]

@@ -82,3 +82,9 @@ def physical_address_bits(host: HostRoot) -> int | None:
     """The CPU's physical address width (``address sizes`` in /proc/cpuinfo)."""
     match = re.search(r"address sizes\s*:\s*(\d+) bits physical", host.read(host.path("proc", "cpuinfo")) or "")
     return int(match.group(1)) if match else None
+
+
+def cpu_vendor(host: HostRoot) -> str | None:
+    """``GenuineIntel`` / ``AuthenticAMD`` (``vendor_id`` in /proc/cpuinfo)."""
+    match = re.search(r"^vendor_id\s*:\s*(\S+)", host.read(host.path("proc", "cpuinfo")) or "", re.M)
+    return match.group(1) if match else None

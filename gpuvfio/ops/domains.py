@@ -10,19 +10,21 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
+from gpuvfio.domain import nccl_topo
 from gpuvfio.domain.render import domain_xml
 from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepages, parse_numa, parse_uuid
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
 from gpuvfio.host.inventory import Inventory, read_inventory
-from gpuvfio.host.numa import read_numa
+from gpuvfio.host.numa import cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
+from gpuvfio.host.topology import position
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import Refused
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 
-__all__ = ["Provisioned", "provision_xml", "hypervisor_version", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "hypervisor_version", "nccl_topology_file", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -69,6 +71,38 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
     held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
     spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held)
     return Provisioned(spec, domain_xml(spec), inventory)
+
+
+def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None) -> str:
+    """The NCCL topology file for a provisioned guest: from the devices the guest shows
+    (``guest_pci``, the probe's PCI facts) or, without them, from the predicted bus ids."""
+    spec = provisioned.spec
+    if guest_pci is None:
+        devices = nccl_topo.predicted_addresses(spec.controllers, spec.ports)
+    else:
+        devices = nccl_topo.map_guest(spec.controllers, spec.ports, guest_pci)
+    by_index = {c.index: c for c in spec.controllers}
+
+    def cell_of(port) -> int:
+        index = port.index
+        while index:
+            controller = by_index[index]
+            if controller.model == "pcie-expander-bus":
+                return controller.cell or 0
+            index = controller.parent
+        return 0
+
+    cells = ([(i, cell.vcpus) for i, cell in enumerate(spec.cells)] if spec.guest_cells
+             else [(0, list(range(spec.vcpus)))])
+    links = {}
+    for device in devices:
+        host_switch = position(device.port.functions[0]).switch if device.switch else None
+        uplink = provisioned.inventory.functions.get(host_switch) if host_switch else None
+        attributes = nccl_topo.link_attributes(uplink) if uplink is not None else None
+        if attributes:
+            links[device.switch] = attributes
+    return nccl_topo.nccl_topology(devices, cells, {p.index: cell_of(p) for p in spec.ports},
+                                   cpu_vendor=cpu_vendor(ctx.host), switch_links=links)
 
 
 def hypervisor_version(ctx: Context, uri: str | None) -> tuple[int, ...] | None:

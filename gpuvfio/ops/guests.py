@@ -15,12 +15,14 @@ it, give its devices back.
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.plan import BindPolicy
+from gpuvfio.domain.nccl_topo import GUEST_FILE, TopologyMismatch
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.guest.checks import evaluate
@@ -28,11 +30,11 @@ from gpuvfio.guest.expect import (LINK_EFFICIENCY, Expected, Gates, expectations
                                   parse_expect)  # parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
-from gpuvfio.guest.verify import parse_probe, parse_verifier, verify_guest
+from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context, checked_seconds, run_output
-from gpuvfio.ops.domains import define_domain, provision_xml
+from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file, provision_xml
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, default_uri
@@ -51,10 +53,14 @@ class AttachResult:
     define: dict | None = None
     rolled_back: list[str] = field(default_factory=list)
     ok: bool = False
+    start_to_ssh_s: float | None = None  # from libvirt's start until the guest's SSH answered
+    nccl_topology: dict | None = None  # the NCCL topology file written in the guest, or why not
+    notes: list[str] = field(default_factory=list)  # what the plan decided (layout, P2P cliques)
 
     def to_json(self) -> dict:
         return {"name": self.name, "ok": self.ok, "steps": self.steps, "define": self.define,
-                "verify": self.report, "ssh": self.ssh, "rolled_back": self.rolled_back, "xml": self.xml}
+                "verify": self.report, "ssh": self.ssh, "rolled_back": self.rolled_back, "xml": self.xml,
+                "start_to_ssh_s": self.start_to_ssh_s, "nccl_topology": self.nccl_topology, "notes": self.notes}
 
 
 class AttachFailed(GpuvfioError):
@@ -131,6 +137,7 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
     try:
         provisioned = provision_xml(ctx, addresses, request, uri=uri, ask_libvirt=True)
         result.xml = provisioned.xml
+        result.notes = list(provisioned.spec.notes)
         if provisioned.passthrough:
             # The domain-use check asks the connection this attach defines on, leaving its own
             # domain out (it is about to be redefined); devices already on vfio-pci must not be
@@ -148,6 +155,7 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
         elif defined.previous_xml is not None:
             undo.append(("put back the previous definition",
                          lambda: call(f"redefining {request.name}", conn.defineXML, defined.previous_xml)))
+        started = ctx.clock.monotonic()
         step("start", lifecycle.start, dom)
         undo.append(("destroy", lambda: lifecycle.stop(dom, timeout=0)))
         if ssh.host is None:
@@ -156,6 +164,8 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
             target = guest_target(ssh)
         result.ssh = {"host": target.host, "port": target.port, "user": target.user}
         session = step("wait for ssh", Session(target, recorded_known_hosts(ctx)).connect)
+        # Big-BAR guests took minutes to start before kernel huge-pfnmap and QEMU 9.2: say how long.
+        result.start_to_ssh_s = round(ctx.clock.monotonic() - started, 3)
         try:
             result.ssh["notes"] = list(target.notes)
             if verify is not None:
@@ -164,6 +174,10 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                     session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
                     probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
                     progress=ctx.progress))
+            if any(f.is_nvidia and f.is_gpu for f in provisioned.inventory.functions.values()
+                   if f.address in provisioned.passthrough):
+                result.nccl_topology = step("nccl topology", write_nccl_topology, ctx, session, provisioned,
+                                            verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
         finally:
             session.close()
     except BaseException as exc:
@@ -182,8 +196,27 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                            + (f"; rolled back: {', '.join(result.rolled_back)}" if result.rolled_back else
                               ("; kept as it is (--keep-on-failure)" if keep_on_failure and undo else "")),
                            result, exit_code=getattr(exc, "exit_code", 1)) from None
-    result.ok = result.report is None or result.report["ok"]
+    result.ok = (result.report is None or result.report["ok"]) and (
+        result.nccl_topology is None or result.nccl_topology["written"])
     return result
+
+
+def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float) -> dict:
+    """Write the guest's NCCL topology file from the bus ids the guest shows (the probe's view),
+    mapped onto the planned devices. A guest whose devices do not line up with the plan gets
+    no file: the answer says why (and attach fails: the guest is not what was planned)."""
+    try:
+        facts = run_probe(session, timeout=probe_timeout, progress=ctx.progress)
+        text = nccl_topology_file(ctx, provisioned, facts["pci"])
+    except (VerifyError, TopologyMismatch) as exc:
+        return {"written": False, "path": None, "error": str(exc)}
+    directory = posixpath.dirname(GUEST_FILE)
+    status, _out, err = session.run(["sh", "-c", 'mkdir -p "$1" && cat > "$2.tmp" && mv "$2.tmp" "$2"', "sh",
+                                     directory, GUEST_FILE], stdin=text.encode(), timeout=probe_timeout)
+    if status:
+        return {"written": False, "path": None, "error": f"writing {GUEST_FILE} failed (exit {status}): "
+                                                         f"{err.strip()[:200]}"}
+    return {"written": True, "path": GUEST_FILE, "use": f"export NCCL_TOPO_FILE={GUEST_FILE}", "xml": text}
 
 
 def _discover(ctx: Context, ssh: SshOptions, conn, dom):

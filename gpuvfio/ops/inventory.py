@@ -3,13 +3,11 @@ identity that testbed results are read against."""
 
 from __future__ import annotations
 
-import os
 import platform
-import stat
 
 from gpuvfio.address import PciAddress
-from gpuvfio.files import atomic_write
-from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.files import check_output_path, write_output
+from gpuvfio.errors import InputError
 from gpuvfio.host.doctor import run_doctor
 from gpuvfio.host.fixture import dump_host as record
 from gpuvfio.host.fixture import open_host
@@ -65,29 +63,9 @@ def dump_host(host: HostRoot, out: str) -> str:
     if out != "-":
         check_output_path(out)
     text = record(host)
-    if out == "-":
-        return text
-    try:
-        atomic_write(os.path.abspath(out), text)
-    except OSError as exc:
-        raise GpuvfioError(f"cannot write {out}: {exc.strerror or exc}") from None
+    if out != "-":
+        write_output(out, text)
     return text
-
-
-def check_output_path(out: str) -> None:
-    if not out or "\0" in out:
-        raise InputError("the output path is empty")
-    path = os.path.abspath(out)
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        raise InputError(f"cannot write {out}: {directory} is not a directory")
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        kind = "a link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise InputError(f"cannot write {out}: it is {kind} (give a new name, a regular file, or - for stdout)")
 
 
 def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:

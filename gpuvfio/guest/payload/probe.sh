@@ -5,6 +5,7 @@
 #   KERNEL <release>
 #   PYTHON3 <path>|none
 #   PCI|<addr>|<vendor>|<device>|<class>|<driver|->|<cur speed>|<cur width>|<max speed>|<max width>|<upstream|->
+#     (upstream: the bridge above it, for NVIDIA functions, bridges, NICs and displays; '-' on a root bus)
 #   MODULE <name>
 #   NVIDIA-VERSION <first line of /proc/driver/nvidia/version>
 #   NVSMI-BEGIN / ... nvidia-smi -q -x ... / NVSMI-END
@@ -35,8 +36,10 @@ for d in "$R/sys/bus/pci/devices/"*; do
     one "$d/current_link_speed"; cs=$V; one "$d/current_link_width"; cw=$V
     one "$d/max_link_speed"; ms=$V; one "$d/max_link_width"; mw=$V
     up=-
-    if [ "$ven" = 0x10de ]; then  # the port it sits on (one fork, NVIDIA functions only)
-        nv=1
+    want=
+    [ "$ven" = 0x10de ] && { nv=1; want=1; }
+    case $cls in 0x0604*|0x02*|0x03*) want=1 ;; esac
+    if [ -n "$want" ]; then  # the port it sits on (one fork: NVIDIA functions, bridges, NICs, displays)
         up=$(readlink -f "$d" 2>/dev/null) || up=-
         up=${up%/*}; up=${up##*/}
         case $up in *:*:*.*) ;; *) up=- ;; esac
