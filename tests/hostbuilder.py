@@ -367,6 +367,32 @@ class HostBuilder:
                 os.unlink(link)
             os.symlink(node, link)  # absolute, like /proc/PID/fd; read, never followed
 
+    # -- NVLink (NVML's, recorded: gpuvfio.host.nvlink) ---------------------------------------
+    def nvlink(self, links: dict) -> str:
+        """The NVLink recording ``dump-host`` makes from NVML: ``links`` maps a GPU's address to
+        {far end's address: number of active links}, links numbered from 0 in that order. A far
+        end that is a display-class function of this tree is a GPU, anything else an NVSwitch
+        (an HGX baseboard's are class 0680 endpoints; an NVL72 rack's are not on the node's PCIe)."""
+        import json
+
+        from gpuvfio.host.nvlink import FORMAT, RECORD, VERSION
+
+        def kind(remote: str) -> str:
+            fn = self.functions.get(PciAddress.parse(remote))
+            if fn is None:
+                return "switch"
+            with open(os.path.join(fn.path, "class")) as handle:
+                return "gpu" if handle.read().strip().removeprefix("0x").startswith("03") else "switch"
+
+        gpus = {}
+        for gpu, remotes in links.items():
+            numbered = [(remote, count) for remote, count in remotes.items() for _ in range(count)]
+            gpus[str(PciAddress.parse(gpu))] = [{"link": n, "remote": str(PciAddress.parse(remote)),
+                                                 "type": kind(remote)} for n, (remote, _c) in enumerate(numbered)]
+        path = os.path.join(self.root, *RECORD)
+        _write(path, json.dumps({"format": FORMAT, "version": VERSION, "gpus": gpus}, indent=1) + "\n")
+        return path
+
 
 def _align(value: int, size: int) -> int:
     return (value + size - 1) // size * size if size else value

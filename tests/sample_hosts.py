@@ -314,6 +314,9 @@ def build_dgx_h100(root: str) -> None:
                 b.function(rb, f"0000:{rbus:02x}:00.{fn}", INTEL, dev, SYSTEM_PERIPHERAL, revision="20",
                            reset_method=None, multifunction=True)
 
+    # NVLink as NVML reports it on HGX H100: each GPU's 18 links go to the 4 NVSwitches (5/4/4/5).
+    b.nvlink({f"0000:{bus:02x}:00.0": {"0000:03:00.0": 5, "0000:04:00.0": 4, "0000:05:00.0": 4, "0000:06:00.0": 5}
+              for bus in (0x1b, 0x43, 0x52, 0x61, 0x9d, 0xc3, 0xd1, 0xdf)})
     gpus = [f"/dev/nvidia{n}" for n in range(8)]
     b.holder(2214, "nvidia-persiste", ["/dev/nvidiactl"] + gpus)  # nvidia-persistenced (comm is 15 chars)
     b.holder(2391, "nv-fabricmanage", ["/dev/nvidiactl", "/dev/nvidia-nvswitchctl"]

@@ -12,10 +12,9 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.binding import parse_addresses
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context
-from gpuvfio.domain.nccl_topo import GUEST_FILE
 from gpuvfio.files import check_output_path, write_output
-from gpuvfio.ops.domains import (DomainRequest, define_domain, domain_request, existing_domain, nccl_topology_file,
-                                 provision_xml)
+from gpuvfio.ops.domains import (NCCL_GUEST_FILE, DomainRequest, define_domain, domain_request, existing_domain,
+                                 nccl_topology_file, provision_xml)
 
 Name = Annotated[str, typer.Option("--name", help="Domain name.")]
 Vcpus = Annotated[int, typer.Option("--vcpus")]
@@ -115,7 +114,7 @@ def xml_cmd(
         if nccl_topo is not None:
             write_output(nccl_topo, nccl_topology_file(ctx, provisioned))
             say(f"wrote {nccl_topo}: a PREDICTION of the guest's bus ids (firmware numbers them at boot); attach "
-                f"writes the file from what the guest shows, as {GUEST_FILE}")
+                f"writes the file from what the guest shows, as {NCCL_GUEST_FILE}")
         result = define_domain(ctx, provisioned.xml, uri=connect, update=update).to_json() if define else None
     if as_json:
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,

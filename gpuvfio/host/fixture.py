@@ -8,6 +8,8 @@ Modelled on umockdev's records. One record a line:
     L <path> <target>   a relative symlink
 
 Paths are relative to the host root. ``dump_host`` records a live (or any) root;
+NVLink, which only NVML knows, goes in as the file ``var/lib/gpuvfio-fixture/nvlink.json``
+(gpuvfio.host.nvlink: read from NVML on the live host, copied from a recorded root);
 ``load_fixture`` materialises a fixture into a directory that works as ``--root``,
 refusing absolute paths, ``..`` and links that leave the target directory.
 """
@@ -25,6 +27,8 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError, InputError
 from gpuvfio.host.firmware import OVMF_CANDIDATES
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
+from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
+from gpuvfio.host.nvlink import record_text as nvlink_record
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 
 HEADER = "# gpuvfio host fixture v1"
@@ -191,6 +195,7 @@ def dump_host(host: HostRoot) -> str:
                 rec.file(os.path.join(cpus, cpu, "topology", attr))
     for module, param in MODULE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
+    rec.file(host.sys_path("module", "nvidia", "version"))  # the driver's, so the Fabric Manager's (host.fabric)
     for name in ("cmdline", "modules", "fb", "sys/kernel/osrelease"):
         rec.file(host.path("proc", name))
     rec.file(host.path("proc", "interrupts"), _strip_interrupt_counts)
@@ -201,6 +206,9 @@ def dump_host(host: HostRoot) -> str:
             rec.file(os.path.join(gpus, gpu, "information"))  # "Device Minor: N" -> /dev/nvidiaN
     rec.file(host.path("etc", "os-release"))
     rec.file(host.path(*FABRIC_MANAGER_CONFIG))
+    nvlink = nvlink_record(host)
+    if nvlink is not None:
+        rec.add("F", host.path(*NVLINK_RECORD), _esc(nvlink))
     release = (host.read(host.path("proc", "sys", "kernel", "osrelease")) or "").strip()
     if release and "/" not in release and release not in (".", ".."):
         for name in ("modules.dep", "modules.builtin"):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain import nccl_topo
+from gpuvfio.domain.nccl_topo import GUEST_FILE as NCCL_GUEST_FILE
 from gpuvfio.domain.render import domain_xml
 from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepages, parse_numa, parse_uuid
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
@@ -24,7 +25,7 @@ from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 
-__all__ = ["Provisioned", "provision_xml", "hypervisor_version", "nccl_topology_file", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "hypervisor_version", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 

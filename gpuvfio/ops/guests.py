@@ -211,8 +211,10 @@ def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_t
     except (VerifyError, TopologyMismatch) as exc:
         return {"written": False, "path": None, "error": str(exc)}
     directory = posixpath.dirname(GUEST_FILE)
-    status, _out, err = session.run(["sh", "-c", 'mkdir -p "$1" && cat > "$2.tmp" && mv "$2.tmp" "$2"', "sh",
-                                     directory, GUEST_FILE], stdin=text.encode(), timeout=probe_timeout)
+    # GPUVFIO_PROBE_ROOT: the stand-in guests of the tests keep their /etc under a root, as the probe does.
+    script = 'R="${GPUVFIO_PROBE_ROOT:-}"; mkdir -p "$R$1" && cat > "$R$2.tmp" && mv "$R$2.tmp" "$R$2"'
+    status, _out, err = session.run(["sh", "-c", script, "sh", directory, GUEST_FILE], stdin=text.encode(),
+                                    timeout=probe_timeout)
     if status:
         return {"written": False, "path": None, "error": f"writing {GUEST_FILE} failed (exit {status}): "
                                                          f"{err.strip()[:200]}"}

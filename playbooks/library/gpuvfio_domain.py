@@ -109,6 +109,22 @@ options:
   console_log:
     description: Also write the guest's serial console to this file on the host (absolute path).
     type: path
+  topology:
+    description: >-
+      C(mirror) gives the guest the host's PCIe shape (devices under one host switch share an emulated switch,
+      one pxb-pcie per host root complex on its NUMA cell); C(flat) one root port per device; C(auto) mirrors
+      two or more devices.
+    type: str
+    choices: [auto, mirror, flat]
+    default: auto
+  p2p:
+    description: C(auto) sets QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between; C(off) never.
+    type: str
+    choices: [auto, "off"]
+    default: auto
+  qemu_version:
+    description: The QEMU version the domain runs on (default, asked from the libvirt connection).
+    type: str
   force:
     description: Share cores or accept short hugepages; with C(state=running) also overridable bind refusals.
     type: bool
@@ -230,11 +246,12 @@ def domain_request(params):
         vgpu=params["vgpu"], uuid=params["uuid"], disk=params["disk"], kernel=params["kernel"],
         initrd=params["initrd"], cmdline=params["cmdline"], network=params["network"],
         virt_type=params["virt_type"], ssh_forward_port=params["ssh_forward_port"], console_log=params["console_log"],
-        force=params["force"])
+        force=params["force"], topology=params["topology"], p2p=params["p2p"], qemu_version=params["qemu_version"])
 
 
-def build(module, ctx, addresses, existing):
-    provisioned = domains.provision_xml(ctx, addresses, domain_request(module.params), replacing=existing)
+def build(module, ctx, addresses, existing, uri):
+    provisioned = domains.provision_xml(ctx, addresses, domain_request(module.params), replacing=existing, uri=uri,
+                                        ask_libvirt=True)
     for warning in provisioned.spec.warnings:
         module.warn(warning)
     return provisioned
@@ -252,7 +269,7 @@ def policy(params):
 def defined(module, ctx, uri, addresses) -> dict:
     name = module.params["name"]
     existing = domains.existing_domain(ctx, name, uri=uri)
-    provisioned = build(module, ctx, addresses, existing)
+    provisioned = build(module, ctx, addresses, existing, uri)
     before = existing.xml if existing is not None else ""
     report = domains.define_domain(ctx, provisioned.xml, uri=uri, update=module.params["update"],
                                    dry_run=module.check_mode).to_json()
@@ -272,7 +289,7 @@ def running(module, ctx, uri, addresses) -> dict:
     params = module.params
     name = params["name"]
     existing = domains.existing_domain(ctx, name, uri=uri)
-    provisioned = build(module, ctx, addresses, existing)
+    provisioned = build(module, ctx, addresses, existing, uri)
     before = existing.xml if existing is not None else ""
     if existing is not None and existing.active:
         changes = domains.differences(provisioned.xml, existing.xml)
@@ -345,6 +362,9 @@ def main(context_factory=None) -> None:
             network=dict(type="str"),
             ssh_forward_port=dict(type="int"),
             console_log=dict(type="path"),
+            topology=dict(type="str", choices=["auto", "mirror", "flat"], default="auto"),
+            p2p=dict(type="str", choices=["auto", "off"], default="auto"),
+            qemu_version=dict(type="str"),
             force=dict(type="bool", default=False),
             stop_services=dict(type="bool", default=False),
             verify=dict(type="bool", default=True),

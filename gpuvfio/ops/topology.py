@@ -1,0 +1,150 @@
+"""The topology service: the host's GPU/NIC matrix as ``nvidia-smi topo -m`` prints it (X, PIX,
+PXB, PHB, NODE, SYS from the sysfs tree, NV# from NVLink), each device's CPU and NUMA affinity,
+the NUMA distances (ACPI SLIT) and where each device hangs in the PCIe tree.
+
+Rows and columns are NVIDIA GPUs (class 03xx) then NICs (class 02xx), each in address order
+(GPU0.., NIC0..), as nvidia-smi numbers them; SR-IOV VFs only when named. A GPU pair whose
+NVLink was not read keeps its PCIe word and ``nvlink`` null: unknown, never "none".
+"""
+
+from __future__ import annotations
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError
+from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.model import PciFunction
+from gpuvfio.host.numa import read_numa
+from gpuvfio.host.nvlink import RECORD_PATH, NvLinkReading, read_nvlink
+from gpuvfio.host.pciids import PciIds
+from gpuvfio.host.root import HostRoot
+from gpuvfio.host.topology import LEGEND, NODE, PHB, PIX, PXB, SAME, SYS, is_nvidia_display, position, relation
+
+__all__ = ["topology_report", "LEGEND_ORDER"]
+
+NV = "NV#"
+LEGEND_ORDER = (SAME, SYS, NODE, PHB, PXB, PIX, NV)  # nvidia-smi's order
+FULL_LEGEND = {SAME: "self", **LEGEND, NV: "a bonded set of # NVLinks (NVML)"}
+
+
+def is_nic(fn: PciFunction) -> bool:
+    return fn.class_id.startswith("02")
+
+
+def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> dict:
+    """The ``gpuvfio topo --json`` object. ``only``: these functions (each a GPU or a NIC)."""
+    inventory = read_inventory(host, names=PciIds.load(host.root))
+    devices, left_out = _chosen(inventory, only)
+    nodes = read_numa(host)
+    single_node = len(nodes) <= 1
+    reading = read_nvlink(host)
+    names = _names(devices)
+    positions = {fn.address: position(fn) for fn in devices}
+    matrix: dict[str, dict[str, str]] = {}
+    pcie: dict[str, dict[str, str]] = {}
+    nvlink: dict[str, dict[str, int | None]] = {}
+    for a in devices:
+        row, prow = matrix.setdefault(names[a.address], {}), pcie.setdefault(names[a.address], {})
+        for b in devices:
+            word = relation(positions[a.address], positions[b.address], single_node=single_node)
+            prow[names[b.address]] = row[names[b.address]] = word
+            if is_nvidia_display(a) and is_nvidia_display(b) and a.address != b.address:
+                count = reading.links_between(a.address, b.address)
+                nvlink.setdefault(names[a.address], {})[names[b.address]] = count
+                if count:
+                    row[names[b.address]] = f"NV{count}"
+    notes = []
+    if left_out:
+        notes.append(f"{left_out} SR-IOV VF(s) left out (name them to see them)")
+    return {
+        "devices": [_device(fn, names[fn.address], positions[fn.address], inventory, reading) for fn in devices],
+        "matrix": matrix,
+        "pcie": pcie,
+        "nvlink_links": nvlink,
+        "nvlink": _nvlink_summary(reading, [fn for fn in devices if is_nvidia_display(fn)]),
+        "numa": {"nodes": [{"id": n.node_id, "cpulist": n.cpulist,
+                            "distances": {str(k): v for k, v in sorted(n.distances.items())}} for n in nodes],
+                 "single_node": single_node},
+        "legend": {word: FULL_LEGEND[word] for word in LEGEND_ORDER},
+        "notes": notes,
+    }
+
+
+def _chosen(inventory: Inventory, only: list[PciAddress]) -> tuple[list[PciFunction], int]:
+    functions = inventory.functions
+    if only:
+        unknown = [str(a) for a in only if a not in functions]
+        if unknown:
+            raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+        other = [functions[a].label() for a in only if not (is_nvidia_display(functions[a]) or is_nic(functions[a]))]
+        if other:
+            raise InputError(f"not an NVIDIA GPU (class 03xx) or a NIC (class 02xx): {'; '.join(other)}")
+        chosen = [functions[a] for a in sorted(set(only))]
+        left_out = 0
+    else:
+        every = [f for f in functions.values() if is_nvidia_display(f) or is_nic(f)]
+        chosen = [f for f in every if f.physfn is None]
+        left_out = len(every) - len(chosen)
+    gpus = [f for f in chosen if is_nvidia_display(f)]
+    return gpus + [f for f in chosen if not is_nvidia_display(f)], left_out
+
+
+def _names(devices: list[PciFunction]) -> dict[PciAddress, str]:
+    names, counts = {}, {"GPU": 0, "NIC": 0}
+    for fn in devices:
+        kind = "GPU" if is_nvidia_display(fn) else "NIC"
+        names[fn.address] = f"{kind}{counts[kind]}"
+        counts[kind] += 1
+    return names
+
+
+def _device(fn: PciFunction, name: str, pos, inventory: Inventory, reading: NvLinkReading) -> dict:
+    def bridge(address: PciAddress) -> dict:
+        upstream = inventory.functions.get(address)
+        return {"address": str(address), "name": upstream.device_name if upstream else None}
+
+    gpu = is_nvidia_display(fn)
+    return {
+        "name": name, "kind": "gpu" if gpu else "nic", "address": str(fn.address),
+        "vendor_id": fn.vendor_id, "device_id": fn.device_id, "device_name": fn.device_name,
+        "driver": fn.driver, "numa_node": fn.numa_node, "local_cpulist": fn.local_cpulist,
+        "root_complex": str(pos.root_complex),
+        "root_port": str(pos.root_port) if pos.root_port else None,
+        "switches": [bridge(s) for s in pos.switches],  # upstream ports, nearest the root first
+        "bridges": [str(b) for b in pos.path],
+        "nvlink": _gpu_links(fn, reading) if gpu else None,
+    }
+
+
+def _gpu_links(fn: PciFunction, reading: NvLinkReading) -> dict:
+    links = reading.gpus.get(fn.address)
+    if links is None:
+        return {"read": False, "why": _unread_reason(fn, reading)}
+    kinds = [link.kind for link in links]
+    return {"read": True, "links": len(links), "to_switch": kinds.count("switch"), "to_gpu": kinds.count("gpu"),
+            "other": len(kinds) - kinds.count("switch") - kinds.count("gpu"),
+            "detail": [link.to_json() for link in links]}
+
+
+def _unread_reason(fn: PciFunction, reading: NvLinkReading) -> str:
+    if reading.source is None:
+        return reading.reason or "not read"
+    if reading.reason is not None:
+        return f"not read on the recorded host: {reading.reason}"
+    if reading.source == "nvml":
+        return (f"NVML does not list it (it is on {fn.driver or 'no driver'}; NVML sees only GPUs on the "
+                "nvidia driver)")
+    return "the recording has no entry for it (not on the nvidia driver when it was recorded?)"
+
+
+def _nvlink_summary(reading: NvLinkReading, gpus: list[PciFunction]) -> dict:
+    unread = {str(fn.address): _unread_reason(fn, reading) for fn in gpus if fn.address not in reading.gpus}
+    if reading.source == "nvml":
+        said = "read from NVML" + (f" (driver {reading.driver})" if reading.driver else "")
+    elif reading.source == "recording" and reading.reason is None:
+        said = f"from the recording {RECORD_PATH}" + (f" (driver {reading.driver})" if reading.driver else "")
+    elif reading.source == "recording":
+        said = f"not read: the recording says its host was not read ({reading.reason})"
+    else:
+        said = f"not read: {reading.reason}"
+    return {"read": reading.read, "source": reading.source, "driver": reading.driver, "record": RECORD_PATH,
+            "reason": reading.reason, "summary": said, "unread": unread}
