@@ -84,7 +84,7 @@ def test_same_spec_without_hostdevs_boots(conn):
     image = gl.build_guest()
     spec = _tcg_spec(image)
     spec.ports = []  # everything else as gpuvfio decided it
-    spec.mmio64_mb = None
+    spec.address = None
     dom = conn.defineXML(domain_xml(spec))
     try:
         dom.create()

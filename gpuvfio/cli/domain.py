@@ -72,6 +72,16 @@ class DomainArgs:
                               qemu_version=self.qemu_version, **extra)
 
 
+def version_lines(rows) -> list[str]:
+    """The minimum-version table, as lines: each version that is too old, then the unknown ones."""
+    lines = [f"warning: {row.feature} needs {row.needed}, this has {row.have}: {row.why}"
+             for row in rows if row.status == "missing"]
+    unknown = [f"{row.needed} ({row.feature})" for row in rows if row.status == "unknown"]
+    if unknown:
+        lines.append(f"versions not checked, unknown here: {', '.join(unknown)}")
+    return lines
+
+
 @app.command("xml")
 def xml_cmd(
     addresses: Annotated[list[str], typer.Argument(metavar="ADDR...", help="GPUs (DDDD:BB:SS.F).")],
@@ -111,6 +121,8 @@ def xml_cmd(
             say(f"warning: {warning}")
         for note in provisioned.spec.notes:
             say(f"note: {note}")
+        for line in version_lines(provisioned.spec.versions):
+            say(line)
         if nccl_topo is not None:
             write_output(nccl_topo, nccl_topology_file(ctx, provisioned))
             say(f"wrote {nccl_topo}: a PREDICTION of the guest's bus ids (firmware numbers them at boot); attach "
@@ -118,7 +130,9 @@ def xml_cmd(
         result = define_domain(ctx, provisioned.xml, uri=connect, update=update).to_json() if define else None
     if as_json:
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,
-                   "notes": provisioned.spec.notes, "topology": provisioned.layout_json(), "define": result})
+                   "notes": provisioned.spec.notes, "topology": provisioned.layout_json(),
+                   "address_space": provisioned.spec.address.to_json() if provisioned.spec.address else None,
+                   "versions": [row.to_json() for row in provisioned.spec.versions], "define": result})
     elif result is None:
         sys.stdout.write(provisioned.xml)
     else:

@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
+from gpuvfio.domain.address_space import DEDICATED_BAR_BYTES, window_bars
 from gpuvfio.errors import Refused
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.topology import Position, RootComplex, position
 
 TOPOLOGIES = ("mirror", "flat")
-BIG_BARS = 128 * 1024 ** 3  # a hierarchy with this much BAR space gets its own pxb-pcie
 PXB_FIRST_BUS = 0x80  # the first busNr tried; pcie-root's own buses stay below
 PXB_LOWEST_BUS = 0x20
 PXB_MIN_STRIDE = 0x10
@@ -79,7 +79,7 @@ class Layout:
 
 
 def _bar_bytes(functions: list[PciFunction]) -> int:
-    return sum(b.size for f in functions for b in f.bars if b.index <= 5 and b.is_64bit)
+    return sum(b.size for b in window_bars([b for f in functions for b in f.bars]))
 
 
 class _Builder:
@@ -153,7 +153,7 @@ def _mirror(builder: _Builder, layout: Layout, devices, cell_of_node, guest_cell
         cell = cell_of_node.get(node) if guest_cells else None
         if guest_cells and cell is None:
             cell = min(cell_of_node.values())
-        big = [g for g in groups if _bar_bytes([f for fns in g for f in fns]) >= BIG_BARS]
+        big = [g for g in groups if _bar_bytes([f for fns in g for f in fns]) >= DEDICATED_BAR_BYTES]
         shared = [g for g in groups if g not in big]
         buses: list[tuple[int, list]] = []
         if shared:
@@ -165,8 +165,9 @@ def _mirror(builder: _Builder, layout: Layout, devices, cell_of_node, guest_cell
             size = _bar_bytes([f for fns in group for f in fns]) >> 30
             parent = builder.add("pcie-expander-bus", 0, f"host root complex {complex_}, {size} GiB of BARs "
                                  "(a pxb of its own)", cell=cell).index
-            layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)}: {size} GiB of BARs "
-                                "(128 GiB or more), so a pxb-pcie of their own")
+            if len(groups) > 1 or not own_bus:  # otherwise its root complex's pxb is its own anyway
+                layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)}: {size} GiB of BARs "
+                                    "(128 GiB or more), so a pxb-pcie of their own")
             buses.append((parent, [group]))
         for parent, hierarchy_list in buses:
             for group in hierarchy_list:

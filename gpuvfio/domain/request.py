@@ -12,6 +12,7 @@ import os
 import uuid as uuidlib
 from dataclasses import dataclass
 
+from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import InputError
 from gpuvfio.sizes import parse_size_kib
 
@@ -76,12 +77,11 @@ def parse_numa(text: str | int) -> str:
     raise InputError(f"numa must be auto, none, remote or a node number, not {text!r}")
 
 
-def parse_version(text: str, what: str = "version") -> tuple[int, ...]:
-    """``8.1``, ``9.2.0``: a dotted version of one to three numbers."""
-    parts = str(text).strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
-        raise InputError(f"{what} must look like 8.1 or 9.2.0, not {text!r}")
-    return tuple(int(p) for p in parts)
+def _qemu_version(text: str) -> tuple[int, ...]:
+    version = parse_version(text) if isinstance(text, str) and len(text) < 40 else None
+    if version is None:
+        raise InputError(f"QEMU version must look like 8.1 or 9.2.0, not {text!r}")
+    return version
 
 
 def parse_uuid(text: str) -> str:
@@ -156,4 +156,4 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         console_log=_absolute(console_log, "--console-log"), force=bool(force),
         topology=_choice(topology, TOPOLOGY_CHOICES, "topology"), p2p=_choice(p2p, P2P_CHOICES, "p2p"),
         qemu_version=qemu_version if isinstance(qemu_version, tuple) or qemu_version is None
-        else parse_version(qemu_version, "QEMU version"))
+        else _qemu_version(qemu_version))

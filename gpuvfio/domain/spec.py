@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.layout import Controller, GuestPort, plan_layout
-from gpuvfio.domain.placement import (CellPlacement, guest_phys_bits_needed, hugepage_choice, mmio64_window_mb,
-                                      place_cell)
+from gpuvfio.domain import versions
+from gpuvfio.domain.address_space import AddressPlan, plan_address_space
+from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.host import assignable
@@ -24,7 +25,7 @@ from gpuvfio.host.firmware import find_ovmf
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import NumaNode, PciFunction, format_cpulist
 from gpuvfio.host.kernel import read_kernel
-from gpuvfio.host.numa import physical_address_bits, read_cpus
+from gpuvfio.host.numa import cpu_vendor, physical_address_bits, read_cpus
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.topology import CliquePlan, p2p_cliques
 from gpuvfio.vgpu.types import existing_mdev, pick_mdev, pick_vf
@@ -39,7 +40,8 @@ def mdev_uuid(name: str, address: PciAddress, type_id: str) -> str:
 
 
 # The first QEMU that places NVIDIA's P2P clique capability where Turing and newer GPUs have
-# none of their own (hw/vfio/pci-quirks.c; before it the guest fails to start).
+# none of their own (hw/vfio/pci-quirks.c vfio_add_nv_gpudirect_cap; before it the capability
+# collides with their MSI-X and QEMU refuses to start the guest).
 CLIQUE_QEMU = (8, 1)
 
 
@@ -63,7 +65,8 @@ class DomainSpec:
     notes: list[str] = field(default_factory=list)  # what the plan decided and why
     mdevs: list[tuple[str, str]] = field(default_factory=list)  # (uuid, type id)
     vf_hostdevs: list[PciAddress] = field(default_factory=list)  # SR-IOV vGPU VFs, managed='no'
-    mmio64_mb: int | None = None
+    address: AddressPlan | None = None  # the 64-bit MMIO window, phys-bits, firmware fallbacks
+    versions: list[versions.Row] = field(default_factory=list)  # minimum versions the plan relies on
     hide_kvm: bool = False
     disk: str | None = None
     disk_format: str = "raw"
@@ -80,8 +83,10 @@ class DomainSpec:
     def qemu_args(self) -> list[str]:
         """Extra QEMU arguments (<qemu:commandline>); libvirt marks the domain custom-argv."""
         args = []
-        if self.mmio64_mb and self.firmware == "efi":
-            args += ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={self.mmio64_mb}"]
+        if self.address and self.address.ovmf_mmio64_mb and self.firmware == "efi":
+            # Only where the window OVMF sizes from phys-bits is too small: a minimum it honours
+            # (libvirt refuses opt/ovmf/ names in <sysinfo type='fwcfg'>, so through the command line).
+            args += ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={self.address.ovmf_mmio64_mb}"]
         if self.ssh_forward_port:
             # libvirt 9.0 in Debian has passt disabled: user networking with a host forward
             # is the way to reach a guest without a bridge.
@@ -199,15 +204,37 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     gpu_ports = [port for port in spec.ports if spec.p2p.clique_of(port.functions[0].address) is not None]
     for n, port in enumerate(gpu_ports):
         port.alias = f"ua-gpu{n}"  # a user alias: <qemu:override> finds the device by it
-    spec.mmio64_mb = mmio64_window_mb(devices)
-    bits = physical_address_bits(host)
-    needed = guest_phys_bits_needed(spec.memory_kib, spec.mmio64_mb)
-    if bits is not None and needed > bits:
-        raise Refused(f"the guest needs {needed} physical address bits for {spec.memory_kib // 1048576} GiB "
-                      f"RAM and a {spec.mmio64_mb} MiB MMIO window; this CPU has {bits}")
-    if bits is None and spec.mmio64_mb:
-        warnings.append("host physical address width unknown (/proc/cpuinfo): MMIO window not checked")
+    spec.address = plan_address_space(bridge_groups(spec), spec.memory_kib, host_phys_bits=physical_address_bits(host),
+                                      virt_type=spec.virt_type, firmware=spec.firmware, cpu_vendor=cpu_vendor(host))
+    features = list(spec.address.features)
+    if spec.cliques:
+        features += ["nv-clique-turing", "qemu-override"]
+    if spec.address.maxphysaddr:
+        features.append("maxphysaddr")
+    have = {"qemu": request.qemu_version, "kernel": versions.kernel_version(read_kernel(host).release)}
+    spec.versions = versions.check(have, sorted(set(features), key=features.index))
     return spec
+
+
+def bridge_groups(spec: DomainSpec) -> list[list]:
+    """The 64-bit BARs behind each of the guest's root ports, as the address planner wants them:
+    a device's BARs, or for an emulated switch one list per downstream port."""
+    below: dict[int, list[GuestPort]] = {}
+    for port in spec.ports:
+        below.setdefault(port.index, []).append(port)
+    children: dict[int, list[Controller]] = {}
+    for controller in spec.controllers:
+        children.setdefault(controller.parent, []).append(controller)
+
+    def bars(index: int) -> list:
+        own = [b for port in below.get(index, []) for f in port.functions for b in f.bars]
+        nested = [bars(c.index) for c in children.get(index, [])
+                  if c.model in ("pcie-switch-downstream-port", "pcie-switch-upstream-port")]
+        if len(nested) == 1 and not own:  # an upstream port: its window is its downstream ports'
+            return nested[0]
+        return own + nested
+
+    return [bars(c.index) for c in spec.controllers if c.model == "pcie-root-port"]
 
 
 def _mdev_for(host: HostRoot, inventory: Inventory, address: PciAddress, request: DomainRequest) -> tuple[str, str]:
@@ -305,12 +332,12 @@ def _p2p(host: HostRoot, request: DomainRequest, devices: list[list[PciFunction]
     if version is None:
         return CliquePlan([], plan.notes + [
             "QEMU version unknown (no libvirt connection): P2P cliques left out, since QEMU before "
-            f"{CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]} fails to start Turing and newer GPUs with one; pass --qemu-version "
+            f"{CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]} refuses to start Turing and newer GPUs with one; pass --qemu-version "
             "or --connect"])
     if tuple(version[:2]) < CLIQUE_QEMU:
         return CliquePlan([], plan.notes + [
             f"QEMU {'.'.join(map(str, version))} is older than {CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]}: it puts the P2P "
-            "clique capability where Turing and newer GPUs have MSI-X (the guest fails to start); cliques left out"])
+            "clique capability where Turing and newer GPUs have MSI-X, and refuses to start the guest; cliques left out"])
     for clique in plan.cliques:
         plan.notes.append(f"P2P clique {clique.clique_id}: {', '.join(map(str, clique.members))} "
                           f"({clique.relation}: {clique.to_json()['why']})")
