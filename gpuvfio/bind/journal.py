@@ -6,7 +6,9 @@ State directory: ``GPUVFIO_STATE_DIR``, else ``<root>/var/lib/gpuvfio``.
   had, the services stopped for it, and the steps of the last operation with their
   state (pending, running, done, failed, uncertain, rolled_back). Written with
   write-temp, fsync, rename, fsync(dir) *before* each step, so after a crash at any
-  point ``restore`` knows what the host looked like and what may have happened.
+  point ``restore`` knows what the host looked like and what may have happened. Fabric
+  Manager partitions gpuvfio activates are recorded (``activating``) before the call that
+  activates them, so one a crash left active is found and deactivated.
 * ``lock``: ``flock`` held for the whole run; the file names the holder's PID.
 """
 
@@ -65,7 +67,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:-]{0,63}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UNITS = set(NVIDIA_SERVICES.values())
 _POLICIES = {"best-effort", "equal-share", "fixed-share"}
-_KEYS = {"version", "devices", "services_stopped", "operation", "mdevs", "vgpus", "schedulers", "broken"}
+_KEYS = {"version", "devices", "services_stopped", "operation", "mdevs", "vgpus", "schedulers", "broken", "partitions"}
+_PARTITION_STATES = ("activating", "active", "deactivating")  # Fabric Manager partitions (bind.fabric_manager)
 
 
 def _address(text) -> bool:
@@ -97,7 +100,7 @@ def journal_problem(data: dict) -> str | None:
     unknown = set(data) - _KEYS
     if unknown:
         return f"unknown field(s) {', '.join(sorted(map(str, unknown)))}"
-    for key in ("devices", "mdevs", "vgpus", "schedulers", "broken"):
+    for key in ("devices", "mdevs", "vgpus", "schedulers", "broken", "partitions"):
         if not isinstance(data.get(key, {}), dict):
             return f"{key} is not an object"
     device = {"original_driver": _optional_name, "original_override": _optional_name,
@@ -136,6 +139,15 @@ def journal_problem(data: dict) -> str | None:
                    else _record(f"broken {address}", record, broken))
         if problem:
             return problem
+    partition = {"state": lambda v: v in _PARTITION_STATES, "since": lambda v: isinstance(v, (int, float))
+                 and not isinstance(v, bool), "modules": lambda v: isinstance(v, list) and all(_integer(m) for m in v),
+                 "devices": lambda v: isinstance(v, list) and all(_address(d) for d in v)}
+    for pid, record in data.get("partitions", {}).items():
+        known = re.fullmatch(r"[0-9]{1,2}", pid) and int(pid) < 64  # FM_MAX_FABRIC_PARTITIONS
+        problem = f"partition {pid!r} is not a partition id" if not known else _record(f"partition {pid}", record,
+                                                                                        partition)
+        if problem:
+            return problem
     operation = data.get("operation")
     if operation is not None:
         if not isinstance(operation, dict) or not isinstance(operation.get("steps", []), list) \
@@ -150,7 +162,7 @@ class Journal:
         self.directory = directory
         self.path = os.path.join(directory, "journal.json")
         self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None,
-                     "mdevs": {}, "vgpus": {}, "schedulers": {}, "broken": {}}
+                     "mdevs": {}, "vgpus": {}, "schedulers": {}, "broken": {}, "partitions": {}}
 
     @classmethod
     def load(cls, directory: str) -> "Journal":
@@ -180,7 +192,8 @@ class Journal:
                         "services_stopped": data.get("services_stopped", []),
                         "operation": data.get("operation"),
                         "mdevs": data.get("mdevs", {}), "vgpus": data.get("vgpus", {}),
-                        "schedulers": data.get("schedulers", {}), "broken": data.get("broken", {})}
+                        "schedulers": data.get("schedulers", {}), "broken": data.get("broken", {}),
+                        "partitions": data.get("partitions", {})}
         return journal
 
     @property
