@@ -59,7 +59,7 @@ def test_no_iommu_list_ok_doctor_fails(cli, tmp_path):
 def test_doctor_json_ids(cli, workstation):
     result = cli("--root", workstation.root, "doctor", "--json")
     checks = {c["id"]: c for c in result.json()["checks"]}
-    required = {"iommu", "acs_override", "vfio_modules", "hugepages", "interrupt_remapping",
+    required = {"iommu", "acs_override", "vfio_modules", "hugepages", "hugepages_near_gpus", "interrupt_remapping",
                 "nvidia_holders", "boot_vga"}
     assert required <= set(checks)
     assert all(c["status"] in ("ok", "warn", "fail", "skip") and c["summary"] for c in checks.values())

@@ -3,6 +3,7 @@ from gpuvfio.ops.inventory import doctor_report
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.nvidia import nvidia_holders
 from tests.conftest import gpu_workstation
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, MiB, HostBuilder
 
 
 def checks(root) -> dict:
@@ -137,3 +138,74 @@ def test_os_release_dangling_link_out_of_the_root_is_refused(tmp_path):
     os.symlink("../../../../../../../../nonexistent/os-release", etc)
     with pytest.raises(UnsafePathError, match="leads outside the root"):
         HostRoot(b.root).config_path("etc", "os-release")
+
+
+def _gpu_host(root, *, gpu_node: int, pages: dict[int, dict[int, tuple[int, int]]], sockets: int = 2):
+    """One NUMA node per socket, one GPU behind a root port of ``gpu_node`` (-1: firmware
+    without _PXM)."""
+    b = HostBuilder(str(root))
+    b.iommu("intel", 2)
+    cpus = b.cpu_topology(sockets, 4, 2)
+    for node in range(sockets):
+        b.numa_node(node, cpus[node], 64, pages.get(node, {}))
+    rb = b.root_bus(0, 0x80, numa=gpu_node)
+    port = b.bridge(rb, "0000:80:01.0", "8086", "352a", secondary_bus=0x81, link=(5, 16))
+    b.function(port, "0000:81:00.0", "10de", "2330", "030200", driver="nvidia", link=(5, 16),
+               bars=[(0, 16 * MiB, BAR32), (2, 128 * GiB, BAR64_PREF)])
+    b.modules(["nvidia"])
+    return b
+
+
+def test_hugepages_near_gpus_ok_on_the_workstation(workstation):
+    got = checks(workstation.root)["hugepages_near_gpus"]
+    assert got["status"] == "ok" and got["fix"] is None
+    assert got["summary"] == "node0 (0000:01:00.0, 0000:04:00.0): 512/512 x 2M free"
+
+
+def test_hugepages_on_another_node_than_the_gpu_warn(tmp_path):
+    """Pages reserved on node 0 do not back a guest bound to its GPU's node 1: the any-node check
+    is content, this one is not."""
+    b = _gpu_host(tmp_path, gpu_node=1, pages={0: {1048576: (64, 64)}})
+    got = checks(b.root)
+    assert got["hugepages"]["status"] == "ok"
+    near = got["hugepages_near_gpus"]
+    assert near["status"] == "warn"
+    assert near["summary"].startswith("node1 (0000:81:00.0): none reserved")
+    assert "free hugepages on node0 do not back guests bound to their GPU's node" in near["summary"]
+    assert "echo N > /sys/devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages" in near["fix"]
+    assert "hugepagesz=1G hugepages=1:N" in near["fix"] and "node0/" not in near["fix"]
+    b.numa_node(1, list(range(4, 8)) + list(range(12, 16)), 64, {1048576: (8, 8)})
+    near = checks(b.root)["hugepages_near_gpus"]
+    assert near["status"] == "ok" and near["summary"] == "node1 (0000:81:00.0): 8/8 x 1G free"
+
+
+def test_hugepages_near_gpus_all_in_use_warn(tmp_path):
+    b = _gpu_host(tmp_path, gpu_node=0, pages={0: {2048: (1024, 0)}, 1: {2048: (1024, 1024)}})
+    near = checks(b.root)["hugepages_near_gpus"]
+    assert near["status"] == "warn" and "node0 (0000:81:00.0): 0/1024 x 2M free, all in use" in near["summary"]
+    assert "node0/hugepages/hugepages-1048576kB/nr_hugepages" in near["fix"]
+
+
+def test_no_hugepages_near_the_gpu_warns_not_fails(tmp_path, cli):
+    b = gpu_workstation(tmp_path)
+    b.numa_node(0, list(range(16)), 64, {})
+    near = checks(b.root)["hugepages_near_gpus"]
+    assert near["status"] == "warn" and "none reserved" in near["summary"]
+    assert near["fix"].startswith("echo N > /sys/devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages")
+    assert "'hugepagesz=1G hugepages=0:N'" in near["fix"] and "update-grub" in near["fix"]
+    assert cli("--root", b.root, "doctor", "--json").code == 0  # a warning, not a failure
+
+
+def test_hugepages_near_gpus_without_a_gpu_node_or_gpu_skip(tmp_path):
+    b = _gpu_host(tmp_path / "nopxm", gpu_node=-1, pages={0: {1048576: (64, 64)}})
+    near = checks(b.root)["hugepages_near_gpus"]
+    assert near["status"] == "skip" and "0000:81:00.0 report(s) no NUMA node" in near["summary"]
+    # On a one-node host a GPU without a node is on that node (the workstation sample's case).
+    b = _gpu_host(tmp_path / "one", gpu_node=-1, pages={0: {1048576: (64, 64)}}, sockets=1)
+    near = checks(b.root)["hugepages_near_gpus"]
+    assert near["status"] == "ok" and near["summary"] == "node0 (0000:81:00.0): 64/64 x 1G free"
+    bare = HostBuilder(str(tmp_path / "bare"))
+    bare.iommu("intel", 1)
+    bare.numa_node(0, [0, 1], 8, {})
+    assert checks(bare.root)["hugepages_near_gpus"] == {"id": "hugepages_near_gpus", "status": "skip",
+                                                        "summary": "no NVIDIA GPU", "fix": None}

@@ -23,8 +23,11 @@ CASES = {
     "dgx-8gpu-flat": ("dgx-h100", ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0",
                                    "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0",
                                    "--name", "dgx-8gpu", "--vcpus", "64", "--memory", "512G", "--topology", "flat"]),
-    "dgx-gpu-nic-pairs": ("dgx-h100", ["0000:1b:00.0", "0000:18:00.0", "0000:43:00.0", "0000:40:00.0",
-                                       "--name", "pairs", "--vcpus", "16", "--memory", "128G"]),
+    # HGX: all eight GPUs with their compute NICs; the NVSwitches join them (full passthrough).
+    "dgx-8gpu-8nic": ("dgx-h100", ["0000:1b:00.0", "0000:18:00.0", "0000:43:00.0", "0000:40:00.0", "0000:52:00.0",
+                                   "0000:4f:00.0", "0000:61:00.0", "0000:5e:00.0", "0000:9d:00.0", "0000:9a:00.0",
+                                   "0000:c3:00.0", "0000:c0:00.0", "0000:d1:00.0", "0000:ce:00.0", "0000:df:00.0",
+                                   "0000:dc:00.0", "--name", "hgx", "--vcpus", "64", "--memory", "512G"]),
     "switch-2gpu-nic-clique": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "--name", "l40s-pair",
                                                "--vcpus", "16", "--memory", "64G", "--qemu-version", "8.2"]),
     "switch-2gpu-qemu72": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "--name", "l40s-old-qemu",
@@ -121,11 +124,14 @@ def test_dgx_two_cells_keep_host_locality(generated, case):
     doc = etree.fromstring(generated[case].encode())
     cell_of_gpu = {h.find("source/address").get("bus"): expander_of(doc, h.find("address").get("bus")).findtext(
         "target/node") for h in doc.iter("hostdev")}
+    # All eight baseboard GPUs: full passthrough takes the four NVSwitches (buses 03-06, node 0) along.
     assert cell_of_gpu == {"0x1b": "0", "0x43": "0", "0x52": "0", "0x61": "0",
-                           "0x9d": "1", "0xc3": "1", "0xd1": "1", "0xdf": "1"}
+                           "0x9d": "1", "0xc3": "1", "0xd1": "1", "0xdf": "1",
+                           "0x03": "0", "0x04": "0", "0x05": "0", "0x06": "0"}
     pxbs = [c for c in doc.iter("controller") if c.get("model") == "pcie-expander-bus"]
-    # mirror: one pxb per host root complex (each GPU has its own); flat: one per guest cell
-    assert len(pxbs) == (8 if case == "dgx-8gpu-two-cells" else 2)
+    # mirror: one pxb per host root complex (each GPU has its own, the NVSwitches share one);
+    # flat: one per guest cell
+    assert len(pxbs) == (9 if case == "dgx-8gpu-two-cells" else 2)
     bus_nrs = sorted(int(c.find("target").get("busNr")) for c in pxbs)
     assert len(set(bus_nrs)) == len(bus_nrs) and bus_nrs[-1] < 256
     distances = {(c.get("id"), s.get("id")): s.get("value") for c in doc.iter("cell") for s in c.iter("sibling")}

@@ -106,12 +106,12 @@ def test_a_guest_unlike_the_plan_gets_no_file(tmp_path, spoil, why):
 
 def test_xml_writes_the_prediction_and_says_so(cli, tmp_path):
     out = tmp_path / "topo.xml"
-    result = cli("--root", os.path.join(SAMPLES, "dgx-h100.host"), "xml", "0000:1b:00.0", "0000:18:00.0",
-                 "0000:43:00.0", "--name", "n", "--vcpus", "8", "--memory", "64G", "--nccl-topo", str(out))
+    result = cli("--root", os.path.join(SAMPLES, "pcie-switch.host"), "xml", "0000:18:00.0", "0000:19:00.0",
+                 "0000:1a:00.0", "--name", "n", "--vcpus", "8", "--memory", "64G", "--nccl-topo", str(out))
     assert result.code == 0, result.err
     assert "PREDICTION" in result.err
     system = ET.fromstring(out.read_text())
-    assert len(system.findall("cpu")) == 1 and len(list(system.iter("pci"))) == 4  # switch + NIC + GPU, GPU
+    assert len(system.findall("cpu")) == 1 and len(list(system.iter("pci"))) == 4  # switch: GPU, GPU, NIC
 
 
 def test_xml_nccl_topo_refuses_a_link(cli, tmp_path):

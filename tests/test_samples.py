@@ -53,6 +53,10 @@ def test_dgx(sample_roots, cli):
     assert "nv-fabricmanage (pid" in checks["nvidia_holders"]["summary"]
     assert "nvidia-nvswitch" in checks["nvidia_holders"]["summary"]
     assert checks["boot_vga"]["status"] == "ok"
+    near = checks["hugepages_near_gpus"]  # 1G pages on both sockets, four GPUs on each
+    assert near["status"] == "ok" and near["summary"] == (
+        "node0 (0000:1b:00.0, 0000:43:00.0, 0000:52:00.0, 0000:61:00.0): 256/256 x 1G free; "
+        "node1 (0000:9d:00.0, 0000:c3:00.0, 0000:d1:00.0, 0000:df:00.0): 256/256 x 1G free")
 
 
 def test_workstation(sample_roots, cli):
@@ -65,6 +69,10 @@ def test_workstation(sample_roots, cli):
     assert any("[8086:15f3] Ethernet controller (igc)" in p for p in shared["problems"])
     code, checks = _doctor(cli, sample_roots["workstation"])
     assert checks["boot_vga"]["status"] == "warn" and checks["gpu_groups"]["status"] == "warn"
+    # numa_node -1 on the one-node desktop: the GPUs are on node 0, which has no hugepages.
+    near = checks["hugepages_near_gpus"]
+    assert near["status"] == "warn" and near["summary"].startswith("node0 (0000:01:00.0, 0000:04:00.0): none reserved")
+    assert "node0/hugepages/hugepages-1048576kB/nr_hugepages" in near["fix"]
 
 
 def test_epyc(sample_roots, cli):
@@ -77,6 +85,9 @@ def test_epyc(sample_roots, cli):
     assert all(g["viable"] for g in data["groups"])
     code, checks = _doctor(cli, sample_roots["epyc-mixed"])
     assert code == 0 and "amd" in checks["iommu"]["summary"]
+    near = checks["hugepages_near_gpus"]  # 16 GiB of node 1's 2M pages back the A100 guest
+    assert near["status"] == "ok" and near["summary"] == (
+        "node0 (0000:41:00.0): 32768/32768 x 2M free; node1 (0000:81:00.0, 0000:82:00.0): 24576/32768 x 2M free")
 
 
 def test_iommu_off(sample_roots, cli):
@@ -84,6 +95,8 @@ def test_iommu_off(sample_roots, cli):
     assert data["groups"] is None and all(d["iommu_group"] is None for d in data["devices"])
     code, checks = _doctor(cli, sample_roots["iommu-off"])
     assert code == 1 and checks["iommu"]["status"] == "fail"
+    near = checks["hugepages_near_gpus"]
+    assert near["status"] == "warn" and "hugepages=0:N,1:N" in near["fix"]
 
 
 def test_fixture_file_as_root(cli):

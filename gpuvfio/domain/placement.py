@@ -1,22 +1,23 @@
-"""Placement policy: which host CPUs the vCPUs pin to, which node backs memory, how big
-the guest's 64-bit MMIO window must be. Pure functions of the host model.
+"""Placement policy: which host CPUs the vCPUs pin to, which node backs memory (the 64-bit
+MMIO window is address_space.py's). Pure functions of the host model.
 
 CPU choice follows Nova's hardware.py idea of keeping a guest thread's siblings
 together: a guest core is a whole host core (all SMT siblings), so the topology the
 guest sees matches what it runs on. The core holding CPU 0 is left to the host when
-the node has enough others (IRQs and housekeeping land there).
+the node has enough others (IRQs and housekeeping land there), and cores other domains on
+the connection pin are left to them (gpuvfio.virt.pins finds those).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gpuvfio.errors import Refused
-from gpuvfio.host.model import PciFunction
+from gpuvfio.host.model import format_cpulist
 from gpuvfio.host.numa import Cpu
 
 GiB_KIB = 1024 * 1024
-OVMF_DEFAULT_MMIO64_MB = 32 * 1024  # OVMF's default 64-bit PCI MMIO aperture (OvmfPkg PlatformPei)
 
 
 @dataclass(slots=True)
@@ -27,6 +28,9 @@ class CellPlacement:
     emulator_cpus: list[int]
     memory_kib: int
     threads: int  # SMT threads per guest core
+    avoided: list[int] = field(default_factory=list)  # node CPUs it stayed off: whole cores other domains pin
+    notes: list[str] = field(default_factory=list)  # for the plan: what it stayed off, and whose
+    warnings: list[str] = field(default_factory=list)  # --force made it share other domains' cores
 
 
 def host_cores(cpus: dict[int, Cpu], node_cpus: list[int]) -> list[tuple[int, ...]]:
@@ -39,10 +43,61 @@ def host_cores(cpus: dict[int, Cpu], node_cpus: list[int]) -> list[tuple[int, ..
 
 
 def place_cell(node: int, node_cpus: list[int], cpus: dict[int, Cpu], vcpus: list[int], memory_kib: int,
-               *, force: bool = False) -> CellPlacement:
+               *, force: bool = False, avoid: frozenset[int] = frozenset(),
+               pinned_by: Mapping[int, Sequence[str]] | None = None) -> CellPlacement:
     """Pin ``vcpus`` to whole host cores of ``node``: the widest SMT width that divides the vCPU
-    count and has enough cores (hybrid CPUs: the P-cores with their siblings first)."""
+    count and has enough cores (hybrid CPUs: the P-cores with their siblings first).
+
+    ``avoid``: host CPUs other domains pin (gpuvfio.virt.pins.pinned_elsewhere); a core holding
+    one is left to them, for vCPUs and emulator threads, when the node's other cores are enough.
+    When they are not: Refused, or with ``force`` the vCPUs share those cores (free cores first)
+    and the placement carries a warning. ``pinned_by``: host CPU -> the domains pinning it, to
+    name them in notes and refusals."""
     cores = host_cores(cpus, node_cpus)
+    avoid = frozenset(avoid)
+    taken = [c for c in cores if not avoid.isdisjoint(c)]
+    if not taken:
+        placed = _pin(node, node_cpus, cores, vcpus, memory_kib)
+        if placed is None:
+            if not force:
+                raise Refused(f"NUMA node {node} has {len(node_cpus)} CPUs ({len(cores)} cores); "
+                              f"{len(vcpus)} vCPUs do not fit "
+                              "(lower --vcpus, use --numa none, or --force to share cores)")
+            placed = _overcommit(node, node_cpus, cores, vcpus, memory_kib)
+        return placed
+    free = [c for c in cores if avoid.isdisjoint(c)]
+    free_cpus = sorted(cpu for core in free for cpu in core)
+    avoided = sorted(cpu for core in taken for cpu in core)
+    owners = _owners(sorted(avoid.intersection(node_cpus)), pinned_by)
+    siblings = ", and those cores' sibling threads" if len(avoided) > len(avoid.intersection(node_cpus)) else ""
+    placed = _pin(node, free_cpus, free, vcpus, memory_kib) if free else None
+    if placed is not None:
+        placed.avoided = avoided
+        placed.notes.append(f"node {node}: vCPUs and emulator threads stayed off CPUs {format_cpulist(avoided)} "
+                            f"(pinned by {owners}{siblings})")
+        return placed
+    if not force:
+        raise Refused(f"NUMA node {node} has {len(node_cpus)} CPUs ({len(cores)} cores): {len(free_cpus)} free, "
+                      f"{len(avoided)} on cores other domains pin ({owners}); {len(vcpus)} vCPUs do not fit in "
+                      "the free ones (lower --vcpus, re-pin or remove those domains, use --numa none, or --force "
+                      "to share their cores)")
+    # Forced: every free core first (CPU 0's too: another guest's busy vCPU is worse company than
+    # the host's housekeeping), then the cores other domains pin.
+    ordered = [c for c in free if 0 not in c] + [c for c in free if 0 in c] + taken
+    placed = _share(node, node_cpus, cpus, ordered, vcpus, memory_kib)
+    own = set(placed.host_cpus)
+    placed.emulator_cpus = sorted(set(free_cpus) - own) or sorted(own)
+    placed.avoided = [c for c in avoided if c not in own]
+    shared = sorted(own.intersection(avoided))
+    placed.warnings.append(f"node {node}: {len(vcpus)} vCPUs do not fit in the {len(free_cpus)} CPUs other domains "
+                           f"leave free; they share CPUs {format_cpulist(shared)} with {owners} (--force)")
+    return placed
+
+
+def _pin(node: int, node_cpus: list[int], cores: list[tuple[int, ...]], vcpus: list[int],
+         memory_kib: int) -> CellPlacement | None:
+    """``vcpus`` on distinct CPUs of ``cores`` (in that order of preference), whole cores where
+    the SMT width allows; the emulator on the rest of ``node_cpus``. None when they do not fit."""
     wanted = len(vcpus)
     for threads in range(max((len(c) for c in cores), default=1), 0, -1):
         usable = [c for c in cores if len(c) >= threads]
@@ -58,17 +113,46 @@ def place_cell(node: int, node_cpus: list[int], cpus: dict[int, Cpu], vcpus: lis
     if 0 in node_cpus and len(usable) > needed:
         usable = [c for c in usable if 0 not in c] + [c for c in usable if 0 in c]
     if needed > len(usable):
-        if not force:
-            raise Refused(f"NUMA node {node} has {len(node_cpus)} CPUs ({len(cores)} cores); "
-                          f"{wanted} vCPUs do not fit "
-                          "(lower --vcpus, use --numa none, or --force to share cores)")
-        flat = [cpu for core in cores for cpu in core]
-        host = [flat[i % len(flat)] for i in range(wanted)]
-        return CellPlacement(node, vcpus, host, sorted(node_cpus), memory_kib, 1)
+        return None
     host = [cpu for core in usable[:needed] for cpu in core[:threads]]
     used = set(host)
     emulator = sorted(c for c in node_cpus if c not in used) or sorted(used)
     return CellPlacement(node, vcpus, host, emulator, memory_kib, threads)
+
+
+def _share(node: int, node_cpus: list[int], cpus: dict[int, Cpu], cores: list[tuple[int, ...]], vcpus: list[int],
+           memory_kib: int) -> CellPlacement:
+    """--force past other domains' pins: every CPU of ``cores`` in that order, whole cores, so the
+    free ones are all used before a shared one; guest cores of the widest SMT width whose groups
+    are host siblings, else one thread each. More vCPUs than CPUs: round-robin."""
+    flat = [cpu for core in cores for cpu in core]
+    wanted = len(vcpus)
+    if wanted > len(flat):
+        return _overcommit(node, node_cpus, cores, vcpus, memory_kib)
+    host = flat[:wanted]
+    threads = next(w for w in range(max(len(c) for c in cores), 0, -1)
+                   if wanted % w == 0 and all(set(host[i:i + w]) <= set(cpus[host[i]].siblings)
+                                              for i in range(0, wanted, w)))
+    used = set(host)
+    return CellPlacement(node, vcpus, host, sorted(c for c in node_cpus if c not in used) or sorted(used),
+                         memory_kib, threads)
+
+
+def _overcommit(node: int, node_cpus: list[int], cores: list[tuple[int, ...]], vcpus: list[int],
+                memory_kib: int) -> CellPlacement:
+    """More vCPUs than CPUs (--force): round-robin over the cores' CPUs, in their order."""
+    flat = [cpu for core in cores for cpu in core]
+    host = [flat[i % len(flat)] for i in range(len(vcpus))]
+    return CellPlacement(node, vcpus, host, sorted(node_cpus), memory_kib, 1)
+
+
+def _owners(cpus: list[int], pinned_by: Mapping[int, Sequence[str]] | None) -> str:
+    """'guest-a: 8-11, guest-b: 12-15' for the pinned ``cpus`` ('other domains: ...' unnamed)."""
+    by_name: dict[str, list[int]] = {}
+    for cpu in cpus:
+        for name in (pinned_by or {}).get(cpu) or ["other domains"]:
+            by_name.setdefault(name, []).append(cpu)
+    return ", ".join(f"{name}: {format_cpulist(found)}" for name, found in sorted(by_name.items()))
 
 
 def hugepage_choice(requested: str, demand: list[tuple[int | None, int]], free: dict[int, dict[int, int]],
@@ -94,8 +178,9 @@ def hugepage_choice(requested: str, demand: list[tuple[int | None, int]], free: 
         if not fits(size) and not force:
             short = ", ".join(f"{where(node)}: {available(node, size)} free x {requested}, "
                               f"{-(-kib // size)} needed" for node, kib in demand)
-            raise Refused(f"not enough free {requested} hugepages ({short}); reserve more, pick another "
-                          "size, or --force")
+            raise Refused(f"not enough free {requested} hugepages ({short}); "
+                          + "".join(f"{hint}; " for hint in _page_hints(requested, size, demand, free, available))
+                          + "reserve more, pick another size, or --force")
         return size, None
     for size in (GiB_KIB, 2048):  # auto: the largest size that fits
         if fits(size):
@@ -104,30 +189,24 @@ def hugepage_choice(requested: str, demand: list[tuple[int | None, int]], free: 
                   + "; guest memory uses 4K pages (slower DMA mapping)")
 
 
-def _pow2(value: int) -> int:
-    return 1 << (value - 1).bit_length() if value > 1 else 1
-
-
-def mmio64_window_mb(devices_per_port: list[list[PciFunction]]) -> int | None:
-    """64-bit MMIO window for the guest: each root port's 64-bit prefetchable BARs summed and
-    rounded up to a power of two (bridge windows are naturally aligned), all ports summed,
-    plus half again as headroom, rounded up; never below OVMF's 32 GiB default."""
-    total = 0
-    for functions in devices_per_port:
-        port = sum(b.size for f in functions for b in f.bars if b.index <= 5 and b.is_64bit and b.prefetchable)
-        if port:
-            total += _pow2(port)
-    if not total:
-        return None
-    window = _pow2(total + total // 2) // (1024 * 1024)
-    return max(window, OVMF_DEFAULT_MMIO64_MB)
-
-
-def guest_phys_bits_needed(memory_kib: int, mmio64_mb: int | None) -> int:
-    """Address bits for RAM above 4 GiB plus the MMIO window on top (QEMU places the 64-bit
-    hole above RAM, aligned to its size)."""
-    top = 4 * GiB_KIB * 1024 + memory_kib * 1024
-    if mmio64_mb:
-        size = mmio64_mb * 1024 * 1024
-        top = -(-top // size) * size + size
-    return (top - 1).bit_length()
+def _page_hints(requested: str, size: int, demand: list[tuple[int | None, int]], free: dict[int, dict[int, int]],
+                available) -> list[str]:
+    """What to do about each cell short of ``size`` pages: how many more on which node, and where
+    (mm/hugetlb.c's per-node nr_hugepages); and any node that has them, which the guest's memory
+    is not bound to (its vCPUs and devices are elsewhere)."""
+    hints = []
+    bound = {node for node, _kib in demand if node is not None}
+    for node, kib in demand:
+        if kib % size:
+            hints.append(f"{kib // 1024} MiB is not a whole number of {requested} pages")
+            continue
+        missing = kib // size - available(node, size)
+        if node is not None and missing > 0:
+            hints.append(f"node {node} needs {missing} more (reserve them in /sys/devices/system/node/node{node}/"
+                         f"hugepages/hugepages-{size}kB/nr_hugepages)")
+            others = [n for n in sorted(free) if n not in bound and free[n].get(size, 0) * size >= kib]
+            if others:
+                which = f"nodes {', '.join(map(str, others))} have" if len(others) > 1 else f"node {others[0]} has"
+                hints.append(f"{which} enough, but the guest's memory is bound to node {node}, with its vCPUs "
+                             "and devices")
+    return hints

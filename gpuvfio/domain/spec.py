@@ -22,6 +22,7 @@ from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.host import assignable
 from gpuvfio.host.firmware import find_ovmf
+from gpuvfio.host.fabric import Decision
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import NumaNode, PciFunction, format_cpulist
 from gpuvfio.host.kernel import read_kernel
@@ -63,6 +64,7 @@ class DomainSpec:
     distances: dict[int, dict[int, int]] = field(default_factory=dict)  # guest cell -> cell -> SLIT distance
     p2p: CliquePlan = field(default_factory=lambda: CliquePlan([], []))
     notes: list[str] = field(default_factory=list)  # what the plan decided and why
+    fabric: Decision | None = None  # an HGX NVSwitch fabric's decision (gpuvfio.host.fabric)
     mdevs: list[tuple[str, str]] = field(default_factory=list)  # (uuid, type id)
     vf_hostdevs: list[PciAddress] = field(default_factory=list)  # SR-IOV vGPU VFs, managed='no'
     address: AddressPlan | None = None  # the 64-bit MMIO window, phys-bits, firmware fallbacks
@@ -132,10 +134,12 @@ class DomainSpec:
 
 
 def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addresses: list[PciAddress],
-               request: DomainRequest, *, pages_held: dict[int, dict[int, int]] | None = None) -> DomainSpec:
+               request: DomainRequest, *, pages_held: dict[int, dict[int, int]] | None = None,
+               pinned: dict[int, list[str]] | None = None) -> DomainSpec:
     """Every decision about the guest: devices, vGPU instances, NUMA cells, pinning, pages,
     firmware, MMIO window. ``pages_held``: node -> page KiB -> hugepages the running domain this
-    definition replaces holds (they count as free for it)."""
+    definition replaces holds (they count as free for it). ``pinned``: host CPU -> the other
+    domains whose vCPUs are pinned there (gpuvfio.virt.pins): their cores are stayed off."""
     if not addresses and (request.mdev or request.vgpu):
         raise InputError("--mdev/--vgpu need the address of the GPU")
     warnings: list[str] = []
@@ -164,7 +168,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
         device_fns = [f for group in devices for f in group]
     node_ids = {n.node_id: n for n in nodes}
     cells = _choose_nodes(request, device_fns, node_ids, warnings)
-    placements = _place(host, request, cells, node_ids)
+    placements = _place(host, request, cells, node_ids, pinned or {})
+    warnings += [w for cell in placements for w in cell.warnings]
     free = {n.node_id: {size: f for size, (_t, f) in n.hugepages.items()} for n in nodes}
     for node, sizes in (pages_held or {}).items():
         for size, count in sizes.items():
@@ -196,7 +201,7 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     topology = request.topology if request.topology != "auto" else ("mirror" if len(devices) > 1 else "flat")
     layout = plan_layout(devices, topology, cell_of_node, guest_cells)
     spec.controllers, spec.ports, spec.topology = layout.controllers, layout.ports, layout.topology
-    spec.notes += layout.notes
+    spec.notes += [note for cell in placements for note in cell.notes] + layout.notes
     if guest_cells:
         spec.distances = _cell_distances(placements, node_ids)
     spec.p2p = _p2p(host, request, devices, len(nodes) <= 1)
@@ -282,8 +287,8 @@ def _choose_nodes(request: DomainRequest, device_fns: list[PciFunction], node_id
     return [node]
 
 
-def _place(host: HostRoot, request: DomainRequest, cells: list[int],
-           node_ids: dict[int, NumaNode]) -> list[CellPlacement]:
+def _place(host: HostRoot, request: DomainRequest, cells: list[int], node_ids: dict[int, NumaNode],
+           pinned: dict[int, list[str]]) -> list[CellPlacement]:
     if not cells:
         return []
     if request.vcpus % len(cells):
@@ -297,7 +302,8 @@ def _place(host: HostRoot, request: DomainRequest, cells: list[int],
         node_cpus = node_ids[node].cpus
         cpus = read_cpus(host, node_cpus)
         vcpus = list(range(i * per_cell, (i + 1) * per_cell))
-        placements.append(place_cell(node, node_cpus, cpus, vcpus, mem, force=request.force))
+        placements.append(place_cell(node, node_cpus, cpus, vcpus, mem, force=request.force,
+                                     avoid=frozenset(pinned), pinned_by=pinned))
     return placements
 
 

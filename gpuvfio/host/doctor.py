@@ -2,7 +2,8 @@
 
 Similar ground to libvirt's ``virt-host-validate`` (IOMMU, device assignment), plus
 what GPU passthrough needs beyond it: ACS-override detection, vfio modules, hugepages
-per NUMA node, interrupt remapping, processes holding /dev/nvidia*, boot VGA.
+per NUMA node and on each GPU's own node, interrupt remapping, processes holding
+/dev/nvidia*, boot VGA.
 """
 
 from __future__ import annotations
@@ -101,6 +102,64 @@ def check_hugepages(nodes: list[NumaNode]) -> Check:
     return Check("hugepages", WARN, summary + " (guest memory will use 4K pages: slower DMA mapping, TLB misses)",
                  "reserve 1G pages on the GPU's node, e.g. echo 64 > /sys/devices/system/node/node0/"
                  "hugepages/hugepages-1048576kB/nr_hugepages, or hugepagesz=1G hugepages=N at boot")
+
+
+def _page_label(size: int) -> str:
+    return f"{size // 1048576}G" if size >= 1048576 else f"{size // 1024}M"
+
+
+def check_hugepages_near_gpus(host: HostRoot, inventory: Inventory, nodes: list[NumaNode]) -> Check:
+    """Hugepages on each NVIDIA GPU's own NUMA node: gpuvfio binds a guest's memory to its GPU's
+    node (numatune strict), so pages reserved on another node do not back it. A GPU without a
+    node (numa_node -1: firmware without _PXM) on a one-node host is on that node."""
+    if not nodes:
+        return Check("hugepages_near_gpus", SKIP, "no NUMA information under /sys/devices/system/node")
+    gpus = sorted((f for f in inventory.functions.values() if f.is_nvidia and f.is_gpu and f.physfn is None),
+                  key=lambda f: f.address)
+    if not gpus:
+        return Check("hugepages_near_gpus", SKIP, "no NVIDIA GPU")
+    by_id = {n.node_id: n for n in nodes}
+    near: dict[int, list[str]] = {}
+    unknown = []
+    for fn in gpus:
+        node = fn.numa_node if fn.numa_node in by_id else (nodes[0].node_id if len(nodes) == 1 else None)
+        if node is None:
+            unknown.append(str(fn.address))
+        else:
+            near.setdefault(node, []).append(str(fn.address))
+    lost = (f"{', '.join(unknown)} report(s) no NUMA node (firmware without _PXM): guests on them are not "
+            "bound to a node") if unknown else ""
+    if not near:
+        return Check("hugepages_near_gpus", SKIP, lost)
+    parts, short = [], []
+    for node_id, addresses in sorted(near.items()):
+        gpus_there = ", ".join(addresses[:4]) + (f" +{len(addresses) - 4} more" if len(addresses) > 4 else "")
+        sizes = [f"{free}/{total} x {_page_label(size)} free"
+                 for size, (total, free) in sorted(by_id[node_id].hugepages.items()) if total]
+        if not sizes:
+            short.append(node_id)
+        elif not any(free for total, free in by_id[node_id].hugepages.values() if total):
+            short.append(node_id)
+            sizes.append("all in use")
+        parts.append(f"node{node_id} ({gpus_there}): " + (", ".join(sizes) if sizes else "none reserved"))
+    summary = "; ".join(parts + ([lost] if lost else []))
+    if not short:
+        return Check("hugepages_near_gpus", OK, summary)
+    elsewhere = [n.node_id for n in nodes if n.node_id not in near
+                 and any(free for _total, free in n.hugepages.values())]
+    if elsewhere:
+        summary += (f" (free hugepages on node{', node'.join(map(str, elsewhere))} do not back guests bound to "
+                    "their GPU's node)")
+    # Per-node reservation now (Documentation/admin-guide/mm/hugetlbpage.rst; 1G pages need
+    # unfragmented memory, so early), or at boot with hugepages=<node>:<count> (Linux 5.16+,
+    # Documentation/admin-guide/kernel-parameters.txt).
+    now = "; ".join(f"echo N > /sys/devices/system/node/node{n}/hugepages/hugepages-1048576kB/nr_hugepages"
+                    for n in short)
+    boot = "hugepagesz=1G hugepages=" + ",".join(f"{n}:N" for n in short)
+    return Check("hugepages_near_gpus", WARN,
+                 summary + " (guests on these GPUs get 4K pages: slower DMA mapping, TLB misses)",
+                 f"{now} (N: GiB of guest memory for that node's GPUs), or at boot: {_bootloader_fix(host, boot)} "
+                 "(per-node form since Linux 5.16)")
 
 
 def check_interrupt_remapping(kernel: KernelInfo) -> Check:
@@ -207,6 +266,7 @@ def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: 
         check_acs_override(kernel),
         check_vfio_modules(kernel),
         check_hugepages(nodes),
+        check_hugepages_near_gpus(host, inventory, nodes),
         check_interrupt_remapping(kernel),
         check_nvidia_holders(host),
         check_boot_vga(inventory, kernel),

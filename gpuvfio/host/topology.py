@@ -197,10 +197,13 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
         worst = max((relation(positions[a], positions[b], single_node=single_node)
                      for i, a in enumerate(members) for b in members[i + 1:]), key=DISTANCE.__getitem__)
         cliques.append(Clique(len(cliques), members, worst))
+    lonely: dict[str, list[PciAddress]] = {}
     for a in addresses:
         if len(sets[find(a)]) == 1 and len(addresses) > 1:
             nearest = min((relation(positions[a], positions[b], single_node=single_node)
                            for b in addresses if b != a), key=DISTANCE.__getitem__)
-            notes.append(f"{a}: its nearest GPU is {nearest} ({LEGEND[nearest]}): PCIe P2P is not routed there, "
-                         "so no clique (NVLink P2P, where the GPUs have it, needs none)")
+            lonely.setdefault(nearest, []).append(a)
+    for nearest, members in lonely.items():
+        notes.append(f"{', '.join(map(str, members))}: the nearest other GPU is {nearest} ({LEGEND[nearest]}), "
+                     "where PCIe P2P is not routed: no clique (NVLink P2P, where the GPUs have it, needs none)")
     return CliquePlan(cliques, notes)

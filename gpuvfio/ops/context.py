@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.bind.apply import Actions
+from gpuvfio.bind.fabric_manager import FabricManagerClient
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import ROOT_ENV, HostRoot
@@ -43,6 +44,8 @@ class Context:
     actions: Actions | None = None  # modprobe / systemctl; None: refused (not the live host)
     connect: Callable[[str], object] = open_connection  # libvirt URI -> connection
     nvml: Callable[[], Nvml] = Nvml  # NVML, opened for the vGPU scheduler
+    # The host's Fabric Manager (HGX shared-NVSwitch partitions); None: not reachable from here.
+    fabric_manager: Callable[[], FabricManagerClient] | None = None
     clock: Clock = field(default_factory=Clock)
     progress: Callable[[str], None] = _no_progress
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
@@ -140,6 +143,7 @@ def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progre
     live = host.root == "/"
     return Context(host=host, actions=live_actions() if live else None, progress=progress,
                    nvml=Nvml if live else refusing_nvml(host),
+                   fabric_manager=FabricManagerClient if live else None,
                    write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),
                    lock_timeout=checked_seconds(lock_timeout, "--lock-timeout", upper=24 * 3600))
 

@@ -15,6 +15,7 @@ from gpuvfio.domain.nccl_topo import GUEST_FILE as NCCL_GUEST_FILE
 from gpuvfio.domain.render import domain_xml
 from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepages, parse_numa, parse_uuid
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
+from gpuvfio.host.fabric import SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.numa import cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
@@ -24,6 +25,7 @@ from gpuvfio.errors import Refused
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
+from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
 __all__ = ["Provisioned", "provision_xml", "hypervisor_version", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
@@ -70,8 +72,34 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
         request = dataclasses.replace(request, qemu_version=hypervisor_version(ctx, uri))
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
     held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
-    spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held)
+    fabric = fabric_plan(ctx, inventory, addresses, request)
+    if fabric is not None:
+        addresses = list(addresses) + [a for a in fabric.add_devices if a not in addresses]
+    # The other domains' vCPU pins, not their emulator pins: gpuvfio gives a guest's emulator the
+    # rest of its node, which would leave a second guest nothing.
+    pinned = pinned_elsewhere(ctx.libvirt(uri), request.name, kinds=VCPU_PINS) if ask_libvirt else None
+    spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held, pinned=pinned)
+    if fabric is not None:
+        spec.fabric = fabric
+        spec.notes = [line.message for line in fabric.lines] + spec.notes
     return Provisioned(spec, domain_xml(spec), inventory)
+
+
+def fabric_plan(ctx: Context, inventory: Inventory, addresses: list[PciAddress],
+                request: DomainRequest) -> Decision | None:
+    """What an HGX NVSwitch fabric means for passing ``addresses`` (None: no fabric here, or a
+    vGPU): all GPUs with all NVSwitches, one Fabric Manager partition, or a lone GPU with NVLink
+    off in the guest; Refused, saying which mode is needed, otherwise."""
+    if request.mdev or request.vgpu:
+        return None
+    fabric = read_fabric(ctx.host, inventory)
+    if not fabric.present:
+        return None
+    partitions = None
+    if fabric.effective_mode == SHARED_NVSWITCH and fabric.fm_running and ctx.fabric_manager is not None:
+        partitions = ctx.fabric_manager().list_partitions()
+    decision = fabric_decision(fabric, addresses, partitions).check()
+    return decision if decision.kind != "none" else None
 
 
 def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None) -> str:
