@@ -16,6 +16,8 @@ functions), then by vendor:device, each guest function used once.
 
 from __future__ import annotations
 
+import re
+
 from gpuvfio.guest.expect import Expected, Gates, cuda_not_expected
 
 MIG_WITHOUT_INSTANCES = ("MIG mode is on and CUDA sees no MIG device: none exists until a GPU instance and a "
@@ -104,6 +106,7 @@ def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, ga
         ok = driver == "nvidia"
         checks.append(check("driver", "pass" if ok else "fail", "nvidia", driver, None if ok else (
             ("not in the guest" if fn is None else "the NVIDIA driver is not bound to it") + words), exp.address))
+    _check_driver_version(checks, probe, {exp.driver_version for exp, _fn in gpus if exp.driver_version})
     if verifier is None:
         reason = verifier_problem or "the guest has no python3: NVML, CUDA and the link could not be checked"
         checks.append(check("cuda", "fail", f"{len(gpus)} device(s)", None, reason))
@@ -117,6 +120,19 @@ def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, ga
     if len(gpus) >= 2 and bandwidth:
         _check_peers(checks, verifier, len(gpus))
     return report(checks, probe, verifier, verifier_problem)
+
+
+def _check_driver_version(checks, probe: dict, wanted: set[str]) -> None:
+    """On an HGX shared-NVSwitch host the guest's driver must be the host Fabric Manager's
+    version (FM user guide, shared NVSwitch model): anything else, or no version to read, fails."""
+    for version in sorted(wanted):
+        line = probe.get("nvidia_version") or ""
+        found = re.search(r"\b(\d+\.\d+(?:\.\d+)?)\b", line.split("Kernel Module", 1)[-1])
+        have = found.group(1) if found else None
+        checks.append(check("driver_version", "pass" if have == version else "fail", version, have,
+                            None if have == version else (
+                                "the guest's NVIDIA driver must match the host's Fabric Manager" if have
+                                else "the guest shows no NVIDIA driver version (/proc/driver/nvidia/version)")))
 
 
 def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:

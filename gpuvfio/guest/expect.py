@@ -43,6 +43,7 @@ class Expected:
     link_width: int | None
     link_source: str | None = None
     vgpu_profile: str | None = None
+    driver_version: str | None = None  # the guest driver this GPU needs (an HGX host's Fabric Manager version)
 
     @property
     def is_nvidia(self) -> bool:

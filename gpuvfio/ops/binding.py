@@ -20,6 +20,7 @@ import os
 from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
 from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
+from gpuvfio.bind.fabric_manager import deactivate_journaled, plan_detach
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.bind.plan import WARN, BindPlan, BindPolicy, LibvirtView, PlanCheck, plan_bind
 from gpuvfio.errors import GpuvfioError, InputError, Refused
@@ -161,6 +162,17 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
         ctx.progress(line)
 
     vgpu_failures: list[str] = []
+    # Fabric Manager partitions gpuvfio activated for these devices go first (stop, deactivate,
+    # restore), whatever state a crash left them in.
+    for step in plan_detach(journal, [PciAddress.parse(a) for a in wanted] if wanted else None):
+        if ctx.fabric_manager is None:
+            vgpu_failures.append(f"partition {step.partition_id} is journaled active, but the Fabric Manager is "
+                                 f"reached on the live host only")
+            continue
+        for key, (ok, message) in deactivate_journaled(journal, ctx.fabric_manager(), [step.partition_id],
+                                                       note).items():
+            if not ok:
+                vgpu_failures.append(f"partition {key}: {message}")
     if not wanted:  # a full restore also removes the vGPU instances gpuvfio created, then
         vgpu_failures = remove_all(ctx.host, journal, ctx.writer(), note)
         if journal.data.get("schedulers"):  # the schedulers (NVML changes them only with no vGPU running)

@@ -14,6 +14,7 @@ it, give its devices back.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import sys
@@ -32,7 +33,7 @@ from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
 from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
-from gpuvfio.ops import binding
+from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.context import Context, checked_seconds, run_output
 from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file, provision_xml
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
@@ -147,6 +148,11 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
             moved = [PciAddress.parse(a) for a in bound.get("moving", [])] if bound["result"] == "applied" else []
             if moved:
                 undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
+        if provisioned.spec.fabric is not None and provisioned.spec.fabric.partition is not None:
+            # HGX shared NVSwitch: bind, then activate the partition, then start (its undo runs
+            # after the guest is stopped and before the devices go back).
+            activated = step("activate partition", fabric.activate, ctx, provisioned.spec.fabric)
+            undo.append(("deactivate partition", lambda: fabric.deactivate(ctx, partition_ids=activated)))
         defined = step("define", lambda: define_domain(ctx, provisioned.xml, uri=uri, update=True))
         result.define = defined.to_json()
         dom = lifecycle.lookup(conn, request.name)
@@ -170,6 +176,10 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
             result.ssh["notes"] = list(target.notes)
             if verify is not None:
                 expected = expectations(provisioned.inventory, provisioned.assigned)
+                fabric_decision = provisioned.spec.fabric
+                if fabric_decision is not None and fabric_decision.guest_driver_version:
+                    expected = [dataclasses.replace(e, driver_version=fabric_decision.guest_driver_version)
+                                if e.kind == "gpu" else e for e in expected]
                 result.report = step("verify", lambda: verify_guest(
                     session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
                     probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
@@ -252,9 +262,10 @@ def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 
     ctx.progress(f"{name}: {how}")
     lifecycle.undefine(dom)
     ctx.progress(f"{name}: undefined")
+    partitions = fabric.deactivate(ctx, devices=devices) if devices else []  # stop, deactivate, restore
     restored = binding.release(ctx, devices) if devices and restore else None
     return {"name": name, "stopped": how, "undefined": True, "devices": [str(d) for d in devices],
-            "restored": restored}
+            "partitions": partitions, "restored": restored}
 
 
 def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,

@@ -1,0 +1,57 @@
+"""Fabric Manager partitions around a guest's life (HGX shared-NVSwitch mode): bind, then
+activate the partition, then start; stop, then deactivate, then restore (NVIDIA Fabric Manager
+user guide, "Shared NVSwitch Virtualization Model": the partition is activated after the GPUs
+are bound to vfio-pci and before the VM starts, and deactivated after it stops).
+
+Each activation is journaled before fmpm is asked (gpuvfio.bind.fabric_manager), under the
+run lock, so a crash between steps leaves a partition gpuvfio restore deactivates.
+"""
+
+from __future__ import annotations
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bind.fabric_manager import (FabricManagerClient, apply_partition_steps, deactivate_journaled, plan_attach,
+                                         plan_detach)
+from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.errors import GpuvfioError, Refused
+from gpuvfio.host.fabric import Decision
+from gpuvfio.ops.context import Context
+
+
+def client(ctx: Context) -> FabricManagerClient:
+    if ctx.fabric_manager is None:
+        raise Refused(f"the Fabric Manager is reached on the live host only; {ctx.host.root} is not it")
+    return ctx.fabric_manager()
+
+
+def activate(ctx: Context, decision: Decision | None) -> list[int]:
+    """Activate the partition ``decision`` names (nothing for other decisions); its id(s)."""
+    steps = plan_attach(decision) if decision is not None else []
+    if not steps:
+        return []
+    directory = state_dir(ctx.host)
+    with RunLock(directory, ctx.lock_timeout):
+        apply_partition_steps(Journal.load(directory), client(ctx), steps, ctx.progress)
+    return [step.partition_id for step in steps]
+
+
+def deactivate(ctx: Context, *, devices: list[PciAddress] | None = None,
+               partition_ids: list[int] | None = None) -> list[str]:
+    """Deactivate the journaled partitions holding ``devices`` (or the ones named; all with
+    neither). Nothing journaled: nothing asked of the Fabric Manager."""
+    directory = state_dir(ctx.host)
+    with RunLock(directory, ctx.lock_timeout):
+        journal = Journal.load(directory)
+        if not journal.data["partitions"]:
+            return []
+        if partition_ids is not None:
+            results = deactivate_journaled(journal, client(ctx), partition_ids, ctx.progress)
+            failed = {k: m for k, (ok, m) in results.items() if not ok}
+            if failed:
+                raise GpuvfioError("partition deactivation failed: " + "; ".join(
+                    f"partition {k}: {m}" for k, m in failed.items()) + " (the journal keeps it for gpuvfio restore)")
+            return [f"partition {k} deactivated" for k in results]
+        steps = plan_detach(journal, devices)
+        if not steps:
+            return []
+        return apply_partition_steps(journal, client(ctx), steps, ctx.progress).done

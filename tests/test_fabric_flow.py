@@ -1,0 +1,112 @@
+"""HGX partitions through the services (issue 14 item 5): the plan asks the Fabric Manager for
+its partitions and matches the GPUs; activation is journaled and undone; detach's and
+restore's deactivation; all against the stand-in fmpm on the dgx-h100 sample."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gpuvfio.bind.fabric_manager import FabricManagerClient, FabricStepError
+from gpuvfio.bind.journal import Journal, state_dir
+from gpuvfio.domain.request import domain_request
+from gpuvfio.errors import Refused
+from gpuvfio.host.root import HostRoot
+from gpuvfio.ops import binding, fabric
+from gpuvfio.ops.context import Context
+from gpuvfio.ops.domains import provision_xml
+from tests.test_fabric import FMPM, MODULE, SWITCHES, VERSION, dgx, dgx_tree, fm, gpus, set_mode, write  # noqa: F401
+
+
+@pytest.fixture
+def shared(dgx, fm, tmp_path):
+    """The DGX in shared-NVSwitch mode (FABRIC_MODE=1, its nv-fabricmanage process running) with
+    a context whose Fabric Manager is the stand-in; gpuvfio's state under the tree."""
+    set_mode(dgx, 1)
+    write(dgx, "sys/module/nvidia/version", VERSION + "\n")
+    ctx = Context(host=HostRoot(dgx), fabric_manager=lambda: FabricManagerClient([sys.executable, FMPM]))
+    yield ctx, fm
+    for key in list(Journal.load(state_dir(ctx.host)).data["partitions"]):
+        fabric.deactivate(ctx, partition_ids=[int(key)])
+
+
+def plan(ctx, addresses):
+    return provision_xml(ctx, addresses, domain_request("part", vcpus=4, memory="16G", numa="none"))
+
+
+def test_four_gpus_of_partition_1(shared):
+    ctx, fm = shared
+    provisioned = plan(ctx, gpus(1, 2, 3, 4))
+    decision = provisioned.spec.fabric
+    assert decision.kind == "partition" and decision.partition.partition_id == 1
+    assert not set(map(str, SWITCHES)) & set(provisioned.spec.host_devices)  # the NVSwitches stay home
+    assert any("activate the partition" in note for note in provisioned.spec.notes)
+    assert decision.guest_driver_version == VERSION
+
+
+def test_three_gpus_are_refused(shared):
+    ctx, _fm = shared
+    with pytest.raises(Refused, match="not exactly one Fabric Manager partition"):
+        plan(ctx, gpus(1, 2, 3))
+
+
+def test_activate_journals_and_detach_deactivates(shared):
+    ctx, fm = shared
+    decision = plan(ctx, gpus(5, 6, 7, 8)).spec.fabric
+    assert fabric.activate(ctx, decision) == [2]
+    assert fm.active() == {2}
+    journal = Journal.load(state_dir(ctx.host))
+    assert journal.data["partitions"]["2"]["state"] == "active"
+    # a second guest asking for the same GPUs is refused: the partition is active
+    with pytest.raises(Refused, match="is active"):
+        plan(ctx, gpus(5, 6, 7, 8))
+    assert [line.split(" (")[0] for line in fabric.deactivate(ctx, devices=[MODULE[5]])] == [
+        "deactivate Fabric Manager partition 2"]
+    assert fm.active() == set() and Journal.load(state_dir(ctx.host)).data["partitions"] == {}
+
+
+def test_failed_activation_leaves_nothing(shared, monkeypatch):
+    ctx, fm = shared
+    decision = plan(ctx, gpus(1, 3)).spec.fabric
+    monkeypatch.setenv("FAKEFM_FAIL", "activate=-2")
+    with pytest.raises(FabricStepError, match="FM_ST_GENERIC_ERROR"):
+        fabric.activate(ctx, decision)
+    assert fm.active() == set() and Journal.load(state_dir(ctx.host)).data["partitions"] == {}
+
+
+def test_restore_deactivates_what_a_crash_left(shared):
+    ctx, fm = shared
+    fabric.activate(ctx, plan(ctx, gpus(2, 4)).spec.fabric)
+    assert fm.active() == {4}
+    report = binding.restore(ctx, [])
+    assert any("partition 4" in line for line in report["vgpu"]), report
+    assert fm.active() == set()
+
+
+def test_not_the_live_host_no_fabric_manager(dgx):
+    set_mode(dgx, 1)
+    ctx = Context(host=HostRoot(dgx))  # no Fabric Manager reachable: the plan cannot match a partition
+    with pytest.raises(Refused, match="partition list is needed"):
+        plan(ctx, gpus(1, 2, 3, 4))
+    state = json.dumps(Journal.load(state_dir(ctx.host)).data["partitions"])
+    assert state == "{}"
+
+
+@pytest.mark.parametrize("line, status", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023", "pass"),
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024", "fail"),
+    (None, "fail"),
+])
+def test_the_guest_driver_must_be_the_fabric_managers(line, status):
+    from gpuvfio.guest.checks import evaluate
+    from gpuvfio.guest.expect import Expected
+
+    expected = [Expected("0000:1b:00.0", "10de", "2330", "030200", 5, 16, driver_version=VERSION)]
+    probe = {"pci": [{"address": "0000:01:00.0", "vendor_id": "10de", "device_id": "2330", "class_id": "030200",
+                      "driver": "nvidia", "upstream": None, "link": {}}], "nvidia_version": line, "modules": [],
+             "dmesg": []}
+    result = evaluate(probe, None, expected)
+    (row,) = [c for c in result["checks"] if c["id"] == "driver_version"]
+    assert row["status"] == status and not result["ok"]  # no verifier: the run fails anyway (fail closed)
