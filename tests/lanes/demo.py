@@ -5,14 +5,16 @@
 1. builds the tiny second-level guest on this machine (busybox + dropbear, cached);
 2. boots the "GPU host": this machine's kernel under QEMU (KVM where it really
    works, else TCG: tests/lanes/kernel.py probes it) with an emulated Intel IOMMU and
-   a GPU-shaped PCI topology, where the QEMU ``edu`` device 1234:11e8 at 0000:02:00.0
-   stands in for the GPU;
+   a GPU-shaped PCI topology, where QEMU ``edu`` devices 1234:11e8 stand in for GPUs
+   (0000:02:00.0 alone; 0000:41:00.0 on NUMA node 0; 0000:84:00.0 and 0000:85:00.0
+   behind an emulated PCIe switch on node 1);
 3. inside it, starts libvirtd and runs, printing each command and its output as it
    happens: ``gpuvfio list --all``, ``gpuvfio doctor``, the bind plan (``gpuvfio bind
    0000:02:00.0 --dry-run``), the domain XML (``gpuvfio xml ...``, also defined and
-   undefined in that libvirtd), then ``gpuvfio attach ...`` (bind to vfio-pci, define,
+   undefined in that libvirtd), then ``gpuvfio attach ...`` of the node-0 edu and the
+   two behind the switch with the host's topology mirrored (bind to vfio-pci, define,
    start the second-level guest, wait for SSH, verify -- progress and the verification
-   report) and ``gpuvfio detach ...``;
+   report), the PCI tree the second-level guest sees, and ``gpuvfio detach ...``;
 4. says how long each phase took against what it usually takes (USUAL), and how
    busy the machine was meanwhile;
 5. leaves the JSON outputs (attach report, verification report, plan, inventory,
@@ -284,7 +286,8 @@ def write_outputs(result: nested.NestedResult, out: str) -> list[str]:
             put("attach-domain.xml", attach["xml"])
     for source, target in (("xml.out", "domain.xml"), ("timings", "timings.txt"),
                            ("nested.qemu.log", "nested-qemu.log"), ("libvirtd.json", "libvirtd.json"),
-                           ("errors", "errors.txt"), (nested.NESTED_CONSOLE, "nested-console.log")):
+                           ("errors", "errors.txt"), (nested.NESTED_CONSOLE, "nested-console.log"),
+                           ("host.lspci_t", "gpu-host-lspci-t.txt"), ("nested.tree", "nested-pci-tree.txt")):
         if files.get(source):
             put(target, files[source])
     if result.guest.vng_stderr:
@@ -299,16 +302,17 @@ def verdict(result: nested.NestedResult) -> tuple[bool, list[str]]:
     files = result.files
     problems = []
     attach = _json(files, "attach") or {}
-    checks = {c["id"]: c for c in (attach.get("verify") or {}).get("checks", [])}
     if not attach.get("ok"):
         problems.append("attach did not succeed")
-    if checks.get("pci_present", {}).get("status") != "pass":
-        problems.append("the edu device was not seen in the second-level guest")
+    present = [c for c in (attach.get("verify") or {}).get("checks", []) if c["id"] == "pci_present"]
+    if not present or any(c.get("status") != "pass" for c in present):
+        problems.append("an edu device was not seen in the second-level guest")
     detach = _json(files, "detach") or {}
     if not detach.get("undefined") or (detach.get("restored") or {}).get("failed"):
         problems.append("detach did not undefine the guest and restore the device")
-    if files.get("detached.drivers", "").strip().split("|")[1:] != ["-", "(null)"]:
-        problems.append(f"edu not back to no driver: {files.get('detached.drivers', '?').strip()}")
+    drivers = [line.split("|") for line in files.get("detached.drivers", "").splitlines() if line.strip()]
+    if not drivers or any(fields[1:] != ["-", "(null)"] for fields in drivers):
+        problems.append(f"edu devices not back to no driver: {files.get('detached.drivers', '?').strip()}")
     if files.get("errors"):
         problems.append("the guest script reported errors (errors.txt)")
     return not problems, problems
@@ -347,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_before = cpu_sample()
     phases: list[Phase] = []
     say("== gpuvfio end to end: GPU passthrough on an emulated GPU host")
-    say("   the 'GPU' is QEMU's edu device (1234:11e8) at 0000:02:00.0, alone in its IOMMU group")
+    say(f"   the 'GPUs' are QEMU's edu devices (1234:11e8): {nested.EDU} for the plan and the domain XML; "
+        f"{', '.join(nested.ATTACH_DEVICES)} (node 0, then two behind one switch on node 1) passed through")
     say("\n== building the tiny second-level guest (busybox + dropbear; cached)")
     t = time.monotonic()
     image = gl.build_guest()
@@ -409,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   {line}")
     say(f"\n== outputs in {shown_out}/: " + ", ".join(sorted(written + ["transcript.txt"])))
     say(f"== {'PASS' if ok else 'FAIL'}: "
-        + ("the edu device was passed through, seen in the second-level guest, and given back"
+        + ("the edu devices were passed through, seen in the second-level guest, and given back"
            if ok else "; ".join(problems))
         + f" ({time.monotonic() - began:.0f}s in all)")
     _put(out, [], "transcript.txt", log.text())

@@ -73,23 +73,39 @@ from typing import Callable, Iterable, Sequence
 #
 # q35 puts its own functions at 00:00.0 and 00:1f.{0,2,3}; vng adds ~9 virtio /
 # watchdog functions that QEMU auto-places from 00:01.0 upwards.  Our root ports
-# sit at fixed slots 0x10-0x12 well clear of those, and each has a fixed
-# chassis/slot.  Bus numbers are assigned by the firmware in depth-first order of
-# the root bus (00:10.0 -> bus 01, 00:11.0 -> bus 02); the expander bridge has
-# its own fixed bus range starting at bus_nr=0x80 (its root port is 80:00.0, the
-# device behind it is on bus 0x81).  Verified inside the guest with lspci.
+# sit at fixed slots 0x10-0x13 well clear of those, and each port has a fixed
+# chassis/slot.  Bus numbers are assigned by the firmware (SeaBIOS) in depth-first
+# order of the root bus (00:10.0 -> bus 01, 00:11.0 -> bus 02); each expander
+# bridge (pxb-pcie) is a root bus of its own starting at its bus_nr, and the buses
+# below it are numbered depth-first from there.  Verified inside the guest with
+# lspci -t.
 #
 #   00:10.0 pcie-root-port rp_gpu
 #     01:00.0 e1000e          (fn0, multifunction=on; stands in for the GPU)
 #     01:00.1 ich9-intel-hda  (fn1; stands in for the GPU's HDMI audio)
 #   00:11.0 pcie-root-port rp_edu
-#     02:00.0 edu             (no driver; alone in its IOMMU group)
-#   00:12.0 pxb-pcie numa_node=1, bus_nr=0x80
+#     02:00.0 edu             (no driver; alone in its IOMMU group; NUMA node -1)
+#   00:12.0 pxb-pcie numa_node=1, bus_nr=0x80           (root bus 80, NUMA node 1)
 #     80:00.0 pcie-root-port rp_numa1
 #       81:00.0 edu           (NUMA node 1)
+#     80:01.0 pcie-root-port rp_sw                      (a GPU host's PCIe switch:)
+#       82:00.0 x3130-upstream sw_up
+#         83:00.0 xio3130-downstream sw_dn0
+#           84:00.0 edu       (NUMA node 1, behind the switch)
+#         83:01.0 xio3130-downstream sw_dn1
+#           85:00.0 edu       (NUMA node 1, behind the switch)
+#   00:13.0 pxb-pcie numa_node=0, bus_nr=0x40           (root bus 40, NUMA node 0)
+#     40:00.0 pcie-root-port rp_numa0
+#       41:00.0 edu           (NUMA node 0: the only device with a node-0 _PXM)
 #
-# Functions in one slot without ACS share an IOMMU group; every root port here
-# gets its own group (QEMU's pcie-root-port exposes ACS).
+# Functions in one slot without ACS share an IOMMU group.  QEMU's pcie-root-port
+# exposes ACS, so every root port gets its own group; QEMU 7.2's xio3130-downstream
+# has none (lspci -vvv: no Access Control Services capability, only AER at 0x100),
+# so each switch edu shares its group with its downstream port -- {83:00.0, 84:00.0}
+# and {83:01.0, 85:00.0}: still one edu per group, and a viable one (the port is a
+# bridge and stays on pcieport).  The node-0 expander exists so a guest can get
+# devices from both NUMA nodes (the nested lane's mirrored topology needs two guest
+# cells; EDU has no node: q35's own root bus has no _PXM).
 
 GPU_ROOT_PORT = "0000:00:10.0"
 GPU_FN0 = "0000:01:00.0"  # e1000e, driver e1000e
@@ -99,6 +115,13 @@ EDU = "0000:02:00.0"  # QEMU edu 1234:11e8, no driver
 NUMA1_EXPANDER = "0000:00:12.0"  # pxb-pcie host bridge (class 0600)
 NUMA1_ROOT_PORT = "0000:80:00.0"
 NUMA1_EDU = "0000:81:00.0"  # edu on NUMA node 1
+SWITCH_ROOT_PORT = "0000:80:01.0"  # on the node-1 expander, above the switch
+SWITCH_UPSTREAM = "0000:82:00.0"  # x3130-upstream
+SWITCH_DOWNSTREAM = ("0000:83:00.0", "0000:83:01.0")  # xio3130-downstream, one per edu
+SWITCH_EDUS = ("0000:84:00.0", "0000:85:00.0")  # edus behind the switch, NUMA node 1
+NUMA0_EXPANDER = "0000:00:13.0"
+NUMA0_ROOT_PORT = "0000:40:00.0"
+NUMA0_EDU = "0000:41:00.0"  # edu on NUMA node 0
 
 GPU_FN0_DRIVER = "e1000e"
 GPU_FN1_DRIVER = "snd_hda_intel"
@@ -115,6 +138,15 @@ GPU_HOST_DEVICES: list[str] = [
     "pxb-pcie,id=pxb_numa1,bus=pcie.0,addr=0x12.0,bus_nr=0x80,numa_node=1",
     "pcie-root-port,id=rp_numa1,bus=pxb_numa1,chassis=3,slot=3,addr=0x0.0",
     "edu,id=edu_numa1,bus=rp_numa1,addr=0x0.0",
+    "pcie-root-port,id=rp_sw,bus=pxb_numa1,chassis=4,slot=4,addr=0x1.0",
+    "x3130-upstream,id=sw_up,bus=rp_sw,addr=0x0.0",
+    "xio3130-downstream,id=sw_dn0,bus=sw_up,chassis=5,slot=5,port=0,addr=0x0.0",
+    "edu,id=edu_sw0,bus=sw_dn0,addr=0x0.0",
+    "xio3130-downstream,id=sw_dn1,bus=sw_up,chassis=6,slot=6,port=1,addr=0x1.0",
+    "edu,id=edu_sw1,bus=sw_dn1,addr=0x0.0",
+    "pxb-pcie,id=pxb_numa0,bus=pcie.0,addr=0x13.0,bus_nr=0x40,numa_node=0",
+    "pcie-root-port,id=rp_numa0,bus=pxb_numa0,chassis=7,slot=7,addr=0x0.0",
+    "edu,id=edu_numa0,bus=rp_numa0,addr=0x0.0",
 ]
 GPU_HOST_NUMA_NODES = 2
 

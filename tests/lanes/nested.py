@@ -3,18 +3,27 @@
 One kernel-lane boot (tests/lanes/kernel.py: this machine's kernel under QEMU
 TCG with an emulated Intel IOMMU and a GPU-host-shaped topology) is the
 "GPU host".  In it tests/lanes/nested_guest.py starts a libvirtd and runs gpuvfio
-for real: ``xml --define`` of a domain with the edu device, then ``attach``,
-which binds edu to vfio-pci, starts a second-level guest (QEMU TCG inside QEMU
-TCG, the tiny busybox+dropbear guest of tests/lanes/guest.py, built here on the
-host before the boot and read by the guest through its 9p root), waits for its
-SSH and verifies that the device is in it; then ``detach``.
+for real: ``xml --define`` of a domain with the edu device EDU, then ``attach`` of
+ATTACH_DEVICES -- the edu on NUMA node 0's expander and the two edus behind the
+emulated PCIe switch on node 1's -- with ``--topology mirror``: it binds them to
+vfio-pci, starts a second-level guest (QEMU TCG inside QEMU TCG, the tiny
+busybox+dropbear guest of tests/lanes/guest.py, built here on the host before the
+boot and read by the guest through its 9p root) with two NUMA cells, one
+pxb-pcie per host root complex bound to the cell of its host node and the two
+switch edus behind one emulated switch, waits for its SSH and verifies that the
+devices are in it; the lane then records the PCI tree the second-level guest sees
+(its lspci -t where it has one, and every device's sysfs path and numa_node), and
+``detach``.
 
 Cost, measured on 2 cores (TCG; tests/lanes/demo.py USUAL holds these as the demo's
 yardstick): the boot ~20-40 s, imports over 9p ~20-30 s, libvirtd
 start ~10-15 s, QEMU capability probe ~7 s (then cached, see QEMU_CAPS_CACHE),
 attach ~150 s (the second-level guest's boot to SSH ~85 s, the verify probe ~45 s:
 see nested_guest.PROBE_TIMEOUT), detach ~7 s: ~4-4.5 min in all on a quiet machine,
-twice that when other jobs load it.  ``shared_run()`` caches one run per test
+twice that when other jobs load it.  With three devices, two guest cells and 2 vCPUs
+(2026-12, other test jobs loading the machine, load average 4-6): the whole run 645 s,
+of which preload 114 s, attach 383 s (the second-level guest to SSH 328 s: its init
+ran 208 s after its kernel started), the second-level tree 12 s.  ``shared_run()`` caches one run per test
 process, so tests/test_kernel_domain.py and tests/test_nested_lane.py share a boot.
 
 What the second-level guest needed, found on this machine (Debian 12, libvirt 9.0,
@@ -41,8 +50,15 @@ from tests.lanes import guest as gl
 from tests.lanes import kernel as kl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EDU = kl.EDU
+EDU = kl.EDU  # parts "plan" and "domain"
 EDU_IDS = kl.EDU_IDS
+# Part "attach": devices from both NUMA nodes (so the second-level guest gets two cells:
+# gpuvfio makes one per host node its devices are on; EDU has no node, q35's own root bus
+# has no _PXM), two of them under one host switch.  Host order, as gpuvfio lists them.
+ATTACH_DEVICES = (kl.NUMA0_EDU, *kl.SWITCH_EDUS)
+ATTACH_VCPUS = 2  # a multiple of the two cells; one per node of the emulated host
+ATTACH_MEMORY = "256M"  # divides between the cells
+ATTACH_TOPOLOGY = "mirror"
 DOMAIN_NAME = "gpuvfio-edu"        # part "domain": defined, then undefined
 NESTED_NAME = "gpuvfio-nested"     # part "attach": the second-level guest
 NESTED_CMDLINE = gl.KERNEL_CMDLINE + " cryptomgr.notests mitigations=off nokaslr audit=0 random.trust_cpu=on"
@@ -99,10 +115,22 @@ class NestedResult:
                 f"stdout: {self.files.get(name + '.out', '')[:3000]}\n"
                 f"stderr: {self.files.get(name + '.err', '')[-3000:]}")
 
-    def driver(self, snap: str) -> tuple[str | None, str]:
-        """(driver or None, driver_override text) of the edu device at snapshot ``snap``."""
-        _addr, drv, override = self.text(snap + ".drivers").strip().split("|", 2)
-        return (None if drv == "-" else drv, override)
+    def drivers(self, snap: str) -> dict[str, tuple[str | None, str]]:
+        """address -> (driver or None, driver_override text) of each watched device at ``snap``."""
+        out = {}
+        for line in self.text(snap + ".drivers").splitlines():
+            if line.strip():
+                addr, drv, override = line.strip().split("|", 2)
+                out[addr] = (None if drv == "-" else drv, override)
+        return out
+
+    def driver(self, snap: str, address: str = EDU) -> tuple[str | None, str]:
+        """(driver or None, driver_override text) of ``address`` (default EDU) at snapshot ``snap``."""
+        return self.drivers(snap)[address]
+
+    def nested_tree(self) -> dict[str, "PciNode"]:
+        """The second-level guest's PCI devices as it sees them, by its own address."""
+        return parse_tree(self.text("nested.tree"))
 
     def vfio_nodes(self, snap: str) -> set[str]:
         return set(self.files.get(snap + ".vfio", "").split())
@@ -130,9 +158,52 @@ class NestedResult:
                 + "\n--- guest stderr (tail) ---\n" + self.guest.stderr[-3000:])
 
 
+@dataclass(frozen=True)
+class PciNode:
+    """One line of nested_guest's tree: a device's sysfs path and attributes."""
+
+    path: tuple[str, ...]  # below /sys/devices: ("pci0000:a0", "0000:a0:00.0", ..., address)
+    numa_node: int
+    vendor: str  # "1234" (no 0x)
+    device: str
+    class_id: str  # "00ff00"
+
+    @property
+    def address(self) -> str:
+        return self.path[-1]
+
+    @property
+    def root_bus(self) -> str:
+        """'0000:a0' from 'pci0000:a0'."""
+        return self.path[0][len("pci"):]
+
+    @property
+    def bridges(self) -> tuple[str, ...]:
+        """The bridges above it, nearest the root first."""
+        return self.path[1:-1]
+
+
+def parse_tree(text: str) -> dict[str, PciNode]:
+    """'/sys/devices/pci0000:00/0000:00:1c.0|-1|0x1af4|0x1041|0x020000' lines, by address."""
+    nodes = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5 or not parts[0].startswith("/sys/devices/"):
+            continue
+        path = tuple(p for p in parts[0][len("/sys/devices/"):].split("/") if p)
+        if not path or not path[0].startswith("pci"):
+            continue
+        numa = int(parts[1]) if parts[1].lstrip("-").isdigit() else -1
+        nodes[path[-1]] = PciNode(path, numa, parts[2].lower().removeprefix("0x"),
+                                  parts[3].lower().removeprefix("0x"), parts[4].lower().removeprefix("0x"))
+    return nodes
+
+
 def guest_script(image: gl.GuestImage, parts: tuple[str, ...], *, boot_timeout: int = 900) -> str:
     config = {
         "repo": REPO, "edu": EDU, "parts": list(parts), "domain_name": DOMAIN_NAME,
+        "attach_devices": list(ATTACH_DEVICES), "attach_vcpus": ATTACH_VCPUS, "attach_memory": ATTACH_MEMORY,
+        "topology": ATTACH_TOPOLOGY, "switch_port": kl.SWITCH_DOWNSTREAM[0],
         "nested_name": NESTED_NAME, "cmdline": NESTED_CMDLINE, "boot_timeout": boot_timeout,
         "qemu_caps_cache": QEMU_CAPS_CACHE,
         "image": {"kernel": image.kernel, "initrd": image.initrd, "client_key": image.client_key,

@@ -1,7 +1,9 @@
 """Nested lane, guest side: runs INSIDE the kernel-lane guest (started by tests/lanes/nested.py).
 
 The kernel-lane guest is the emulated GPU host: a real kernel with an emulated
-Intel IOMMU and the edu device alone in its IOMMU group.  In it this script
+Intel IOMMU, two NUMA nodes and QEMU edu devices (see the topology in
+tests/lanes/kernel.py): EDU at 0000:02:00.0 alone in its IOMMU group, one edu on
+node 0's expander and two behind an emulated PCIe switch on node 1's.  In it this script
 starts a private libvirtd (tests/lanes/daemon.py works unchanged there: /etc,
 /var, /run and /tmp are writable overlays or tmpfs, PID 1 is virtme's init, the
 daemons run under daemon.py's reaper), then runs real gpuvfio commands against
@@ -11,17 +13,24 @@ the guest's real sysfs and that libvirtd, in order:
   plan       gpuvfio bind EDU --dry-run (and --json)
   domain     gpuvfio xml EDU ...; xml --define (twice: defined, then unchanged);
              the definition read back from libvirt, then undefined
-  attach     gpuvfio attach EDU ... --json (bind, define, start the second-level
-             guest, wait for SSH, verify), the state while it runs, then
-             gpuvfio detach ... --json and the state after
+  attach     gpuvfio attach DEVICES ... --json with the node-0 edu and the two edus
+             behind the switch, --topology mirror over two guest NUMA cells (bind,
+             define, start the second-level guest, wait for SSH, verify), the state
+             while it runs, the second-level guest's PCI tree as it sees it (over
+             SSH: lspci -t where its lspci has -t, else the sysfs paths and each
+             device's numa_node), then gpuvfio detach ... --json and the state after
 
 Each command is announced on stdout ("$ gpuvfio ...") and its output printed
 when it ends; attach/detach stream their progress while they run (the host side
 can follow stdout live).  Everything is also recorded in $OUT for the tests:
 <name>.rc/.out/.err per command, <name>.drivers / <name>.vfio snapshots of the
-edu device, "timings", "errors" (a failed part is recorded and the script goes
-on), "libvirtd.json", and the QEMU capabilities libvirt probed ("qemucaps--*"),
-which the host caches so the next boot skips the ~20 s probe.
+watched devices (EDU and the attached ones: "ADDR|driver or -|driver_override" a
+line), "timings", "errors" (a failed part is recorded and the script goes on),
+"libvirtd.json", the emulated host's own tree ("host.lspci_t", "host.groups",
+"host.switch_port.lspci": lspci -vvv of the switch's first downstream port), the
+second-level guest's ("nested.lspci_t", "nested.tree", "nested.nodes"), and the QEMU
+capabilities libvirt probed ("qemucaps--*"), which the host caches so the next boot
+skips the ~20 s probe.
 
 Commands run as forked children of this process, which imported the CLI once:
 under TCG a fresh ``python -m gpuvfio`` costs 10-35 s of imports over 9p (see
@@ -52,6 +61,28 @@ QEMU_CAPS_DIR = "/var/cache/libvirt/qemu/capabilities"
 PROBE_TIMEOUT = 600.0
 CONSOLE_LOG = "/tmp/gpuvfio-nested-console.log"
 PARTS = ("inventory", "plan", "domain", "attach")
+# Run in the second-level guest (busybox sh) over SSH: its lspci -t if it has one (busybox's
+# has no -t), then every PCI device's sysfs path, numa_node and IDs, then its NUMA nodes.
+# No fork per device (cd -P and read are builtins): forks are slow under two layers of TCG.
+NESTED_TREE_SCRIPT = r"""
+echo '== lspci -t'
+lspci -t 2>&1
+echo "== rc $?"
+echo '== tree'
+for d in /sys/bus/pci/devices/*; do
+  cd -P "$d" || continue
+  n=-; v=-; i=-; c=-
+  read -r n < numa_node; read -r v < vendor; read -r i < device; read -r c < class
+  echo "$PWD|$n|$v|$i|$c"
+done
+echo '== nodes'
+for n in /sys/devices/system/node/node*; do
+  [ -e "$n/cpulist" ] || continue
+  c=$(cat "$n/cpulist")  # a binary sysfs attribute: read, a byte at a time, gets nothing
+  echo "${n##*/}|$c"
+done
+echo '== end'
+"""
 
 
 class Run:
@@ -59,6 +90,9 @@ class Run:
         self.config = config
         self.out = os.environ["OUT"]
         self.edu = config["edu"]
+        # The devices each snapshot records: EDU (plan, domain) and the attached ones.
+        self.watch = list(dict.fromkeys([self.edu, *(config.get("attach_devices") or [self.edu])]))
+        self.ssh_port: int | None = None  # the second-level guest's forwarded SSH port
         self.main = None  # gpuvfio.cli.main, once imported
 
     # -- recording -------------------------------------------------------------------
@@ -155,6 +189,13 @@ class Run:
         self.say(f"[exit {rc}, {seconds:.1f}s" + ("; output recorded]" if show == "none" else "]"))
         return rc
 
+    def rc_of(self, name: str) -> int | None:
+        try:
+            with open(os.path.join(self.out, name + ".rc")) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
     def json_of(self, name: str) -> dict | None:
         try:
             with open(os.path.join(self.out, name + ".out")) as f:
@@ -162,18 +203,21 @@ class Run:
         except (OSError, ValueError):
             return None
 
-    # -- the edu device --------------------------------------------------------------
+    # -- the watched devices ---------------------------------------------------------
 
     def snap(self, name: str) -> None:
-        base = f"/sys/bus/pci/devices/{self.edu}"
-        link = os.path.join(base, "driver")
-        driver = os.path.basename(os.readlink(link)) if os.path.lexists(link) else "-"
-        try:
-            with open(os.path.join(base, "driver_override")) as f:
-                override = f.read().strip()
-        except OSError:
-            override = "?"
-        self.put(name + ".drivers", f"{self.edu}|{driver}|{override}\n")
+        lines = []
+        for address in self.watch:
+            base = f"/sys/bus/pci/devices/{address}"
+            link = os.path.join(base, "driver")
+            driver = os.path.basename(os.readlink(link)) if os.path.lexists(link) else "-"
+            try:
+                with open(os.path.join(base, "driver_override")) as f:
+                    override = f.read().strip()
+            except OSError:
+                override = "?"
+            lines.append(f"{address}|{driver}|{override}\n")
+        self.put(name + ".drivers", "".join(lines))
         nodes = sorted(os.listdir("/dev/vfio")) if os.path.isdir("/dev/vfio") else []
         self.put(name + ".vfio", "".join(n + "\n" for n in nodes))
 
@@ -199,6 +243,48 @@ def _render_report(run: Run, report: dict) -> None:
             run.say(f"  guest PCI {dev['address']} {dev['vendor_id']}:{dev['device_id']} "
                     f"class {dev['class_id']} driver {dev['driver'] or '-'}")
     run.say(f"ok: {report.get('ok')}")
+
+
+def run_text(run: Run, name: str) -> str:
+    with open(os.path.join(run.out, name), errors="replace") as f:
+        return f.read()
+
+
+def split_sections(text: str) -> dict[str, str]:
+    """NESTED_TREE_SCRIPT's output: '== NAME' lines start sections."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            current = line[3:].strip()
+            sections.setdefault(current, [])
+        elif current is not None:
+            sections[current].append(line)
+    return {k: "".join(v + "\n" for v in lines) for k, lines in sections.items()}
+
+
+def record_nested_tree(run: Run, image: dict) -> None:
+    """The second-level guest's PCI tree and NUMA nodes, as that guest sees them (over SSH)."""
+    from tests.lanes import guest as gl
+
+    began = time.monotonic()
+    pinned = gl.GuestImage(kernel=image["kernel"], kernel_version="", initrd=image["initrd"],
+                           host_key_line=image["host_key_line"], host_key_fingerprint="",
+                           client_key=image["client_key"], client_key_type="", directory="")
+    rc, out, err = gl.ssh_run(pinned, run.ssh_port, NESTED_TREE_SCRIPT, timeout=300)
+    seconds = time.monotonic() - began
+    run.put("nested.tree.raw", out + (f"--- stderr\n{err}" if err else "") + f"--- rc {rc}\n")
+    sections = split_sections(out)
+    lspci = sections.get("lspci -t", "")
+    run.put("nested.lspci_t", lspci + "".join(f"[{k}]\n" for k in sections if k.startswith("rc ")))
+    run.put("nested.tree", sections.get("tree", ""))
+    run.put("nested.nodes", sections.get("nodes", ""))
+    run.log("timings", f"{seconds:7.2f} second-level tree\n")
+    run.say("\n== the second-level guest's PCI tree (sysfs path|numa_node|vendor|device|class)\n"
+            + sections.get("tree", "") + "NUMA nodes: " + " ".join(sections.get("nodes", "").split())
+            + f"\n[{seconds:.1f}s]")
+    if "end" not in sections:
+        raise RuntimeError(f"the second-level guest's tree script did not finish (rc {rc}): {err[-500:]}")
 
 
 def main(config: dict) -> int:
@@ -242,6 +328,20 @@ def main(config: dict) -> int:
         os.environ["GPUVFIO_STATE_DIR"] = state
     run.put("state_dir", state + "\n")
     run.snap("initial")
+    with run.part("host tree"):
+        import subprocess
+
+        from tests.lanes import kernel as kl
+
+        def capture(argv: list[str]) -> str:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            return proc.stdout + proc.stderr + ("" if proc.returncode == 0 else f"[exit {proc.returncode}]\n")
+
+        run.put("host.lspci_t", capture(["lspci", "-tvnn"]))
+        run.put("host.groups", capture(["sh", "-c", kl.iommu_groups_script()]))
+        if config.get("switch_port"):
+            run.put("host.switch_port.lspci", capture(["lspci", "-vvv", "-s", config["switch_port"]]))
+        run.say("\n== the emulated GPU host's PCI tree (lspci -tvnn)\n" + run_text(run, "host.lspci_t"))
 
     # -- libvirtd in the guest --------------------------------------------------------
     daemon = None
@@ -277,9 +377,16 @@ def main(config: dict) -> int:
     uri = daemon.uri if daemon else "qemu:///system"
 
     image = config["image"]
+    # plan and domain: EDU alone, no guest NUMA
     common = ["--virt-type", "qemu", "--firmware", "bios", "--numa", "none", "--hugepages", "none",
               "--vcpus", "1", "--memory", "256M", "--kernel", image["kernel"], "--initrd", image["initrd"],
               "--cmdline", config["cmdline"]]
+    # attach: the devices of a host switch and one from the other node, mirrored over two guest cells
+    devices = list(config.get("attach_devices") or [edu])
+    attach_common = ["--virt-type", "qemu", "--firmware", "bios", "--numa", "auto",
+                     "--topology", config.get("topology", "mirror"), "--hugepages", "none",
+                     "--vcpus", str(config.get("attach_vcpus", 1)), "--memory", config.get("attach_memory", "256M"),
+                     "--kernel", image["kernel"], "--initrd", image["initrd"], "--cmdline", config["cmdline"]]
 
     if "inventory" in parts:
         with run.part("inventory"):
@@ -327,18 +434,20 @@ def main(config: dict) -> int:
         with run.part("attach"):
             from tests.lanes import guest as gl
 
-            port = gl.free_port()
+            port = run.ssh_port = gl.free_port()
             known_hosts = "/tmp/gpuvfio-nested-known_hosts"
             with open(known_hosts, "w") as f:
                 f.write(f"[127.0.0.1]:{port} {image['host_key_line']}\n")
             run.snap("before")
-            run.say("\n== attach: bind edu to vfio-pci, define and start the second-level guest "
-                    "(QEMU TCG inside QEMU TCG), wait for SSH, verify")
+            run.say(f"\n== attach: bind {', '.join(devices)} to vfio-pci, define and start the second-level "
+                    "guest (QEMU TCG inside QEMU TCG; the host's switch and NUMA nodes mirrored), wait for SSH, "
+                    "verify")
             # The address is discovered (the forward gpuvfio records in the domain); the key and
             # the pinned host key apply to it all the same.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(CONSOLE_LOG)
-            run.gv("attach", "-v", "attach", edu, "--name", name, *common, "--user-net-ssh-port", str(port),
+            run.gv("attach", "-v", "attach", *devices, "--name", name, *attach_common,
+                   "--user-net-ssh-port", str(port),
                    "--ssh-key", image["client_key"], "--known-hosts", known_hosts, "--connect", uri,
                    "--boot-timeout", str(config.get("boot_timeout", 900)), "--console-log", CONSOLE_LOG,
                    "--probe-timeout", str(config.get("probe_timeout", PROBE_TIMEOUT)), "--json",
@@ -391,8 +500,11 @@ def main(config: dict) -> int:
                 run.say(f"QEMU runs as uid {facts.get('uid')} gid {facts.get('gid')}; owners: "
                         + ", ".join(f"{k} {v}" for k, v in facts.items() if k not in ("pid", "uid", "gid")))
             run.gv("attached_status", "status", "--json", show="none")
+        with run.part("second-level tree"):
+            if run.ssh_port is not None and run.rc_of("attach") == 0:
+                record_nested_tree(run, image)
         with run.part("detach"):
-            run.say("\n== detach: stop the guest, undefine it, give the edu device back")
+            run.say("\n== detach: stop the guest, undefine it, give the devices back")
             run.gv("detach", "-v", "detach", name, "--connect", uri, "--timeout", "5", "--json",
                    stream=True)
             run.snap("detached")
