@@ -410,7 +410,7 @@ def test_topo_text_on_the_dgx_sample(cli):
 
 def test_topo_json_on_the_dgx_sample(cli):
     data = cli("--root", DGX, "topo", "--json").json()
-    assert set(data) == {"devices", "matrix", "pcie", "nvlink_links", "nvlink", "numa", "legend", "notes"}
+    assert set(data) == {"devices", "matrix", "pcie", "nvlink_links", "nvlink", "numa", "legend", "fabric", "notes"}
     devices = {d["name"]: d for d in data["devices"]}
     assert [devices[f"GPU{n}"]["address"] for n in range(8)] == DGX_GPUS
     assert len(devices) == 20 and devices["NIC0"]["address"] == "0000:18:00.0"
@@ -454,3 +454,17 @@ def test_topo_on_a_host_without_gpus_or_nics_and_with_vfs(tmp_path, cli):
     assert data["notes"] == ["2 SR-IOV VF(s) left out (name them to see them)"]
     named = cli("--root", b.root, "topo", "0000:01:00.1", "0000:01:00.0", "--json").json()
     assert named["matrix"]["NIC0"]["NIC1"] == PIX and named["numa"]["single_node"] is True
+
+
+def test_topo_reports_the_nvswitch_fabric(cli):
+    """NVSwitches recognised and their fabric reported (issue 14 item 5) beside the matrix."""
+    result = cli("--root", DGX, "topo")
+    assert result.code == 0, result.err
+    assert ("NVSwitch fabric: 4 NVSwitches (" + ", ".join(NVSWITCHES) + "), 8 baseboard GPUs; "
+            "FABRIC_MODE=unset (0) (bare metal / full passthrough); Fabric Manager running") in result.out
+    fabric = cli("--root", DGX, "topo", "--json").json()["fabric"]
+    assert fabric["nvswitches"] == NVSWITCHES and fabric["gpus"] == DGX_GPUS
+    switch_host = os.path.join(REPO, "gpuvfio", "samples", "pcie-switch.host")
+    out = cli("--root", switch_host, "topo")
+    assert out.code == 0 and "NVSwitch fabric" not in out.out
+    assert cli("--root", switch_host, "topo", "--json").json()["fabric"]["nvswitches"] == []

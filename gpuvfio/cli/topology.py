@@ -69,6 +69,7 @@ def render(report: dict, label: str) -> list[str]:
     lines += ["", f"NVLink: {report['nvlink']['summary']}"]
     lines += [f"  {address}: not read: {why}" for address, why in report["nvlink"]["unread"].items()
               if report["nvlink"]["read"]]
+    lines += _fabric(report["fabric"])
     lines += _numa(report)
     lines += ["", "PCIe tree:", ""]
     tree = [["", "Address", "Root complex", "Root port", "Switch upstream ports (root first)"]]
@@ -78,6 +79,19 @@ def render(report: dict, label: str) -> list[str]:
     lines += _table(tree, "  ")
     lines += [f"Note: {note}" for note in report["notes"]]
     return lines
+
+
+def _fabric(fabric: dict) -> list[str]:
+    """The NVSwitch fabric, when the host has one (HGX baseboards)."""
+    if not fabric["nvswitches"]:
+        return []
+    mode = fabric["fabric_mode"]
+    fm = ("running" if fabric["fabric_manager_running"] else "not running") + (
+        f", driver/FM version {fabric['fabric_manager_version']}" if fabric["fabric_manager_version"] else "")
+    return ["", f"NVSwitch fabric: {len(fabric['nvswitches'])} NVSwitches ({', '.join(fabric['nvswitches'])}), "
+                f"{len(fabric['gpus'])} baseboard GPUs; "
+                f"FABRIC_MODE={mode if mode is not None else 'unset (0)'} ({fabric['mode_name']}); "
+                f"Fabric Manager {fm}"] + [f"  {note}" for note in fabric["notes"]]
 
 
 def _describe(dev: dict) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
+from gpuvfio.host.fabric import read_fabric
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.numa import read_numa
@@ -65,6 +66,7 @@ def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> dict:
                             "distances": {str(k): v for k, v in sorted(n.distances.items())}} for n in nodes],
                  "single_node": single_node},
         "legend": {word: FULL_LEGEND[word] for word in LEGEND_ORDER},
+        "fabric": read_fabric(host, inventory).to_json(),
         "notes": notes,
     }
 
