@@ -180,3 +180,23 @@ def test_bad_topology_words_are_input_errors():
     for options in ({"topology": "tree"}, {"p2p": "on"}, {"qemu_version": "8.x"}, {"qemu_version": ""}):
         with pytest.raises(InputError):
             domain_request("x", **options)
+
+
+@pytest.mark.parametrize("access, status", [
+    ([[False, True], [True, False]], "pass"),
+    ([[False, False], [False, False]], "fail"),  # the plan's clique, but no peer access in the guest
+    (None, "fail"),  # no matrix at all: fail closed
+])
+def test_the_guest_peer_matrix_checks_the_plans_clique(access, status):
+    from gpuvfio.guest.checks import evaluate
+    from gpuvfio.guest.expect import Expected
+
+    expected = [Expected(f"0000:{bus}:00.0", "10de", "26b9", "030200", 4, 16, clique=0) for bus in ("18", "19")]
+    guest = [{"address": f"0000:{bus}:00.0", "vendor_id": "10de", "device_id": "26b9", "class_id": "030200",
+              "driver": "nvidia", "upstream": None, "link": {}} for bus in ("83", "84")]
+    verifier = {"p2p": None if access is None else {"bus_ids": ["00000000:83:00.0", "00000000:84:00.0"],
+                                                    "access": access, "bandwidth": {}}, "errors": {}}
+    probe = {"pci": guest, "modules": [], "dmesg": [], "nvidia_version": None}
+    result = evaluate(probe, verifier, expected, bandwidth=False)
+    (row,) = [c for c in result["checks"] if c["id"] == "p2p_cliques"]
+    assert row["status"] == status, row

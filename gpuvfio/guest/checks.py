@@ -119,7 +119,35 @@ def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, ga
         _check_one_gpu(checks, verifier, exp, fn, gates, bandwidth)
     if len(gpus) >= 2 and bandwidth:
         _check_peers(checks, verifier, len(gpus))
+    if len(gpus) >= 2 and any(exp.clique is not None for exp, _fn in gpus):
+        _check_cliques(checks, verifier, gpus)
     return report(checks, probe, verifier, verifier_problem)
+
+
+def _check_cliques(checks, verifier: dict, gpus) -> None:
+    """The plan's P2P cliques against the guest's peer matrix (cuDeviceCanAccessPeer): two GPUs
+    the plan put in one clique must reach each other; a matrix that is missing fails (closed)."""
+    p2p = verifier.get("p2p") or {}
+    index = {bus.lower()[-12:]: i for i, bus in enumerate(p2p.get("bus_ids") or [])}
+    access = p2p.get("access") or []
+    missing, seen = [], 0
+    for n, (a, fa) in enumerate(gpus):
+        for b, fb in gpus[n + 1:]:
+            if a.clique is None or a.clique != b.clique:
+                continue
+            seen += 1
+            i = index.get((fa or {}).get("address", "")[-12:]) if fa else None
+            j = index.get((fb or {}).get("address", "")[-12:]) if fb else None
+            ok = (i is not None and j is not None and i < len(access) and j < len(access[i])
+                  and access[i][j] is True and access[j][i] is True)
+            if not ok:
+                missing.append(f"{a.address} <-> {b.address}")
+    if not seen:
+        return
+    checks.append(check("p2p_cliques", "pass" if not missing else "fail", f"{seen} planned pair(s) with peer access",
+                        f"{seen - len(missing)} with access", None if not missing else (
+                            "the plan put these in one P2P clique but the guest reports no peer access between "
+                            "them: " + "; ".join(missing))))
 
 
 def _check_driver_version(checks, probe: dict, wanted: set[str]) -> None:

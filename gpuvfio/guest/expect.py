@@ -44,6 +44,7 @@ class Expected:
     link_source: str | None = None
     vgpu_profile: str | None = None
     driver_version: str | None = None  # the guest driver this GPU needs (an HGX host's Fabric Manager version)
+    clique: int | None = None  # the P2P clique the plan gave it (x-nv-gpudirect-clique)
 
     @property
     def is_nvidia(self) -> bool:

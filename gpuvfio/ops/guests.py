@@ -176,10 +176,7 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
             result.ssh["notes"] = list(target.notes)
             if verify is not None:
                 expected = expectations(provisioned.inventory, provisioned.assigned)
-                fabric_decision = provisioned.spec.fabric
-                if fabric_decision is not None and fabric_decision.guest_driver_version:
-                    expected = [dataclasses.replace(e, driver_version=fabric_decision.guest_driver_version)
-                                if e.kind == "gpu" else e for e in expected]
+                expected = planned_expectations(provisioned, expected)
                 result.report = step("verify", lambda: verify_guest(
                     session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
                     probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
@@ -209,6 +206,20 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
     result.ok = (result.report is None or result.report["ok"]) and (
         result.nccl_topology is None or result.nccl_topology["written"])
     return result
+
+
+def planned_expectations(provisioned: Provisioned, expected: list[Expected]) -> list[Expected]:
+    """What the plan adds to the checks: the P2P clique of each GPU (the guest's peer matrix
+    must agree) and, on an HGX shared-NVSwitch host, the guest driver version the FM needs."""
+    fabric = provisioned.spec.fabric
+    version = fabric.guest_driver_version if fabric is not None else None
+    out = []
+    for e in expected:
+        if e.kind == "gpu" and e.address is not None:
+            e = dataclasses.replace(e, clique=provisioned.spec.p2p.clique_of(PciAddress.parse(e.address)),
+                                    driver_version=version)
+        out.append(e)
+    return out
 
 
 def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float) -> dict:
