@@ -137,7 +137,8 @@ def test_verify_finds_every_device_in_the_second_level_guest(attach):
     assert attach["verify"]["ok"] is True
     assert attach["verify"]["expected"] == [
         {"address": a, "vendor_id": VENDOR, "device_id": DEVICE, "class_id": "00ff00", "link_gen": None,
-         "link_width": None, "link_source": None, "vgpu_profile": None, "kind": "present"} for a in DEVICES]
+         "link_width": None, "link_source": None, "vgpu_profile": None, "driver_version": None, "clique": None,
+         "kind": "present"} for a in DEVICES]
 
 
 def test_second_level_guest_is_the_tiny_guest(attach, rec):
