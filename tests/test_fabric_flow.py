@@ -110,3 +110,39 @@ def test_the_guest_driver_must_be_the_fabric_managers(line, status):
     result = evaluate(probe, None, expected)
     (row,) = [c for c in result["checks"] if c["id"] == "driver_version"]
     assert row["status"] == status and not result["ok"]  # no verifier: the run fails anyway (fail closed)
+
+
+def test_h100_partitions_matched_by_module_ids_from_nvml(shared, dgx):
+    """On HGX H100 the Fabric Manager lists partition GPUs by module id only (no PCI bus id):
+    the module ids NVML reported (recorded with the NVLinks) map them to addresses."""
+    ctx, fm = shared
+    import os
+
+    state_path = os.environ["FAKEFM_STATE"]
+    with open(state_path) as handle:
+        state = json.load(handle)
+    for partition in state["partitions"]:
+        for gpu in partition["gpus"]:
+            gpu["pciBusId"] = ""
+    with open(state_path, "w") as handle:
+        json.dump(state, handle)
+    with pytest.raises(Refused, match="have no PCI address"):
+        plan(ctx, gpus(1, 2, 3, 4))
+    recording = os.path.join(dgx, "var", "lib", "gpuvfio-fixture", "nvlink.json")
+    with open(recording) as handle:
+        original = handle.read()
+    try:
+        record = json.loads(original)
+        record["modules"] = {str(address): module for module, address in MODULE.items()}
+        with open(recording, "w") as handle:
+            json.dump(record, handle)
+        decision = plan(ctx, gpus(1, 2, 3, 4)).spec.fabric
+        assert decision.kind == "partition" and decision.partition.partition_id == 1
+        record["modules"]["0000:1b:00.0"] = record["modules"]["0000:43:00.0"]  # two GPUs, one module: refused
+        with open(recording, "w") as handle:
+            json.dump(record, handle)
+        with pytest.raises(Exception, match="module id of its own"):
+            plan(ctx, gpus(1, 2, 3, 4))
+    finally:
+        with open(recording, "w") as handle:
+            handle.write(original)

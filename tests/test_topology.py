@@ -468,3 +468,25 @@ def test_topo_reports_the_nvswitch_fabric(cli):
     out = cli("--root", switch_host, "topo")
     assert out.code == 0 and "NVSwitch fabric" not in out.out
     assert cli("--root", switch_host, "topo", "--json").json()["fabric"]["nvswitches"] == []
+
+
+def test_nvml_module_ids_are_read_recorded_and_read_back():
+    """HGX GPUs' module ids (nvmlDeviceGetModuleId): how the Fabric Manager names them."""
+    class WithModules(StandInNvml):
+        def nvmlDeviceGetModuleId(self, handle):
+            if handle == "0000:51:00.0":  # a PCIe card: no module
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return {"0000:31:00.0": 2, "0000:41:00.0": 1}[handle]
+
+    gpus = {"0000:31:00.0": {n: ("0000:61:00.0", SWITCH_T) for n in range(2)},
+            "0000:41:00.0": {n: ("0000:61:00.0", SWITCH_T) for n in range(2)}, "0000:51:00.0": {}}
+    reading = read_from_nvml(WithModules(gpus))
+    assert reading.module_map() == {2: A("0000:31:00.0"), 1: A("0000:41:00.0")}
+    record = reading.to_record()
+    assert record["modules"] == {"0000:31:00.0": 2, "0000:41:00.0": 1}
+    again = parse_recording(json.dumps(record).encode(), {A(g) for g in gpus})
+    assert again.modules == reading.modules
+    for bad in ({"0000:31:00.0": 2, "0000:41:00.0": 2}, {"0000:31:00.0": -1}, {"0000:31:00.0": 2.0},
+                {"0000:99:00.0": 3}):
+        with pytest.raises(InputError):
+            parse_recording(json.dumps(dict(record, modules=bad)).encode(), {A(g) for g in gpus})

@@ -49,6 +49,7 @@ FORMAT, VERSION = "gpuvfio-nvlink", 1
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS of current nvml.h (older headers have fewer)
 MAX_GPUS = 1024
 MAX_BYTES = 1 << 20
+MAX_MODULE = 255  # module ids number a baseboard's GPU sockets (1-8 on HGX)
 # NVML_NVLINK_DEVICE_TYPE_* (nvml.h) -> the recording's words
 REMOTE_TYPES = {0x00: "gpu", 0x01: "npu", 0x02: "switch"}
 TYPES = ("gpu", "npu", "switch", "unknown")
@@ -78,6 +79,12 @@ class NvLinkReading:
     gpus: dict[PciAddress, tuple[NvLink, ...]] = field(default_factory=dict)
     reason: str | None = None
     driver: str | None = None
+    # GPU -> its module id on the baseboard (nvmlDeviceGetModuleId): how the Fabric Manager names
+    # GPUs in its partitions, which on HGX H100 carry no PCI bus id (gpuvfio.host.fabric).
+    modules: dict[PciAddress, int] = field(default_factory=dict)
+
+    def module_map(self) -> dict[int, PciAddress]:
+        return {module: gpu for gpu, module in self.modules.items()}
 
     @property
     def read(self) -> bool:
@@ -110,6 +117,8 @@ class NvLinkReading:
         else:
             record["gpus"] = {str(gpu): [link.to_json() for link in links]
                               for gpu, links in sorted(self.gpus.items())}
+            if self.modules:
+                record["modules"] = {str(gpu): module for gpu, module in sorted(self.modules.items())}
         return record
 
 
@@ -197,6 +206,7 @@ def read_from_nvml(nvml) -> NvLinkReading:
     absent = (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT)
     max_links = min(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", MAX_LINKS)), MAX_LINKS)
     gpus: dict[PciAddress, list[NvLink]] = {}
+    modules: dict[PciAddress, int] = {}
     where = "nvmlSystemGetDriverVersion"
     try:
         driver = nvml.nvmlSystemGetDriverVersion()
@@ -208,6 +218,9 @@ def read_from_nvml(nvml) -> NvLinkReading:
             gpu = _bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId)
             where = str(gpu)
             links = gpus.setdefault(gpu, [])
+            module = _module_id(nvml, handle, absent)
+            if module is not None:
+                modules[gpu] = module
             for number in range(max_links):
                 try:
                     state = nvml.nvmlDeviceGetNvLinkState(handle, number)
@@ -233,7 +246,25 @@ def read_from_nvml(nvml) -> NvLinkReading:
                          if link.kind in ("", "unknown") else link for link in links)
               for gpu, links in gpus.items()}
     driver = driver.strip()[:64]
-    return NvLinkReading("nvml", result, driver=driver if driver and driver.isprintable() else None)
+    if len(set(modules.values())) != len(modules):
+        modules = {}  # two GPUs claiming one module: not a baseboard's numbering, so none
+    return NvLinkReading("nvml", result, driver=driver if driver and driver.isprintable() else None,
+                         modules=modules)
+
+
+def _module_id(nvml, handle, absent) -> int | None:
+    """The GPU's module id on an HGX baseboard (nvmlDeviceGetModuleId, NVML 12.x); None where the
+    driver or the GPU has none (PCIe cards, older drivers)."""
+    query = getattr(nvml, "nvmlDeviceGetModuleId", None)
+    if query is None:
+        return None
+    try:
+        value = query(handle)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) in absent + (nvml.NVML_ERROR_FUNCTION_NOT_FOUND,):
+            return None
+        raise
+    return value if type(value) is int and 0 <= value <= MAX_MODULE else None
 
 
 # -- the recording -----------------------------------------------------------------------------
@@ -290,7 +321,7 @@ def parse_recording(data: bytes, host_gpus: set[PciAddress]) -> NvLinkReading:
         raise _bad(f"not JSON ({str(exc).splitlines()[0][:80]})") from None
     if not isinstance(record, dict):
         raise _bad("not a JSON object")
-    unknown = sorted(set(record) - {"format", "version", "driver", "gpus", "not_read"})
+    unknown = sorted(set(record) - {"format", "version", "driver", "gpus", "modules", "not_read"})
     if unknown:
         raise _bad(f"unknown key {unknown[0][:40]!r}")
     if record.get("format") != FORMAT or type(record.get("version")) is not int or record["version"] != VERSION:
@@ -311,7 +342,21 @@ def parse_recording(data: bytes, host_gpus: set[PciAddress]) -> NvLinkReading:
         if gpu not in host_gpus:
             raise _bad(f"{gpu} is not an NVIDIA GPU of this host")
         gpus[gpu] = _links(gpu, links, host_gpus)
-    return NvLinkReading("recording", gpus, driver=driver)
+    return NvLinkReading("recording", gpus, driver=driver, modules=_modules(record.get("modules", {}), gpus))
+
+
+def _modules(entries, gpus: dict[PciAddress, tuple[NvLink, ...]]) -> dict[PciAddress, int]:
+    if not isinstance(entries, dict) or len(entries) > MAX_GPUS:
+        raise _bad(f"modules must be an object of at most {MAX_GPUS} GPUs")
+    modules: dict[PciAddress, int] = {}
+    for key, module in entries.items():
+        gpu = _address(key, "a GPU")
+        if gpu not in gpus:
+            raise _bad(f"modules: {gpu} is not one of the recorded GPUs")
+        if type(module) is not int or not 0 <= module <= MAX_MODULE or module in modules.values():
+            raise _bad(f"modules: {gpu} needs a module id of its own, 0-{MAX_MODULE}")
+        modules[gpu] = module
+    return modules
 
 
 def _links(gpu: PciAddress, links, host_gpus: set[PciAddress]) -> tuple[NvLink, ...]:

@@ -18,6 +18,7 @@ from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
 from gpuvfio.host.fabric import SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.numa import cpu_vendor, read_numa
+from gpuvfio.host.nvlink import read_nvlink
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.topology import position
 from gpuvfio.ops.context import Context
@@ -95,6 +96,11 @@ def fabric_plan(ctx: Context, inventory: Inventory, addresses: list[PciAddress],
     fabric = read_fabric(ctx.host, inventory)
     if not fabric.present:
         return None
+    # The Fabric Manager names partition GPUs by module id (on HGX H100 with no bus id): NVML's
+    # module ids, read with the NVLinks (or recorded with them), map them to PCI addresses.
+    modules = read_nvlink(ctx.host).module_map()
+    if modules:
+        fabric = read_fabric(ctx.host, inventory, modules)
     partitions = None
     if fabric.effective_mode == SHARED_NVSWITCH and fabric.fm_running and ctx.fabric_manager is not None:
         partitions = ctx.fabric_manager().list_partitions()
