@@ -51,15 +51,20 @@ def test_dgx_words_gpu_nic_under_one_switch_pix_same_socket_node_across_sys(dgx_
     assert relation(_pos(dgx_functions, "0000:29:00.0"), _pos(dgx_functions, "0000:29:00.1")) == PIX
 
 
-def _switch_tree(root) -> HostBuilder:
-    """Root bus 0: root port 00:01.0 -> switch (02) -> port 03:00.0 -> a second switch (04) -> GPU 06:00.0,
-    and port 03:01.0 -> NIC 07:00.0; root port 00:02.0 -> GPU 08:00.0; root bus 80 -> GPU 81:00.0."""
+def _root_port_and_switch(root):
+    """One node, root bus 0, root port 00:01.0 -> a switch's upstream port 02:00.0: (builder, root bus, upstream)."""
     b = HostBuilder(str(root))
     b.iommu("intel", 1)
     b.numa_node(0, list(range(8)), 16)
     rb = b.root_bus(0, 0, numa=0)
     rp = b.bridge(rb, "0000:00:01.0", INTEL, ROOT_PORT, secondary_bus=0x02)
-    up = b.bridge(rp, "0000:02:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x03)
+    return b, rb, b.bridge(rp, "0000:02:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x03)
+
+
+def _switch_tree(root) -> HostBuilder:
+    """Root bus 0: root port 00:01.0 -> switch (02) -> port 03:00.0 -> a second switch (04) -> GPU 06:00.0,
+    and port 03:01.0 -> NIC 07:00.0; root port 00:02.0 -> GPU 08:00.0; root bus 80 -> GPU 81:00.0."""
+    b, rb, up = _root_port_and_switch(root)
     ds_a = b.bridge(up, "0000:03:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x04)
     ds_b = b.bridge(up, "0000:03:01.0", BROADCOM, SWITCH_PORT, secondary_bus=0x07)
     up2 = b.bridge(ds_a, "0000:04:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x05)
@@ -95,12 +100,7 @@ def test_functions_without_a_node_are_node_only_on_a_single_node_host(tmp_path):
 
 # -- P2P cliques ---------------------------------------------------------------------------------
 def _two_gpus_under_a_switch(root, *, shared_group: bool, count: int = 2):
-    b = HostBuilder(str(root))
-    b.iommu("intel", 1)
-    b.numa_node(0, list(range(8)), 16)
-    rb = b.root_bus(0, 0, numa=0)
-    rp = b.bridge(rb, "0000:00:01.0", INTEL, ROOT_PORT, secondary_bus=0x02)
-    up = b.bridge(rp, "0000:02:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x03)
+    b, _rb, up = _root_port_and_switch(root)
     group = b.new_group() if shared_group else "auto"
     for n in range(count):
         ds = b.bridge(up, f"0000:03:{n:02x}.0", BROADCOM, SWITCH_PORT, secondary_bus=0x04 + n, group=group)
