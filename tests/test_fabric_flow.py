@@ -128,6 +128,8 @@ def test_h100_partitions_matched_by_module_ids_from_nvml(shared, dgx):
         json.dump(state, handle)
     with pytest.raises(Refused, match="have no PCI address"):
         plan(ctx, gpus(1, 2, 3, 4))
+    with pytest.raises(Refused, match="have no PCI address"):  # not mistaken for a GPU in no partition
+        plan(ctx, gpus(1))
     recording = os.path.join(dgx, "var", "lib", "gpuvfio-fixture", "nvlink.json")
     with open(recording) as handle:
         original = handle.read()

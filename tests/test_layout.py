@@ -177,7 +177,8 @@ def test_one_device_stays_flat(tmp_path):
 def test_bad_topology_words_are_input_errors():
     from gpuvfio.errors import InputError
 
-    for options in ({"topology": "tree"}, {"p2p": "on"}, {"qemu_version": "8.x"}, {"qemu_version": ""}):
+    for options in ({"topology": "tree"}, {"p2p": "on"}, {"qemu_version": "8.x"}, {"qemu_version": ""},
+                    {"qemu_version": "8.1 ; rm"}, {"qemu_version": "9.2.0.1"}, {"qemu_version": "-1"}):
         with pytest.raises(InputError):
             domain_request("x", **options)
 
@@ -197,6 +198,21 @@ def test_the_guest_peer_matrix_checks_the_plans_clique(access, status):
     verifier = {"p2p": None if access is None else {"bus_ids": ["00000000:83:00.0", "00000000:84:00.0"],
                                                     "access": access, "bandwidth": {}}, "errors": {}}
     probe = {"pci": guest, "modules": [], "dmesg": [], "nvidia_version": None}
-    result = evaluate(probe, verifier, expected, bandwidth=False)
-    (row,) = [c for c in result["checks"] if c["id"] == "p2p_cliques"]
+    (row,) = [c for c in evaluate(probe, verifier, expected)["checks"] if c["id"] == "p2p_cliques"]
     assert row["status"] == status, row
+    # --no-bandwidth: the verifier runs no peer stage, so there is nothing to hold the plan against
+    assert not [c for c in evaluate(probe, verifier, expected, bandwidth=False)["checks"] if c["id"] == "p2p_cliques"]
+
+
+def test_many_root_complexes_still_get_bus_ranges():
+    """17 devices on 17 host root complexes: 17 pxbs of 2 buses each fit below bus 0x100."""
+    from gpuvfio.domain.layout import plan_layout
+    from gpuvfio.host.model import PciFunction
+
+    devices = [[PciFunction(PciAddress(0, 0x10 + 8 * n + 1, 0, 0), "10de", "26b9", "030200",
+                            parents=[PciAddress(0, 0x10 + 8 * n, 1, 0)])] for n in range(17)]
+    layout = plan_layout(devices, "mirror", {}, False)
+    numbers = [c.bus_nr for c in layout.expanders]
+    assert len(numbers) == 17 and len(set(numbers)) == 17
+    assert min(numbers) >= 0x20 and max(numbers) + 2 <= 0x100
+    assert all(b - a >= 2 for a, b in zip(numbers, numbers[1:]))

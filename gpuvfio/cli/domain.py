@@ -12,6 +12,7 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.binding import parse_addresses
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context
+from gpuvfio.errors import InputError
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.ops.domains import (NCCL_GUEST_FILE, DomainRequest, define_domain, domain_request, existing_domain,
                                  nccl_topology_file, provision_xml)
@@ -111,6 +112,9 @@ def xml_cmd(
     request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
     wanted = parse_addresses(addresses)
     if nccl_topo is not None:
+        if nccl_topo == "-" or mdev or vgpu:
+            raise InputError("--nccl-topo needs a file name (stdout carries the XML) and GPUs passed through "
+                             "whole (not --mdev/--vgpu)")
         check_output_path(nccl_topo)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
         # With --define, the domain it would replace: a running one's hugepages count as its own.

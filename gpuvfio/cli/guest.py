@@ -132,7 +132,7 @@ def attach_cmd(
         nccl = result.nccl_topology
         if nccl is not None:
             say(f"NCCL topology written in the guest: {nccl['use']}" if nccl["written"]
-                else f"NCCL topology NOT written: {nccl['error']}")
+                else f"warning: NCCL topology NOT written: {nccl['error']}")
         say(f"{name} is running ({'verified' if result.ok else 'verification FAILED'}); "
             f"gpuvfio detach {name} undoes it")
     if not result.ok:

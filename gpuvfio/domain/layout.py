@@ -216,8 +216,8 @@ def _number_expanders(layout: Layout) -> None:
     for stride in sorted({PXB_WIDE_STRIDE, PXB_MIN_STRIDE, -(-need // 8) * 8}, reverse=True):
         if stride >= need and first + stride * len(expanders) <= 0x100:
             break
-    else:
-        stride = max(PXB_MIN_STRIDE, -(-need // 8) * 8)
+    else:  # many pxbs: pack them as tightly as their buses allow, top down
+        stride = max(8, -(-need // 8) * 8)
         first = 0x100 - stride * len(expanders)
     if first < PXB_LOWEST_BUS:
         raise Refused(f"{len(expanders)} expander buses needing {need} buses each do not fit in the guest's "

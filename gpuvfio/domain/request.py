@@ -9,6 +9,7 @@ everywhere. Policy (placement, pinning, the MMIO window) is decided later, in sp
 from __future__ import annotations
 
 import os
+import re
 import uuid as uuidlib
 from dataclasses import dataclass
 
@@ -78,7 +79,10 @@ def parse_numa(text: str | int) -> str:
 
 
 def _qemu_version(text: str) -> tuple[int, ...]:
-    version = parse_version(text) if isinstance(text, str) and len(text) < 40 else None
+    """What the user types: ``8.1`` or ``9.2.0``, nothing else (libvirt's own answers, with
+    distribution suffixes, go through versions.parse_version)."""
+    strict = isinstance(text, str) and re.fullmatch(r"\d{1,6}(\.\d{1,6}){1,2}", text.strip()) is not None
+    version = parse_version(text.strip()) if strict else None
     if version is None:
         raise InputError(f"QEMU version must look like 8.1 or 9.2.0, not {text!r}")
     return version

@@ -119,7 +119,7 @@ def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, ga
         _check_one_gpu(checks, verifier, exp, fn, gates, bandwidth)
     if len(gpus) >= 2 and bandwidth:
         _check_peers(checks, verifier, len(gpus))
-    if len(gpus) >= 2 and any(exp.clique is not None for exp, _fn in gpus):
+    if len(gpus) >= 2 and bandwidth and any(exp.clique is not None for exp, _fn in gpus):
         _check_cliques(checks, verifier, gpus)
     return report(checks, probe, verifier, verifier_problem)
 

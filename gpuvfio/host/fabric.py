@@ -309,15 +309,16 @@ def _shared(fabric: Fabric, gpus, switches, partitions: list[Partition] | None) 
                       - set(fabric.modules))
     matches = [p for p in partitions if p.addresses(fabric.modules) == gpus]
     if not matches:
-        if len(gpus) == 1:
+        if len(gpus) == 1 and not unmapped:
             return _single_gpu(fabric, gpus[0], "in no 1-GPU Fabric Manager partition")
         same_size = [p.describe(fabric.modules) for p in partitions if len(p.gpus) == len(gpus)]
         hint = (f"; {len(gpus)}-GPU partitions: {'; '.join(same_size)}" if same_size
                 else f"; no {len(gpus)}-GPU partition exists (sizes: "
                 f"{', '.join(map(str, sorted({len(p.gpus) for p in partitions}))) or 'none'})")
         if unmapped:
-            hint += (f"; module ids {', '.join(map(str, unmapped))} have no PCI address (FM gives none on HGX H100): "
-                     "give the GPU module ids (NVML nvmlDeviceGetModuleId, nvidia-smi -q 'Module ID')")
+            hint += (f"; module ids {', '.join(map(str, unmapped))} have no PCI address (FM gives none on HGX H100) "
+                     "and NVML's module ids are not known here: run gpuvfio while the GPUs are on the nvidia driver "
+                     "(NVML reads nvmlDeviceGetModuleId), or record them with dump-host then")
         return _refuse(fabric, gpus, f"GPUs {_listed(gpus)} are not exactly one Fabric Manager partition in "
                        f"shared-NVSwitch mode (FABRIC_MODE=1){hint}")
     chosen = matches[0]

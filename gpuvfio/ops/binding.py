@@ -174,7 +174,7 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
             if not ok:
                 vgpu_failures.append(f"partition {key}: {message}")
     if not wanted:  # a full restore also removes the vGPU instances gpuvfio created, then
-        vgpu_failures = remove_all(ctx.host, journal, ctx.writer(), note)
+        vgpu_failures += remove_all(ctx.host, journal, ctx.writer(), note)
         if journal.data.get("schedulers"):  # the schedulers (NVML changes them only with no vGPU running)
             vgpu_failures += put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
     results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), wanted or None, ctx.progress)

@@ -16,6 +16,7 @@ from gpuvfio.domain.render import domain_xml
 from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepages, parse_numa, parse_uuid
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
 from gpuvfio.host.fabric import SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
+from gpuvfio.host.fabric import WARN as FABRIC_WARN
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.numa import cpu_vendor, read_numa
 from gpuvfio.host.nvlink import read_nvlink
@@ -82,7 +83,8 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
     spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held, pinned=pinned)
     if fabric is not None:
         spec.fabric = fabric
-        spec.notes = [line.message for line in fabric.lines] + spec.notes
+        spec.notes = [line.message for line in fabric.lines if line.status != FABRIC_WARN] + spec.notes
+        spec.warnings += [line.message for line in fabric.lines if line.status == FABRIC_WARN]
     return Provisioned(spec, domain_xml(spec), inventory)
 
 
@@ -112,10 +114,12 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
     """The NCCL topology file for a provisioned guest: from the devices the guest shows
     (``guest_pci``, the probe's PCI facts) or, without them, from the predicted bus ids."""
     spec = provisioned.spec
+    # NCCL's file holds GPUs and NICs (and the switches above them); other devices stay out.
+    ports = [p for p in spec.ports if p.functions[0].class_id.startswith(("02", "03"))]
     if guest_pci is None:
-        devices = nccl_topo.predicted_addresses(spec.controllers, spec.ports)
+        devices = nccl_topo.predicted_addresses(spec.controllers, ports)
     else:
-        devices = nccl_topo.map_guest(spec.controllers, spec.ports, guest_pci)
+        devices = nccl_topo.map_guest(spec.controllers, ports, guest_pci)
     by_index = {c.index: c for c in spec.controllers}
 
     def cell_of(port) -> int:
