@@ -11,7 +11,7 @@ from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.context import Context
 from tests.simkernel import SimKernel
 
-# A libvirt test-driver node with nothing defined (test:///ABSOLUTE/PATH, lanes.md: a private
+# A libvirt test-driver node with nothing defined (test:///ABSOLUTE/PATH: a private
 # state per connection, unlike test:///default which lives as long as the process).
 EMPTY_NODE = """<node>
   <cpu><mhz>2000</mhz><model>x86_64</model><nodes>1</nodes><sockets>1</sockets><cores>4</cores>

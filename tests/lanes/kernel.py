@@ -534,7 +534,7 @@ sync
 # How long a boot may go without printing anything before its script starts.  The
 # kernel console, captured from the first line, printed its first line ~1.2 s after
 # vng started and never paused for more than ~2 s in a ~16 s boot (2 cores, quiet,
-# 2026-11); lanes.md and nested.py give ~20-40 s for a whole boot, about twice that
+# 2026-11); nested.py gives ~20-40 s for a whole boot, about twice that
 # under load, "up to a few minutes" at worst.  240 s is longer than a whole loaded
 # boot, so even a boot whose console were lost is not killed while healthy, and still
 # far shorter than the timeouts callers give a run (300-1800 s).
