@@ -102,10 +102,10 @@ def test_ovmf_window_trust_rules():
 # -- whole plans ----------------------------------------------------------------------------
 
 def test_eight_h100_on_a_46_bit_sapphire_rapids():
-    p = plan([H100] * 8, TIB_KIB, host_phys_bits=46)
+    p = plan([H100] * 8, TIB_KIB, host_phys_bits=46, buses=list(range(1, 9)))  # a pxb-pcie each
     assert p.need_bytes == EIGHT_H100  # 1920 GiB + 32 MiB
     assert p.window_bytes == 4 * TiB  # (1920 GiB + 32 MiB) * 1.25 = 2400 GiB -> 4 TiB
-    assert p.dedicated == list(range(8))  # 128 GiB + 32 MiB each: a pxb-pcie each
+    assert p.buses == list(range(1, 9))
     assert p.maxphysaddr == ("passthrough", None) and p.guest_phys_bits == 46
     # Nothing on pcie-root: its default hole; OVMF's 8 TiB at 56 TiB holds 1920 GiB: no fallback.
     assert p.pcihole64_kib is None and p.ovmf_mmio64_mb is None
@@ -118,7 +118,7 @@ def test_eight_h100_on_a_46_bit_sapphire_rapids():
 
 
 def test_eight_h100_on_a_48_bit_epyc_move_ram_above_1_tib():
-    p = plan([H100] * 8, TIB_KIB, host_phys_bits=48, cpu_vendor="AuthenticAMD")
+    p = plan([H100] * 8, TIB_KIB, host_phys_bits=48, cpu_vendor="AuthenticAMD", buses=list(range(1, 9)))
     assert p.guest_phys_bits == 48
     # 1026 GiB + 32 GiB passes 1012 GiB: 1022 GiB of RAM from 1 TiB, ending at 2046 GiB.
     assert p.ram_top == TiB + 1022 * GiB
@@ -127,7 +127,7 @@ def test_eight_h100_on_a_48_bit_epyc_move_ram_above_1_tib():
 
 
 def test_unknown_host_bits_are_said_and_not_refused():
-    p = plan([H100] * 8, TIB_KIB, host_phys_bits=None)
+    p = plan([H100] * 8, TIB_KIB, host_phys_bits=None, buses=list(range(1, 9)))
     assert p.guest_phys_bits is None and p.maxphysaddr == ("passthrough", None)
     # 44 bits give OVMF 2 TiB >= 1920 GiB + 32 MiB without a fallback; 42 need one.
     assert p.bits_needed == 42 and p.ovmf_mmio64_mb is None
@@ -141,7 +141,7 @@ def test_unknown_host_bits_are_said_and_not_refused():
 
 def test_rtx4090_on_a_39_bit_desktop_fits_in_ovmfs_64_gib():
     p = plan([RTX4090], 64 * 1024 * 1024, host_phys_bits=39)
-    assert p.need_bytes == 32 * GiB + 32 * MiB and p.dedicated == []
+    assert p.need_bytes == 32 * GiB + 32 * MiB and p.buses == [0]
     assert p.window_bytes == 64 * GiB  # 40 GiB + 40 MiB -> 64 GiB
     # On pcie-root: 64 GiB of hole; RAM ends at 66 GiB, + 64 GiB = 130 GiB <= 512 GiB.
     assert p.pcihole64_kib == 64 * 1024 * 1024
@@ -228,12 +228,25 @@ def test_an_a10_needs_no_pcihole64_and_root_bars_count():
     assert p.need_bytes == 16 * GiB + 33 * MiB and p.pcihole64_kib is None
 
 
-def test_dedicated_pxb_for_128_gib_and_more():
+def test_groups_on_pxbs_stay_out_of_pcie_roots_hole():
     switch = [L40S, L40S]  # 128 GiB + 64 MiB of BARs under one switch
-    p = plan([H100, switch, RTX4090, L40S], TIB_KIB // 4, host_phys_bits=46)
-    assert p.dedicated == [0, 1]
+    p = plan([H100, switch, RTX4090, L40S], TIB_KIB // 4, host_phys_bits=46, buses=[1, 2, 0, 0])
+    assert p.buses == [1, 2, 0, 0]
     # pcie-root keeps the 4090 and one L40S: 64 GiB + 32 MiB at 0, then 32 GiB + 32 MiB at 96 GiB.
     assert p.pcihole64_kib == 256 * 1024 * 1024  # (128 GiB + 32 MiB) * 1.25 -> 256 GiB
+    assert any("group 0:" in line and "on pxb-pcie 1" in line for line in p.lines)
+    assert any("group 2:" in line and "on pcie-root" in line for line in p.lines)
+    # All on pcie-root: its hole takes all four, 448 GiB + 96 MiB packed -> 1 TiB with headroom.
+    everything = plan([H100, switch, RTX4090, L40S], TIB_KIB // 4, host_phys_bits=46)
+    assert everything.pcihole64_kib == 1024 ** 3 and everything.need_bytes == p.need_bytes
+    # Two groups on one pxb are packed together, as one root bridge: the L40S's 64 GiB + 32 MiB
+    # at 0, the 4090's 32 GiB + 32 MiB at 96 GiB (its 32 GiB alignment); pcie-root keeps QEMU's default.
+    shared = plan([RTX4090, L40S], 64 * 1024 * 1024, host_phys_bits=46, buses=[1, 1])
+    assert shared.pcihole64_kib is None and shared.need_bytes == 128 * GiB + 32 * MiB
+    apart = plan([RTX4090, L40S], 64 * 1024 * 1024, host_phys_bits=46, buses=[1, 2])
+    assert apart.need_bytes == 128 * GiB + 32 * MiB
+    with pytest.raises(ValueError):
+        plan([RTX4090, L40S], 64 * 1024 * 1024, host_phys_bits=46, buses=[1])
 
 
 def test_no_64_bit_bars():
@@ -248,7 +261,7 @@ def test_json_and_bad_input():
     data = p.to_json()
     assert data["maxphysaddr"] == {"mode": "passthrough", "bits": None}
     assert set(data) == {"window_bytes", "need_bytes", "guest_phys_bits", "bits_needed", "maxphysaddr",
-                         "pcihole64_kib", "ovmf_mmio64_mb", "dedicated", "ram_top", "features", "lines"}
+                         "pcihole64_kib", "ovmf_mmio64_mb", "buses", "ram_top", "features", "lines"}
     assert isinstance(p, AddressPlan)
     with pytest.raises(InputError):
         plan([A10], 1024, host_phys_bits=46, firmware="uefi")

@@ -216,3 +216,21 @@ def test_many_root_complexes_still_get_bus_ranges():
     assert len(numbers) == 17 and len(set(numbers)) == 17
     assert min(numbers) >= 0x20 and max(numbers) + 2 <= 0x100
     assert all(b - a >= 2 for a, b in zip(numbers, numbers[1:]))
+
+
+def test_the_address_plan_follows_the_layouts_buses(tmp_path):
+    """Devices on pxb-pcies stay out of pcie-root's <pcihole64>; with --topology flat the same
+    devices sit on pcie-root and its hole holds them (the planner takes the buses from the layout)."""
+    switch_host(tmp_path, nic=False)
+    gpus = ["0000:18:00.0", "0000:9a:00.0"]  # one per socket: two root complexes, two pxbs
+    mirrored = spec_for(tmp_path, gpus, numa="none")
+    doc = checked(mirrored, tmp_path)
+    assert mirrored.address.buses == [1, 3] and mirrored.address.pcihole64_kib is None
+    assert doc.find("devices/controller[@model='pcie-root']/pcihole64") is None
+    flat = spec_for(tmp_path, gpus, numa="none", topology="flat")
+    doc = checked(flat, tmp_path)
+    assert flat.address.buses == [0, 0]
+    # 2 x (64 GiB + 32 MiB), aligned 64 GiB: 128 GiB + 32 MiB, with headroom 256 GiB.
+    assert flat.address.pcihole64_kib == 256 * 1024 * 1024
+    assert doc.findtext("devices/controller[@model='pcie-root']/pcihole64") == str(256 * 1024 * 1024)
+    assert any("on pcie-root" in line for line in flat.address.lines)

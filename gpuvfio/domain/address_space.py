@@ -82,7 +82,7 @@ class AddressPlan:
     maxphysaddr: tuple[str, int | None] | None  # ("passthrough", None) | ("emulate", N) | None
     pcihole64_kib: int | None  # <pcihole64> on pcie-root, None: QEMU's 32 GiB default
     ovmf_mmio64_mb: int | None  # -fw_cfg opt/ovmf/X-PciMmio64Mb fallback, None: not needed
-    dedicated: list[int]  # indexes of groups that need a pxb-pcie of their own
+    buses: list[int]  # the pxb-pcie (controller index) each group's root port is on, 0: pcie-root
     ram_top: int  # end of guest RAM (bytes)
     features: list[str] = field(default_factory=list)  # versions.MINIMUMS keys this plan relies on
     lines: list[str] = field(default_factory=list)
@@ -221,27 +221,35 @@ class Fit:
 
 
 def layout(groups: list[Group], root_bars: list[Bar], firmware: str, port_min: int,
-           dedicated: list[int]) -> tuple[list[tuple[int, int]], int, int]:
-    """(window of each group, the root complex's packing, the whole aperture's packing)."""
+           buses: list[int]) -> tuple[list[tuple[int, int]], int, int]:
+    """(window of each group, the root complex's packing, the whole aperture's packing).
+    Each pxb-pcie is a root bridge of its own to the firmware (QEMU lists it in fw_cfg
+    etc/extra-pci-roots; OVMF's PciHostBridgeDxe allocates each root bridge's resources as
+    one block from the one 64-bit window), so the groups on a pxb are packed together, apart from pcie.0's;
+    QEMU's _CRS for pcie.0 leaves the pxbs' ranges out (hw/i386/acpi-build.c build_dsdt)."""
     windows = [bridge_window(g, firmware, port_min) for g in groups]
-    root = [w for i, w in enumerate(windows) if i not in dedicated and w[0]]
+    on_bus: dict[int, list[tuple[int, int]]] = {}
+    for window, bus in zip(windows, buses):
+        if window[0]:
+            on_bus.setdefault(bus, []).append(window)
+    root = on_bus.pop(0, [])
     root += [(b.size, b.size) for b in root_bars if b.kind == "mem" and b.is_64bit and b.size]
     root_need = align_up(pack(root), EDK2_BRIDGE_GRANULE)
-    blocks = [windows[i] for i in dedicated if windows[i][0]]
+    blocks = [(align_up(pack(ws), EDK2_BRIDGE_GRANULE), max(a for _s, a in ws)) for ws in on_bus.values()]
     if root_need:
         blocks.append((root_need, max(a for _s, a in root)))
     return windows, root_need, pack(blocks)
 
 
 def try_fit(bits: int, groups: list[Group], root_bars: list[Bar], memory_kib: int, vendor: str,
-            firmware: str, dedicated: list[int], fallback: int | None = None,
+            firmware: str, buses: list[int], fallback: int | None = None,
             hole_cap: int | None = None) -> Fit | str:
     """The layout with ``bits`` guest phys-bits, or why it does not fit."""
     amd = vendor == "amd"
     above = max(0, memory_kib * KiB - Q35_LOWMEM) if memory_kib * KiB >= Q35_SPLIT else 0
     top = seabios_top(bits, vendor, above) if firmware == "bios" else 0
     port_min = top >> 11 if top and above else 0
-    windows, root_need, need = layout(groups, root_bars, firmware, port_min, dedicated)
+    windows, root_need, need = layout(groups, root_bars, firmware, port_min, buses)
     hole = with_headroom(root_need) if root_need else None
     if hole is not None and hole_cap is not None:
         hole = max(min(hole, hole_cap), root_need)
@@ -253,7 +261,7 @@ def try_fit(bits: int, groups: list[Group], root_bars: list[Bar], memory_kib: in
     qemu_end = align_up(ram_top, GiB) + hole_bytes
     if qemu_end > 1 << bits:
         if hole is not None and hole_cap is None:  # without the headroom it may still start
-            return try_fit(bits, groups, root_bars, memory_kib, vendor, firmware, dedicated, fallback,
+            return try_fit(bits, groups, root_bars, memory_kib, vendor, firmware, buses, fallback,
                            align_up(root_need, GiB))
         return (f"QEMU refuses to start: RAM ends at {size_text(ram_top)}, plus pci-hole64 "
                 f"{size_text(hole_bytes)} = {size_text(qemu_end)} > 2^{bits} = {size_text(1 << bits)}")
@@ -284,7 +292,7 @@ def try_fit(bits: int, groups: list[Group], root_bars: list[Bar], memory_kib: in
     fit.base, fit.size, fit.how = base, size, how
     fit.fallback_mb = fallback // MiB if fallback else None
     if hole is not None and hole > size and hole_cap is None:
-        return try_fit(bits, groups, root_bars, memory_kib, vendor, firmware, dedicated, fallback, size)
+        return try_fit(bits, groups, root_bars, memory_kib, vendor, firmware, buses, fallback, size)
     return fit
 
 
@@ -311,19 +319,23 @@ def first_fit(tries: list[int], args: tuple, firmware: str, need: int) -> Fit | 
 
 def plan_address_space(groups: list[Group], memory_kib: int, *, host_phys_bits: int | None,
                        virt_type: str, firmware: str, cpu_vendor: str | None,
-                       root_bars: list[Bar] | None = None) -> AddressPlan:
+                       root_bars: list[Bar] | None = None, buses: list[int] | None = None) -> AddressPlan:
     """Plan the guest's address space. ``groups``: the 64-bit BARs of each guest hierarchy with
     its own bridge window (a root port; nested lists for an emulated switch's downstream
-    ports). ``root_bars``: 64-bit BARs of devices on pcie.0 itself. Refused, with the numbers,
+    ports). ``buses``: the pxb-pcie each group's root port is on (the layout's controller index,
+    0 or None: pcie-root). ``root_bars``: 64-bit BARs of devices on pcie.0 itself. Refused, with the numbers,
     when RAM and the window cannot fit in the phys-bits the guest can have."""
     if firmware not in FIRMWARES or virt_type not in VIRT_TYPES:
         raise InputError(f"firmware {firmware!r} / virt type {virt_type!r} (expected {FIRMWARES} / {VIRT_TYPES})")
     kvm = virt_type == "kvm"
     host_vendor = {"genuineintel": "intel", "authenticamd": "amd"}.get((cpu_vendor or "").lower(), cpu_vendor)
     vendor = (host_vendor or "intel") if kvm else "amd"
-    dedicated = [i for i, g in enumerate(groups) if sum(b.size for b in window_bars(g)) >= DEDICATED_BAR_BYTES]
-    args = (groups, root_bars or [], memory_kib, vendor, firmware, dedicated)
-    need = layout(groups, root_bars or [], firmware, 0, dedicated)[2]
+    if buses is None:
+        buses = [0] * len(groups)
+    if len(buses) != len(groups):
+        raise ValueError("one bus per group")
+    args = (groups, root_bars or [], memory_kib, vendor, firmware, buses)
+    need = layout(groups, root_bars or [], firmware, 0, buses)[2]
     every = list(range(MIN_BITS, TCG_MAX_BITS + 1))
     needed = first_fit(every, args, firmware, need)  # the fewest phys-bits that fit without X-PciMmio64Mb
     fewest = next((f for f in (first_fit([b], args, firmware, need) for b in every) if f), None)
@@ -352,7 +364,7 @@ def plan_address_space(groups: list[Group], memory_kib: int, *, host_phys_bits: 
     need = chosen.need if chosen else need  # SeaBIOS's hotplug minimum depends on the bits
     plan = AddressPlan(window_bytes=with_headroom(need) if need else None, need_bytes=need,
                        guest_phys_bits=fit.bits if fit else None, bits_needed=fewest.bits if fewest else None,
-                       maxphysaddr=None, pcihole64_kib=None, ovmf_mmio64_mb=None, dedicated=dedicated,
+                       maxphysaddr=None, pcihole64_kib=None, ovmf_mmio64_mb=None, buses=list(buses),
                        ram_top=ram_top)
     if kvm and need:
         plan.maxphysaddr = ("passthrough", None)
@@ -389,7 +401,7 @@ def describe(plan: AddressPlan, fit: Fit | None, memory_kib: int, host_bits: int
     if fit:
         for i, (size, align) in enumerate(fit.windows):
             if size:
-                own = " -> a pxb-pcie of its own (>= 128 GiB of BARs)" if i in plan.dedicated else ""
+                own = f" on pxb-pcie {plan.buses[i]}" if plan.buses[i] else " on pcie-root"
                 lines.append(f"group {i}: 64-bit window {size_text(size)}, aligned {size_text(align)}{own}")
     if plan.need_bytes:
         lines.append(f"64-bit MMIO: {size_text(plan.need_bytes)} as the firmware packs it; "

@@ -209,8 +209,10 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     gpu_ports = [port for port in spec.ports if spec.p2p.clique_of(port.functions[0].address) is not None]
     for n, port in enumerate(gpu_ports):
         port.alias = f"ua-gpu{n}"  # a user alias: <qemu:override> finds the device by it
-    spec.address = plan_address_space(bridge_groups(spec), spec.memory_kib, host_phys_bits=physical_address_bits(host),
-                                      virt_type=spec.virt_type, firmware=spec.firmware, cpu_vendor=cpu_vendor(host))
+    groups, buses = bridge_groups(spec)
+    spec.address = plan_address_space(groups, spec.memory_kib, host_phys_bits=physical_address_bits(host),
+                                      virt_type=spec.virt_type, firmware=spec.firmware, cpu_vendor=cpu_vendor(host),
+                                      buses=buses)
     features = list(spec.address.features)
     if spec.cliques:
         features += ["nv-clique-turing", "qemu-override"]
@@ -221,9 +223,10 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     return spec
 
 
-def bridge_groups(spec: DomainSpec) -> list[list]:
-    """The 64-bit BARs behind each of the guest's root ports, as the address planner wants them:
-    a device's BARs, or for an emulated switch one list per downstream port."""
+def bridge_groups(spec: DomainSpec) -> tuple[list[list], list[int]]:
+    """The 64-bit BARs behind each of the guest's root ports, as the address planner wants them
+    (a device's BARs, or for an emulated switch one list per downstream port), and the bus each
+    root port is on: the pxb-pcie's controller index, or 0 for pcie-root."""
     below: dict[int, list[GuestPort]] = {}
     for port in spec.ports:
         below.setdefault(port.index, []).append(port)
@@ -239,7 +242,8 @@ def bridge_groups(spec: DomainSpec) -> list[list]:
             return nested[0]
         return own + nested
 
-    return [bars(c.index) for c in spec.controllers if c.model == "pcie-root-port"]
+    roots = [c for c in spec.controllers if c.model == "pcie-root-port"]
+    return [bars(c.index) for c in roots], [c.parent for c in roots]
 
 
 def _mdev_for(host: HostRoot, inventory: Inventory, address: PciAddress, request: DomainRequest) -> tuple[str, str]:
