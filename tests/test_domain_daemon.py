@@ -103,8 +103,11 @@ def test_define_is_idempotent_in_the_real_driver(conn, cli):
     base = ["--root", sample_path("epyc-mixed"), "xml", "0000:81:00.0", "--name", "gpuvfio-idem", "--vcpus", "8",
             "--memory", "16G", "--firmware", "bios", "--virt-type", "qemu", "--define", "--connect", uri, "--json"]
     try:
-        first = cli(*base).json()["define"]
-        assert first["result"] == "defined"
+        out = cli(*base).json()
+        assert out["define"]["result"] == "defined"
+        # QEMU's version comes from the connection: no row stays unknown.
+        assert [row["feature"] for row in out["versions"] if row["status"] == "unknown"] == []
+        assert any(row["have"].startswith("QEMU ") for row in out["versions"])
         assert cli(*base).json()["define"]["result"] == "unchanged"
         changed = [a if a != "8" else "4" for a in base]
         result = cli(*changed)

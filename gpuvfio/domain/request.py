@@ -51,6 +51,7 @@ class DomainRequest:
     topology: str = "auto"  # auto | mirror | flat
     p2p: str = "auto"  # auto | off: QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between
     qemu_version: tuple[int, ...] | None = None  # from the libvirt connection, or --qemu-version offline
+    libvirt_version: tuple[int, ...] | None = None  # from the libvirt connection only
 
 
 def parse_hugepages(text: str) -> str:

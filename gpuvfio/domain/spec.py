@@ -204,7 +204,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     spec.notes += [note for cell in placements for note in cell.notes] + layout.notes
     if guest_cells:
         spec.distances = _cell_distances(placements, node_ids)
-    spec.p2p = _p2p(host, request, devices, len(nodes) <= 1)
+    kernel = read_kernel(host)
+    spec.p2p = _p2p(request, devices, len(nodes) <= 1, acs_override=kernel.param("pcie_acs_override") is not None)
     spec.notes += spec.p2p.notes
     gpu_ports = [port for port in spec.ports if spec.p2p.clique_of(port.functions[0].address) is not None]
     for n, port in enumerate(gpu_ports):
@@ -218,7 +219,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
         features += ["nv-clique-turing", "qemu-override"]
     if spec.address.maxphysaddr:
         features.append("maxphysaddr")
-    have = {"qemu": request.qemu_version, "kernel": versions.kernel_version(read_kernel(host).release)}
+    have = {"qemu": request.qemu_version, "libvirt": request.libvirt_version,
+            "kernel": versions.kernel_version(kernel.release)}
     spec.versions = versions.check(have, sorted(set(features), key=features.index))
     return spec
 
@@ -326,7 +328,8 @@ def _cell_distances(placements: list[CellPlacement], node_ids: dict[int, NumaNod
     return table
 
 
-def _p2p(host: HostRoot, request: DomainRequest, devices: list[list[PciFunction]], single_node: bool) -> CliquePlan:
+def _p2p(request: DomainRequest, devices: list[list[PciFunction]], single_node: bool, *,
+         acs_override: bool) -> CliquePlan:
     """Which GPUs get QEMU's x-nv-gpudirect-clique, or why none do."""
     functions = [fns[0] for fns in devices]
     if request.p2p == "off" or sum(1 for f in functions if f.is_nvidia and f.is_gpu) < 2:
@@ -334,8 +337,7 @@ def _p2p(host: HostRoot, request: DomainRequest, devices: list[list[PciFunction]
     if request.hide_kvm:
         # NVIDIA's driver ignores the clique capability when the hypervisor is hidden.
         return CliquePlan([], ["--hide-kvm: the guest driver does not honour P2P cliques with KVM hidden; none set"])
-    plan = p2p_cliques(functions, acs_override=read_kernel(host).param("pcie_acs_override") is not None,
-                       single_node=single_node)
+    plan = p2p_cliques(functions, acs_override=acs_override, single_node=single_node)
     if not plan.cliques:
         return plan
     version = request.qemu_version

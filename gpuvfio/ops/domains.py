@@ -25,11 +25,11 @@ from gpuvfio.host.topology import position
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import Refused
 from gpuvfio.virt import lifecycle
-from gpuvfio.virt.connection import call, libvirt_module
+from gpuvfio.virt.connection import call, connection_versions, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
-__all__ = ["Provisioned", "provision_xml", "hypervisor_version", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -70,8 +70,9 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
     as free for its new definition (a re-run of the same request must come out the same).
     ``ask_libvirt``: a libvirt connection (``uri``) is in use, so the QEMU version comes from it
     when the request does not name one."""
-    if ask_libvirt and request.qemu_version is None:
-        request = dataclasses.replace(request, qemu_version=hypervisor_version(ctx, uri))
+    if ask_libvirt:
+        qemu, lib = connection_versions(ctx.libvirt(uri))
+        request = dataclasses.replace(request, qemu_version=request.qemu_version or qemu, libvirt_version=lib)
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
     held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
     fabric = fabric_plan(ctx, inventory, addresses, request)
@@ -142,16 +143,6 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
             links[device.switch] = attributes
     return nccl_topo.nccl_topology(devices, cells, {p.index: cell_of(p) for p in spec.ports},
                                    cpu_vendor=cpu_vendor(ctx.host), switch_links=links)
-
-
-def hypervisor_version(ctx: Context, uri: str | None) -> tuple[int, ...] | None:
-    """The QEMU version behind a qemu:// connection (virConnectGetVersion: major * 1000000 +
-    minor * 1000 + micro); None for other drivers (the test driver reports its own number)."""
-    conn = ctx.libvirt(uri)
-    if call("asking libvirt for its driver", conn.getType).upper() != "QEMU":
-        return None
-    number = call("asking libvirt for the QEMU version", conn.getVersion)
-    return (number // 1000000, number // 1000 % 1000, number % 1000)
 
 
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 
 from gpuvfio.address import PciAddress
+from gpuvfio.domain.versions import version_text
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.errors import InputError
 from gpuvfio.host.doctor import run_doctor
@@ -16,6 +17,7 @@ from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.numa import read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
+from gpuvfio.virt.connection import connection_versions
 
 __all__ = ["list_report", "inventory_report", "doctor_report", "dump_host", "host_identity", "open_host"]
 
@@ -101,7 +103,7 @@ def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
              "hugepage_sizes_kb": sorted({size for n in nodes for size in n.hugepages}),
              "python": platform.python_version(), "qemu_version": None, "libvirt_version": None}
     if conn is not None:
-        version, lib = conn.getVersion(), conn.getLibVersion()
-        ident["qemu_version"] = f"{version // 1000000}.{version // 1000 % 1000}.{version % 1000}"
-        ident["libvirt_version"] = f"{lib // 1000000}.{lib // 1000 % 1000}.{lib % 1000}"
+        qemu, lib = connection_versions(conn)
+        ident["qemu_version"] = version_text(qemu) if qemu else None
+        ident["libvirt_version"] = version_text(lib) if lib else None
     return ident

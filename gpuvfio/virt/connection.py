@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import GpuvfioError
 
 URI_ENV = "LIBVIRT_DEFAULT_URI"
@@ -50,3 +51,13 @@ def call(what: str, func, *args):
         return func(*args)
     except libvirt.libvirtError as exc:
         raise LibvirtError(f"{what}: {exc.get_error_message()}") from None
+
+
+def connection_versions(conn) -> tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]:
+    """(QEMU, libvirt) behind ``conn``. virConnectGetLibVersion is the daemon's libvirt, whatever
+    the driver; virConnectGetVersion is the hypervisor's (major * 1000000 + minor * 1000 + micro)
+    and means QEMU only on a QEMU connection (the test driver reports a number of its own)."""
+    qemu = None
+    if call("asking libvirt for its driver", conn.getType).upper() == "QEMU":
+        qemu = parse_version(call("asking libvirt for the QEMU version", conn.getVersion))
+    return qemu, parse_version(call("asking libvirt for its version", conn.getLibVersion))
