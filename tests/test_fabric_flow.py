@@ -15,6 +15,7 @@ from gpuvfio.domain.request import domain_request
 from gpuvfio.errors import Refused
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops import binding, fabric
+from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.domains import provision_xml
 from tests.test_fabric import FMPM, MODULE, SWITCHES, VERSION, dgx, dgx_tree, fm, gpus, set_mode, write  # noqa: F401
@@ -148,3 +149,26 @@ def test_h100_partitions_matched_by_module_ids_from_nvml(shared, dgx):
     finally:
         with open(recording, "w") as handle:
             handle.write(original)
+
+
+def test_bind_applies_the_fabric_rules(dgx, cli):
+    """gpuvfio bind (and so the Ansible device module, which calls the same service) refuses what
+    xml and attach refuse, and in full-passthrough mode binds the NVSwitches with all the GPUs."""
+    set_mode(dgx, 0)  # the sample's Fabric Manager, DCGM and persistenced run: --stop-services
+    ctx = Context(host=HostRoot(dgx))
+    with pytest.raises(Refused) as info:
+        binding.bind(ctx, gpus(1, 2, 3, 4), BindPolicy(stop_services=True), uri="none", dry_run=True)
+    assert "4 of the 8 baseboard GPUs" in str(info.value)
+    assert [c["id"] for c in info.value.report["refused"]] == ["fabric"]
+    report = binding.bind(ctx, gpus(*range(1, 9)), BindPolicy(stop_services=True), uri="none", dry_run=True)
+    assert set(map(str, SWITCHES)) <= set(report["devices"]) and report["result"] == "dry_run"
+    assert any(c["id"] == "fabric" and "full passthrough" in c["message"] for c in report["checks"])
+    alone = binding.bind(ctx, gpus(3), BindPolicy(stop_services=True), uri="none", dry_run=True)
+    assert any(c["id"] == "fabric" and c["status"] == "warn" and "NVreg_NvLinkDisable=1" in c["message"]
+               for c in alone["checks"])
+    assert not set(map(str, SWITCHES)) & set(alone["devices"])
+    refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2)), "--dry-run", "--stop-services", "--connect", "none")
+    assert refused.code == 1 and "FABRIC_MODE=0" in refused.err
+    set_mode(dgx, 1)  # shared NVSwitch, but no Fabric Manager to ask here: no partition can be matched
+    refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2, 3, 4)), "--dry-run", "--stop-services", "--connect", "none", "--json")
+    assert refused.code == 1 and "partition list is needed" in refused.out

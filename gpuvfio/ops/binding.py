@@ -20,7 +20,7 @@ import os
 from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
 from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
-from gpuvfio.bind.fabric_manager import deactivate_journaled, plan_detach
+from gpuvfio.bind.fabric_manager import deactivate_journaled, plan_checks, plan_detach
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.bind.plan import WARN, BindPlan, BindPolicy, LibvirtView, PlanCheck, plan_bind
 from gpuvfio.errors import GpuvfioError, InputError, Refused
@@ -28,6 +28,7 @@ from gpuvfio.host import assignable
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.pciids import PciIds
+from gpuvfio.ops import fabric
 from gpuvfio.ops.context import Context
 from gpuvfio.vgpu.instances import remove_all
 from gpuvfio.vgpu.scheduler import put_back
@@ -63,9 +64,16 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
     for address in addresses:
         assignable.endpoint(inventory, address)
+    # An HGX baseboard's rules hold for a bind as for a guest: in full-passthrough mode all its
+    # GPUs go with all its NVSwitches (bound too), a subset is a Fabric Manager partition.
+    decision = fabric.decide(ctx, inventory, addresses)
+    if decision.kind == "full_passthrough":
+        addresses = sorted(set(addresses) | set(decision.add_devices))
     view = libvirt_view(ctx, addresses_in_groups(inventory, addresses), uri=uri, exclude=exclude)
     broken = Journal.load(state_dir(ctx.host)).data["broken"]
     bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, broken)
+    if decision.kind != "none":
+        bind_plan.checks += plan_checks(decision)
     if ctx.actions is None and not bind_plan.nothing_to_do:
         # A plan for a recorded host (a testbed on a remote hypervisor) is right for that host;
         # carried out here against the recording, these steps would stop the run: say so.

@@ -15,13 +15,12 @@ from gpuvfio.domain.nccl_topo import GUEST_FILE as NCCL_GUEST_FILE
 from gpuvfio.domain.render import domain_xml
 from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepages, parse_numa, parse_uuid
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
-from gpuvfio.host.fabric import SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
 from gpuvfio.host.fabric import WARN as FABRIC_WARN
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.numa import cpu_vendor, read_numa
-from gpuvfio.host.nvlink import read_nvlink
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.topology import position
+from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import Refused
 from gpuvfio.virt import lifecycle
@@ -75,7 +74,9 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
         request = dataclasses.replace(request, qemu_version=request.qemu_version or qemu, libvirt_version=lib)
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
     held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
-    fabric = fabric_plan(ctx, inventory, addresses, request)
+    fabric = None if request.mdev or request.vgpu else fabric_ops.decide(ctx, inventory, addresses).check()
+    if fabric is not None and fabric.kind == "none":
+        fabric = None
     if fabric is not None:
         addresses = list(addresses) + [a for a in fabric.add_devices if a not in addresses]
     # The other domains' vCPU pins, not their emulator pins: gpuvfio gives a guest's emulator the
@@ -87,28 +88,6 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
         spec.notes = [line.message for line in fabric.lines if line.status != FABRIC_WARN] + spec.notes
         spec.warnings += [line.message for line in fabric.lines if line.status == FABRIC_WARN]
     return Provisioned(spec, domain_xml(spec), inventory)
-
-
-def fabric_plan(ctx: Context, inventory: Inventory, addresses: list[PciAddress],
-                request: DomainRequest) -> Decision | None:
-    """What an HGX NVSwitch fabric means for passing ``addresses`` (None: no fabric here, or a
-    vGPU): all GPUs with all NVSwitches, one Fabric Manager partition, or a lone GPU with NVLink
-    off in the guest; Refused, saying which mode is needed, otherwise."""
-    if request.mdev or request.vgpu:
-        return None
-    fabric = read_fabric(ctx.host, inventory)
-    if not fabric.present:
-        return None
-    # The Fabric Manager names partition GPUs by module id (on HGX H100 with no bus id): NVML's
-    # module ids, read with the NVLinks (or recorded with them), map them to PCI addresses.
-    modules = read_nvlink(ctx.host).module_map()
-    if modules:
-        fabric = read_fabric(ctx.host, inventory, modules)
-    partitions = None
-    if fabric.effective_mode == SHARED_NVSWITCH and fabric.fm_running and ctx.fabric_manager is not None:
-        partitions = ctx.fabric_manager().list_partitions()
-    decision = fabric_decision(fabric, addresses, partitions).check()
-    return decision if decision.kind != "none" else None
 
 
 def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None) -> str:

@@ -14,8 +14,29 @@ from gpuvfio.bind.fabric_manager import (FabricManagerClient, apply_partition_st
                                          plan_detach)
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.errors import GpuvfioError, Refused
-from gpuvfio.host.fabric import Decision
+from gpuvfio.host.fabric import SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
+from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.nvlink import read_nvlink
+from gpuvfio.host.topology import is_nvswitch
 from gpuvfio.ops.context import Context
+
+
+def decide(ctx: Context, inventory: Inventory, addresses: list[PciAddress]) -> Decision:
+    """What an HGX NVSwitch fabric means for giving ``addresses`` to one guest: all GPUs with all
+    NVSwitches, one Fabric Manager partition, a lone GPU with NVLink off in the guest, or a
+    refusal that says which mode is needed (kind "none" without a fabric). The one decision
+    xml, attach, bind and the Ansible modules apply; reads the host and asks the Fabric Manager
+    for its partitions, changes nothing."""
+    modules = None
+    if any(is_nvswitch(f) for f in inventory.functions.values()):
+        # The Fabric Manager names partition GPUs by module id (on HGX H100 with no bus id):
+        # NVML's module ids, read with the NVLinks (or recorded with them), map them to addresses.
+        modules = read_nvlink(ctx.host).module_map() or None
+    fabric = read_fabric(ctx.host, inventory, modules)
+    partitions = None
+    if fabric.effective_mode == SHARED_NVSWITCH and fabric.fm_running and ctx.fabric_manager is not None:
+        partitions = ctx.fabric_manager().list_partitions()
+    return fabric_decision(fabric, addresses, partitions)
 
 
 def client(ctx: Context) -> FabricManagerClient:
