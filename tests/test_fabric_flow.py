@@ -12,7 +12,7 @@ import pytest
 from gpuvfio.bind.fabric_manager import FabricManagerClient, FabricStepError
 from gpuvfio.bind.journal import Journal, state_dir
 from gpuvfio.domain.request import domain_request
-from gpuvfio.errors import Refused
+from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.binding import BindPolicy
@@ -172,3 +172,33 @@ def test_bind_applies_the_fabric_rules(dgx, cli):
     set_mode(dgx, 1)  # shared NVSwitch, but no Fabric Manager to ask here: no partition can be matched
     refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2, 3, 4)), "--dry-run", "--stop-services", "--connect", "none", "--json")
     assert refused.code == 1 and "partition list is needed" in refused.out
+
+
+def test_a_partition_that_stays_active_keeps_its_gpus(shared, cli, monkeypatch):
+    """restore (and so attach's undo and release) gives back no GPU whose partition could not be
+    deactivated; status shows the partition; a failed activation is a finished operation."""
+    ctx, fm = shared
+    fabric.activate(ctx, plan(ctx, gpus(2, 4)).spec.fabric)
+    journal = Journal.load(state_dir(ctx.host))
+    for n, address in enumerate(gpus(2, 4)):  # as attach's bind journals them
+        journal.devices[str(address)] = {"original_driver": "nvidia", "original_override": None, "group": 90 + n}
+    journal.save()
+    status = cli("--root", ctx.host.root, "status", "--json").json()
+    assert status["partitions"] == {"4": {"state": "active", "modules": [2, 4], "devices": list(map(str, gpus(2, 4)))}}
+    assert "Fabric Manager partition 4 (active)" in cli("--root", ctx.host.root, "status").out
+    monkeypatch.setenv("FAKEFM_FAIL", "deactivate=-2")
+    with pytest.raises(GpuvfioError, match="partition 4 still active") as info:
+        binding.restore(ctx, [])
+    assert set(info.value.report["kept"]) == set(map(str, gpus(2, 4))) and info.value.report["restored"] == {}
+    assert set(Journal.load(state_dir(ctx.host)).devices) == set(map(str, gpus(2, 4)))  # still held
+    assert fm.active() == {4}
+    monkeypatch.delenv("FAKEFM_FAIL")
+    fabric.deactivate(ctx, partition_ids=[4])
+    journal = Journal.load(state_dir(ctx.host))
+    journal.devices.clear()
+    journal.save()
+    monkeypatch.setenv("FAKEFM_FAIL", "activate=-2")
+    with pytest.raises(FabricStepError):
+        fabric.activate(ctx, plan(ctx, gpus(1, 3)).spec.fabric)
+    status = cli("--root", ctx.host.root, "status", "--json").json()
+    assert status["unfinished_operation"] is None and status["partitions"] == {}

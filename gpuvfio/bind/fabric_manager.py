@@ -443,6 +443,11 @@ def apply_partition_steps(journal: Journal, client: FabricManagerClient, steps: 
                                                   or "nothing was activated")
             else:
                 rollback = f"partition {step.partition_id} stays in the journal for gpuvfio restore"
+            # This run ended and said so: not a crashed one for status to flag (what is left
+            # active is in the journal's partitions, which restore deactivates).
+            journal.data["operation"]["finished"] = time.time()
+            journal.data["operation"]["failed"] = str(exc)
+            journal.save()
             raise FabricStepError(f"step {index + 1} ({step.describe()}) failed: {exc}; {rollback}") from None
         journal.set_step(index, "done")
         result.done.append(step.describe())

@@ -103,7 +103,7 @@ def print_doctor(report: dict, title: str, console=None) -> None:
 def print_status(report: dict, console=None) -> None:
     console = console or make_console()
     if not report["devices"] and not report["unfinished_operation"] and not any(
-            report.get(k) for k in ("mdevs", "vgpus", "schedulers", "broken")):
+            report.get(k) for k in ("mdevs", "vgpus", "schedulers", "broken", "partitions")):
         console.print(f"gpuvfio holds no devices (state in {escape(report['state_dir'])})")
     if report["devices"]:
         table = _table(title="Devices held by gpuvfio", title_justify="left")
@@ -126,6 +126,10 @@ def print_status(report: dict, console=None) -> None:
     for address, mark in sorted((report.get("broken") or {}).items()):
         console.print(f"[bold red]{address} came back broken:[/] {escape(str(mark.get('reason')))} "
                       f"(refused by bind until gpuvfio reset {address})")
+    for key, partition in (report.get("partitions") or {}).items():
+        modules = ", ".join(map(str, partition["modules"])) or "?"
+        console.print(f"Fabric Manager partition {escape(key)} ({escape(str(partition['state']))}): GPU modules "
+                      f"{escape(modules)}, {escape(', '.join(partition['devices']))} (restore deactivates it)")
     op = report["unfinished_operation"]
     if op:
         console.print(f"[yellow]Unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore:[/]")

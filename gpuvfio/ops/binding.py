@@ -171,23 +171,28 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
 
     vgpu_failures: list[str] = []
     # Fabric Manager partitions gpuvfio activated for these devices go first (stop, deactivate,
-    # restore), whatever state a crash left them in.
+    # restore), whatever state a crash left them in. A partition that stays active keeps its GPUs
+    # (and their groups) on vfio-pci: the host driver must not take a GPU the fabric still routes
+    # to a partition (NVIDIA Fabric Manager user guide, "Shared NVSwitch Virtualization Model").
+    kept: dict[str, str] = {}
     for step in plan_detach(journal, [PciAddress.parse(a) for a in wanted] if wanted else None):
         if ctx.fabric_manager is None:
-            vgpu_failures.append(f"partition {step.partition_id} is journaled active, but the Fabric Manager is "
-                                 f"reached on the live host only")
-            continue
-        for key, (ok, message) in deactivate_journaled(journal, ctx.fabric_manager(), [step.partition_id],
-                                                       note).items():
-            if not ok:
-                vgpu_failures.append(f"partition {key}: {message}")
-    if not wanted:  # a full restore also removes the vGPU instances gpuvfio created, then
+            failed = {str(step.partition_id): "the Fabric Manager is reached on the live host only"}
+        else:
+            failed = {key: message for key, (ok, message) in deactivate_journaled(
+                journal, ctx.fabric_manager(), [step.partition_id], note).items() if not ok}
+        for key, message in failed.items():
+            vgpu_failures.append(f"partition {key} still active ({message}): its devices stay on vfio-pci")
+            for address in _with_group_members(journal, step.devices):
+                kept[address] = f"partition {key} still active"
+    if not wanted and not kept:  # a full restore also removes the vGPU instances gpuvfio created, then
         vgpu_failures += remove_all(ctx.host, journal, ctx.writer(), note)
         if journal.data.get("schedulers"):  # the schedulers (NVML changes them only with no vGPU running)
             vgpu_failures += put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
-    results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), wanted or None, ctx.progress)
+    targets = None if not wanted and not kept else [a for a in (wanted or sorted(journal.devices)) if a not in kept]
+    results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), targets, ctx.progress)
     report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
-              "failed": {a: msg for a, (ok, msg) in results.items() if not ok},
+              "failed": {a: msg for a, (ok, msg) in results.items() if not ok}, "kept": kept,
               "services_not_restarted": list(journal.data["services_stopped"]), "vgpu": undone}
     # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
     # last one): only a restart that should have happened and did not is a failure.
@@ -197,6 +202,12 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
         problems += [f"service {s} not restarted" for s in unrestarted]
         raise GpuvfioError("restore incomplete: " + "; ".join(problems), report)
     return report
+
+
+def _with_group_members(journal: Journal, devices) -> list[str]:
+    """``devices`` and the journaled devices of their IOMMU groups."""
+    groups = {journal.devices[d].get("group") for d in devices if d in journal.devices} - {None}
+    return sorted(set(devices) | {a for a, record in journal.devices.items() if record.get("group") in groups})
 
 
 def held_in_groups(ctx: Context, journal: Journal, addresses: list[PciAddress]) -> list[str]:
@@ -231,7 +242,7 @@ def release(ctx: Context, addresses: list[PciAddress]) -> dict:
         journal = Journal.load(directory)
         held = held_in_groups(ctx, journal, addresses)
         if not held:
-            return {"restored": {}, "failed": {}, "services_not_restarted": [], "vgpu": []}
+            return {"restored": {}, "failed": {}, "kept": {}, "services_not_restarted": [], "vgpu": []}
         return _restore_locked(ctx, journal, held)
 
 
@@ -269,6 +280,9 @@ def status(ctx: Context) -> dict:
     return {"state_dir": directory, "devices": devices, "services_stopped": journal.data["services_stopped"],
             "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
             "schedulers": journal.data.get("schedulers", {}), "broken": journal.data["broken"],
+            "partitions": {key: {"state": record.get("state"), "modules": record.get("modules", []),
+                                 "devices": record.get("devices", [])}
+                           for key, record in sorted(journal.data["partitions"].items(), key=lambda kv: int(kv[0]))},
             "unfinished_operation": pending}
 
 
