@@ -1,0 +1,135 @@
+"""attach writes the NCCL topology file inside the guest (issue 14 item 3), end to end: the
+attach service binds two GPUs under a host switch (a simulated kernel answers the sysfs
+writes), defines and starts the guest on libvirt's test driver, reaches it over real SSH
+(this machine behind dropbear, tests/lanes/hypervisor.py), runs the probe there and writes
+/etc/gpuvfio/nccl-topo.xml from the bus ids the guest shows. The stand-in guest's PCI tree is
+built as the plan's guest tree (root port, emulated switch, two GPUs), under the root its
+probe reads (GPUVFIO_PROBE_ROOT); a guest unlike the plan gets no file, and says why.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from lxml import etree
+
+from gpuvfio.address import PciAddress
+from gpuvfio.domain.request import domain_request
+from gpuvfio.ops import guests
+from gpuvfio.ops.targets import SshOptions
+from tests.contexts import sim_context
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
+from tests.simkernel import SimKernel
+
+libvirt = pytest.importorskip("libvirt")
+
+L40S = ("10de", "26b9", "030200")
+GPUS = ["0000:03:00.0", "0000:04:00.0"]
+GUEST_FILE = os.path.join("etc", "gpuvfio", "nccl-topo.xml")
+
+
+def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16)) -> HostBuilder:
+    """One socket: root port 00:01.0 -> (a switch ->) two L40S on buses 3 and 4 (each in a
+    group of its own: the downstream ports isolate them)."""
+    b = HostBuilder(root)
+    b.iommu("intel", 1)
+    b.cmdline("BOOT_IMAGE=/vmlinuz ro intel_iommu=on iommu=pt")
+    b.cpuinfo("Intel(R) Xeon(R) Gold 6448Y", 46)
+    b.firmware()
+    cpus = b.cpu_topology(1, 4, 2)
+    b.numa_node(0, cpus[0], 64)
+    rb = b.root_bus(numa=0)
+    bars = [(0, 16 * MiB, BAR32), (1, 32 * GiB, BAR64_PREF), (3, 32 * MiB, BAR64_PREF)]
+    if switch:
+        rp = b.bridge(rb, "0000:00:01.0", "8086", "352a", secondary_bus=1, link=(5, 16))
+        up = b.bridge(rp, "0000:01:00.0", "1000", "c030", secondary_bus=2, link=(5, 16))
+        parents = [b.bridge(up, f"0000:02:{n:02x}.0", "1000", "c030", secondary_bus=3 + n, link=(5, 16))
+                   for n in range(2)]
+    else:
+        parents = [b.bridge(rb, f"0000:00:{1 + n:02x}.0", "8086", "352a", secondary_bus=3 + n, link=(5, 16))
+                   for n in range(2)]
+    for parent, address in zip(parents, GPUS):
+        b.function(parent, address, *L40S, driver="nvidia", link=gpu_link, bars=bars, boot_vga=False)
+    b.modules(["nvidia"], available=["vfio-pci", "vfio_pci"])
+    return b
+
+
+class SharedConnection:
+    """One test:///default connection for every open in the test (each open is a new driver)."""
+
+    def __init__(self):
+        self.conn = libvirt.open("test:///default")
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+    def close(self):
+        return 0
+
+
+@pytest.fixture
+def hypervisor():
+    from tests.lanes import hypervisor as hv
+
+    reason = hv.skip_reason()
+    if reason:
+        if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
+            pytest.fail(reason + "; required under make test")
+        pytest.skip(reason)
+    return hv
+
+
+def _attach(tmp_path, hv, guest_root: str, name: str):
+    """Attach the two GPUs of a host tree to guest ``name`` whose probe reads ``guest_root``;
+    detach again (devices back on nvidia, the domain gone). (the attach's result, its files)"""
+    host = _gpu_tree(str(tmp_path / "host"), switch=True)
+    kernel = SimKernel(host.root)
+    shared = SharedConnection()
+    ctx = sim_context(host.root, kernel, connect=lambda uri: shared)
+    server = hv.start(str(tmp_path / f"guest-{name}"), env={"GPUVFIO_PROBE_ROOT": guest_root})
+    try:
+        request = domain_request(name, vcpus=2, memory="2G", hugepages="none", firmware="bios")
+        ssh = SshOptions(host="127.0.0.1", port=server.port, key=server.client_key,
+                         known_hosts=server.known_hosts, timeout=20)
+        result = guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",
+                               verify=None)
+        assert [kernel.driver_of(a) for a in GPUS] == ["vfio-pci", "vfio-pci"]
+        guests.detach(ctx, name, uri="test:///default", timeout=0)
+        assert [kernel.driver_of(a) for a in GPUS] == ["nvidia", "nvidia"]
+        return result
+    finally:
+        server.stop()
+        shared.conn.close()
+
+
+def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, hypervisor, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    guest = _gpu_tree(str(tmp_path / "guest-tree"), switch=True, gpu_link=(1, 1))
+    result = _attach(tmp_path, hypervisor, guest.root, "nccl-2gpu")
+    assert result.ok
+    written = result.nccl_topology
+    assert written["written"] is True and written["path"] == "/etc/gpuvfio/nccl-topo.xml", written
+    with open(os.path.join(guest.root, GUEST_FILE), encoding="utf-8") as handle:
+        text = handle.read()
+    assert text == written["xml"]
+    doc = etree.fromstring(text.encode())
+    gpus = doc.findall(".//pci[@class='0x030200']")
+    assert sorted(g.get("busid") for g in gpus) == GPUS  # the bus ids the guest shows
+    # The guest's own switch (its bridge two levels above each GPU) holds both, at the host's
+    # link speeds, not the emulated ports' (the stand-in guest's GPUs report 2.5 GT/s x1).
+    (switch,) = {g.getparent() for g in gpus}
+    assert switch.get("busid") == "0000:01:00.0"
+    assert {(g.get("link_speed"), g.get("link_width")) for g in gpus} == {("16.0 GT/s PCIe", "16")}
+    assert (switch.get("link_speed"), switch.get("link_width")) == ("32.0 GT/s PCIe", "16")
+    assert any(s["step"] == "nccl topology" and s["ok"] for s in result.steps)
+
+
+def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, hypervisor, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    flat = _gpu_tree(str(tmp_path / "guest-tree"), switch=False)  # the guest shows no switch
+    result = _attach(tmp_path, hypervisor, flat.root, "nccl-flat")
+    assert result.ok  # not writing the file is a warning, not a failed attach
+    written = result.nccl_topology
+    assert written["written"] is False and "switch" in written["error"], written
+    assert not os.path.exists(os.path.join(flat.root, GUEST_FILE))
