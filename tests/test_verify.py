@@ -261,7 +261,16 @@ def test_malformed_verifier_answers_are_refused(mutate):
 
 def test_nan_from_the_guest_is_refused():
     text = verifier_json().replace('"median": 50.0', '"median": NaN', 1)
-    with pytest.raises(VerifyError):
+    with pytest.raises(VerifyError, match="NaN is not a JSON number"):
+        parse_verifier(text)
+
+
+def test_a_repeated_key_from_the_guest_is_refused():
+    """Python's json keeps the last of two equal keys: a guest could hide a failed value behind a
+    passing one. The one strict reader (gpuvfio.strictjson) refuses it."""
+    text = verifier_json().replace('{"version": ', '{"version": 0, "version": ', 1)
+    assert text != verifier_json()
+    with pytest.raises(VerifyError, match="appears twice"):
         parse_verifier(text)
 
 

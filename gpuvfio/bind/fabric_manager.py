@@ -27,7 +27,6 @@ as ``activating`` before the activation is asked for, so a crash at any point le
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -41,6 +40,7 @@ from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.plan import PlanCheck
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host.fabric import Decision, Partition, PartitionGpu
+from gpuvfio.strictjson import JsonRejected, strict_loads
 
 FMPM = "fmpm"
 DEFAULT_TIMEOUT = 60.0
@@ -159,17 +159,6 @@ def _text(value, where: str, size: int) -> str | None:
     return value or None
 
 
-def _no_duplicates(pairs):
-    keys = [k for k, _v in pairs]
-    if len(keys) != len(set(keys)):
-        raise FabricManagerOutputError("fmpm -l: a JSON object repeats a key")
-    return dict(pairs)
-
-
-def _reject_constant(name):
-    raise FabricManagerOutputError(f"fmpm -l: {name} is not a JSON number fmpm prints")
-
-
 def _gpu(item, where: str) -> PartitionGpu:
     if not isinstance(item, dict) or "physicalId" not in item:
         raise FabricManagerOutputError(f"fmpm -l: {where} is not a GPU (no physicalId)")
@@ -193,13 +182,10 @@ def _gpu(item, where: str) -> PartitionGpu:
 def parse_partitions(output: bytes | str) -> list[Partition]:
     """The partitions ``fmpm -l`` printed; anything else is a FabricManagerOutputError."""
     try:
-        text = output.decode("utf-8") if isinstance(output, bytes) else output
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise FabricManagerOutputError("fmpm -l printed bytes that are not UTF-8; not a partition list") from None
-    except (ValueError, RecursionError):
-        raise FabricManagerOutputError(f"fmpm -l printed no partition list ({_shown(text.encode()) or 'nothing'!r} "
-                                       "is not JSON)") from None
+        doc = strict_loads(output)
+    except JsonRejected as exc:
+        shown = _shown(output if isinstance(output, bytes) else output.encode()) or "nothing"
+        raise FabricManagerOutputError(f"fmpm -l printed no partition list ({exc}: {shown!r})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("partitionInfo"), list):
         raise FabricManagerOutputError("fmpm -l printed JSON without a partitionInfo list")
     infos = doc["partitionInfo"]

@@ -13,14 +13,13 @@ import re
 import uuid as uuidlib
 from dataclasses import dataclass
 
+from gpuvfio.domain.address_space import FIRMWARES, VIRT_TYPES
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import InputError
 from gpuvfio.sizes import parse_size_kib
 
 HUGEPAGE_CHOICES = ("auto", "none", "2M", "1G")
 NUMA_WORDS = ("auto", "none", "remote")
-FIRMWARES = ("efi", "bios")
-VIRT_TYPES = ("kvm", "qemu")
 TOPOLOGY_CHOICES = ("auto", "mirror", "flat")  # auto: mirror the host for two or more devices
 P2P_CHOICES = ("auto", "off")
 MAX_VCPUS = 4096

@@ -8,7 +8,6 @@ guest answers -- nothing, garbage, a crash -- there is a report: a failed "probe
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
@@ -16,6 +15,7 @@ from gpuvfio.errors import GpuvfioError
 from gpuvfio.guest.checks import check, evaluate, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program
+from gpuvfio.strictjson import JsonRejected, strict_loads
 
 PROBE_NAME = "gpuvfio-probe"  # $0 of the probe shell, how a harness recognises the command
 VERIFIER_VERSION = 2
@@ -74,19 +74,15 @@ def parse_probe(text: str) -> dict:
     return facts
 
 
-def _no_constant(name):
-    raise ValueError(f"{name} is not a number")
-
-
 def parse_verifier(text: str) -> dict:
     """The verifier's JSON, its shape checked where the checks read it (a guest is not trusted
     to answer well: a hostile or broken one gets a failed check, not a traceback here)."""
     for line in text.splitlines():
         if line.startswith("GPUVFIO-VERIFIER "):
             try:
-                data = json.loads(line[len("GPUVFIO-VERIFIER "):], parse_constant=_no_constant)
-            except (ValueError, RecursionError):
-                raise VerifyError("the in-guest verifier's JSON is garbled") from None
+                data = strict_loads(line[len("GPUVFIO-VERIFIER "):])
+            except JsonRejected as exc:
+                raise VerifyError(f"the in-guest verifier's JSON is garbled ({exc})") from None
             if not isinstance(data, dict) or data.get("version") != VERIFIER_VERSION:
                 raise VerifyError("the in-guest verifier answered in an unknown format")
             problem = shape_problem(data)

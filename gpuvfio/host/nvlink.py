@@ -42,6 +42,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError
 from gpuvfio.host.model import NVIDIA_VENDOR
 from gpuvfio.host.root import HostRoot
+from gpuvfio.strictjson import JsonRejected, strict_loads
 
 RECORD = ("var", "lib", "gpuvfio-fixture", "nvlink.json")
 RECORD_PATH = "/".join(RECORD)
@@ -285,19 +286,6 @@ def _bad(what: str) -> InputError:
     return InputError(f"NVLink recording {RECORD_PATH}: {what}")
 
 
-def _no_constants(name: str):
-    raise _bad(f"{name} is not a JSON number")
-
-
-def _unique_keys(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _bad(f"key {key[:40]!r} appears twice")
-        seen[key] = value
-    return seen
-
-
 def _text(value, what: str, limit: int) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > limit or not value.isprintable():
         raise _bad(f"{what} must be one line of at most {limit} printable characters")
@@ -314,11 +302,9 @@ def _address(value, what: str) -> PciAddress:
 def parse_recording(data: bytes, host_gpus: set[PciAddress]) -> NvLinkReading:
     """A recording's bytes, checked fail-closed; ``host_gpus``: the host's NVIDIA GPUs."""
     try:
-        record = json.loads(data.decode("utf-8"), parse_constant=_no_constants, object_pairs_hook=_unique_keys)
-    except UnicodeDecodeError:
-        raise _bad("not UTF-8") from None
-    except (ValueError, RecursionError) as exc:  # the hooks' InputError is no ValueError: it passes
-        raise _bad(f"not JSON ({str(exc).splitlines()[0][:80]})") from None
+        record = strict_loads(data)
+    except JsonRejected as exc:
+        raise _bad(str(exc)) from None
     if not isinstance(record, dict):
         raise _bad("not a JSON object")
     unknown = sorted(set(record) - {"format", "version", "driver", "gpus", "modules", "not_read"})
