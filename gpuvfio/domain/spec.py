@@ -332,7 +332,7 @@ def _p2p(request: DomainRequest, devices: list[list[PciFunction]], single_node: 
          acs_override: bool) -> CliquePlan:
     """Which GPUs get QEMU's x-nv-gpudirect-clique, or why none do."""
     functions = [fns[0] for fns in devices]
-    if request.p2p == "off" or sum(1 for f in functions if f.is_nvidia and f.is_gpu) < 2:
+    if request.p2p == "off" or sum(1 for f in functions if f.is_nvidia_gpu) < 2:
         return CliquePlan([], [])
     if request.hide_kvm:
         # NVIDIA's driver ignores the clique capability when the hypervisor is hidden.

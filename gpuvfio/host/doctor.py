@@ -114,7 +114,7 @@ def check_hugepages_near_gpus(host: HostRoot, inventory: Inventory, nodes: list[
     node (numa_node -1: firmware without _PXM) on a one-node host is on that node."""
     if not nodes:
         return Check("hugepages_near_gpus", SKIP, "no NUMA information under /sys/devices/system/node")
-    gpus = sorted((f for f in inventory.functions.values() if f.is_nvidia and f.is_gpu and f.physfn is None),
+    gpus = sorted((f for f in inventory.functions.values() if f.is_nvidia_gpu and f.physfn is None),
                   key=lambda f: f.address)
     if not gpus:
         return Check("hugepages_near_gpus", SKIP, "no NVIDIA GPU")
@@ -229,7 +229,7 @@ def check_device_health(inventory: Inventory) -> Check:
     """The GPUs and the functions on vfio-pci: do they answer, can the kernel reset them, can they
     drop into D3cold while idle (see gpuvfio.host.health)."""
     watched = [f for f in inventory.functions.values()
-               if f.health is not None and ((f.is_nvidia and f.is_gpu) or f.driver == "vfio-pci")]
+               if f.health is not None and (f.is_nvidia_gpu or f.driver == "vfio-pci")]
     if not watched:
         return Check("device_health", SKIP, "no GPU and no function on vfio-pci")
     dead, no_reset, d3cold, fixes = [], [], [], []

@@ -147,7 +147,7 @@ class Fabric:
 
 
 def _is_gpu_pf(fn: PciFunction) -> bool:
-    return fn.is_nvidia and fn.is_gpu and fn.physfn is None
+    return fn.is_nvidia_gpu and fn.physfn is None
 
 
 def read_fabric(host: HostRoot, inventory: Inventory, modules: dict[int, PciAddress] | None = None) -> Fabric:

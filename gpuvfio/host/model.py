@@ -149,6 +149,13 @@ class PciFunction:
         return self.class_id.startswith("03")
 
     @property
+    def is_nvidia_gpu(self) -> bool:
+        """An NVIDIA function of the display class (VGA 0x0300 or 3D 0x0302): gpuvfio's one
+        meaning of "an NVIDIA GPU", and what QEMU gives the P2P clique capability to
+        (hw/vfio/pci-quirks.c vfio_add_nv_gpudirect_cap checks vendor and class only)."""
+        return self.is_nvidia and self.is_gpu
+
+    @property
     def largest_bar(self) -> int:
         return max((b.size for b in self.bars if b.index <= 5), default=0)
 

@@ -110,12 +110,6 @@ def is_nvswitch(fn: PciFunction) -> bool:
     return fn.vendor_id == NVIDIA_VENDOR and fn.class_id.startswith(NVSWITCH_CLASS)
 
 
-def is_nvidia_display(fn: PciFunction) -> bool:
-    """What QEMU gives the clique capability to: an NVIDIA function of the display class
-    (hw/vfio/pci-quirks.c vfio_add_nv_gpudirect_cap checks vendor and class only)."""
-    return fn.vendor_id == NVIDIA_VENDOR and fn.class_id.startswith("03")
-
-
 @dataclass(slots=True)
 class Clique:
     clique_id: int
@@ -147,7 +141,7 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
     """Group the NVIDIA display functions among ``functions`` (one guest's devices, host order)
     into the sets whose peer traffic the host can route through its IOMMU. A set of one is no
     clique. The reasons for leaving GPUs out are returned, for the plan to print."""
-    gpus = [f for f in functions if is_nvidia_display(f)]
+    gpus = [f for f in functions if f.is_nvidia_gpu]
     notes: list[str] = []
     if len(gpus) < 2:
         return CliquePlan([], notes)

@@ -181,8 +181,8 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                     session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
                     probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
                     progress=ctx.progress))
-            gpus = [a for a in provisioned.passthrough if provisioned.inventory.functions[a].is_nvidia
-                    and provisioned.inventory.functions[a].is_gpu and a.function == 0]
+            gpus = [a for a in provisioned.passthrough
+                    if provisioned.inventory.functions[a].is_nvidia_gpu and a.function == 0]
             if len(gpus) >= 2:  # NCCL's topology matters where there are GPUs to talk to each other
                 result.nccl_topology = step("nccl topology", write_nccl_topology, ctx, session, provisioned,
                                             verify.probe_timeout if verify is not None else PROBE_TIMEOUT)

@@ -18,7 +18,7 @@ from gpuvfio.host.numa import read_numa
 from gpuvfio.host.nvlink import RECORD_PATH, NvLinkReading, read_nvlink
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
-from gpuvfio.host.topology import LEGEND, NODE, PHB, PIX, PXB, SAME, SYS, is_nvidia_display, position, relation
+from gpuvfio.host.topology import LEGEND, NODE, PHB, PIX, PXB, SAME, SYS, position, relation
 
 __all__ = ["topology_report", "LEGEND_ORDER"]
 
@@ -48,7 +48,7 @@ def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> dict:
         for b in devices:
             word = relation(positions[a.address], positions[b.address], single_node=single_node)
             prow[names[b.address]] = row[names[b.address]] = word
-            if is_nvidia_display(a) and is_nvidia_display(b) and a.address != b.address:
+            if a.is_nvidia_gpu and b.is_nvidia_gpu and a.address != b.address:
                 count = reading.links_between(a.address, b.address)
                 nvlink.setdefault(names[a.address], {})[names[b.address]] = count
                 if count:
@@ -61,7 +61,7 @@ def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> dict:
         "matrix": matrix,
         "pcie": pcie,
         "nvlink_links": nvlink,
-        "nvlink": _nvlink_summary(reading, [fn for fn in devices if is_nvidia_display(fn)]),
+        "nvlink": _nvlink_summary(reading, [fn for fn in devices if fn.is_nvidia_gpu]),
         "numa": {"nodes": [{"id": n.node_id, "cpulist": n.cpulist,
                             "distances": {str(k): v for k, v in sorted(n.distances.items())}} for n in nodes],
                  "single_node": single_node},
@@ -77,23 +77,23 @@ def _chosen(inventory: Inventory, only: list[PciAddress]) -> tuple[list[PciFunct
         unknown = [str(a) for a in only if a not in functions]
         if unknown:
             raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
-        other = [functions[a].label() for a in only if not (is_nvidia_display(functions[a]) or is_nic(functions[a]))]
+        other = [functions[a].label() for a in only if not (functions[a].is_nvidia_gpu or is_nic(functions[a]))]
         if other:
             raise InputError(f"not an NVIDIA GPU (class 03xx) or a NIC (class 02xx): {'; '.join(other)}")
         chosen = [functions[a] for a in sorted(set(only))]
         left_out = 0
     else:
-        every = [f for f in functions.values() if is_nvidia_display(f) or is_nic(f)]
+        every = [f for f in functions.values() if f.is_nvidia_gpu or is_nic(f)]
         chosen = [f for f in every if f.physfn is None]
         left_out = len(every) - len(chosen)
-    gpus = [f for f in chosen if is_nvidia_display(f)]
-    return gpus + [f for f in chosen if not is_nvidia_display(f)], left_out
+    gpus = [f for f in chosen if f.is_nvidia_gpu]
+    return gpus + [f for f in chosen if not f.is_nvidia_gpu], left_out
 
 
 def _names(devices: list[PciFunction]) -> dict[PciAddress, str]:
     names, counts = {}, {"GPU": 0, "NIC": 0}
     for fn in devices:
-        kind = "GPU" if is_nvidia_display(fn) else "NIC"
+        kind = "GPU" if fn.is_nvidia_gpu else "NIC"
         names[fn.address] = f"{kind}{counts[kind]}"
         counts[kind] += 1
     return names
@@ -104,7 +104,7 @@ def _device(fn: PciFunction, name: str, pos, inventory: Inventory, reading: NvLi
         upstream = inventory.functions.get(address)
         return {"address": str(address), "name": upstream.device_name if upstream else None}
 
-    gpu = is_nvidia_display(fn)
+    gpu = fn.is_nvidia_gpu
     return {
         "name": name, "kind": "gpu" if gpu else "nic", "address": str(fn.address),
         "vendor_id": fn.vendor_id, "device_id": fn.device_id, "device_name": fn.device_name,
