@@ -234,3 +234,15 @@ def test_the_address_plan_follows_the_layouts_buses(tmp_path):
     assert flat.address.pcihole64_kib == 256 * 1024 * 1024
     assert doc.findtext("devices/controller[@model='pcie-root']/pcihole64") == str(256 * 1024 * 1024)
     assert any("on pcie-root" in line for line in flat.address.lines)
+
+
+def test_a_slit_libvirt_refuses_leaves_the_default_distances(tmp_path):
+    """Firmware that reports 10 between two nodes (sub-NUMA clusters): libvirt refuses such a
+    <sibling value>, so the guest keeps the defaults and the plan says why."""
+    switch_host(tmp_path, nic=False)
+    for node in (0, 1):
+        (tmp_path / "sys/devices/system/node" / f"node{node}" / "distance").write_text("10 10\n")
+    spec = spec_for(tmp_path, ["0000:18:00.0", "0000:9a:00.0"])
+    doc = checked(spec, tmp_path)  # defines on the test driver: no refused <sibling>
+    assert spec.guest_cells and spec.distances == {} and not list(doc.iter("sibling"))
+    assert any("NUMA distance 0->1 is 10" in note for note in spec.notes), spec.notes

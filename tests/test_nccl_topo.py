@@ -52,6 +52,9 @@ def test_file_carries_host_links_and_numa(tmp_path):
     cpus = system.findall("cpu")
     assert [(c.get("numaid"), c.get("affinity"), c.get("vendor")) for c in cpus] == [
         ("0", "0000000f", "GenuineIntel"), ("1", "000000f0", "GenuineIntel")]
+    # Under TCG the guest's CPU is QEMU's -cpu max, an AMD one whatever the host: NCCL is told so.
+    ctx, tcg = provisioned(tmp_path, ["0000:18:00.0", "0000:19:00.0"], virt_type="qemu", firmware="bios")
+    assert {c.get("vendor") for c in ET.fromstring(nccl_topology_file(ctx, tcg)).findall("cpu")} == {"AuthenticAMD"}
     switch = cpus[0].find("pci")
     assert switch.get("class") == "0x060400"
     assert (switch.get("link_speed"), switch.get("link_width")) == ("32.0 GT/s PCIe", "16")  # the host's uplink

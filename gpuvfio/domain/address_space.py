@@ -67,6 +67,10 @@ OVMF_MAX_BITS = 46
 OVMF_FWCFG_MAX_MB = 0x1000000  # PlatformGetFirstNonAddress ignores larger X-PciMmio64Mb values
 SEABIOS_TOP_BITS = 44
 TCG_DEFAULT_BITS, TCG_MAX_BITS, MIN_BITS = 40, 52, 32
+# The CPUID vendor of a TCG guest's CPU: libvirt's mode='maximum' is QEMU's -cpu max, which
+# under TCG says AMD (target/i386/cpu.c max_x86_cpu_initfn).
+TCG_CPU_VENDOR = "AuthenticAMD"
+VENDOR_WORDS = {"genuineintel": "intel", "authenticamd": "amd"}  # CPUID vendor -> the rules' word
 FIRMWARES = ("efi", "bios")
 VIRT_TYPES = ("kvm", "qemu")
 
@@ -328,8 +332,8 @@ def plan_address_space(groups: list[Group], memory_kib: int, *, host_phys_bits: 
     if firmware not in FIRMWARES or virt_type not in VIRT_TYPES:
         raise InputError(f"firmware {firmware!r} / virt type {virt_type!r} (expected {FIRMWARES} / {VIRT_TYPES})")
     kvm = virt_type == "kvm"
-    host_vendor = {"genuineintel": "intel", "authenticamd": "amd"}.get((cpu_vendor or "").lower(), cpu_vendor)
-    vendor = (host_vendor or "intel") if kvm else "amd"
+    host_vendor = VENDOR_WORDS.get((cpu_vendor or "").lower(), cpu_vendor)
+    vendor = (host_vendor or "intel") if kvm else VENDOR_WORDS[TCG_CPU_VENDOR.lower()]
     if buses is None:
         buses = [0] * len(groups)
     if len(buses) != len(groups):
@@ -446,3 +450,9 @@ def describe(plan: AddressPlan, fit: Fit | None, memory_kib: int, host_bits: int
         lines.append(f"<pcihole64> {plan.pcihole64_kib} KiB on pcie-root: its own {size_text(fit.root_need)} "
                      "with headroom")
     return lines
+
+
+def guest_cpu_vendor(virt_type: str, host_vendor: str | None) -> str | None:
+    """The CPUID vendor string the guest's CPU shows: the host's under KVM (host-passthrough),
+    QEMU's -cpu max vendor under TCG."""
+    return host_vendor if virt_type == "kvm" else TCG_CPU_VENDOR

@@ -203,7 +203,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     spec.controllers, spec.ports, spec.topology = layout.controllers, layout.ports, layout.topology
     spec.notes += [note for cell in placements for note in cell.notes] + layout.notes
     if guest_cells:
-        spec.distances = _cell_distances(placements, node_ids)
+        spec.distances, note = _cell_distances(placements, node_ids)
+        spec.notes += [note] if note else []
     kernel = read_kernel(host)
     spec.p2p = _p2p(request, devices, len(nodes) <= 1, acs_override=kernel.param("pcie_acs_override") is not None)
     spec.notes += spec.p2p.notes
@@ -313,19 +314,27 @@ def _place(host: HostRoot, request: DomainRequest, cells: list[int], node_ids: d
     return placements
 
 
-def _cell_distances(placements: list[CellPlacement], node_ids: dict[int, NumaNode]) -> dict[int, dict[int, int]]:
-    """Guest cell -> cell -> the host SLIT distance between their nodes; empty when the host's
-    table is missing a pair (libvirt then keeps QEMU's defaults, 10 local / 20 remote)."""
+def _cell_distances(placements: list[CellPlacement],
+                    node_ids: dict[int, NumaNode]) -> tuple[dict[int, dict[int, int]], str | None]:
+    """(guest cell -> cell -> the host SLIT distance between their nodes, why not). Empty when
+    the host's table is missing a pair, or breaks libvirt's rule for <sibling value> (10 to 255,
+    exactly 10 for the cell itself and never 10 for another: src/conf/numa_conf.c
+    virDomainNumaDefNodeDistanceParseXML; firmware that reports 10 between sub-NUMA clusters
+    would make the define fail): libvirt then keeps QEMU's defaults, 10 local / 20 remote."""
     table = {}
     for i, a in enumerate(placements):
         row = {}
         for j, b in enumerate(placements):
             value = node_ids[a.node].distances.get(b.node)
             if value is None:
-                return {}
+                return {}, None
+            if (value == 10) != (a.node == b.node):
+                return {}, (f"host NUMA distance {a.node}->{b.node} is {value}, which libvirt refuses for "
+                            f"{'a cell to itself' if a.node == b.node else 'two cells'}: the guest keeps "
+                            "the default distances (10 local, 20 remote)")
             row[j] = value
         table[i] = row
-    return table
+    return table, None
 
 
 def _p2p(request: DomainRequest, devices: list[list[PciFunction]], single_node: bool, *,

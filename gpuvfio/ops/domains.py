@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gpuvfio.address import PciAddress
 from gpuvfio.domain import nccl_topo
 from gpuvfio.domain.nccl_topo import GUEST_FILE as NCCL_GUEST_FILE
+from gpuvfio.domain.address_space import guest_cpu_vendor
 from gpuvfio.domain.render import domain_xml
 from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepages, parse_numa, parse_uuid
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
@@ -121,7 +122,8 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
         if attributes:
             links[device.switch] = attributes
     return nccl_topo.nccl_topology(devices, cells, {p.index: cell_of(p) for p in spec.ports},
-                                   cpu_vendor=cpu_vendor(ctx.host), switch_links=links)
+                                   cpu_vendor=guest_cpu_vendor(spec.virt_type, cpu_vendor(ctx.host)),
+                                   switch_links=links)
 
 
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:
