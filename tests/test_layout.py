@@ -13,6 +13,7 @@ from gpuvfio.domain.request import domain_request
 from gpuvfio.domain.spec import build_spec
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.numa import read_numa
+from gpuvfio.errors import Refused
 from gpuvfio.host.root import HostRoot
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
 
@@ -246,3 +247,28 @@ def test_a_slit_libvirt_refuses_leaves_the_default_distances(tmp_path):
     doc = checked(spec, tmp_path)  # defines on the test driver: no refused <sibling>
     assert spec.guest_cells and spec.distances == {} and not list(doc.iter("sibling"))
     assert any("NUMA distance 0->1 is 10" in note for note in spec.notes), spec.notes
+
+
+def test_more_than_32_ports_on_one_guest_bus_are_refused(tmp_path):
+    """33 NICs on root ports of one host root complex (AMD-style root ports, eight functions per
+    device number) and one on another: mirrored, the first complex's pxb-pcie would need 33 root
+    ports on its bus, which has 32 device numbers: refused with the reason, not an XML libvirt
+    rejects."""
+    b = HostBuilder(str(tmp_path))
+    b.iommu("amd", 1)
+    b.cmdline("BOOT_IMAGE=/vmlinuz ro amd_iommu=on")
+    b.cpuinfo("AMD EPYC", 48, vendor="AuthenticAMD")
+    b.firmware()
+    b.numa_node(0, b.cpu_topology(1, 4, 2)[0], 64)
+    nics = []
+    for rbus, count in ((0x00, 33), (0x80, 1)):
+        rb = b.root_bus(0, rbus, numa=0)
+        for n in range(count):
+            port = b.bridge(rb, f"0000:{rbus:02x}:{1 + n // 8:02x}.{n % 8}", "1022", "14ab",
+                            secondary_bus=rbus + 1 + n)
+            nics.append(f"0000:{rbus + 1 + n:02x}:00.0")
+            b.function(port, nics[-1], *CX7, driver="vfio-pci", bars=[(0, 32 * MiB, BAR64_PREF)])
+    with pytest.raises(Refused, match="more than 32 ports on one guest bus"):
+        spec_for(tmp_path, nics)
+    spec = spec_for(tmp_path, nics[1:])  # 32 fit
+    assert sum(c.model == "pcie-root-port" for c in spec.controllers) == 33

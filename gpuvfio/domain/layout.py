@@ -33,6 +33,7 @@ PXB_FIRST_BUS = 0x80  # the first busNr tried; pcie-root's own buses stay below
 PXB_LOWEST_BUS = 0x20
 PXB_MIN_STRIDE = 0x10
 PXB_WIDE_STRIDE = 0x20  # room to spare when few pxbs
+SLOTS_PER_BUS = 32
 
 
 @dataclass
@@ -92,6 +93,13 @@ class _Builder:
         slot = None
         if parent:  # on pcie-root libvirt hands out slots; elsewhere each needs its own
             slot = self.next_slot.get(parent, 0)
+            if slot >= SLOTS_PER_BUS:
+                # A PCIe bus has 32 device numbers; each port takes one (QEMU's pxb-pcie and
+                # switch buses take no multifunction ports from gpuvfio).
+                taken = self.controllers[parent - 1]
+                raise Refused(f"more than {SLOTS_PER_BUS} ports on one guest bus (below {taken.model} "
+                              f"{taken.index}, {taken.purpose}): a PCIe bus has {SLOTS_PER_BUS} device numbers; "
+                              "pass fewer devices")
             self.next_slot[parent] = slot + 1
         if model in ("pcie-root-port", "pcie-switch-downstream-port"):
             self.chassis += 1
