@@ -272,3 +272,27 @@ def test_more_than_32_ports_on_one_guest_bus_are_refused(tmp_path):
         spec_for(tmp_path, nics)
     spec = spec_for(tmp_path, nics[1:])  # 32 fit
     assert sum(c.model == "pcie-root-port" for c in spec.controllers) == 33
+
+
+def test_a_group_that_goes_whole_is_viable_for_that_request(tmp_path):
+    """Without ACS the switch's GPUs and NIC share one IOMMU group, which is not viable on its
+    own (a NIC beside NVIDIA functions); asking for all of it gives the guest the whole group,
+    for xml and bind alike; asking for part of it still names what would be taken."""
+    from gpuvfio.ops import binding
+    from gpuvfio.ops.binding import BindPolicy
+    from gpuvfio.ops.context import Context
+
+    switch_host(tmp_path, acs=False)
+    everything = ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0"]
+    spec = spec_for(tmp_path, everything, qemu_version="8.2")
+    checked(spec, tmp_path)
+    assert len(spec.ports) == 3 and spec.cliques == []  # one group: no clique, but a guest
+    with pytest.raises(Refused, match=r"not viable: shares IOMMU group \d+ with 0000:1a:00.0") as info:
+        spec_for(tmp_path, everything[:2])
+    assert "0000:19:00.0 [" not in str(info.value)  # only what is not asked for is named
+    ctx = Context(host=HostRoot(str(tmp_path)))
+    _plan, report = binding.plan(ctx, [PciAddress.parse(a) for a in everything], BindPolicy(), uri="none")
+    assert report["refused"] == []
+    assert any(c["id"] == "group_viable" and "goes whole" in c["message"] for c in report["checks"])
+    _plan, report = binding.plan(ctx, [PciAddress.parse(a) for a in everything[:2]], BindPolicy(), uri="none")
+    assert [c["id"] for c in report["refused"]] == ["group_viable"]

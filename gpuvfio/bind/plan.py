@@ -134,15 +134,20 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
             for member in group.devices:
                 if not inventory.functions[member].is_bridge:
                     endpoints[member] = group.group_id
-        problems = assignable.problems(inventory, address)
+        problems = assignable.problems(inventory, address, addresses)
         for problem in problems:
             if problem.message not in seen:
                 seen.add(problem.message)
                 checks.append(PlanCheck(problem.check_id, REFUSE, problem.message, problem.overridable))
-        if group is not None and group.viable and f"group {group.group_id}" not in seen:
-            seen.add(f"group {group.group_id}")
-            checks.append(PlanCheck("group_viable", OK, f"group {group.group_id} is viable: "
-                                    f"{', '.join(str(d) for d in group.devices)}"))
+        if group is not None and f"group {group.group_id}" not in seen:
+            members = ", ".join(str(d) for d in group.devices)
+            if group.viable:
+                seen.add(f"group {group.group_id}")
+                checks.append(PlanCheck("group_viable", OK, f"group {group.group_id} is viable: {members}"))
+            elif assignable.whole_group(inventory, address, addresses):
+                seen.add(f"group {group.group_id}")
+                checks.append(PlanCheck("group_viable", OK, f"group {group.group_id} goes whole: every device "
+                                        f"in it is asked for ({members})"))
     _unsafe_host_checks(kernel, checks, policy.allow_unsafe_host)
     devices = sorted(endpoints)
     fns = {a: inventory.functions[a] for a in devices}

@@ -157,7 +157,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     else:
         refusals = []
         for address in addresses:
-            refusals += [p.message for p in assignable.problems(inventory, address) if p.message not in refusals]
+            refusals += [p.message for p in assignable.problems(inventory, address, addresses)
+                         if p.message not in refusals]
         if refusals:
             raise Refused("; ".join(refusals))
         seen = set()

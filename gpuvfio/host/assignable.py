@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
@@ -38,8 +39,10 @@ def endpoint(inventory: Inventory, address: PciAddress) -> PciFunction:
     return fn
 
 
-def problems(inventory: Inventory, address: PciAddress) -> list[Problem]:
-    """Why ``address`` cannot be passed through as it is (empty: it can)."""
+def problems(inventory: Inventory, address: PciAddress, together: Iterable[PciAddress] = ()) -> list[Problem]:
+    """Why ``address`` cannot be passed through as it is (empty: it can). ``together``: the other
+    devices of the same request (one guest, one bind). A group that is not viable on its own
+    is fine when every device it shares with is asked for too: the group then goes whole."""
     fn = endpoint(inventory, address)
     found: list[Problem] = []
     if inventory.groups is None:
@@ -50,14 +53,26 @@ def problems(inventory: Inventory, address: PciAddress) -> list[Problem]:
         if group is None:
             found.append(Problem("iommu", f"{address} has no IOMMU group"))
         elif not group.viable:
-            found.append(Problem("group_viable", f"group {group.group_id} is not viable: "
-                                 + "; ".join(group.problems)
-                                 + " -- passing it through would take that device from the host",
-                                 overridable=True))
+            asked = {a.device for a in together} | {address.device}
+            foreign = [inventory.functions[m] for m in group.devices
+                       if not inventory.functions[m].is_bridge and m.device not in asked]
+            if foreign:
+                found.append(Problem("group_viable", f"group {group.group_id} is not viable: "
+                                     + "; ".join(f"shares IOMMU group {group.group_id} with {f.label()}"
+                                                 for f in foreign)
+                                     + " -- passing it through would take that device from the host",
+                                     overridable=True))
     if fn.sriov_num_vfs:
         found.append(Problem("sriov", f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled (a vGPU or a guest "
                                       "may use them); disable them first (echo 0 > sriov_numvfs)"))
     return found
+
+
+def whole_group(inventory: Inventory, address: PciAddress, together: Iterable[PciAddress]) -> bool:
+    """``address``'s group is not viable on its own, but every device in it is asked for."""
+    group = inventory.group_of(address)
+    return (group is not None and not group.viable
+            and not any(p.check_id == "group_viable" for p in problems(inventory, address, together)))
 
 
 def slot_functions(inventory: Inventory, address: PciAddress) -> list[PciFunction]:
