@@ -5,6 +5,7 @@ restore's deactivation; all against the stand-in fmpm on the dgx-h100 sample."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -202,3 +203,52 @@ def test_a_partition_that_stays_active_keeps_its_gpus(shared, cli, monkeypatch):
         fabric.activate(ctx, plan(ctx, gpus(1, 3)).spec.fabric)
     status = cli("--root", ctx.host.root, "status", "--json").json()
     assert status["unfinished_operation"] is None and status["partitions"] == {}
+
+
+@pytest.fixture
+def quiet_dgx(tmp_path):
+    """The dgx-h100 sample on its own, without the processes that hold its GPUs (persist refuses
+    a held GPU as bind does)."""
+    import shutil
+
+    from gpuvfio.host.fixture import load_fixture
+    from tests.make_samples import sample_path
+
+    with open(sample_path("dgx-h100"), encoding="utf-8") as handle:
+        root = load_fixture(handle.read(), str(tmp_path / "dgx"))
+    for name in os.listdir(os.path.join(root, "proc")):
+        if name.isdigit():
+            shutil.rmtree(os.path.join(root, "proc", name))
+    return root
+
+
+def test_the_nvswitches_go_back_and_persist_with_the_last_gpu(quiet_dgx):
+    """Full passthrough binds the NVSwitches with all eight GPUs; releasing the eight (attach's
+    undo, Ansible state=host, restore of the GPUs) gives them back too, and persist/unpersist of
+    the eight takes them along, as bind does."""
+    set_mode(quiet_dgx, 0)
+    ctx = Context(host=HostRoot(quiet_dgx))
+    inventory = binding.read_inventory(ctx.host)
+    journal = Journal.load(state_dir(ctx.host))
+    for address in gpus(*range(1, 9)) + SWITCHES:  # as the bind journals them
+        journal.devices[str(address)] = {"original_driver": "nvidia", "original_override": None,
+                                         "group": inventory.functions[address].iommu_group}
+    journal.save()
+    switches = set(map(str, SWITCHES))
+    assert switches <= set(binding.held(ctx, gpus(*range(1, 9))))
+    assert not switches & set(binding.held(ctx, gpus(1, 2, 3, 4)))  # four GPUs still need them
+    persisted = binding.persist(ctx, gpus(*range(1, 9)), dry_run=True)
+    assert switches <= set(persisted["devices"]) and len(persisted["devices"]) == 12
+    unpersisted = binding.persist(ctx, gpus(*range(1, 9)), remove=True, dry_run=True)
+    assert switches <= set(unpersisted["devices"])
+    with pytest.raises(Refused, match="4 of the 8 baseboard GPUs"):
+        binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
+
+
+def test_persist_in_shared_mode_is_not_refused_for_the_fabric_managers_state(quiet_dgx):
+    """Shared NVSwitch: the GPUs of a partition persist on vfio-pci (the usual boot state); that
+    the Fabric Manager cannot be asked now is no reason to refuse it."""
+    set_mode(quiet_dgx, 1)
+    ctx = Context(host=HostRoot(quiet_dgx))
+    report = binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
+    assert report["devices"] == list(map(str, gpus(1, 2, 3, 4)))

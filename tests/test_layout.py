@@ -238,8 +238,8 @@ def test_the_address_plan_follows_the_layouts_buses(tmp_path):
 
 
 def test_a_slit_libvirt_refuses_leaves_the_default_distances(tmp_path):
-    """Firmware that reports 10 between two nodes (sub-NUMA clusters): libvirt refuses such a
-    <sibling value>, so the guest keeps the defaults and the plan says why."""
+    """A distance of 10 between two nodes (numa=fake nodes of one physical node): libvirt refuses
+    such a <sibling value>, so the guest keeps the defaults and the plan says why."""
     switch_host(tmp_path, nic=False)
     for node in (0, 1):
         (tmp_path / "sys/devices/system/node" / f"node{node}" / "distance").write_text("10 10\n")

@@ -29,9 +29,11 @@ GPUS = ["0000:03:00.0", "0000:04:00.0"]
 GUEST_FILE = os.path.join("etc", "gpuvfio", "nccl-topo.xml")
 
 
-def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16)) -> HostBuilder:
-    """One socket: root port 00:01.0 -> (a switch ->) two L40S on buses 3 and 4 (each in a
-    group of its own: the downstream ports isolate them)."""
+def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16), first_bus: int = 1, bridge_link=(5, 16),
+              gpus: list[str] = GPUS) -> HostBuilder:
+    """One socket: a root port -> (a switch ->) two L40S, each in a group of its own (the
+    downstream ports isolate them). The host: buses 1-4; a stand-in guest: other bus numbers and
+    the emulated ports' link, so that a file written from the host's view would show."""
     b = HostBuilder(root)
     b.iommu("intel", 1)
     b.cmdline("BOOT_IMAGE=/vmlinuz ro intel_iommu=on iommu=pt")
@@ -41,18 +43,23 @@ def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16)) -> HostBuilder:
     b.numa_node(0, cpus[0], 64)
     rb = b.root_bus(numa=0)
     bars = [(0, 16 * MiB, BAR32), (1, 32 * GiB, BAR64_PREF), (3, 32 * MiB, BAR64_PREF)]
+    up_bus, down_bus = first_bus, first_bus + 1
+    gpu_buses = [int(a.split(":")[1], 16) for a in gpus]
     if switch:
-        rp = b.bridge(rb, "0000:00:01.0", "8086", "352a", secondary_bus=1, link=(5, 16))
-        up = b.bridge(rp, "0000:01:00.0", "1000", "c030", secondary_bus=2, link=(5, 16))
-        parents = [b.bridge(up, f"0000:02:{n:02x}.0", "1000", "c030", secondary_bus=3 + n, link=(5, 16))
-                   for n in range(2)]
+        rp = b.bridge(rb, "0000:00:01.0", "8086", "352a", secondary_bus=up_bus, link=bridge_link)
+        up = b.bridge(rp, f"0000:{up_bus:02x}:00.0", "1000", "c030", secondary_bus=down_bus, link=bridge_link)
+        parents = [b.bridge(up, f"0000:{down_bus:02x}:{n:02x}.0", "1000", "c030", secondary_bus=bus,
+                            link=bridge_link) for n, bus in enumerate(gpu_buses)]
     else:
-        parents = [b.bridge(rb, f"0000:00:{1 + n:02x}.0", "8086", "352a", secondary_bus=3 + n, link=(5, 16))
-                   for n in range(2)]
-    for parent, address in zip(parents, GPUS):
+        parents = [b.bridge(rb, f"0000:00:{1 + n:02x}.0", "8086", "352a", secondary_bus=bus, link=bridge_link)
+                   for n, bus in enumerate(gpu_buses)]
+    for parent, address in zip(parents, gpus):
         b.function(parent, address, *L40S, driver="nvidia", link=gpu_link, bars=bars, boot_vga=False)
     b.modules(["nvidia"], available=["vfio-pci", "vfio_pci"])
     return b
+
+
+GUEST_GPUS = ["0000:0c:00.0", "0000:0d:00.0"]  # as the stand-in guest numbers them
 
 
 class SharedConnection:
@@ -105,7 +112,8 @@ def _attach(tmp_path, hv, guest_root: str, name: str):
 
 def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, hypervisor, monkeypatch):
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
-    guest = _gpu_tree(str(tmp_path / "guest-tree"), switch=True, gpu_link=(1, 1))
+    guest = _gpu_tree(str(tmp_path / "guest-tree"), switch=True, gpu_link=(1, 1), first_bus=0x0a,
+                      bridge_link=(1, 1), gpus=GUEST_GPUS)
     result = _attach(tmp_path, hypervisor, guest.root, "nccl-2gpu")
     assert result.ok
     written = result.nccl_topology
@@ -115,11 +123,11 @@ def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, hypervisor,
     assert text == written["xml"]
     doc = etree.fromstring(text.encode())
     gpus = doc.findall(".//pci[@class='0x030200']")
-    assert sorted(g.get("busid") for g in gpus) == GPUS  # the bus ids the guest shows
+    assert sorted(g.get("busid") for g in gpus) == GUEST_GPUS  # the bus ids the guest shows, not the host's
     # The guest's own switch (its bridge two levels above each GPU) holds both, at the host's
-    # link speeds, not the emulated ports' (the stand-in guest's GPUs report 2.5 GT/s x1).
+    # link speeds, not the emulated ports' (the stand-in guest's ports report 2.5 GT/s x1).
     (switch,) = {g.getparent() for g in gpus}
-    assert switch.get("busid") == "0000:01:00.0"
+    assert switch.get("busid") == "0000:0a:00.0"
     assert {(g.get("link_speed"), g.get("link_width")) for g in gpus} == {("16.0 GT/s PCIe", "16")}
     assert (switch.get("link_speed"), switch.get("link_width")) == ("32.0 GT/s PCIe", "16")
     assert any(s["step"] == "nccl topology" and s["ok"] for s in result.steps)
@@ -127,7 +135,7 @@ def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, hypervisor,
 
 def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, hypervisor, monkeypatch):
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
-    flat = _gpu_tree(str(tmp_path / "guest-tree"), switch=False)  # the guest shows no switch
+    flat = _gpu_tree(str(tmp_path / "guest-tree"), switch=False, gpus=GUEST_GPUS)  # the guest shows no switch
     result = _attach(tmp_path, hypervisor, flat.root, "nccl-flat")
     assert result.ok  # not writing the file is a warning, not a failed attach
     written = result.nccl_topology

@@ -393,3 +393,14 @@ def test_ssh_errors_say_which(cli, tmp_path):
 def test_verify_options_are_checked_before_anything_runs(cli, args, words):
     result = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "1", *args)
     assert result.code == 2 and words in result.err and len(result.err.strip().splitlines()) == 1, result.err
+
+
+@pytest.mark.parametrize("fragment", ['"\\ud800"', '"x\\udc00y"', "1e999", "-1e999"])
+def test_surrogates_and_overflowing_numbers_from_the_guest_are_refused(fragment):
+    """A lone surrogate is valid JSON text but no Unicode string (printing it raised
+    UnicodeEncodeError in gpuvfio verify: a traceback from a hostile guest); 1e999 reads as inf."""
+    data = verifier_data()
+    data["errors"] = {"verifier": "PLACEHOLDER"}
+    text = "GPUVFIO-VERIFIER " + json.dumps(data).replace('"PLACEHOLDER"', fragment)
+    with pytest.raises(VerifyError, match="garbled"):
+        parse_verifier(text)

@@ -224,25 +224,50 @@ class Fit:
     fallback_mb: int | None = None  # X-PciMmio64Mb it took
 
 
+def allocate_in_order(blocks: list[tuple[int, int]]) -> int:
+    """The end of ``blocks`` (size, alignment) placed in order, each at the lowest aligned
+    address that is free (edk2 PciHostBridgeDxe AllocateResource: from the aperture's base, one
+    alignment step at a time, until gDS->AllocateMemorySpace succeeds)."""
+    taken: list[tuple[int, int]] = []
+    end = 0
+    for size, align in blocks:
+        base = 0
+        for start, stop in sorted(taken):
+            base = align_up(base, align)
+            if base + size <= start:
+                break
+            base = max(base, stop)
+        base = align_up(base, align)
+        taken.append((base, base + size))
+        end = max(end, base + size)
+    return end
+
+
 def layout(groups: list[Group], root_bars: list[Bar], firmware: str, port_min: int,
            buses: list[int]) -> tuple[list[tuple[int, int]], int, int]:
     """(window of each group, the root complex's packing, the whole aperture's packing).
-    Each pxb-pcie is a root bridge of its own to the firmware (QEMU lists it in fw_cfg
-    etc/extra-pci-roots; OVMF's PciHostBridgeDxe allocates each root bridge's resources as
-    one block from the one 64-bit window), so the groups on a pxb are packed together, apart from pcie.0's;
-    QEMU's _CRS for pcie.0 leaves the pxbs' ranges out (hw/i386/acpi-build.c build_dsdt)."""
+
+    OVMF: each pxb-pcie is a root bridge of its own (QEMU lists it in fw_cfg etc/extra-pci-roots;
+    OvmfPkg's PciHostBridgeUtilityGetRootBridges makes them in bus order, pcie.0 first), and
+    PciHostBridgeDxe allocates each root bridge's resources as one block, root bridge by root
+    bridge in that order, first fit from the window's base (allocate_in_order). QEMU's _CRS for pcie.0
+    leaves the pxbs' ranges out (hw/i386/acpi-build.c build_dsdt).
+    SeaBIOS puts the resources of every root bus on bus 0's list (src/fw/pciinit.c
+    pci_bios_check_devices) and places them largest alignment first, as one packing."""
     windows = [bridge_window(g, firmware, port_min) for g in groups]
     on_bus: dict[int, list[tuple[int, int]]] = {}
     for window, bus in zip(windows, buses):
         if window[0]:
             on_bus.setdefault(bus, []).append(window)
-    root = on_bus.pop(0, [])
-    root += [(b.size, b.size) for b in root_bars if b.kind == "mem" and b.is_64bit and b.size]
+    root_items = [(b.size, b.size) for b in root_bars if b.kind == "mem" and b.is_64bit and b.size]
+    root = on_bus.pop(0, []) + root_items
     root_need = align_up(pack(root), EDK2_BRIDGE_GRANULE)
-    blocks = [(align_up(pack(ws), EDK2_BRIDGE_GRANULE), max(a for _s, a in ws)) for ws in on_bus.values()]
-    if root_need:
-        blocks.append((root_need, max(a for _s, a in root)))
-    return windows, root_need, pack(blocks)
+    if firmware == "bios":
+        return windows, root_need, pack(root + [w for ws in on_bus.values() for w in ws])
+    blocks = [(root_need, max(a for _s, a in root))] if root_need else []
+    # The layout numbers pxbs (busNr) in controller order: by index is by bus.
+    blocks += [(align_up(pack(ws), EDK2_BRIDGE_GRANULE), max(a for _s, a in ws)) for _bus, ws in sorted(on_bus.items())]
+    return windows, root_need, allocate_in_order(blocks)
 
 
 def try_fit(bits: int, groups: list[Group], root_bars: list[Bar], memory_kib: int, vendor: str,

@@ -320,8 +320,9 @@ def _cell_distances(placements: list[CellPlacement],
     """(guest cell -> cell -> the host SLIT distance between their nodes, why not). Empty when
     the host's table is missing a pair, or breaks libvirt's rule for <sibling value> (10 to 255,
     exactly 10 for the cell itself and never 10 for another: src/conf/numa_conf.c
-    virDomainNumaDefNodeDistanceParseXML; firmware that reports 10 between sub-NUMA clusters
-    would make the define fail): libvirt then keeps QEMU's defaults, 10 local / 20 remote."""
+    virDomainNumaDefNodeDistanceParseXML). Linux drops an ACPI SLIT with a remote distance of
+    10 or less (drivers/acpi/numa/srat.c slit_valid), but nodes numa=fake carves from one
+    physical node show 10 between them: libvirt then keeps QEMU's defaults, 10 local / 20 remote."""
     table = {}
     for i, a in enumerate(placements):
         row = {}

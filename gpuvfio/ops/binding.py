@@ -25,6 +25,7 @@ from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.bind.plan import WARN, BindPlan, BindPolicy, LibvirtView, PlanCheck, plan_bind
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host import assignable
+from gpuvfio.host.fabric import SHARED_NVSWITCH
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.pciids import PciIds
@@ -74,6 +75,9 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, broken)
     if decision.kind != "none":
         bind_plan.checks += plan_checks(decision)
+        report_fabric = decision.to_json()
+    else:
+        report_fabric = None
     if ctx.actions is None and not bind_plan.nothing_to_do:
         # A plan for a recorded host (a testbed on a remote hypervisor) is right for that host;
         # carried out here against the recording, these steps would stop the run: say so.
@@ -84,6 +88,8 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     report = bind_plan.to_json(ctx.host.root)  # step paths as the host names them
     report["moving"] = [str(a) for a in bind_plan.moving]
     report["refused"] = [c.to_json() for c in bind_plan.refusals(policy.force)]
+    if report_fabric is not None:
+        report["fabric"] = report_fabric
     if bind_plan.nothing_to_do:
         report["result"] = "nothing_to_do"
     return bind_plan, report
@@ -159,6 +165,8 @@ def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
         unknown = [a for a in wanted if a not in journal.devices]
         if unknown:
             raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
+        if wanted:
+            wanted = _with_companions(ctx, read_inventory(ctx.host), journal, wanted)
         return _restore_locked(ctx, journal, wanted)
 
 
@@ -189,6 +197,9 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
         vgpu_failures += remove_all(ctx.host, journal, ctx.writer(), note)
         if journal.data.get("schedulers"):  # the schedulers (NVML changes them only with no vGPU running)
             vgpu_failures += put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
+    elif not wanted and (journal.data["mdevs"] or journal.data["vgpus"] or journal.data.get("schedulers")):
+        vgpu_failures.append("vGPU instances and scheduler policies left for the next restore (a partition is "
+                             "still active)")
     targets = None if not wanted and not kept else [a for a in (wanted or sorted(journal.devices)) if a not in kept]
     results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), targets, ctx.progress)
     report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
@@ -211,12 +222,23 @@ def _with_group_members(journal: Journal, devices) -> list[str]:
 
 
 def held_in_groups(ctx: Context, journal: Journal, addresses: list[PciAddress]) -> list[str]:
-    """The devices gpuvfio holds among ``addresses`` and in their IOMMU groups (as journaled)."""
+    """The devices gpuvfio holds among ``addresses`` and in their IOMMU groups (as journaled),
+    with the NVSwitches a full-passthrough bind brought along once their last GPU goes."""
     inventory = read_inventory(ctx.host)
     named = {str(a) for a in addresses}
     groups = {inventory.functions[a].iommu_group for a in addresses if a in inventory.functions} - {None}
-    return sorted(a for a, record in journal.devices.items()
-                  if a in named or (record.get("group") is not None and record.get("group") in groups))
+    found = sorted(a for a, record in journal.devices.items()
+                   if a in named or (record.get("group") is not None and record.get("group") in groups))
+    return _with_companions(ctx, inventory, journal, found) if found else found
+
+
+def _with_companions(ctx: Context, inventory: Inventory, journal: Journal, leaving: list[str]) -> list[str]:
+    """``leaving`` and the journaled NVSwitches (with their groups) that go with it: a
+    full-passthrough bind took them along with the GPUs (fabric.companions)."""
+    held = [PciAddress.parse(a) for a in journal.devices]
+    gone = [PciAddress.parse(a) for a in leaving]
+    along = [str(s) for s in fabric.companions(ctx, inventory, gone, held) if str(s) in journal.devices]
+    return _with_group_members(journal, sorted(set(leaving) | set(along))) if along else leaving
 
 
 def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, dict]:
@@ -293,9 +315,12 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
     host = ctx.host
     inventory = read_inventory(host)
     store.check_addresses(set(inventory.functions), addresses)
-    if not remove:
-        _check_persistable(ctx, addresses, force)
-    endpoints = set(addresses_in_groups(inventory, addresses))
+    # All of an HGX baseboard's GPUs persist (and unpersist) with its NVSwitches, as bind takes them.
+    asked = sorted(set(addresses) | set(fabric.companions(ctx, inventory, addresses, [] if remove else addresses)))
+    if remove:
+        endpoints = set(addresses_in_groups(inventory, asked))
+    else:  # what a bind of them would move (the group policy judges what was asked for)
+        endpoints = set(_check_persistable(ctx, asked, force))
     if dry_run:
         return _persist_changes(host, endpoints, remove, dry_run)[0]
     # Planned and written under the lock: two persists at once must not lose each other's devices.
@@ -311,16 +336,22 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
 NOT_FOR_PERSIST = {"libvirt", "services", "vfio_modules"}
 
 
-def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -> None:
+def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -> list[PciAddress]:
     """persist refuses what bind refuses (one policy): the IOMMU, group viability, boot VGA,
     SR-IOV, holders, health -- the boot VGA persisted to vfio-pci is a host without a console
-    at the next boot, a foreign device in the group a host without its NIC."""
-    bind_plan, _report = plan(ctx, addresses, BindPolicy(force=force), uri=NO_LIBVIRT)
-    refused = [c for c in bind_plan.refusals(force) if c.check_id not in NOT_FOR_PERSIST]
+    at the next boot, a foreign device in the group a host without its NIC. The devices a bind
+    would move are what persists. In shared-NVSwitch mode the fabric's checks are about now (the
+    Fabric Manager running, a partition free), not about the boot: they do not refuse it."""
+    bind_plan, report = plan(ctx, addresses, BindPolicy(force=force), uri=NO_LIBVIRT)
+    skip = set(NOT_FOR_PERSIST)
+    if (report.get("fabric") or {}).get("fabric_mode") == SHARED_NVSWITCH:
+        skip.add("fabric")
+    refused = [c for c in bind_plan.refusals(force) if c.check_id not in skip]
     if refused:
         overridable = any(c.overridable for c in refused)
         raise Refused("refused: " + "; ".join(dict.fromkeys(c.message for c in refused))
                       + (" (--force persists anyway what is marked overridable)" if overridable else ""))
+    return bind_plan.devices
 
 
 def _persist_changes(host, endpoints: set[PciAddress], remove: bool, dry_run: bool):

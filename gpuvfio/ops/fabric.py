@@ -14,11 +14,25 @@ from gpuvfio.bind.fabric_manager import (FabricManagerClient, apply_partition_st
                                          plan_detach)
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.errors import GpuvfioError, Refused
-from gpuvfio.host.fabric import SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
+from gpuvfio.host.fabric import FULL_PASSTHROUGH, SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.nvlink import read_nvlink
 from gpuvfio.host.topology import is_nvswitch
 from gpuvfio.ops.context import Context
+
+
+def companions(ctx: Context, inventory: Inventory, gpus: list[PciAddress], held: list[PciAddress]) -> list[PciAddress]:
+    """The NVSwitches that go with ``gpus`` in full-passthrough mode: bound with all the
+    baseboard's GPUs, persisted with them, and given back (or unpersisted) with the last of them
+    (``held``: the baseboard GPUs that stay where they are afterwards count as still there)."""
+    if not any(is_nvswitch(f) for f in inventory.functions.values()):
+        return []
+    fabric = read_fabric(ctx.host, inventory)
+    if fabric.effective_mode != FULL_PASSTHROUGH or not set(gpus) & set(fabric.gpus):
+        return []
+    if set(fabric.gpus) & (set(held) - set(gpus)):
+        return []  # other baseboard GPUs still need them
+    return [s for s in fabric.nvswitches if s not in gpus]
 
 
 def decide(ctx: Context, inventory: Inventory, addresses: list[PciAddress]) -> Decision:
