@@ -430,8 +430,13 @@ def test_topo_only_given_addresses_and_bad_ones(cli):
     assert [(d["name"], d["address"]) for d in data["devices"]] == [
         ("GPU0", "0000:1b:00.0"), ("GPU1", "0000:9d:00.0"), ("NIC0", "0000:18:00.0")]
     assert data["pcie"]["GPU1"]["NIC0"] == SYS
+    # lspci's slot form and -d select as well: the slot 1b:00, and every NVIDIA display function
+    slot = cli("--root", DGX, "topo", "1b:00", "--json").json()
+    assert [d["address"] for d in slot["devices"]] == ["0000:1b:00.0"]
+    by_id = cli("--root", DGX, "topo", "-d", "10de::03", "--json").json()
+    assert len(by_id["devices"]) == 8 and all(d["name"].startswith("GPU") for d in by_id["devices"])
     for args, message in ((["0000:ee:00.0"], "no such PCI function on this host: 0000:ee:00.0"),
-                          (["1b:00"], "not a PCI address"),
+                          (["1b:0g"], "not a PCI address"),
                           (["0000:03:00.0"], "not an NVIDIA GPU (class 03xx) or a NIC (class 02xx)"),
                           (["0000:08:00.0"], "not an NVIDIA GPU")):  # the BMC's VGA is not NVIDIA's
         result = cli("--root", DGX, "topo", *args)

@@ -10,15 +10,13 @@ import typer
 from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.reset import reset
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, live_context
 
-Addresses = Annotated[list[str], typer.Argument(metavar="ADDR...", help="PCI functions (DDDD:BB:SS.F).")]
-OptionalAddresses = Annotated[Optional[list[str]], typer.Argument(metavar="[ADDR]...",
-                                                                  help="Only these devices (default: all).")]
 WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                              help="Give up on a sysfs write the kernel does not return from.")]
 LockTimeout = Annotated[float, typer.Option("--lock-timeout", metavar="SECONDS",
@@ -52,17 +50,18 @@ def reporting_failure(as_json: bool, call):
 
 
 @app.command("bind")
-def bind_cmd(addresses: Addresses, dry_run: DryRun = False, force: Force = False, stop_services: StopServices = False,
+def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, force: Force = False, stop_services: StopServices = False,
              allow_unsafe_host: AllowUnsafeHost = False, connect: Connect = None,
              timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
              as_json: JsonOption = False, root: RootOption = None) -> None:
     """Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back on
     failure."""
-    wanted = parse_addresses(addresses)
+    check_devices(addresses, device_ids, required=True)
     policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host)
     try:
         with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                           lock_timeout=lock_timeout) as ctx:
+            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
             report = binding.bind(ctx, wanted, policy, uri=connect, dry_run=dry_run)
     except Refused as exc:
         if exc.report is not None:
@@ -80,12 +79,13 @@ def bind_cmd(addresses: Addresses, dry_run: DryRun = False, force: Force = False
 
 
 @app.command("unbind")
-def unbind_cmd(addresses: Addresses, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                root: RootOption = None) -> None:
     """Give devices back to the host: clear driver_override, leave vfio-pci, reprobe (no journal)."""
-    wanted = parse_addresses(addresses)
+    check_devices(addresses, device_ids, required=True)
     ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout)
+    wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     report = binding.unbind(ctx, wanted)
     if as_json:
         emit_json(report)
@@ -95,13 +95,15 @@ def unbind_cmd(addresses: Addresses, timeout: WriteTimeout = DEFAULT_WRITE_TIMEO
 
 
 @app.command("restore")
-def restore_cmd(addresses: OptionalAddresses = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
                 lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                 root: RootOption = None) -> None:
-    """Return devices gpuvfio bound to exactly their recorded drivers; works after a crash."""
-    wanted = parse_addresses(addresses)
+    """Return devices gpuvfio bound to exactly their recorded drivers (all, when none is named); works
+    after a crash."""
+    check_devices(addresses, device_ids, required=False)
     ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                        lock_timeout=lock_timeout)
+    wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     report = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
     if as_json:
         emit_json(report)
@@ -110,7 +112,7 @@ def restore_cmd(addresses: OptionalAddresses = None, timeout: WriteTimeout = DEF
 
 
 @app.command("reset")
-def reset_cmd(addresses: Addresses, bus: Annotated[bool, typer.Option(
+def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, bus: Annotated[bool, typer.Option(
                   "--bus", help="Reset the bus below the devices' bridge (reset_subordinate): only when every "
                                 "device below it is gpuvfio's.")] = False,
               forget: Annotated[bool, typer.Option(
@@ -120,9 +122,10 @@ def reset_cmd(addresses: Addresses, bus: Annotated[bool, typer.Option(
               root: RootOption = None) -> None:
     """Reset devices gpuvfio holds through the kernel (a device that came back broken from a guest);
     one that answers again may be bound or restored."""
-    wanted = parse_addresses(addresses)
+    check_devices(addresses, device_ids, required=True)
     with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                       lock_timeout=lock_timeout) as ctx:
+        wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
         report = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
     if as_json:
         emit_json(report)
@@ -142,10 +145,12 @@ def status_cmd(as_json: JsonOption = False, root: RootOption = None) -> None:
         render.print_status(report)
 
 
-def _persist(addresses, remove: bool, dry_run: bool, force: bool, as_json: bool, lock_timeout: float,
-             root: str | None) -> None:
+def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, force: bool, as_json: bool,
+             lock_timeout: float, root: str | None) -> None:
+    check_devices(addresses, device_ids, required=True)
     ctx = live_context(root_of(root), lock_timeout=lock_timeout)
-    report = binding.persist(ctx, parse_addresses(addresses), remove=remove, dry_run=dry_run, force=force)
+    wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
+    report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force)
     if as_json:
         emit_json(report)
         return
@@ -159,16 +164,16 @@ def _persist(addresses, remove: bool, dry_run: bool, force: bool, as_json: bool,
 
 
 @app.command("persist")
-def persist_cmd(addresses: Addresses, dry_run: DryRun = False, force: Annotated[bool, typer.Option(
+def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, force: Annotated[bool, typer.Option(
                     "--force", help="Persist a group that holds a foreign device too.")] = False,
                 lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                 root: RootOption = None) -> None:
     """Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep)."""
-    _persist(addresses, False, dry_run, force, as_json, lock_timeout, root)
+    _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root)
 
 
 @app.command("unpersist")
-def unpersist_cmd(addresses: Addresses, dry_run: DryRun = False, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
+def unpersist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
                   as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop keeping devices on vfio-pci across reboots."""
-    _persist(addresses, True, dry_run, False, as_json, lock_timeout, root)
+    _persist(addresses, device_ids, yes, True, dry_run, False, as_json, lock_timeout, root)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
-from gpuvfio.cli.binding import parse_addresses
+from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import InputError
@@ -85,8 +85,9 @@ def version_lines(rows) -> list[str]:
 
 @app.command("xml")
 def xml_cmd(
-    addresses: Annotated[list[str], typer.Argument(metavar="ADDR...", help="GPUs (DDDD:BB:SS.F).")],
-    name: Name, vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
+    addresses: Devices = None,
+    device_ids: DeviceIds = None,
+    name: Name = ..., vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
     firmware: Firmware = "efi", virt_type: VirtType = "kvm",
     hide_kvm: Annotated[bool, typer.Option("--hide-kvm", help="Hide the hypervisor from the guest driver.")] = False,
     mdev: Annotated[Optional[str], typer.Option("--mdev", metavar="TYPE", help="Legacy mdev vGPU type.")] = None,
@@ -110,13 +111,14 @@ def xml_cmd(
     args = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
                       network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version)
     request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
-    wanted = parse_addresses(addresses)
+    check_devices(addresses, device_ids, required=True)
     if nccl_topo is not None:
         if nccl_topo == "-" or mdev or vgpu:
             raise InputError("--nccl-topo needs a file name (stdout carries the XML) and GPUs passed through "
                              "whole (not --mdev/--vgpu)")
         check_output_path(nccl_topo)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
+        wanted = resolve(host, addresses, device_ids)
         # With --define, the domain it would replace: a running one's hugepages count as its own.
         existing = existing_domain(ctx, request.name, uri=connect) if define else None
         provisioned = provision_xml(ctx, wanted, request, replacing=existing, uri=connect,

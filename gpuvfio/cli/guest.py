@@ -9,6 +9,7 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.binding import parse_addresses
+from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
 from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Memory, Name, Numa, P2p,
                                 Path, QemuVersion, Text, Topology, Vcpus, VirtType)
 from gpuvfio.errors import InputError
@@ -82,7 +83,7 @@ def verify_cmd(
 
 @app.command("attach")
 def attach_cmd(
-    addresses: Annotated[Optional[list[str]], typer.Argument(metavar="[ADDR]...")] = None,
+    addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False,
     name: Name = ..., vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
     firmware: Firmware = "efi", virt_type: VirtType = "kvm", disk: Path = None, kernel: Path = None,
     initrd: Path = None, cmdline: Text = None,
@@ -105,7 +106,7 @@ def attach_cmd(
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
-    wanted = parse_addresses(addresses)
+    check_devices(addresses, device_ids, required=False)
     request = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
                          network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version).request()
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
@@ -113,6 +114,7 @@ def attach_cmd(
     checks = None if no_verify else verify_options(probe_timeout=probe_timeout, timeout=verify_timeout)
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
             result = attach(ctx, wanted, request, uri=connect, ssh=ssh, verify=checks,
                             keep_on_failure=keep_on_failure,
                             policy=BindPolicy(force=force, stop_services=stop_services))

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
+from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
 from gpuvfio.ops.inventory import doctor_report, dump_host, list_report, open_host
 
 
 @app.command("list")
 def list_cmd(
-    addresses: Annotated[Optional[list[str]], typer.Argument(
-        metavar="[ADDR]...", help="Only these PCI functions (DDDD:BB:SS.F).")] = None,
+    addresses: Devices = None,
+    device_ids: DeviceIds = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every PCI function, not only NVIDIA.")] = False,
     as_json: JsonOption = False,
     root: RootOption = None,
 ) -> None:
     """Inventory: NVIDIA devices (or --all) with IOMMU group, viability, driver, NUMA node, PCIe link
     and largest BAR."""
-    wanted = [PciAddress.parse(a) for a in addresses or []]
+    check_devices(addresses, device_ids, required=False)
     with open_host(root_of(root)) as (host, label):
-        report = list_report(host, show_all=show_all, only=wanted)
+        report = list_report(host, show_all=show_all, only=resolve(host, addresses, device_ids))
     if as_json:
         emit_json(report)
         return

@@ -73,7 +73,8 @@ def print_list(report: dict, title: str, console=None) -> None:
         gid = dev["iommu_group"]
         group = groups.get(gid)
         viable = "-" if group is None else ("[green]yes[/]" if group["viable"] else "[red]no[/]")
-        name = dev["device_name"] or dev["class_name"] or "device"
+        # pci.ids calls an NVSwitch (class 0x0680) a bridge; it bridges NVLinks, not PCI buses.
+        name = dev["device_name"] or ("NVSwitch" if dev.get("kind") == "nvswitch" else dev["class_name"]) or "device"
         table.add_row(dev["address"], f"{escape(name)} [dim]\\[{dev['vendor_id']}:{dev['device_id']}][/]",
                       escape(dev["driver"]) if dev["driver"] else "[dim]none[/]", "-" if gid is None else str(gid), viable,
                       "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),

@@ -5,12 +5,9 @@ or a bug report."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
 
-import typer
-
-from gpuvfio.address import PciAddress
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.topology import LEGEND_ORDER, topology_report
 
@@ -19,16 +16,16 @@ UNKNOWN_MARK = "?"
 
 @app.command("topo")
 def topo_cmd(
-    addresses: Annotated[Optional[list[str]], typer.Argument(
-        metavar="[ADDR]...", help="Only these GPUs and NICs (DDDD:BB:SS.F).")] = None,
+    addresses: Devices = None,
+    device_ids: DeviceIds = None,
     as_json: JsonOption = False,
     root: RootOption = None,
 ) -> None:
     """GPU/NIC matrix like nvidia-smi topo -m (X, PIX, PXB, PHB, NODE, SYS, NV#), CPU and NUMA
     affinity, NUMA distances and each device's place in the PCIe tree."""
-    wanted = [PciAddress.parse(a) for a in addresses or []]
+    check_devices(addresses, device_ids, required=False)
     with open_host(root_of(root)) as (host, label):
-        report = topology_report(host, only=wanted)
+        report = topology_report(host, only=resolve(host, addresses, device_ids))
     if as_json:
         emit_json(report)
         return

@@ -7,25 +7,26 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.address import PciAddress
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.cli.devices import resolve_one
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
 from gpuvfio.ops.context import Context, live_context
 from gpuvfio.ops.domains import parse_uuid
+from gpuvfio.selector import SELECTOR_HELP, Selector
 
 vgpu_app = typer.Typer(help="vGPU profiles: list the types a GPU offers, create and remove instances, set the "
                             "scheduler (journaled).", no_args_is_help=True)
 app.add_typer(vgpu_app, name="vgpu")
-Address = Annotated[str, typer.Argument(metavar="ADDR")]
+Address = Annotated[str, typer.Argument(metavar="DEVICE", help=f"The GPU (one function): {SELECTOR_HELP}.")]
 
 
 @vgpu_app.command("types")
 def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = None) -> None:
     """The vGPU profiles a GPU offers (legacy mdev types, or SR-IOV types on its VFs)."""
-    wanted = PciAddress.parse(address)
+    Selector.parse(address)
     with open_host(root_of(root)) as (host, _label):
-        report = vgpu.types(Context(host=host), wanted)
+        report = vgpu.types(Context(host=host), resolve_one(host, address))
     if as_json:
         emit_json(report)
         return
@@ -49,10 +50,11 @@ def create_cmd(address: Address,
                                                                        "/etc/mdevctl.d).")] = False,
                as_json: JsonOption = False, root: RootOption = None) -> None:
     """Create a vGPU instance (legacy: an mdev; SR-IOV: a type on a free VF), journaled."""
-    wanted = PciAddress.parse(address)
+    Selector.parse(address)
     if uuid is not None:
         uuid = parse_uuid(uuid)
-    report = vgpu.create(live_context(root_of(root)), wanted, vgpu_type, uuid=uuid, persist=persist)
+    ctx = live_context(root_of(root))
+    report = vgpu.create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist)
     if as_json:
         emit_json(report)
         return
@@ -75,10 +77,11 @@ def scheduler_cmd(address: Address,
                                                       "restore puts the previous one back).")] = None,
                   as_json: JsonOption = False, root: RootOption = None) -> None:
     """Show (or set) a GPU's vGPU scheduler policy, where the driver exposes it through NVML."""
-    wanted = PciAddress.parse(address)
+    Selector.parse(address)
     if policy is not None:
         vgpu.parse_policy(policy)
     ctx = live_context(root_of(root))
+    wanted = resolve_one(ctx.host, address)
     report = vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)
     if as_json:
         emit_json(report)

@@ -46,7 +46,6 @@ from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.nvidia import FABRIC_MANAGER_UNIT, fabric_mode, running_services
 from gpuvfio.host.root import HostRoot
-from gpuvfio.host.topology import is_nvswitch
 
 FULL_PASSTHROUGH, SHARED_NVSWITCH, VGPU = 0, 1, 2
 MODE_NAMES = {FULL_PASSTHROUGH: "bare metal / full passthrough", SHARED_NVSWITCH: "shared NVSwitch", VGPU: "vGPU"}
@@ -155,7 +154,7 @@ def read_fabric(host: HostRoot, inventory: Inventory, modules: dict[int, PciAddr
     id -> PCI address, when the caller has it (NVML's nvmlDeviceGetModuleId, read while the GPUs
     are on nvidia); needed to match partitions on H100, whose partition list has no bus ids."""
     fns = sorted(inventory.functions.values(), key=lambda f: f.address)
-    switches = [f.address for f in fns if is_nvswitch(f)]
+    switches = [f.address for f in fns if f.is_nvswitch]
     gpus = [f for f in fns if _is_gpu_pf(f)]
     notes: list[str] = []
     by = "device id"

@@ -9,6 +9,7 @@ from gpuvfio.errors import HostReadError
 from gpuvfio.host.health import Health
 
 NVIDIA_VENDOR = "10de"
+NVSWITCH_CLASS = "0680"  # "Bridge: other" endpoints on NVIDIA HGX baseboards (include/linux/pci_ids.h)
 PCI_BRIDGE_CLASS = "0604"  # PCI-to-PCI bridge (root ports, switch ports), include/linux/pci_ids.h
 
 # include/linux/ioport.h
@@ -149,6 +150,21 @@ class PciFunction:
         return self.class_id.startswith("03")
 
     @property
+    def is_nvswitch(self) -> bool:
+        """An NVSwitch of an HGX baseboard: an NVIDIA "Bridge: other" (0x0680) endpoint, no
+        PCI-to-PCI bridge (pci.ids calls it a bridge; it bridges NVLinks, not PCI buses)."""
+        return self.is_nvidia and self.class_id.startswith(NVSWITCH_CLASS)
+
+    @property
+    def kind(self) -> str:
+        """What gpuvfio shows it as: gpu, nvswitch, bridge (PCI-to-PCI), or device."""
+        if self.is_nvidia_gpu:
+            return "gpu"
+        if self.is_nvswitch:
+            return "nvswitch"
+        return "bridge" if self.is_bridge else "device"
+
+    @property
     def is_nvidia_gpu(self) -> bool:
         """An NVIDIA function of the display class (VGA 0x0300 or 3D 0x0302): gpuvfio's one
         meaning of "an NVIDIA GPU", and what QEMU gives the P2P clique capability to
@@ -191,6 +207,7 @@ class PciFunction:
             "local_cpulist": self.local_cpulist,
             "parents": [str(p) for p in self.parents],
             "is_bridge": self.is_bridge,
+            "kind": self.kind,
             "link": self.link.to_json() if self.link else None,
             "bars": [b.to_json() for b in self.bars],
             "largest_bar": self.largest_bar,

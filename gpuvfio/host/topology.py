@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
-from gpuvfio.host.model import NVIDIA_VENDOR, PciFunction
+from gpuvfio.host.model import PciFunction
 
 # nvidia-smi topo -m legend, nearest first (NV# is NVLink, read from NVML elsewhere).
 SAME, PIX, PXB, PHB, NODE, SYS = "X", "PIX", "PXB", "PHB", "NODE", "SYS"
@@ -36,7 +36,6 @@ LEGEND = {
 }
 P2P_ROUTABLE = (PIX, PXB, PHB)  # under one switch or one root complex
 MAX_CLIQUES = 16  # x-nv-gpudirect-clique takes 0-15 (QEMU hw/vfio/pci-quirks.c)
-NVSWITCH_CLASS = "0680"  # "Bridge: other" endpoints on NVIDIA HGX baseboards
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +103,6 @@ def relation(a: Position, b: Position, *, single_node: bool = False) -> str:
     if a.numa_node is None and b.numa_node is None and single_node:
         return NODE
     return SYS
-
-
-def is_nvswitch(fn: PciFunction) -> bool:
-    return fn.vendor_id == NVIDIA_VENDOR and fn.class_id.startswith(NVSWITCH_CLASS)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,6 @@ from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.fabric import FULL_PASSTHROUGH, SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.nvlink import read_nvlink
-from gpuvfio.host.topology import is_nvswitch
 from gpuvfio.ops.context import Context
 
 
@@ -42,7 +41,7 @@ def decide(ctx: Context, inventory: Inventory, addresses: list[PciAddress]) -> D
     xml, attach, bind and the Ansible modules apply; reads the host and asks the Fabric Manager
     for its partitions, changes nothing."""
     modules = None
-    if any(is_nvswitch(f) for f in inventory.functions.values()):
+    if any(f.is_nvswitch for f in inventory.functions.values()):
         # The Fabric Manager names partition GPUs by module id (on HGX H100 with no bus id):
         # NVML's module ids, read with the NVLinks (or recorded with them), map them to addresses.
         modules = read_nvlink(ctx.host).module_map() or None

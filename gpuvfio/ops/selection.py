@@ -1,0 +1,72 @@
+"""Which PCI functions a command's device arguments mean on this host: exact addresses, lspci
+slots and ``-d`` id filters, libvirt node-device names (gpuvfio.selector parses them).
+
+An exact address stands for itself and is checked by the command (so "no such function" and
+"is a bridge" keep their own messages). A slot or an id filter expands to the matching
+functions of the host, PCI bridges left out (no command acts on one). A command that changes
+the host shows what a selector expanded to, and wants a confirmation when it matched more than
+one physical device (``-d 10de:`` also matches NVSwitches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError, Refused
+from gpuvfio.host.inventory import read_functions
+from gpuvfio.host.root import HostRoot
+from gpuvfio.selector import IdFilter, Selector
+
+
+@dataclass
+class Selection:
+    addresses: list[PciAddress]
+    typed: list[str] = field(default_factory=list)  # the selectors and -d filters as given
+    expanded: bool = False  # a slot or an id filter was expanded on the host
+
+    @property
+    def devices(self) -> list[tuple[int, int, int]]:
+        """The physical devices (domain, bus, slot) selected."""
+        return sorted({a.device for a in self.addresses})
+
+    def describe(self) -> str:
+        return f"{' '.join(self.typed)} -> {', '.join(map(str, self.addresses))}"
+
+    def confirm(self, yes: bool) -> None:
+        """Refused when a selector expanded to more than one physical device and ``yes`` was not
+        given: a host change should not reach further than the admin looked."""
+        if self.expanded and len(self.devices) > 1 and not yes:
+            raise Refused(f"{' '.join(self.typed)} matches {len(self.devices)} devices "
+                          f"({', '.join(map(str, self.addresses))}); add --yes to act on all of them")
+
+
+def parse_selectors(texts: list[str] | None, ids: list[str] | None) -> tuple[list[Selector], list[IdFilter]]:
+    """Parse at the edge (bad input before anything is read)."""
+    return [Selector.parse(t) for t in texts or []], [IdFilter.parse(t) for t in ids or []]
+
+
+def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None) -> Selection:
+    """The functions ``texts`` (selectors) and ``ids`` (-d filters, any of which may match) mean
+    on ``host``; with only -d, every function they match. InputError when nothing matches."""
+    selectors, filters = parse_selectors(texts, ids)
+    typed = [s.text for s in selectors] + [f"-d {f.text}" for f in filters]
+    exact = [s.address for s in selectors]
+    if exact and all(a is not None for a in exact) and not filters:
+        return Selection(sorted(set(exact)), typed)
+    functions = read_functions(host)
+    chosen = []
+    for address, fn in sorted(functions.items()):
+        if selectors and not any(s.matches(address) for s in selectors):
+            continue
+        named = any(s.address == address for s in selectors)
+        if fn.is_bridge and not named:
+            continue
+        if filters and not any(f.matches(fn.vendor_id, fn.device_id, fn.class_id) for f in filters):
+            continue
+        chosen.append(address)
+    # An exact address that is not on the host stays, for the command's own message.
+    chosen += [a for a in exact if a is not None and a not in functions and not filters]
+    if not chosen:
+        raise InputError(f"no PCI function on this host matches {' '.join(typed)}")
+    return Selection(sorted(set(chosen)), typed, expanded=True)

@@ -1,0 +1,93 @@
+"""Device selectors as admins type them, parsed at the edge (matching is gpuvfio.ops.selection's).
+
+* ``[[DOMAIN:]BUS:]SLOT[.FUNC]``, lspci's ``-s`` form (pciutils lib/filter.c
+  pci_filter_parse_slot): a missing function means every function of the slot, a missing bus
+  any bus; the domain defaults to 0000 (lspci's would be any domain: gpuvfio names one).
+* ``pci_DDDD_BB_SS_F``: libvirt's node-device name (virsh nodedev-list; src/conf/node_device_conf.c
+  names PCI devices "pci_%04x_%02x_%02x_%x").
+* ``-d [VENDOR]:[DEVICE][:CLASS]``, lspci's ``-d`` (pci_filter_parse_id): hex ids, an empty part
+  matches anything; the class is 2 hex digits (base class) or 4 (base and subclass).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuvfio.address import MAX_FUNCTION, MAX_SLOT, PciAddress
+from gpuvfio.errors import InputError
+
+_SLOT = re.compile(r"^(?:(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):)?"
+                   r"(?P<slot>[0-9a-fA-F]{1,2})(?:\.(?P<function>[0-7]))?$")
+_NODEDEV = re.compile(r"^pci_(?P<domain>[0-9a-fA-F]{4,8})_(?P<bus>[0-9a-fA-F]{2})_(?P<slot>[0-9a-fA-F]{2})"
+                      r"_(?P<function>[0-7])$")
+_IDS = re.compile(r"^(?P<vendor>[0-9a-fA-F]{0,4}):(?P<device>[0-9a-fA-F]{0,4})(?::(?P<klass>[0-9a-fA-F]{2}|"
+                  r"[0-9a-fA-F]{4}))?$")
+SELECTOR_HELP = "[[DOMAIN:]BUS:]SLOT[.FUNC] (a slot: all its functions) or pci_DDDD_BB_SS_F"
+
+
+def _shown(text) -> str:
+    return text if isinstance(text, str) and len(text) <= 64 else repr(text)[:64]
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which functions a device argument names; None parts match anything."""
+
+    text: str
+    domain: int
+    bus: int | None
+    slot: int
+    function: int | None
+
+    @classmethod
+    def parse(cls, text: str) -> "Selector":
+        value = text.strip() if isinstance(text, str) else ""
+        match = _NODEDEV.match(value) or _SLOT.match(value)
+        if not value or match is None:
+            raise InputError(f"not a PCI address: {_shown(text)!r} (expected {SELECTOR_HELP}, e.g. 01:00 or "
+                             "0000:01:00.0)")
+        slot = int(match["slot"], 16)
+        if slot > MAX_SLOT:
+            raise InputError(f"PCI slot out of range (max 1f) in {value!r}")
+        function = int(match["function"]) if match["function"] is not None else None
+        if function is not None and function > MAX_FUNCTION:  # the patterns allow 0-7 only
+            raise InputError(f"PCI function out of range (max 7) in {value!r}")
+        bus = int(match["bus"], 16) if match["bus"] is not None else None
+        return cls(value, int(match["domain"] or "0", 16), bus, slot, function)
+
+    @property
+    def address(self) -> PciAddress | None:
+        """The one function it names, when it names exactly one."""
+        if self.bus is None or self.function is None:
+            return None
+        return PciAddress(self.domain, self.bus, self.slot, self.function)
+
+    def matches(self, address: PciAddress) -> bool:
+        return (address.domain == self.domain and (self.bus is None or address.bus == self.bus)
+                and address.slot == self.slot and (self.function is None or address.function == self.function))
+
+
+@dataclass(frozen=True, slots=True)
+class IdFilter:
+    """``-d VENDOR:DEVICE[:CLASS]``; None parts match anything."""
+
+    text: str
+    vendor: str | None
+    device: str | None
+    class_prefix: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> "IdFilter":
+        value = text.strip().lower() if isinstance(text, str) else ""
+        match = _IDS.match(value)
+        if match is None or value in (":", ""):
+            raise InputError(f"not a device id filter: {_shown(text)!r} (expected VENDOR:[DEVICE][:CLASS] in hex, "
+                             "e.g. 10de: or 10de:2330 or 10de::0302)")
+        return cls(value, match["vendor"].zfill(4) if match["vendor"] else None,
+                   match["device"].zfill(4) if match["device"] else None, match["klass"])
+
+    def matches(self, vendor_id: str, device_id: str, class_id: str) -> bool:
+        return ((self.vendor is None or vendor_id.lower() == self.vendor)
+                and (self.device is None or device_id.lower() == self.device)
+                and (self.class_prefix is None or class_id.lower().startswith(self.class_prefix)))
