@@ -14,7 +14,7 @@ from gpuvfio.errors import InputError
 from gpuvfio.ops.selection import parse_selectors, select
 from gpuvfio.selector import SELECTOR_HELP
 
-Devices = Annotated[Optional[list[str]], typer.Argument(metavar="[DEVICE]...", help=f"PCI devices: {SELECTOR_HELP}.",
+Devices = Annotated[Optional[list[str]], typer.Argument(metavar="DEVICE", help=f"PCI devices: {SELECTOR_HELP}.",
                                                         show_default=False)]
 DeviceIds = Annotated[Optional[list[str]], typer.Option(
     "--device-id", "-d", metavar="VENDOR:[DEVICE][:CLASS]",
