@@ -44,6 +44,7 @@ def gpu_workstation(root) -> HostBuilder:
     """A small host: root port -> GPU + audio (one group), a chipset group shared with a NIC."""
     b = HostBuilder(str(root))
     b.iommu("intel", 1)
+    b.cpuinfo("Intel(R) Core(TM) i9-13900K", 46)
     cpus = b.cpu_topology(1, 8, 2)
     b.numa_node(0, cpus[0], 64, {2048: (512, 512)})
     rb = b.root_bus(numa=0)

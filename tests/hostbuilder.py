@@ -81,6 +81,10 @@ class HostBuilder:
             _write(os.path.join(self.sys, "bus", "pci", name), "")
         os.makedirs(os.path.join(self.root, "proc", "sys", "kernel"), exist_ok=True)
         self.osrelease("6.8.0-gpuvfio")
+        # A KVM host: /dev/kvm (a name, as dump-host records it) and the cgroup devices controller.
+        _write(os.path.join(self.root, "dev", "kvm"), "")
+        _write(self.proc("cgroups"), "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t0\t1\t1\n"
+                                     "memory\t0\t1\t1\ndevices\t0\t1\t1\n")
         self.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet")
         self.modules([])
 
@@ -105,6 +109,8 @@ class HostBuilder:
         _write(self.proc("modules"), "".join(lines))
         for name in names:
             os.makedirs(self.sys_path("module", name), exist_ok=True)
+        if "vfio" in names:  # the VFIO container appears with the module
+            _write(os.path.join(self.root, "dev", "vfio", "vfio"), "")
         moddir = os.path.join(self.root, "lib", "modules", self.release)
         avail = available if available is not None else ["vfio", "vfio_pci", "vfio_iommu_type1",
                                                           "vfio_pci_core", "pci_stub"]
@@ -169,9 +175,13 @@ class HostBuilder:
         _write(self.sys_path("devices", "system", "cpu", "online"), f"0-{total - 1}\n")
         return per_socket
 
-    def cpuinfo(self, model: str, phys_bits: int, virt_bits: int = 48, vendor: str = "GenuineIntel") -> None:
-        """/proc/cpuinfo, first processor only (what gpuvfio records): model and address sizes."""
+    def cpuinfo(self, model: str, phys_bits: int, virt_bits: int = 48, vendor: str = "GenuineIntel",
+                flags: str | None = None) -> None:
+        """/proc/cpuinfo, first processor only (what gpuvfio records): model, virtualization flags
+        (default: the vendor's VT-x/AMD-V) and address sizes."""
+        flags = flags if flags is not None else ("svm" if vendor == "AuthenticAMD" else "vmx")
         _write(self.proc("cpuinfo"), f"processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: {model}\n"
+                                     f"flags\t\t: {flags}\n"
                                      f"address sizes\t: {phys_bits} bits physical, {virt_bits} bits virtual\n\n")
 
     def numa_node(self, node: int, cpus: list[int], mem_gib: int,

@@ -1,6 +1,7 @@
 """Host readiness checks with concrete fixes (``gpuvfio doctor``).
 
-Similar ground to libvirt's ``virt-host-validate`` (IOMMU, device assignment), plus
+What libvirt's ``virt-host-validate qemu`` checks for device assignment (KVM usable,
+/dev/vfio/vfio, cgroup device control, secure guests: gpuvfio.host.hypervisor; the IOMMU), plus
 what GPU passthrough needs beyond it: ACS-override detection, vfio modules, hugepages
 per NUMA node and on each GPU's own node, interrupt remapping, processes holding
 /dev/nvidia*, boot VGA.
@@ -8,26 +9,15 @@ per NUMA node and on each GPU's own node, interrupt remapping, processes holding
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
+from gpuvfio.host.hypervisor import check_cgroup_devices, check_kvm, check_secure_guest, check_vfio_device
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import VFIO_MODULES, KernelInfo
 from gpuvfio.host.model import NumaNode
 from gpuvfio.host.nvidia import nvidia_holders
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-
-
-@dataclass(slots=True)
-class Check:
-    check_id: str
-    status: str
-    summary: str
-    fix: str | None = None
-
-    def to_json(self) -> dict:
-        return {"id": self.check_id, "status": self.status, "summary": self.summary, "fix": self.fix}
+__all__ = ["Check", "OK", "WARN", "FAIL", "SKIP", "run_doctor"]
 
 
 def _bootloader_fix(host: HostRoot, params: str) -> str:
@@ -262,9 +252,12 @@ def check_device_health(inventory: Inventory) -> Check:
 
 def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: list[NumaNode]) -> list[Check]:
     return [
+        check_kvm(host, kernel),
         check_iommu(host, kernel),
         check_acs_override(kernel),
         check_vfio_modules(kernel),
+        check_vfio_device(host, kernel),
+        check_cgroup_devices(host),
         check_hugepages(nodes),
         check_hugepages_near_gpus(host, inventory, nodes),
         check_interrupt_remapping(kernel),
@@ -272,4 +265,5 @@ def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: 
         check_boot_vga(inventory, kernel),
         check_gpu_groups(inventory),
         check_device_health(inventory),
+        check_secure_guest(host),
     ]

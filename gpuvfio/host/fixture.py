@@ -26,6 +26,7 @@ import tempfile
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError, InputError
 from gpuvfio.host.firmware import OVMF_CANDIDATES
+from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
 from gpuvfio.host.nvlink import record_text as nvlink_record
@@ -117,9 +118,16 @@ def _strip_interrupt_counts(text: str) -> str:
 
 
 def _first_cpu(text: str) -> str:
-    # The first processor's identity and address sizes; the rest repeats per CPU.
+    # The first processor's identity, address sizes and the virtualization flags the doctor
+    # reads (gpuvfio.host.hypervisor); the rest repeats per CPU.
     keep = ("processor", "vendor_id", "model name", "address sizes")
-    lines = [line for line in text.split("\n\n", 1)[0].splitlines() if line.split(":")[0].strip() in keep]
+    lines = []
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keep:
+            lines.append(line)
+        elif key.strip() == "flags":
+            lines.append("flags\t\t: " + " ".join(f for f in value.split() if f in RECORDED_FLAGS))
     return "\n".join(lines) + "\n\n"
 
 
@@ -213,6 +221,12 @@ def dump_host(host: HostRoot) -> str:
     if release and "/" not in release and release not in (".", ".."):
         for name in ("modules.dep", "modules.builtin"):
             rec.file(host.path("lib", "modules", release, name), _filter_modules)
+    rec.file(host.path("proc", "cgroups"))
+    for parts in DEV_NODES:  # /dev/kvm, /dev/vfio/vfio: names only (a fixture holds no device nodes)
+        if os.path.lexists(host.path(*parts)):
+            rec.add("F", host.path(*parts), "")
+    for module, param, _name in SECURE_PARAMS:
+        rec.file(host.sys_path("module", module, "parameters", param))
     for pair in OVMF_CANDIDATES:  # which firmware images exist (names only: their bytes do not matter)
         for rel in pair:
             if os.path.exists(host.path(rel)):
