@@ -149,3 +149,57 @@ def test_persist_writes_mdevctls_store(host):
         assert json.load(handle) == {"mdev_type": "nvidia-222", "start": "auto", "attrs": []}
     remove(ctx, UUID)
     assert not os.path.exists(path)
+
+
+def test_vgpu_list_shows_instances_their_domains_and_persistence(host, tmp_path):
+    """gpuvfio vgpu list (issue 15 item 5): mdevs as mdevctl list shows them, and SR-IOV vGPUs,
+    with the libvirt domains that use each (here the test driver, asked through --connect)."""
+    from gpuvfio.ops.vgpu import instances_list
+
+    ctx, _h, _k = host
+    create(ctx, PciAddress.parse(T4), "nvidia-222", uuid=UUID, persist=True)
+    create(ctx, PciAddress.parse(A10), "593")
+    node = tmp_path / "testdriver.xml"
+    node.write_text("<node/>")
+    libvirt = pytest.importorskip("libvirt")
+    conn = libvirt.open(f"test://{node}")
+    conn.defineXML(f"<domain type='test'><name>uses-mdev</name><memory>1024</memory><os><type>hvm</type></os>"
+                   f"<devices><hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{UUID}'/>"
+                   "</source></hostdev></devices></domain>")
+    ctx.connections[f"test://{node}"] = conn
+    report = instances_list(ctx, uri=f"test://{node}")
+    assert report["libvirt"] == "asked"
+    by_id = {i["instance"]: i for i in report["instances"]}
+    assert by_id[UUID] == {"kind": "mdev", "instance": UUID, "parent": T4, "type": "nvidia-222", "by_gpuvfio": True,
+                           "persisted": True, "domains": ["uses-mdev"]}
+    assert by_id["0000:41:00.4"] == {"kind": "sriov", "instance": "0000:41:00.4", "parent": A10, "type": 593,
+                                     "type_name": "NVIDIA A10-4Q", "by_gpuvfio": True, "persisted": None,
+                                     "domains": []}
+    restore(ctx, [])
+    assert instances_list(ctx, uri="none") == {"instances": [], "libvirt": "libvirt not asked (--connect none)"}
+
+
+def test_vgpu_types_on_a_vf_names_its_physical_function(host, cli):
+    _ctx, h, _k = host
+    report = types(_ctx, PciAddress.parse("0000:41:00.4"))
+    assert report["kind"] == "vf" and report["physfn"] == A10
+    out = cli("--root", h.root, "vgpu", "types", "41:00.4")
+    assert out.code == 0 and f"is an SR-IOV VF of {A10}" in out.out and f"gpuvfio vgpu types {A10}" in out.out
+
+
+def test_persist_list_shows_driverctls_and_gpuvfios_overrides(cli, tmp_path):
+    from tests.conftest import gpu_workstation
+
+    b = gpu_workstation(tmp_path / "ws")
+    os.makedirs(os.path.join(b.root, "etc", "driverctl.d"))
+    for name, text in (("pci-0000:03:00.0", "igc\n"), ("pci-0000:01:00.0", "vfio-pci\n"), ("pci-bogus", "x\n"),
+                       ("pci-0000:04:00.0", "\x1b[31mevil\n")):
+        with open(os.path.join(b.root, "etc", "driverctl.d", name), "w") as handle:
+            handle.write(text)
+    data = cli("--root", b.root, "persist", "--list", "--json").json()
+    assert data["overrides"] == [
+        {"address": "0000:01:00.0", "driver": "vfio-pci", "mechanism": "driverctl"},
+        {"address": "0000:03:00.0", "driver": "igc", "mechanism": "driverctl"}]
+    text = cli("--root", b.root, "persist", "--list")
+    assert text.out == "0000:01:00.0 vfio-pci (driverctl)\n0000:03:00.0 igc (driverctl)\n"
+    assert cli("--root", b.root, "persist", "--list", "01:00").code == 2

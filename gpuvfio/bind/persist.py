@@ -116,6 +116,20 @@ def persisted(host: HostRoot) -> dict[str, set[PciAddress]]:
     return result
 
 
+def overrides(host: HostRoot) -> list[dict]:
+    """Every boot-time driver override, as ``driverctl list-overrides`` shows its own (any
+    driver), and gpuvfio's udev rules (vfio-pci): address, driver, mechanism."""
+    found = []
+    for name in sorted(host.listdir(host.path(*DRIVERCTL_DIR))):
+        addr = PciAddress.try_parse(name[4:]) if name.startswith("pci-") else None
+        driver = (_read(host.path(*DRIVERCTL_DIR, name)) or "").strip()
+        if addr is not None and driver and driver.isprintable() and len(driver) <= 64:
+            found.append({"address": str(addr), "driver": driver, "mechanism": "driverctl"})
+    for addr in sorted(persisted(host)["udev"]):
+        found.append({"address": str(addr), "driver": "vfio-pci", "mechanism": "udev (gpuvfio)"})
+    return sorted(found, key=lambda o: (o["address"], o["mechanism"]))
+
+
 def plan_persist(host: HostRoot, add: list[PciAddress], remove: list[PciAddress],
                  host_modules: set[str]) -> list[FileChange]:
     """Changes that make ``add`` persist on vfio-pci and drop ``remove``; pure reading."""

@@ -11,11 +11,12 @@ from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
-from gpuvfio.errors import GpuvfioError, Refused
+from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.reset import reset
 from gpuvfio.ops.binding import BindPolicy
-from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, live_context
+from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, host_context, live_context
+from gpuvfio.ops.inventory import open_host
 
 WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                              help="Give up on a sysfs write the kernel does not return from.")]
@@ -164,11 +165,27 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
 
 
 @app.command("persist")
-def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, force: Annotated[bool, typer.Option(
+def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
+                force: Annotated[bool, typer.Option(
                     "--force", help="Persist a group that holds a foreign device too.")] = False,
+                list_: Annotated[bool, typer.Option("--list", help="List the boot-time overrides (driverctl's and "
+                                                              "gpuvfio's), as driverctl list-overrides.")] = False,
                 lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                 root: RootOption = None) -> None:
     """Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep)."""
+    if list_:
+        if addresses or device_ids or dry_run or force:
+            raise InputError("--list takes no devices and no --dry-run/--force")
+        with open_host(root_of(root)) as (host, _label):
+            report = binding.persisted_overrides(host_context(host))
+        if as_json:
+            emit_json(report)
+            return
+        if not report["overrides"]:
+            say(f"no boot-time driver overrides (mechanism here: {report['mechanism']})")
+        for item in report["overrides"]:
+            sys.stdout.write(f"{item['address']} {item['driver']} ({item['mechanism']})\n")
+        return
     _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root)
 
 

@@ -11,7 +11,7 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
 from gpuvfio.cli.devices import resolve_one
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
-from gpuvfio.ops.context import Context, live_context
+from gpuvfio.ops.context import Context, host_context, live_context
 from gpuvfio.ops.domains import parse_uuid
 from gpuvfio.selector import SELECTOR_HELP, Selector
 
@@ -30,6 +30,9 @@ def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = 
     if as_json:
         emit_json(report)
         return
+    if report["kind"] == "vf":
+        sys.stdout.write(f"{address} is an SR-IOV VF of {report['physfn']}: vGPU types are listed on the physical "
+                         f"function (gpuvfio vgpu types {report['physfn']})\n")
     if report["kind"] == "none":
         sys.stdout.write(f"{address}: no vGPU types (no mdev_supported_types, no SR-IOV VFs)\n")
     for mdev in report["mdev_types"]:
@@ -40,6 +43,31 @@ def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = 
         sys.stdout.write(f"{vtype['id']:<6} {vtype['name']:28} free VFs {vtype['available_instances']}{note}\n")
     for used in report["sriov_in_use"]:
         sys.stdout.write(f"in use: VF {used['vf']} has type {used['type']}\n")
+
+
+@vgpu_app.command("list")
+def list_cmd(connect: Annotated[Optional[str], typer.Option(
+                 "--connect", metavar="URI", help="libvirt to ask which domains use each instance (default: libvirt's "
+                                                  "default on this machine; 'none': do not ask).")] = None,
+             as_json: JsonOption = False, root: RootOption = None) -> None:
+    """The vGPU instances on this host, as mdevctl list shows mdevs, with SR-IOV vGPUs: type, parent
+    GPU, the domains using each, whether gpuvfio made it and whether it is persisted."""
+    with open_host(root_of(root)) as (host, _label):
+        report = vgpu.instances_list(host_context(host), uri=connect)
+    if as_json:
+        emit_json(report)
+        return
+    if not report["instances"]:
+        sys.stdout.write("no vGPU instances\n")
+    for item in report["instances"]:
+        users = ("domains: " + (", ".join(item["domains"]) or "none")) if item["domains"] is not None else \
+            "domains: not asked"
+        persisted = {True: "persisted", False: "not persisted", None: "-"}[item["persisted"]]
+        made = "gpuvfio" if item["by_gpuvfio"] else "not gpuvfio's"
+        sys.stdout.write(f"{item['instance']} {item['kind']} type {item['type']} on {item['parent']} ({users}; "
+                         f"{persisted}; {made})\n")
+    if report["libvirt"] != "asked":
+        sys.stdout.write(f"libvirt: {report['libvirt']}\n")
 
 
 @vgpu_app.command("create")

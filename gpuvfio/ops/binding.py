@@ -37,7 +37,7 @@ from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "plan", "bind", "restore", "held", "release", "unbind",
-           "status", "persist", "current_drivers", "addresses_in_groups"]
+           "status", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
 
@@ -334,6 +334,12 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
 # Checks of a bind plan that are about moving the devices now, not about where they belong
 # at boot: a domain or a service using them today does not make persisting them unsafe.
 NOT_FOR_PERSIST = {"libvirt", "services", "vfio_modules"}
+
+
+def persisted_overrides(ctx: Context) -> dict:
+    """``gpuvfio persist --list``: the boot-time overrides (driverctl's, gpuvfio's udev rules)."""
+    return {"overrides": store.overrides(ctx.host), "mechanism": "driverctl" if store.uses_driverctl(ctx.host)
+            else "udev"}
 
 
 def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -> list[PciAddress]:

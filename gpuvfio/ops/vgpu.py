@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.spec import mdev_uuid
-from gpuvfio.errors import InputError
+from gpuvfio.bind.journal import Journal, state_dir
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.pciids import PciIds
+from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context
 from gpuvfio.vgpu import instances, scheduler
 from gpuvfio.vgpu.types import mig_backed, pick_mdev
+from gpuvfio.virt.usage import assignments
 
-__all__ = ["types", "create", "remove", "scheduler_state", "set_scheduler", "undo_scheduler", "create_for_domain",
+__all__ = ["types", "instances_list", "create", "remove", "scheduler_state", "set_scheduler", "undo_scheduler", "create_for_domain",
            "mig_backed", "parse_policy", "POLICIES"]
 POLICIES = scheduler.POLICIES
 parse_policy = scheduler.parse_policy
@@ -22,6 +25,24 @@ parse_policy = scheduler.parse_policy
 
 def types(ctx: Context, address: PciAddress) -> dict:
     return instances.types(read_inventory(ctx.host), address)
+
+
+def instances_list(ctx: Context, *, uri: str | None = None) -> dict:
+    """``gpuvfio vgpu list``: every vGPU instance with its type, parent, the domains using it
+    (libvirt asked by the one policy of ops.binding.libvirt_view), persisted or not."""
+    inventory = read_inventory(ctx.host)
+    found = instances.existing_instances(ctx.host, inventory, Journal.load(state_dir(ctx.host)))
+    view = binding.libvirt_view(ctx, [], uri=uri)
+    used: dict[str, list[str]] = {}
+    libvirt_note = view.not_asked or view.error
+    if libvirt_note is None:
+        try:
+            used = assignments(ctx.libvirt(uri))
+        except GpuvfioError as exc:
+            libvirt_note = str(exc)
+    for item in found:
+        item["domains"] = None if libvirt_note else used.get(item["instance"], [])
+    return {"instances": found, "libvirt": libvirt_note or "asked"}
 
 
 def create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,

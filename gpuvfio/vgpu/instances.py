@@ -22,13 +22,16 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
-from gpuvfio.vgpu.types import mdev_dir, mig_backed, pick_mdev, pick_vf
+from gpuvfio.vgpu.types import existing_mdev, mdev_dir, mig_backed, pick_mdev, pick_vf
 
 
 def types(inventory: Inventory, address: PciAddress) -> dict:
     fn = inventory.functions.get(address)
     if fn is None:
         raise InputError(f"no such PCI function on this host: {address}")
+    if fn.physfn is not None:  # a VF lists no types of its own: its physical function offers them
+        return {"address": str(address), "kind": "vf", "physfn": str(fn.physfn), "mdev_types": [],
+                "sriov_types": [], "sriov_in_use": []}
     legacy = [{"id": m.type_id, "name": m.name, "available_instances": m.available_instances,
                "description": m.description} for m in fn.mdev_types]
     sriov: dict[int, dict] = {}
@@ -175,3 +178,31 @@ def remove_all(host: HostRoot, journal: Journal, writer: SysfsWriter, progress=l
         except GpuvfioError as exc:
             failures.append(f"vGPU {instance}: {exc}")
     return failures
+
+
+def existing_instances(host: HostRoot, inventory: Inventory, journal: Journal) -> list[dict]:
+    """Every vGPU instance on the host, as ``mdevctl list`` shows mdevs, plus SR-IOV vGPUs: each
+    with its type, parent GPU, whether gpuvfio created it (journal) and whether it is persisted
+    (mdevctl's store). Reads the host, changes nothing."""
+    found = []
+    for uuid in sorted(host.listdir(host.sys_path("bus", "mdev", "devices"))):
+        try:
+            uuidlib.UUID(uuid)
+        except ValueError:
+            continue  # not an mdev name; nothing gpuvfio would have made
+        existing = existing_mdev(host, uuid)
+        if existing is None:
+            continue
+        parent, type_id = existing
+        found.append({"kind": "mdev", "instance": uuid, "parent": str(parent), "type": type_id,
+                      "by_gpuvfio": uuid in journal.data["mdevs"],
+                      "persisted": os.path.exists(mdevctl_path(host, str(parent), uuid))})
+    for address, fn in sorted(inventory.functions.items()):
+        if fn.physfn is not None and fn.vgpu_current:
+            # A VF whose type is set may list no creatable types any more: its siblings name it.
+            names = {t.type_id: t.name for v in inventory.functions.values() if v.physfn == fn.physfn
+                     for t in v.vgpu_creatable or []}
+            found.append({"kind": "sriov", "instance": str(address), "parent": str(fn.physfn),
+                          "type": fn.vgpu_current, "type_name": names.get(fn.vgpu_current),
+                          "by_gpuvfio": str(address) in journal.data["vgpus"], "persisted": None})
+    return found

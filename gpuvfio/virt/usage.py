@@ -61,3 +61,21 @@ def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = No
     except libvirt.libvirtError as exc:
         raise LibvirtError(f"listing libvirt's domains: {exc.get_error_message()}") from None
     return used
+
+
+def assignments(conn) -> dict[str, list[str]]:
+    """Which domains assign each PCI address (as text) and each mdev UUID, in their live or
+    persistent definition."""
+    libvirt = libvirt_module()
+    found: dict[str, list[str]] = {}
+    try:
+        for dom in conn.listAllDomains(0):
+            xmls = [dom.XMLDesc(0)]
+            if dom.isActive() and dom.isPersistent():
+                xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            keys = {str(a) for x in xmls for a in hostdev_addresses(x)} | {u for x in xmls for u in mdev_uuids(x)}
+            for key in keys:
+                found.setdefault(key, []).append(dom.name())
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"listing libvirt's domains: {exc.get_error_message()}") from None
+    return found
