@@ -24,7 +24,7 @@ def companions(ctx: Context, inventory: Inventory, gpus: list[PciAddress], held:
     """The NVSwitches that go with ``gpus`` in full-passthrough mode: bound with all the
     baseboard's GPUs, persisted with them, and given back (or unpersisted) with the last of them
     (``held``: the baseboard GPUs that stay where they are afterwards count as still there)."""
-    if not any(is_nvswitch(f) for f in inventory.functions.values()):
+    if not any(f.is_nvswitch for f in inventory.functions.values()):
         return []
     fabric = read_fabric(ctx.host, inventory)
     if fabric.effective_mode != FULL_PASSTHROUGH or not set(gpus) & set(fabric.gpus):
