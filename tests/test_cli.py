@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 from gpuvfio.host.fixture import load_fixture
 from tests.conftest import HostBuilder
 
@@ -92,3 +94,27 @@ def test_dump_into_missing_directory(cli, workstation, tmp_path):
     result = cli("--root", workstation.root, "dump-host", str(tmp_path / "no" / "x.host"))
     assert result.code == 2 and "not a directory" in result.err
     assert not os.path.exists(tmp_path / "no")
+
+
+def _command_paths():
+    import typer.main
+
+    from gpuvfio.cli import app
+
+    paths = []
+
+    def walk(command, path):
+        paths.append(path)
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, path + [name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda p: " ".join(p) or "gpuvfio")
+def test_every_command_takes_dash_h(cli, path):
+    """-h works on every command and group, as --help does (issue 15: -h worked at the top only)."""
+    short, long = cli(*path, "-h"), cli(*path, "--help")
+    assert short.code == 0 and short.out.startswith("Usage: gpuvfio"), (path, short.err)
+    assert short.out == long.out
