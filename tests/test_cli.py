@@ -118,3 +118,31 @@ def test_every_command_takes_dash_h(cli, path):
     short, long = cli(*path, "-h"), cli(*path, "--help")
     assert short.code == 0 and short.out.startswith("Usage: gpuvfio"), (path, short.err)
     assert short.out == long.out
+
+
+def _complete(cli, monkeypatch, words: str) -> list[str]:
+    monkeypatch.setenv("_GPUVFIO_COMPLETE", "complete_bash")
+    monkeypatch.setenv("COMP_WORDS", words)
+    monkeypatch.setenv("COMP_CWORD", str(len(words.split()) - (0 if words.endswith(" ") else 1)))
+    result = cli()
+    monkeypatch.delenv("_GPUVFIO_COMPLETE")
+    return result.out.split()
+
+
+def test_shell_completion_offers_commands_options_devices_and_domains(cli, monkeypatch, workstation, tmp_path):
+    """typer's completion (bash, zsh, fish: --install-completion / --show-completion), with device
+    addresses read from the host root and domain names from libvirt (issue 15 item 3)."""
+    assert "bind" in _complete(cli, monkeypatch, "gpuvfio bi")
+    assert {"--device-id", "--dry-run"} <= set(_complete(cli, monkeypatch, "gpuvfio bind --d"))
+    root = workstation.root
+    assert _complete(cli, monkeypatch, f"gpuvfio --root {root} bind 01:") == ["01:00.0", "01:00.1"]
+    assert _complete(cli, monkeypatch, f"gpuvfio bind --root {root} 0000:04") == ["0000:04:00.0", "0000:04:00.1"]
+    assert _complete(cli, monkeypatch, f"gpuvfio list --root {root} pci_0000_03") == ["pci_0000_03_00_0"]
+    assert _complete(cli, monkeypatch, f"gpuvfio bind --root {tmp_path}/nowhere 0") == []  # no host: nothing
+    node = tmp_path / "testdriver.xml"
+    node.write_text("<node><domain type='test'><name>train-7</name><memory>1024</memory><os><type>hvm</type>"
+                    "</os></domain></node>")
+    assert _complete(cli, monkeypatch, f"gpuvfio detach --connect test://{node} tr") == ["train-7"]
+    assert _complete(cli, monkeypatch, "gpuvfio detach --connect test:///nowhere/x tr") == []
+    script = cli("--show-completion", "bash")
+    assert script.code == 0 and "_GPUVFIO_COMPLETE" in script.out

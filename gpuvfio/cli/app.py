@@ -27,7 +27,7 @@ SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, bindin
 # -h as well as --help, on every command and group (click's help_option_names, inherited by
 # subcommands through their context).
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(name="gpuvfio", help=SUMMARY, no_args_is_help=True, add_completion=False,
+app = typer.Typer(name="gpuvfio", help=SUMMARY, no_args_is_help=True, add_completion=True,
                   pretty_exceptions_enable=False, rich_markup_mode=None, context_settings=HELP_OPTIONS)
 
 RootOption = Annotated[
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:  # shell completion answers, then exits (typer.core shell_complete)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (typer.Abort, KeyboardInterrupt):
         _error("interrupted")
         return 130

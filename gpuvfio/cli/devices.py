@@ -11,11 +11,24 @@ import typer
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
-from gpuvfio.ops.selection import parse_selectors, select
+from gpuvfio.ops.selection import complete_devices, parse_selectors, select
 from gpuvfio.selector import SELECTOR_HELP
 
+def _root_for_completion(ctx: typer.Context) -> str | None:
+    """The --root given so far (the command's, else the global one); None: $GPUVFIO_ROOT or /."""
+    while ctx is not None:
+        if ctx.params.get("root"):
+            return ctx.params["root"]
+        ctx = ctx.parent
+    return None
+
+
+def complete_device(ctx: typer.Context, incomplete: str) -> list[str]:
+    return complete_devices(_root_for_completion(ctx), incomplete)
+
+
 Devices = Annotated[Optional[list[str]], typer.Argument(metavar="DEVICE", help=f"PCI devices: {SELECTOR_HELP}.",
-                                                        show_default=False)]
+                                                        show_default=False, autocompletion=complete_device)]
 DeviceIds = Annotated[Optional[list[str]], typer.Option(
     "--device-id", "-d", metavar="VENDOR:[DEVICE][:CLASS]",
     help="Devices by PCI ids, as lspci -d (hex; repeatable; 10de: is every NVIDIA function, NVSwitches too).",

@@ -15,6 +15,7 @@ from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, H
 from gpuvfio.errors import InputError
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import live_context
+from gpuvfio.ops.domains import complete_domains
 from gpuvfio.ops.guests import (PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, parse_expect, verify,
                                 verify_options)
 from gpuvfio.ops.targets import ssh_options
@@ -32,9 +33,14 @@ VerifyTimeout = Annotated[float, typer.Option("--verify-timeout", metavar="SECON
                                               help="Allow the in-guest verifier (bandwidth runs) this long.")]
 
 
+def _complete_domain(ctx: typer.Context, incomplete: str) -> list[str]:
+    return complete_domains(ctx.params.get("connect"), incomplete)
+
+
 @app.command("verify")
 def verify_cmd(
-    domain: Annotated[Optional[str], typer.Argument(metavar="[DOMAIN]", help="Find the guest through libvirt.")] = None,
+    domain: Annotated[Optional[str], typer.Argument(metavar="[DOMAIN]", help="Find the guest through libvirt.",
+                                                    autocompletion=_complete_domain)] = None,
     expect_device: Annotated[Optional[list[str]], typer.Option(
         "--expect-device", metavar="ADDR", help="Host device that must be in the guest (default: the devices "
                                                 "gpuvfio assigned to DOMAIN).")] = None,
@@ -142,7 +148,8 @@ def attach_cmd(
 
 
 @app.command("detach")
-def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME")], connect: Connect = None,
+def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME", autocompletion=_complete_domain)],
+               connect: Connect = None,
                timeout: Annotated[float, typer.Option("--timeout", help="Seconds for ACPI shutdown.")] = 60.0,
                as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""

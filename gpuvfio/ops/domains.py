@@ -25,11 +25,11 @@ from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import Refused
 from gpuvfio.virt import lifecycle
-from gpuvfio.virt.connection import call, connection_versions, libvirt_module
+from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
-__all__ = ["Provisioned", "provision_xml", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "complete_domains", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -182,3 +182,19 @@ def existing_domain(ctx: Context, name: str, *, uri: str | None = None, ours_onl
 def differences(wanted_xml: str, current_xml: str) -> list[str]:
     """What defining ``wanted_xml`` would change in ``current_xml`` (see gpuvfio.virt.define)."""
     return difference(wanted_xml, current_xml)
+
+
+def complete_domains(uri: str | None, incomplete: str) -> list[str]:
+    """Shell completion for a domain name: libvirt's domains (read-only connection) that start
+    with what was typed; nothing when libvirt does not answer."""
+    libvirt = libvirt_module()
+    try:
+        conn = libvirt.openReadOnly(uri or default_uri())
+    except libvirt.libvirtError:
+        return []
+    try:
+        return sorted(d.name() for d in conn.listAllDomains(0) if d.name().startswith(incomplete or ""))
+    except libvirt.libvirtError:
+        return []
+    finally:
+        conn.close()

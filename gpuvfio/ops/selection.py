@@ -10,12 +10,13 @@ one physical device (``-d 10de:`` also matches NVSwitches).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError, Refused
-from gpuvfio.host.inventory import read_functions
-from gpuvfio.host.root import HostRoot
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.host.inventory import list_addresses, read_functions
+from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.selector import IdFilter, Selector
 
 
@@ -70,3 +71,26 @@ def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None
     if not chosen:
         raise InputError(f"no PCI function on this host matches {' '.join(typed)}")
     return Selection(sorted(set(chosen)), typed, expanded=True)
+
+
+MAX_COMPLETIONS = 256
+
+
+def complete_devices(root: str | None, incomplete: str) -> list[str]:
+    """Shell completion for a device argument: the host's PCI functions that start with what was
+    typed, in the form it was typed (with or without the domain). Never raises: a completion that
+    cannot read the host offers nothing."""
+    try:
+        addresses = list_addresses(HostRoot(root or os.environ.get(ROOT_ENV) or "/"))
+    except (GpuvfioError, OSError):
+        return []
+    typed = (incomplete or "").lower()
+    full = [str(a) for a in addresses]
+    if typed.count(":") < 2 and not typed.startswith("pci_"):  # BB:SS.F for domain 0000, as lspci shows
+        short = {a[len("0000:"):] for a in full if a.startswith("0000:")}
+        offered = sorted({a for a in short if a.startswith(typed)} | {a for a in full if a.startswith(typed)})
+    else:
+        offered = [a for a in full if a.startswith(typed)]
+        offered += [f"pci_{a.replace(':', '_').replace('.', '_')}" for a in full
+                    if f"pci_{a.replace(':', '_').replace('.', '_')}".startswith(typed)]
+    return offered[:MAX_COMPLETIONS]
