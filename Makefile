@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Test trees are thousands of small files: keep them in memory when /dev/shm is there.
 BASETEMP := $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest,)
 
-.PHONY: all deps demo test test-fast bench samples sample-report clean
+.PHONY: all deps demo test test-fast bench samples sample-report docs clean
 
 all: test
 
@@ -43,6 +43,10 @@ demo: deps
 	done
 	@echo; echo "=== end to end: passthrough on an emulated GPU host (kernel + nested lanes, ~4-10 min) ==="
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m tests.lanes.demo
+
+# The command reference and the man page, from the command tree (tests/test_docs.py checks them).
+docs: deps
+	$(PY) -m gpuvfio.cli.manpage docs
 
 test: deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(BASETEMP) $(PYTEST_ARGS)

@@ -72,6 +72,15 @@ def test_the_wheel_holds_every_package_and_file(installed):
                  "gpuvfio/guest/payload/kernels.cu"):
         assert path in names, path
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert any(n.endswith(".data/data/share/man/man1/gpuvfio.1") for n in names)  # the man page
+
+
+def test_the_man_page_is_installed(installed):
+    python, _gpuvfio, env, cwd, _wheel = installed
+    page = os.path.join(os.path.dirname(os.path.dirname(python)), "share", "man", "man1", "gpuvfio.1")
+    with open(page, encoding="utf-8") as handle:
+        text = handle.read()
+    assert text.startswith(".TH GPUVFIO 1") and "gpuvfio export kubevirt" in text
 
 
 def test_installed_not_the_checkout(installed):

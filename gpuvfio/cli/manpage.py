@@ -1,0 +1,127 @@
+"""The command reference (docs/reference.md) and the man page (docs/gpuvfio.1), both written from
+the command tree itself, so they say what the parser takes:
+
+    python -m gpuvfio.cli.manpage docs          (make docs)
+
+tests/test_docs.py fails when the committed files are not what this writes; the wheel installs
+the man page as share/man/man1/gpuvfio.1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import typer.main
+
+from gpuvfio import __version__
+from gpuvfio.cli.app import SUMMARY, app
+
+# Every environment variable gpuvfio reads (tests/test_docs.py checks each is in the source).
+ENVIRONMENT = (
+    ("GPUVFIO_ROOT", "Host root when --root is not given (a directory, or a host fixture file). Default /."),
+    ("GPUVFIO_STATE_DIR", "Where the journal, the lock and guests' known_hosts live. Default <root>/var/lib/gpuvfio."),
+    ("GPUVFIO_PCI_IDS", "A pci.ids file to name devices with, before <root>/usr/share/misc/pci.ids and the "
+                        "system's."),
+    ("GPUVFIO_TEMPLATES", "A directory of domain XML templates instead of the packaged ones."),
+    ("GPUVFIO_LIBVIRT_SCHEMAS", "Where libvirt's RelaxNG schemas are (domain.rng), to validate generated XML."),
+    ("LIBVIRT_DEFAULT_URI", "libvirt's default connection, as for virsh (default qemu:///system)."),
+)
+EXIT_STATUS = (("0", "done"), ("1", "refused (the host's state does not allow it; a dry run the real run would "
+                                     "refuse) or a check or step failed"),
+               ("2", "bad input: a malformed device, option or spec; an unusable root; unreadable host files"))
+
+
+def _text(value: str | None) -> str:
+    return re.sub(r"\s+", " ", value or "").strip()
+
+
+def commands() -> list[tuple[list[str], object]]:
+    """(path, command) for every command and group, depth first, in name order (typer's click
+    commands; typer vendors its click, so they are read by their interface)."""
+    found: list[tuple[list[str], object]] = []
+
+    def walk(command, path: list[str]) -> None:
+        found.append((path, command))
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, path + [name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def _usage(path: list[str], command) -> str:
+    with command.context_class(command, info_name=" ".join(["gpuvfio"] + path)) as ctx:
+        return _text(command.get_usage(ctx).removeprefix("Usage:"))
+
+
+def _params(path: list[str], command) -> list[tuple[str, str]]:
+    """(names and metavar, help) of each parameter, as the command's own help screen shows them."""
+    rows = []
+    with command.context_class(command, info_name=" ".join(["gpuvfio"] + path)) as ctx:
+        for param in command.params:
+            record = None if getattr(param, "hidden", False) else param.get_help_record(ctx)
+            if record:
+                rows.append((_text(record[0]), _text(record[1])))
+    return rows
+
+
+def markdown() -> str:
+    lines = ["# gpuvfio command reference", "",
+             f"Written from the command tree of gpuvfio {__version__} by `make docs` "
+             "(`python -m gpuvfio.cli.manpage docs`); do not edit by hand.", "", _text(SUMMARY), ""]
+    for path, command in commands():
+        lines += [f"## gpuvfio {' '.join(path)}".rstrip(), "", "```", _usage(path, command), "```", "",
+                  _text(command.help), ""]
+        rows = _params(path, command)
+        if rows:
+            lines += [f"- `{name}`: {help_}" if help_ else f"- `{name}`" for name, help_ in rows] + [""]
+    lines += ["## Environment", ""] + [f"- `{name}`: {text}" for name, text in ENVIRONMENT] + [""]
+    lines += ["## Exit status", ""] + [f"- `{code}`: {text}" for code, text in EXIT_STATUS]
+    return "\n".join(lines) + "\n"
+
+
+def _roff(value: str) -> str:
+    """Text safe in a roff line: backslashes doubled, a leading . or ' escaped, dashes literal."""
+    value = value.replace("\\", "\\e").replace("-", "\\-")
+    return "\\&" + value if value.startswith((".", "'")) else value
+
+
+def man() -> str:
+    lines = [f'.TH GPUVFIO 1 "" "gpuvfio {__version__}" "gpuvfio manual"', ".SH NAME",
+             "gpuvfio \\- " + _roff(_text(SUMMARY)), ".SH SYNOPSIS",
+             ".B gpuvfio", "[\\fIOPTIONS\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]...", ".SH COMMANDS"]
+    for path, command in commands():
+        if not path:
+            continue
+        lines += [f".SS {_roff('gpuvfio ' + ' '.join(path))}", _roff(_usage(path, command)), ".PP",
+                  _roff(_text(command.help))]
+        for name, help_ in _params(path, command):
+            lines += [".TP", f"\\fB{_roff(name)}\\fR", _roff(help_) if help_ else ""]
+    lines += [".SH GLOBAL OPTIONS"]
+    for name, help_ in _params([], typer.main.get_command(app)):
+        lines += [".TP", f"\\fB{_roff(name)}\\fR", _roff(help_)]
+    lines += [".SH ENVIRONMENT"]
+    for name, text in ENVIRONMENT:
+        lines += [".TP", f"\\fB{name}\\fR", _roff(text)]
+    lines += [".SH EXIT STATUS"]
+    for code, text in EXIT_STATUS:
+        lines += [".TP", f"\\fB{code}\\fR", _roff(text)]
+    lines += [".SH SEE ALSO", "lspci(8), virsh(1), virt\\-host\\-validate(1), driverctl(8), mdevctl(8), nvidia\\-smi(1)"]
+    return "\n".join(line for line in lines if line != "") + "\n"
+
+
+def write(directory: str) -> list[str]:
+    written = []
+    for name, text in (("reference.md", markdown()), ("gpuvfio.1", man())):
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written_path in write(sys.argv[1] if len(sys.argv) > 1 else "docs"):
+        print(f"wrote {written_path}")
