@@ -101,4 +101,6 @@ def test_iommu_off(sample_roots, cli):
 
 def test_fixture_file_as_root(cli):
     result = cli("--root", sample_path("workstation"), "list")
-    assert result.code == 0 and "workstation.host" in result.out
+    assert result.code == 0 and result.out.splitlines()[1].startswith("0000:01:00.0")  # plain, into a pipe
+    table = cli("--root", sample_path("workstation"), "list", "--format", "table")
+    assert table.code == 0 and "NVIDIA devices on workstation.host" in table.out

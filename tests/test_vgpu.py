@@ -200,6 +200,9 @@ def test_persist_list_shows_driverctls_and_gpuvfios_overrides(cli, tmp_path):
     assert data["overrides"] == [
         {"address": "0000:01:00.0", "driver": "vfio-pci", "mechanism": "driverctl"},
         {"address": "0000:03:00.0", "driver": "igc", "mechanism": "driverctl"}]
-    text = cli("--root", b.root, "persist", "--list")
-    assert text.out == "0000:01:00.0 vfio-pci (driverctl)\n0000:03:00.0 igc (driverctl)\n"
+    text = cli("--root", b.root, "persist", "--list")  # plain, into a pipe
+    assert text.out == ("Address       Driver    Mechanism\n0000:01:00.0  vfio-pci  driverctl\n"
+                        "0000:03:00.0  igc       driverctl\n")
+    assert cli("--root", b.root, "persist", "--list", "--format", "csv").out.splitlines()[1] == \
+        "0000:01:00.0,vfio-pci,driverctl"
     assert cli("--root", b.root, "persist", "--list", "01:00").code == 2

@@ -11,6 +11,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
+from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.reset import reset
@@ -170,22 +171,27 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
                     "--force", help="Persist a group that holds a foreign device too.")] = False,
                 list_: Annotated[bool, typer.Option("--list", help="List the boot-time overrides (driverctl's and "
                                                               "gpuvfio's), as driverctl list-overrides.")] = False,
+                output_format: FormatOption = None,
                 lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                 root: RootOption = None) -> None:
     """Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep)."""
     if list_:
         if addresses or device_ids or dry_run or force:
             raise InputError("--list takes no devices and no --dry-run/--force")
+        fmt = chosen_format(output_format, as_json)
         with open_host(root_of(root)) as (host, _label):
             report = binding.persisted_overrides(host_context(host))
-        if as_json:
+        if fmt == "json":
             emit_json(report)
             return
-        if not report["overrides"]:
-            say(f"no boot-time driver overrides (mechanism here: {report['mechanism']})")
+        listing = Listing("Boot-time driver overrides", [Column("Address", keep=True), Column("Driver", keep=True),
+                                                         Column("Mechanism", keep=True)])
         for item in report["overrides"]:
-            sys.stdout.write(f"{item['address']} {item['driver']} ({item['mechanism']})\n")
+            listing.add(item["address"], item["driver"], item["mechanism"])
+        print_listing(listing, fmt)
         return
+    if output_format is not None:
+        raise InputError("--format goes with --list")
     _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root)
 
 

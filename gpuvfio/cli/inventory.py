@@ -10,6 +10,7 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
+from gpuvfio.cli.output import FormatOption, chosen_format, print_listing
 from gpuvfio.ops.inventory import doctor_report, dump_host, list_report, open_host
 
 
@@ -18,29 +19,33 @@ def list_cmd(
     addresses: Devices = None,
     device_ids: DeviceIds = None,
     show_all: Annotated[bool, typer.Option("--all", help="Every PCI function, not only NVIDIA.")] = False,
+    output_format: FormatOption = None,
     as_json: JsonOption = False,
     root: RootOption = None,
 ) -> None:
     """Inventory: NVIDIA devices (or --all) with IOMMU group, viability, driver, NUMA node, PCIe link
     and largest BAR."""
     check_devices(addresses, device_ids, required=False)
+    fmt = chosen_format(output_format, as_json)
     with open_host(root_of(root)) as (host, label):
         report = list_report(host, show_all=show_all, only=resolve(host, addresses, device_ids))
-    if as_json:
+    if fmt == "json":
         emit_json(report)
         return
-    render.print_list(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}")
+    print_listing(render.list_listing(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}"),
+                  fmt)
 
 
 @app.command("doctor")
-def doctor_cmd(as_json: JsonOption = False, root: RootOption = None) -> None:
+def doctor_cmd(output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Host readiness checks for passthrough, each with a fix. Exit 1 when one fails."""
+    fmt = chosen_format(output_format, as_json)
     with open_host(root_of(root)) as (host, label):
         report = doctor_report(host)
-    if as_json:
+    if fmt == "json":
         emit_json({"checks": report["checks"]})
     else:
-        render.print_doctor(report, f"Readiness of {label}")
+        print_listing(render.doctor_listing(report, f"Readiness of {label}"), fmt)
     if any(c["status"] == "fail" for c in report["checks"]):
         raise typer.Exit(1)
 

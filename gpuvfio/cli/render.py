@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from gpuvfio.cli.output import Cell, Column, Listing
+
 
 def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
@@ -63,42 +65,38 @@ def make_console():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
-def print_list(report: dict, title: str, console=None) -> None:
-    console = console or make_console()
+def list_listing(report: dict, title: str) -> Listing:
+    """gpuvfio list: one row per function; the least needed columns go first on a narrow terminal."""
     groups = {g["id"]: g for g in report["groups"] or []}
-    table = _table(title=title, title_justify="left")
-    for col in ("Address", "Device", "Driver", "Group", "Viable", "NUMA", "Link", "Largest BAR", "Virtualization"):
-        table.add_column(col, no_wrap=col in ("Address", "Link"))
+    listing = Listing(title, [Column("Address", keep=True), Column("Device", rank=2), Column("Driver", rank=1),
+                              Column("Group", keep=True), Column("Viable"), Column("NUMA", rank=3),
+                              Column("Link", rank=4, keep=True), Column("Largest BAR", rank=5, keep=True),
+                              Column("Virtualization", rank=6)])
     for dev in report["devices"]:
         gid = dev["iommu_group"]
         group = groups.get(gid)
-        viable = "-" if group is None else ("[green]yes[/]" if group["viable"] else "[red]no[/]")
+        viable = Cell("-") if group is None else (Cell("yes", "green") if group["viable"] else Cell("no", "red"))
         # pci.ids calls an NVSwitch (class 0x0680) a bridge; it bridges NVLinks, not PCI buses.
         name = dev["device_name"] or ("NVSwitch" if dev.get("kind") == "nvswitch" else dev["class_name"]) or "device"
-        table.add_row(dev["address"], f"{escape(name)} [dim]\\[{dev['vendor_id']}:{dev['device_id']}][/]",
-                      escape(dev["driver"]) if dev["driver"] else "[dim]none[/]", "-" if gid is None else str(gid), viable,
-                      "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),
-                      _size(dev["largest_bar"]), escape(_virt(dev)))
-    console.print(table)
+        listing.add(dev["address"], f"{name} [{dev['vendor_id']}:{dev['device_id']}]", dev["driver"] or "none",
+                    "-" if gid is None else str(gid), viable,
+                    "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),
+                    _size(dev["largest_bar"]), _virt(dev))
     if report["groups"] is None:
-        console.print("[yellow]No IOMMU groups: the IOMMU is off (see gpuvfio doctor).[/]")
+        listing.notes.append("No IOMMU groups: the IOMMU is off (see gpuvfio doctor).")
     for group in report["groups"] or []:
-        for problem in group["problems"]:
-            console.print(f"[red]group {group['id']} not viable:[/] {escape(problem)}")
+        listing.notes += [f"group {group['id']} not viable: {problem}" for problem in group["problems"]]
+    return listing
 
 
-def print_doctor(report: dict, title: str, console=None) -> None:
-    console = console or make_console()
-    table = _table(title=title, title_justify="left")
-    table.add_column("Check", no_wrap=True)
-    table.add_column("Status", no_wrap=True)
-    table.add_column("Summary")
-    table.add_column("Fix")
+def doctor_listing(report: dict, title: str) -> Listing:
+    """gpuvfio doctor: a row per check; the fixes under the table, whole, to copy."""
+    listing = Listing(title, [Column("Check", keep=True), Column("Status", keep=True), Column("Summary"),
+                              Column("Fix", below=True)])
     for check in report["checks"]:
-        style = _STATUS_STYLE.get(check["status"], "")
-        table.add_row(check["id"], f"[{style}]{check['status']}[/]", escape(check["summary"]),
-                      escape(check["fix"] or ""))
-    console.print(table)
+        listing.add(check["id"], Cell(check["status"], _STATUS_STYLE.get(check["status"], "")), check["summary"],
+                    check["fix"] or "")
+    return listing
 
 
 def print_status(report: dict, console=None) -> None:

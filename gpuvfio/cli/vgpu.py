@@ -9,6 +9,7 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
 from gpuvfio.cli.devices import resolve_one
+from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
 from gpuvfio.ops.context import Context, host_context, live_context
@@ -49,25 +50,27 @@ def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = 
 def list_cmd(connect: Annotated[Optional[str], typer.Option(
                  "--connect", metavar="URI", help="libvirt to ask which domains use each instance (default: libvirt's "
                                                   "default on this machine; 'none': do not ask).")] = None,
-             as_json: JsonOption = False, root: RootOption = None) -> None:
+             output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """The vGPU instances on this host, as mdevctl list shows mdevs, with SR-IOV vGPUs: type, parent
     GPU, the domains using each, whether gpuvfio made it and whether it is persisted."""
+    fmt = chosen_format(output_format, as_json)
     with open_host(root_of(root)) as (host, _label):
         report = vgpu.instances_list(host_context(host), uri=connect)
-    if as_json:
+    if fmt == "json":
         emit_json(report)
         return
-    if not report["instances"]:
-        sys.stdout.write("no vGPU instances\n")
+    listing = Listing("vGPU instances", [Column("Instance", keep=True), Column("Kind", keep=True),
+                                         Column("Type", keep=True), Column("Parent", keep=True),
+                                         Column("Domains", rank=1), Column("Persisted", rank=2),
+                                         Column("Made by", rank=3)])
     for item in report["instances"]:
-        users = ("domains: " + (", ".join(item["domains"]) or "none")) if item["domains"] is not None else \
-            "domains: not asked"
-        persisted = {True: "persisted", False: "not persisted", None: "-"}[item["persisted"]]
-        made = "gpuvfio" if item["by_gpuvfio"] else "not gpuvfio's"
-        sys.stdout.write(f"{item['instance']} {item['kind']} type {item['type']} on {item['parent']} ({users}; "
-                         f"{persisted}; {made})\n")
+        domains = "not asked" if item["domains"] is None else (", ".join(item["domains"]) or "none")
+        listing.add(item["instance"], item["kind"], str(item["type"]), item["parent"], domains,
+                    {True: "yes", False: "no", None: "-"}[item["persisted"]],
+                    "gpuvfio" if item["by_gpuvfio"] else "other")
     if report["libvirt"] != "asked":
-        sys.stdout.write(f"libvirt: {report['libvirt']}\n")
+        listing.notes.append(f"libvirt: {report['libvirt']}")
+    print_listing(listing, fmt)
 
 
 @vgpu_app.command("create")

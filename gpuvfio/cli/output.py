@@ -1,0 +1,165 @@
+"""Lists for people and for pipes: one model of rows, four forms (``--format``).
+
+* ``table`` (the default on a terminal): rich's table at the terminal's width. When the columns
+  do not fit, the least important go first (each column has a rank); the ones marked ``keep``
+  (an address, an id) are never wrapped or cut, and long free text wraps at word boundaries.
+  What must be copied whole (a fix command) is never put in a cell: it goes below the table.
+* ``plain`` (the default into a pipe, as lspci and virsh print): a header line and one aligned
+  line per row, no box drawing, nothing cut, so grep and awk see whole values.
+* ``csv``: RFC 4180 through the csv module, a header row first.
+* ``json``: the command's own JSON object (``--json`` is the same).
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.errors import InputError
+
+FORMATS = ("table", "plain", "csv", "json")
+FormatOption = Annotated[Optional[str], typer.Option(
+    "--format", metavar="FORMAT", help="table | plain | csv | json (default: table on a terminal, plain in a pipe).",
+    show_default=False)]
+
+
+def chosen_format(value: str | None, as_json: bool) -> str:
+    """The form to print in: --json, --format, else by what stdout is."""
+    if value is not None and value not in FORMATS:
+        raise InputError(f"--format {value!r}: expected one of {', '.join(FORMATS)}")
+    if as_json:
+        if value not in (None, "json"):
+            raise InputError(f"--json and --format {value} ask for two forms; give one")
+        return "json"
+    return value or ("table" if sys.stdout.isatty() else "plain")
+
+
+@dataclass
+class Column:
+    title: str
+    rank: int = 0  # 0: always shown; higher: dropped sooner when the table does not fit
+    keep: bool = False  # never wrapped or cut (addresses, ids)
+    below: bool = False  # table form: printed whole under the table, "<first cell> <title>: <text>"
+
+
+@dataclass
+class Cell:
+    text: str
+    style: str = ""  # rich style in table form only
+
+
+@dataclass
+class Listing:
+    title: str
+    columns: list[Column]
+    rows: list[list[Cell | str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # lines after the rows (not in CSV)
+
+    def add(self, *cells: Cell | str) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError("one cell per column")
+        self.rows.append(list(cells))
+
+
+def _text(cell: Cell | str) -> str:
+    return cell.text if isinstance(cell, Cell) else cell
+
+
+def _fitting_columns(listing: Listing, width: int) -> list[int]:
+    """Indexes of the columns to show at ``width``: drop the highest rank first while the
+    narrowest honest layout (kept columns at full width, others at their longest word) is wider."""
+    shown = list(range(len(listing.columns)))
+
+    def need(indexes: list[int]) -> int:
+        total = 1  # the left border
+        for i in indexes:
+            cells = [listing.columns[i].title] + [_text(row[i]) for row in listing.rows]
+            if listing.columns[i].keep:
+                widest = max(len(c) for c in cells)
+            else:
+                widest = max(max((len(w) for w in c.split()), default=1) for c in cells)
+            total += widest + 3  # a space each side and the separator
+        return total
+
+    while need(shown) > width:
+        droppable = [i for i in shown if listing.columns[i].rank > 0]
+        if not droppable:
+            break
+        shown.remove(max(droppable, key=lambda i: (listing.columns[i].rank, i)))
+    return shown
+
+
+def _widths(listing: Listing, shown: list[int], width: int) -> list[int]:
+    """Each shown column's width: its longest cell, narrowed (widest first) down to its longest
+    word where the terminal is too narrow; kept columns keep their longest cell. Words then wrap
+    whole and nothing is cut (rich's own narrowing folded words and overran the terminal)."""
+    natural, least = [], []
+    for i in shown:
+        cells = [listing.columns[i].title] + [_text(row[i]) for row in listing.rows]
+        natural.append(max(len(c) for c in cells))
+        least.append(natural[-1] if listing.columns[i].keep else
+                     max(max((len(w) for w in c.split()), default=1) for c in cells))
+    widths = list(natural)
+    room = width - 1 - 3 * len(shown)  # the borders and one space each side of a cell
+    while sum(widths) > room:
+        narrowable = [k for k in range(len(widths)) if widths[k] > least[k]]
+        if not narrowable:
+            break
+        widest = max(narrowable, key=lambda k: widths[k])
+        widths[widest] -= 1
+    return widths
+
+
+def print_listing(listing: Listing, fmt: str, out=None) -> None:
+    out = out or sys.stdout
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([c.title for c in listing.columns])
+        for row in listing.rows:
+            writer.writerow([_text(c) for c in row])
+        return
+    if fmt == "plain":
+        table = [[c.title for c in listing.columns]] + [[_text(c) for c in row] for row in listing.rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(listing.columns))]
+        for row in table:
+            out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
+        for note in listing.notes:
+            out.write(note + "\n")
+        return
+    from rich.console import Console
+
+    _print_table(listing, Console(file=out) if out is sys.stdout else Console(file=out, width=160))
+
+
+def _print_table(listing: Listing, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    inside = [i for i, c in enumerate(listing.columns) if not c.below]
+    fitting = Listing(listing.title, [listing.columns[i] for i in inside],
+                      [[row[i] for i in inside] for row in listing.rows])
+    shown = [inside[i] for i in _fitting_columns(fitting, console.width)]
+    table = Table(title=listing.title, title_justify="left")
+    for i, width in zip(shown, _widths(listing, shown, console.width)):
+        column = listing.columns[i]
+        table.add_column(column.title, no_wrap=column.keep, overflow="fold", width=width)
+    for row in listing.rows:
+        table.add_row(*(f"[{row[i].style}]{escape(row[i].text)}[/]" if isinstance(row[i], Cell) and row[i].style
+                        else escape(_text(row[i])) for i in shown))
+    console.print(table)
+    dropped = [listing.columns[i].title for i in inside if i not in shown]
+    if dropped:
+        console.print(f"[dim]not shown at {console.width} columns: {', '.join(dropped)} "
+                      "(a wider terminal, or --format plain)[/]", soft_wrap=True)
+    for row in listing.rows:
+        for i, column in enumerate(listing.columns):
+            if column.below and _text(row[i]):
+                # Whole and unwrapped by rich (the terminal folds it): a fix is copied as it is.
+                console.print(f"{escape(_text(row[0]))} {column.title.lower()}: {escape(_text(row[i]))}",
+                              soft_wrap=True)
+    for note in listing.notes:
+        console.print(escape(note), soft_wrap=True)
