@@ -171,6 +171,14 @@ def test_report_from_synthetic_results(tmp_path):
     assert "| passthrough-1g |" in md and "% of bare metal" in md and "95 % CI of %" in md
     assert "Fieller" in md and "Welch" in md and "p95 from 20 repetitions" in md
     assert "## Not measured in this run" in md and "needs two or more GPUs" in md
+    # One data model, two jinja2 templates: the same sections in the same order in both.
+    html = (tmp_path / "run" / "report.html").read_text()
+    import html as html_module
+    import re as re_module
+
+    md_sections = re_module.findall(r"^## (.+)$", md, re_module.M)
+    html_sections = [html_module.unescape(h) for h in re_module.findall(r"<h2>(.+?)</h2>", html)]
+    assert md_sections == html_sections and "What the verifier saw" in md_sections
     machine = json.loads((tmp_path / "run" / "results.json").read_text(),
                          parse_constant=lambda c: pytest.fail(f"results.json holds {c}"))
     assert machine["baseline"] == "baremetal" and machine["synthetic"] is True

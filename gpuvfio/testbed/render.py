@@ -1,6 +1,7 @@
 """The testbed report as a document -- title, sections of paragraphs, bullets, tables and
-plots -- written out as Markdown and as a self-contained HTML page (jinja2, autoescaped) from
-the same structure, so both always show the same sections and numbers.
+plots -- written out as Markdown and as a self-contained HTML page, both by jinja2 templates
+(the HTML one autoescaped, the Markdown one escaping table cells) from the same structure, so
+both always show the same sections and numbers.
 
 Results marked synthetic (identity.json ``"synthetic": true``) are labelled as such in the
 title and on every plot; a recorded run has no such mark and no label.
@@ -136,26 +137,31 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+# Markdown is not HTML: no autoescape here, a table cell's "|" escaped by md_cell instead.
+MARKDOWN = """# {{ doc.title }}
+
+{% if doc.banner %}> **{{ doc.banner }}**
+
+{% endif %}{% for section in doc.sections %}## {{ section.heading }}
+
+{% for paragraph in section.paragraphs %}{{ paragraph }}
+
+{% endfor %}{% if section.bullets %}{% for name, text in section.bullets %}- **{{ name }}**{{ text }}
+{% endfor %}
+{% endif %}{% if section.table %}| {{ section.table.header | map('md_cell') | join(' | ') }} |
+|{% for _ in section.table.header %}---|{% endfor %}
+{% for row in section.table.rows %}| {{ row | map('md_cell') | join(' | ') }} |
+{% endfor %}
+{% endif %}{% if section.image and section.image.name in images %}![{{ section.image.alt }}]({{ section.image.name }})
+
+{% endif %}{% endfor %}"""
+_MD_ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_MD_ENV.filters["md_cell"] = _md_cell
+
+
 def markdown(doc: dict, images: dict[str, bytes]) -> str:
-    lines = [f"# {doc['title']}", ""]
-    if doc["banner"]:
-        lines += [f"> **{doc['banner']}**", ""]
-    for section in doc["sections"]:
-        lines += [f"## {section['heading']}", ""]
-        for paragraph in section["paragraphs"]:
-            lines += [paragraph, ""]
-        if section["bullets"]:
-            lines += [f"- **{name}**{text}" for name, text in section["bullets"]] + [""]
-        table = section["table"]
-        if table:
-            lines.append("| " + " | ".join(_md_cell(h) for h in table["header"]) + " |")
-            lines.append("|" + "---|" * len(table["header"]))
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table["rows"]]
-            lines.append("")
-        image = section["image"]
-        if image and image["name"] in images:
-            lines += [f"![{image['alt']}]({image['name']})", ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    """report.md: the same document as html_page(), rendered by jinja2 as Markdown."""
+    return _MD_ENV.from_string(MARKDOWN).render(doc=doc, images=images).rstrip("\n") + "\n"
 
 
 PAGE = """<!doctype html>
