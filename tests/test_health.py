@@ -133,7 +133,8 @@ def test_reset_from_the_command_line(h, capsys):
     assert main(["--root", str(h.root), "reset", NIC]) == 1
     assert "not held" in capsys.readouterr().err
     assert main(["--root", str(h.root), "reset", "--bus", "--forget", GPU]) == 2
-    assert main(["--root", str(h.root), "reset", "01:00"]) == 2
+    assert main(["--root", str(h.root), "reset", "01:0g"]) == 2  # not a device
+    assert main(["--root", str(h.root), "reset", "01:00"]) == 1  # a slot: its functions, none held
 
 
 def test_config_space_parsing():
