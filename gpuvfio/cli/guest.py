@@ -22,7 +22,10 @@ from gpuvfio.ops.targets import ssh_options
 
 SshHost = Annotated[Optional[str], typer.Option("--ssh-host", help="Guest address (default: discovered).")]
 SshPort = Annotated[Optional[int], typer.Option("--ssh-port", help="Guest SSH port (default: discovered, else 22).")]
-SshUser = Annotated[str, typer.Option("--ssh-user")]
+SshUser = Annotated[Optional[str], typer.Option("--ssh-user", help="Default: the SSH config's User, else root.")]
+SshConfig = Annotated[Optional[str], typer.Option(
+    "--ssh-config", metavar="FILE", help="An ssh_config file instead of ~/.ssh/config (Host aliases, HostName, User, "
+                                         "Port, IdentityFile, UserKnownHostsFile, ProxyJump).")]
 SshKey = Annotated[Optional[str], typer.Option("--ssh-key", metavar="FILE")]
 KnownHosts = Annotated[Optional[str], typer.Option("--known-hosts", metavar="FILE", help="Pinned host keys.")]
 Tofu = Annotated[bool, typer.Option("--trust-on-first-use", help="Accept and record an unknown host key.")]
@@ -47,7 +50,8 @@ def verify_cmd(
     expect_ids: Annotated[Optional[list[str]], typer.Option(
         "--expect", metavar="VENDOR:DEVICE[xN]", help="N functions with these IDs must be in the guest (a guest "
                                                       "gpuvfio did not define; e.g. 10de:2335x4).")] = None,
-    ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = "root", ssh_key: SshKey = None,
+    ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = None, ssh_key: SshKey = None,
+    ssh_config: SshConfig = None,
     known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
     no_bandwidth: Annotated[bool, typer.Option("--no-bandwidth", help="Skip the copy measurements.")] = False,
     link_efficiency: Annotated[Optional[float], typer.Option(
@@ -68,7 +72,7 @@ def verify_cmd(
     expect = parse_addresses(expect_device) if expect_device else None
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
-                      trust_on_first_use=trust_on_first_use, timeout=timeout)
+                      ssh_config=ssh_config, trust_on_first_use=trust_on_first_use, timeout=timeout)
     if ssh.host is None and domain is None:
         raise InputError("give --ssh-host (and --ssh-port) or a domain name")
     options = verify_options(bandwidth=not no_bandwidth, probe_timeout=probe_timeout, timeout=verify_timeout,
@@ -96,7 +100,8 @@ def attach_cmd(
     network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
     user_net_ssh_port: ForwardPort = None, console_log: ConsoleLog = None,
     topology: Topology = "auto", p2p: P2p = "auto", qemu_version: QemuVersion = None,
-    ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = "root", ssh_key: SshKey = None,
+    ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = None, ssh_key: SshKey = None,
+    ssh_config: SshConfig = None,
     known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
     force: Annotated[bool, typer.Option("--force", help="Share cores / accept short hugepages, and override the "
                                                         "overridable bind checks.")] = False,
@@ -116,7 +121,7 @@ def attach_cmd(
     request = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
                          network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version).request()
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
-                      trust_on_first_use=trust_on_first_use, timeout=boot_timeout)
+                      ssh_config=ssh_config, trust_on_first_use=trust_on_first_use, timeout=boot_timeout)
     checks = None if no_verify else verify_options(probe_timeout=probe_timeout, timeout=verify_timeout)
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:

@@ -42,6 +42,9 @@ class SshTarget:
     trust_on_first_use: bool = False
     connect_timeout: float = 120.0
     notes: list[str] = field(default_factory=list)
+    identity_files: tuple[str, ...] = ()  # from the SSH config, when no key is given
+    pinned_files: tuple[str, ...] = ()  # more known_hosts files to trust (the SSH config's); never written
+    jump: "SshTarget | None" = None  # ProxyJump: reached through this host's direct-tcpip channel
 
     def label(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
@@ -101,6 +104,7 @@ class Session:
         self.target = target
         self.record_to = target.known_hosts or default_known_hosts
         self.client = None
+        self.jump_session: Session | None = None
 
     def connect(self) -> "Session":
         import logging
@@ -118,7 +122,8 @@ class Session:
             # A booting guest: poll for the server's banner, which is cheap, often; start the
             # SSH handshake once it is there. (Full attempts with a long backoff used to land
             # up to 4 s after the guest was ready.)
-            waiting = banner_state(target.host, target.port)
+            # Through a jump host the target is not reachable from here: no banner to poll.
+            waiting = None if target.jump else banner_state(target.host, target.port)
             if waiting is not None and waiting.startswith(NOT_SSH):
                 raise SshError(f"{target.label()}: {waiting}")
             if waiting is not None:
@@ -130,7 +135,8 @@ class Session:
                 delay = min(delay * 1.5, 1.0)
                 continue
             client = paramiko.SSHClient()
-            for path in {p for p in (target.known_hosts, self.record_to) if p and os.path.isfile(p)}:
+            for path in {p for p in (target.known_hosts, self.record_to, *target.pinned_files)
+                         if p and os.path.isfile(p)}:
                 try:
                     client.load_host_keys(path)
                 except (paramiko.SSHException, OSError, UnicodeError, ValueError, TypeError) as exc:
@@ -138,9 +144,11 @@ class Session:
                     raise SshError(f"cannot read the host keys in {path}: {exc}") from None
             client.set_missing_host_key_policy(_Policy(self))
             try:
-                client.connect(target.host, port=target.port, username=target.user, key_filename=target.key,
-                               timeout=5, banner_timeout=15, auth_timeout=20, allow_agent=False,
-                               look_for_keys=target.key is None)
+                keys = [target.key] if target.key else list(target.identity_files)
+                client.connect(target.host, port=target.port, username=target.user, key_filename=keys or None,
+                               timeout=5, banner_timeout=15, auth_timeout=20,
+                               allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")), look_for_keys=not keys,
+                               sock=self._through_jump())
                 # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
                 # noticed while a long command (a remote testbed run) waits.
                 client.get_transport().set_keepalive(15)
@@ -168,6 +176,20 @@ class Session:
                                f"(last error: {last or 'none'})")
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
+
+    def _through_jump(self):
+        """A channel to the target through the ProxyJump host (its own session, same host-key
+        policy), or None for a direct connection."""
+        if self.target.jump is None:
+            return None
+        if self.jump_session is None:
+            self.jump_session = Session(self.target.jump, self.record_to).connect()
+        try:
+            return self.jump_session.client.get_transport().open_channel(
+                "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0), timeout=10)
+        except Exception as exc:  # noqa: BLE001 - paramiko's ChannelException and transport errors
+            raise SshError(f"{self.target.jump.label()} cannot open a channel to {self.target.label()}: "
+                           f"{exc}") from None
 
     def run(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run ``argv`` (quoted) and return (exit status, stdout, stderr)."""
@@ -246,6 +268,9 @@ class Session:
         if self.client is not None:
             self.client.close()
             self.client = None
+        if self.jump_session is not None:
+            self.jump_session.close()
+            self.jump_session = None
 
     def __enter__(self) -> "Session":
         return self.connect()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpuvfio.bind.journal import known_hosts_file
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget
+from gpuvfio.guest.ssh_config import check_config_file, resolve
 from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
@@ -30,11 +31,12 @@ _HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(
 class SshOptions:
     host: str | None = None  # None: discovered through libvirt
     port: int | None = None  # None: discovered, else 22
-    user: str = "root"
+    user: str | None = None  # None: the SSH config's, else root
     key: str | None = None
     known_hosts: str | None = None
     trust_on_first_use: bool = False
     timeout: float = 60.0  # seconds until SSH must answer
+    ssh_config: str | None = None  # an ssh_config file instead of ~/.ssh/config
 
 
 def valid_host(text) -> bool:
@@ -42,15 +44,15 @@ def valid_host(text) -> bool:
     return isinstance(text, str) and bool(_HOST.fullmatch(text))
 
 
-def ssh_options(*, host: str | None = None, port: int | None = None, user: str = "root", key: str | None = None,
+def ssh_options(*, host: str | None = None, port: int | None = None, user: str | None = None, key: str | None = None,
                 known_hosts: str | None = None, trust_on_first_use: bool = False,
-                timeout: float = 60.0) -> SshOptions:
+                timeout: float = 60.0, ssh_config: str | None = None) -> SshOptions:
     """Validated SSH options (bad input: InputError, exit 2)."""
     if host is not None and not valid_host(host):
         raise InputError(f"not a host name or IP address: {host!r}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
         raise InputError(f"SSH port must be 1-65535, not {port!r}")
-    if not isinstance(user, str) or not _USER.fullmatch(user):
+    if user is not None and (not isinstance(user, str) or not _USER.fullmatch(user)):
         raise InputError(f"not a user name: {user!r}")
     for what, path in (("SSH key", key), ("known_hosts", known_hosts)):
         if path is not None and (not isinstance(path, str) or not path or "\0" in path):
@@ -60,19 +62,51 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str =
     if known_hosts is not None and not trust_on_first_use and not os.path.isfile(known_hosts):
         raise InputError(f"known_hosts file not found: {known_hosts}")
     return SshOptions(host, port, user, key, known_hosts, bool(trust_on_first_use),
-                      checked_seconds(timeout, "SSH timeout", upper=24 * 3600))
+                      checked_seconds(timeout, "SSH timeout", upper=24 * 3600), check_config_file(ssh_config))
 
 
 def guest_target(options: SshOptions, conn=None, dom=None) -> SshTarget:
-    """The target for ``options``: their address, or the one libvirt knows for ``dom``."""
+    """The target for ``options``: their address, or the one libvirt knows for ``dom``, with
+    the admin's SSH config applied (a Host alias, its HostName, User, Port, IdentityFile,
+    UserKnownHostsFile, ProxyJump); what the options say explicitly wins."""
     host, port = options.host, options.port
     if host is None:
         if dom is None:
             raise InputError("give --ssh-host (and --ssh-port) or a domain name")
         host, found_port = ssh_address(conn, dom)
         port = port or found_port
-    return SshTarget(host, port or 22, options.user, options.key, options.known_hosts, options.trust_on_first_use,
-                     connect_timeout=options.timeout)
+    config = resolve(host, options.ssh_config)
+    user = options.user or config.user or "root"
+    if not _USER.fullmatch(user):
+        raise InputError(f"not a user name: {user!r} (from the SSH config)")
+    jump = _jump_target(config.proxy_jump, options) if config.proxy_jump else None
+    target = SshTarget(config.hostname, port or config.port or 22, user, options.key, options.known_hosts,
+                       options.trust_on_first_use, connect_timeout=options.timeout,
+                       identity_files=config.identity_files, pinned_files=config.known_hosts_files, jump=jump)
+    if config.hostname != host or jump is not None:
+        target.notes.append(f"{host}: {target.label()} by the SSH config"
+                            + (f", through {jump.label()}" if jump else ""))
+    return target
+
+
+def _jump_target(spec: str, options: SshOptions) -> SshTarget:
+    """The ProxyJump host ([user@]host[:port]), itself resolved through the SSH config."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, _, number = rest.partition(":")
+        port = int(number)
+    if not valid_host(host):
+        raise InputError(f"ProxyJump host {host!r} is not a host name or address")
+    config = resolve(host, options.ssh_config)
+    if config.proxy_jump:
+        raise InputError(f"ProxyJump {spec} itself has a ProxyJump: one hop is supported")
+    return SshTarget(config.hostname, port or config.port or 22, user or config.user or "root", None,
+                     options.known_hosts, options.trust_on_first_use, connect_timeout=options.timeout,
+                     identity_files=config.identity_files, pinned_files=config.known_hosts_files)
 
 
 def recorded_known_hosts(ctx: Context) -> str:

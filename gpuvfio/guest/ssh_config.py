@@ -1,0 +1,119 @@
+"""The admin's SSH configuration, applied to gpuvfio's SSH targets: Host aliases, HostName, User,
+Port, IdentityFile, UserKnownHostsFile and ProxyJump (one hop), from ~/.ssh/config or a given
+file.
+
+OpenSSH resolves it where it is installed (``ssh -G``: the options ``ssh HOST`` would use,
+Include and Match applied), since paramiko's parser knows neither Include nor ProxyJump;
+paramiko's parser otherwise. ``ssh -G`` evaluates the file as ssh does (``Match exec`` runs its
+command): give --ssh-config only a file you would give ssh. The host-key policy does not change:
+unknown keys are refused unless pinned or trusted on first use; StrictHostKeyChecking is not
+read. ProxyCommand is not run: refused, with ProxyJump named instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from gpuvfio.errors import InputError
+
+SSH_G_TIMEOUT = 10.0
+_JUMP = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.:-]+?)"
+                   r"(?::(?P<port>[0-9]{1,5}))?")
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """What the configuration says for one host (None / empty: it says nothing)."""
+
+    hostname: str
+    user: str | None = None
+    port: int | None = None
+    identity_files: tuple[str, ...] = ()
+    known_hosts_files: tuple[str, ...] = ()
+    proxy_jump: str | None = None  # the first hop: [user@]host[:port]
+    source: str = "none"  # ssh -G | paramiko | none
+    notes: list[str] = field(default_factory=list)
+
+
+def check_config_file(path: str | None) -> str | None:
+    """An --ssh-config value: an existing regular file (bad input otherwise)."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path or "\0" in path or not os.path.isfile(path):
+        raise InputError(f"SSH config file not found: {path!r}")
+    return path
+
+
+def _existing(paths) -> tuple[str, ...]:
+    found = []
+    for path in paths:
+        full = os.path.expanduser(path)
+        if full not in found and os.path.isfile(full):
+            found.append(full)
+    return tuple(found)
+
+
+def _port(value, where: str) -> int | None:
+    if value is None:
+        return None
+    if not str(value).isdigit() or not 0 < int(value) < 65536:
+        raise InputError(f"{where}: Port {value!r} is not 1-65535")
+    return int(value)
+
+
+def _from_options(host: str, options: dict[str, list[str]], source: str, where: str) -> HostConfig:
+    def one(key: str) -> str | None:
+        values = options.get(key)
+        return values[0] if values else None
+
+    command = one("proxycommand")
+    if command and command.lower() != "none":
+        raise InputError(f"{where}: ProxyCommand for {host} is not run by gpuvfio; use ProxyJump")
+    jump = one("proxyjump")
+    if jump and jump.lower() != "none":
+        jump = jump.split(",")[0].strip()
+        jump = jump[len("ssh://"):] if jump.startswith("ssh://") else jump  # ssh's URI form, as ssh -G prints it
+        if not _JUMP.fullmatch(jump):
+            raise InputError(f"{where}: ProxyJump {jump!r} for {host} is not [user@]host[:port]")
+    else:
+        jump = None
+    known = [path for value in options.get("userknownhostsfile", []) for path in value.split()]
+    return HostConfig(hostname=one("hostname") or host, user=one("user"), port=_port(one("port"), where),
+                      identity_files=_existing(options.get("identityfile", [])),
+                      known_hosts_files=_existing(known), proxy_jump=jump, source=source)
+
+
+def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto") -> HostConfig:
+    """The configuration for ``host`` (a name or address gpuvfio was given or discovered).
+    ``ssh``: the ssh binary ("auto": from PATH; None: paramiko's parser)."""
+    config_file = check_config_file(config_file)
+    binary = shutil.which("ssh") if ssh == "auto" else ssh
+    if binary:
+        argv = [binary, "-G", *(["-F", config_file] if config_file else []), "--", host]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=SSH_G_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise InputError(f"ssh -G {host}: {exc}") from None
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise InputError(f"ssh -G {host}: {last[:200]}")
+        options: dict[str, list[str]] = {}
+        for line in proc.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            options.setdefault(key.lower(), []).append(value.strip())
+        return _from_options(host, options, "ssh -G", config_file or "~/.ssh/config")
+    path = config_file or os.path.expanduser("~/.ssh/config")
+    if not os.path.isfile(path):
+        return HostConfig(hostname=host)
+    import paramiko
+
+    try:
+        found = paramiko.SSHConfig.from_path(path).lookup(host)
+    except (OSError, UnicodeError, ValueError, paramiko.SSHException) as exc:
+        raise InputError(f"cannot read SSH config {path}: {exc}") from None
+    options = {k.lower(): (v if isinstance(v, list) else [str(v)]) for k, v in found.items()}
+    return _from_options(host, options, "paramiko", path)

@@ -1,0 +1,136 @@
+"""SSH as admins have it (issue 15 item 7): ~/.ssh/config or --ssh-config, resolved by ssh -G
+where OpenSSH is installed and by paramiko's parser otherwise (Host aliases, HostName, User, Port,
+IdentityFile, UserKnownHostsFile, ProxyJump); keys from ssh-agent; the host-key policy unchanged.
+Real connections go to this machine behind dropbear (tests/lanes/hypervisor.py), one hop direct
+and one through a ProxyJump host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from gpuvfio.errors import InputError
+from gpuvfio.guest.ssh import HostKeyError, Session
+from gpuvfio.guest.ssh_config import resolve
+from gpuvfio.ops.targets import guest_target, ssh_options
+
+SSH = shutil.which("ssh")
+
+
+def write_config(tmp_path, text: str) -> str:
+    path = tmp_path / "ssh_config"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    key = tmp_path / "id_test"
+    key.write_text("not read here\n")
+    known = tmp_path / "known"
+    known.write_text("")
+    return str(key), str(known)
+
+
+@pytest.mark.parametrize("binary", [pytest.param("auto", id="ssh -G"), pytest.param(None, id="paramiko")])
+def test_an_alias_resolves_to_its_options(tmp_path, files, binary):
+    if binary == "auto" and SSH is None:
+        pytest.skip("OpenSSH's ssh is not installed")
+    key, known = files
+    config = write_config(tmp_path, f"Host gpu-guest\n  HostName 10.1.2.3\n  User admin\n  Port 2200\n"
+                                    f"  IdentityFile {key}\n  IdentityFile {tmp_path}/missing\n"
+                                    f"  UserKnownHostsFile {known} {tmp_path}/missing2\n"
+                                    "  ProxyJump ops@bastion:2022,second\n\nHost *\n  ForwardAgent no\n")
+    got = resolve("gpu-guest", config, ssh=binary)
+    assert (got.hostname, got.user, got.port) == ("10.1.2.3", "admin", 2200)
+    assert got.identity_files == (key,) and got.known_hosts_files == (known,)  # existing files only
+    assert got.proxy_jump == "ops@bastion:2022"  # the first hop
+    other = resolve("10.9.9.9", config, ssh=binary)
+    assert other.hostname == "10.9.9.9" and other.proxy_jump is None
+
+
+@pytest.mark.parametrize("text, words", [
+    ("Host g\n  ProxyCommand nc %h %p\n", "ProxyCommand"),
+    ("Host g\n  ProxyJump a/b\n", "ProxyJump"),
+    ("Host g\n  Port 99999\n", "Port"),
+])
+def test_what_gpuvfio_does_not_do_is_refused(tmp_path, text, words):
+    with pytest.raises(InputError, match=words):
+        resolve("g", write_config(tmp_path, text), ssh=None)
+    if SSH is not None:
+        with pytest.raises(InputError):
+            resolve("g", write_config(tmp_path, text))
+
+
+def test_a_missing_config_file_is_bad_input(tmp_path):
+    with pytest.raises(InputError, match="SSH config file not found"):
+        ssh_options(host="g", ssh_config=str(tmp_path / "nope"))
+    with pytest.raises(InputError, match="SSH config file not found"):
+        ssh_options(host="g", ssh_config="")
+
+
+def test_explicit_options_win_over_the_config(tmp_path, files):
+    key, _known = files
+    config = write_config(tmp_path, "Host g\n  HostName 10.1.2.3\n  User admin\n  Port 2200\n")
+    target = guest_target(ssh_options(host="g", port=22, user="root", key=key, ssh_config=config))
+    assert (target.host, target.port, target.user, target.key) == ("10.1.2.3", 22, "root", key)
+    assert any("by the SSH config" in note for note in target.notes)
+    plain = guest_target(ssh_options(host="g", ssh_config=config))
+    assert (plain.port, plain.user) == (2200, "admin")
+
+
+@pytest.fixture
+def hv():
+    from tests.lanes import hypervisor
+
+    reason = hypervisor.skip_reason()
+    if reason:
+        if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
+            pytest.fail(reason + "; required under make test")
+        pytest.skip(reason)
+    return hypervisor
+
+
+def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, hv, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    server = hv.start(str(tmp_path / "guest"))
+    try:
+        config = write_config(tmp_path, f"Host lab-guest\n  HostName 127.0.0.1\n  Port {server.port}\n  User root\n"
+                                        f"  IdentityFile {server.client_key}\n"
+                                        f"  UserKnownHostsFile {server.known_hosts}\n")
+        target = guest_target(ssh_options(host="lab-guest", ssh_config=config, timeout=20))
+        with Session(target, str(tmp_path / "recorded")) as session:
+            assert session.run(["echo", "through the alias"]) == (0, "through the alias\n", "")
+        # The policy is unchanged: the config's known_hosts pins, nothing else is trusted.
+        unpinned = write_config(tmp_path, f"Host lab-guest\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                                          f"  IdentityFile {server.client_key}\n"
+                                          f"  UserKnownHostsFile {tmp_path}/empty_known\n")
+        (tmp_path / "empty_known").write_text("")
+        with pytest.raises(HostKeyError):
+            Session(guest_target(ssh_options(host="lab-guest", ssh_config=unpinned, timeout=20)),
+                    str(tmp_path / "recorded")).connect()
+    finally:
+        server.stop()
+
+
+def test_proxyjump_reaches_the_target_through_the_jump_host(tmp_path, hv, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    jump = hv.start(str(tmp_path / "jump"))
+    guest = hv.start(str(tmp_path / "guest"))
+    try:
+        config = write_config(tmp_path, f"Host bastion\n  HostName 127.0.0.1\n  Port {jump.port}\n  User root\n"
+                                        f"  IdentityFile {jump.client_key}\n"
+                                        f"  UserKnownHostsFile {jump.known_hosts}\n\n"
+                                        f"Host inner-guest\n  HostName 127.0.0.1\n  Port {guest.port}\n  User root\n"
+                                        f"  IdentityFile {guest.client_key}\n"
+                                        f"  UserKnownHostsFile {guest.known_hosts}\n  ProxyJump bastion\n")
+        target = guest_target(ssh_options(host="inner-guest", ssh_config=config, timeout=20))
+        assert target.jump is not None and target.jump.port == jump.port
+        with Session(target, str(tmp_path / "recorded")) as session:
+            status, out, _err = session.run(["sh", "-c", "echo $SSH_CONNECTION"])
+        assert status == 0 and out.split()[3] == str(guest.port)  # the guest's server answered
+    finally:
+        guest.stop()
+        jump.stop()
