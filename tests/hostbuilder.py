@@ -8,6 +8,7 @@ sysfs-bus-pci, sysfs-kernel-iommu_groups, sysfs-devices-node; drivers/pci/pci-sy
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from dataclasses import dataclass, field
@@ -146,10 +147,19 @@ class HostBuilder:
                f"120: {chip} 524288-edge eth0\nNMI: Non-maskable interrupts\n")
 
     def firmware(self, code: str = "usr/share/OVMF/OVMF_CODE_4M.fd",
-                 vars_: str = "usr/share/OVMF/OVMF_VARS_4M.fd") -> None:
-        """OVMF images installed on the host (empty placeholders: only their presence matters)."""
+                 vars_: str = "usr/share/OVMF/OVMF_VARS_4M.fd", descriptor: bool = True) -> None:
+        """OVMF images installed on the host (empty placeholders: only their presence matters),
+        with the QEMU firmware descriptor Debian's ovmf package installs for them."""
         for rel in (code, vars_):
             _write(os.path.join(self.root, rel), "")
+        if descriptor:
+            _write(os.path.join(self.root, "usr/share/qemu/firmware/60-edk2-x86_64.json"), json.dumps({
+                "description": "UEFI firmware for x86_64", "interface-types": ["uefi"],
+                "mapping": {"device": "flash", "mode": "split",
+                            "executable": {"filename": "/" + code, "format": "raw"},
+                            "nvram-template": {"filename": "/" + vars_, "format": "raw"}},
+                "targets": [{"architecture": "x86_64", "machines": ["pc-i440fx-*", "pc-q35-*"]}],
+                "features": ["acpi-s3", "amd-sev", "verbose-dynamic"], "tags": []}, indent=4) + "\n")
 
     def framebuffer(self, name: str | None) -> None:
         _write(self.proc("fb"), f"0 {name}\n" if name else "")

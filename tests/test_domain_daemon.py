@@ -59,9 +59,9 @@ def test_golden_defines_in_qemu_driver(conn, path):
         dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
 
 
-def _tcg_spec(image=None):
+def _tcg_spec(image=None, firmware="bios"):
     with open_host(sample_path("dgx-h100")) as (host, _):
-        options = domain_request("gpuvfio-tcg", vcpus=1, memory="256M", virt_type="qemu", firmware="bios",
+        options = domain_request("gpuvfio-tcg", vcpus=1, memory="256M", virt_type="qemu", firmware=firmware,
                                  numa="none", hugepages="none", kernel=image.kernel if image else None,
                                  initrd=image.initrd if image else None,
                                  cmdline=gl.KERNEL_CMDLINE if image else None)
@@ -94,6 +94,31 @@ def test_same_spec_without_hostdevs_boots(conn):
         dom.destroy()
     finally:
         dom.undefine()
+
+
+def test_uefi_chosen_by_libvirt_boots_and_stays_gpuvfios(conn):
+    """<os firmware='efi'> with secure boot off: this libvirtd picks the firmware from QEMU's
+    descriptors and QEMU starts with it; the loader and nvram it filled in are libvirt's, so a
+    second define of the same spec is no difference."""
+    from gpuvfio.virt.define import difference
+
+    image = gl.build_guest()
+    spec = _tcg_spec(image, firmware="efi")
+    spec.ports = []
+    spec.address = None
+    assert spec.firmware_auto and spec.loader is None
+    xml = domain_xml(spec)
+    dom = conn.defineXML(xml)
+    try:
+        dom.create()
+        time.sleep(1.0)
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        live = dom.XMLDesc(0)
+        assert "<loader" in live and "secure='no'" in live.split("<loader", 1)[1].split(">", 1)[0]
+        dom.destroy()
+        assert difference(xml, dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)) == []
+    finally:
+        dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
 
 
 def test_define_is_idempotent_in_the_real_driver(conn, cli):

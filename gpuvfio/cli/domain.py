@@ -22,7 +22,17 @@ Vcpus = Annotated[int, typer.Option("--vcpus")]
 Memory = Annotated[str, typer.Option("--memory", help="Guest memory: 64G, 64GiB, 65536M.")]
 Hugepages = Annotated[str, typer.Option("--hugepages", help="auto | none | 4K | 2M | 1G")]
 Numa = Annotated[str, typer.Option("--numa", help="auto | none | remote | N")]
-Firmware = Annotated[str, typer.Option("--firmware", help="efi (OVMF) | bios")]
+Firmware = Annotated[str, typer.Option("--firmware", help="efi (UEFI: libvirt picks it from QEMU's firmware "
+                                                          "descriptors) | bios")]
+Loader = Annotated[Optional[str], typer.Option("--loader", metavar="PATH", help="UEFI code image by path instead of "
+                                               "libvirt's choice (with --nvram-template).")]
+NvramTemplate = Annotated[Optional[str], typer.Option("--nvram-template", metavar="PATH",
+                                                      help="UEFI variables template (with --loader).")]
+RomBar = Annotated[Optional[str], typer.Option("--rom-bar", metavar="on|off", help="Show the GPUs' ROM BAR to the "
+                                               "guest or hide it (off: the usual fix for a GPU that drove the host "
+                                               "console).")]
+RomFile = Annotated[Optional[str], typer.Option("--rom-file", metavar="PATH", help="A ROM image (a dumped, clean "
+                                                "VBIOS) the guest sees instead of the GPU's own.")]
 VirtType = Annotated[str, typer.Option("--virt-type", help="kvm | qemu (TCG)")]
 Path = Annotated[Optional[str], typer.Option(metavar="PATH")]
 Text = Annotated[Optional[str], typer.Option(metavar="STR")]
@@ -63,6 +73,10 @@ class DomainArgs:
     topology: str = "auto"
     p2p: str = "auto"
     qemu_version: str | None = None
+    loader: str | None = None
+    nvram_template: str | None = None
+    rom_bar: str | None = None
+    rom_file: str | None = None
 
     def request(self, **extra) -> DomainRequest:
         return domain_request(self.name, vcpus=self.vcpus, memory=self.memory, hugepages=self.hugepages,
@@ -70,7 +84,9 @@ class DomainArgs:
                               kernel=self.kernel, initrd=self.initrd, cmdline=self.cmdline, network=self.network,
                               ssh_forward_port=self.user_net_ssh_port, console_log=self.console_log,
                               force=self.force, topology=self.topology, p2p=self.p2p,
-                              qemu_version=self.qemu_version, **extra)
+                              qemu_version=self.qemu_version, loader=self.loader,
+                              nvram_template=self.nvram_template, rom_bar=self.rom_bar, rom_file=self.rom_file,
+                              **extra)
 
 
 def version_lines(rows) -> list[str]:
@@ -88,7 +104,8 @@ def xml_cmd(
     addresses: Devices = None,
     device_ids: DeviceIds = None,
     name: Name = ..., vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
-    firmware: Firmware = "efi", virt_type: VirtType = "kvm",
+    firmware: Firmware = "efi", virt_type: VirtType = "kvm", loader: Loader = None,
+    nvram_template: NvramTemplate = None, rom_bar: RomBar = None, rom_file: RomFile = None,
     hide_kvm: Annotated[bool, typer.Option("--hide-kvm", help="Hide the hypervisor from the guest driver.")] = False,
     mdev: Annotated[Optional[str], typer.Option("--mdev", metavar="TYPE", help="Legacy mdev vGPU type.")] = None,
     vgpu: Annotated[Optional[str], typer.Option("--vgpu", metavar="TYPE", help="SR-IOV vGPU type.")] = None,
@@ -109,7 +126,8 @@ def xml_cmd(
     """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
     from the BARs), or a vGPU; --define defines it idempotently."""
     args = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
-                      network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version)
+                      network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version, loader,
+                      nvram_template, rom_bar, rom_file)
     request = args.request(hide_kvm=hide_kvm, mdev=mdev, vgpu=vgpu, uuid=uuid)
     check_devices(addresses, device_ids, required=True)
     if nccl_topo is not None:

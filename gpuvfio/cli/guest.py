@@ -10,8 +10,9 @@ from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.binding import parse_addresses
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
-from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Memory, Name, Numa, P2p,
-                                Path, QemuVersion, Text, Topology, Vcpus, VirtType)
+from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Loader, Memory, Name, Numa,
+                                NvramTemplate, P2p, Path, QemuVersion, RomBar, RomFile, Text, Topology, Vcpus,
+                                VirtType)
 from gpuvfio.errors import InputError
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import live_context
@@ -95,8 +96,9 @@ def verify_cmd(
 def attach_cmd(
     addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False,
     name: Name = ..., vcpus: Vcpus = 4, memory: Memory = "8G", hugepages: Hugepages = "auto", numa: Numa = "auto",
-    firmware: Firmware = "efi", virt_type: VirtType = "kvm", disk: Path = None, kernel: Path = None,
-    initrd: Path = None, cmdline: Text = None,
+    firmware: Firmware = "efi", virt_type: VirtType = "kvm", loader: Loader = None,
+    nvram_template: NvramTemplate = None, rom_bar: RomBar = None, rom_file: RomFile = None,
+    disk: Path = None, kernel: Path = None, initrd: Path = None, cmdline: Text = None,
     network: Annotated[Optional[str], typer.Option("--network", metavar="NAME")] = None,
     user_net_ssh_port: ForwardPort = None, console_log: ConsoleLog = None,
     topology: Topology = "auto", p2p: P2p = "auto", qemu_version: QemuVersion = None,
@@ -119,7 +121,8 @@ def attach_cmd(
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
     check_devices(addresses, device_ids, required=False)
     request = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
-                         network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version).request()
+                         network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version, loader,
+                         nvram_template, rom_bar, rom_file).request()
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
                       ssh_config=ssh_config, trust_on_first_use=trust_on_first_use, timeout=boot_timeout)
     checks = None if no_verify else verify_options(probe_timeout=probe_timeout, timeout=verify_timeout)

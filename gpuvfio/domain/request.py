@@ -51,6 +51,10 @@ class DomainRequest:
     p2p: str = "auto"  # auto | off: QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between
     qemu_version: tuple[int, ...] | None = None  # from the libvirt connection, or --qemu-version offline
     libvirt_version: tuple[int, ...] | None = None  # from the libvirt connection only
+    loader: str | None = None  # UEFI code image, with nvram_template; None: libvirt auto-selects
+    nvram_template: str | None = None
+    rom_bar: str | None = None  # on | off: the GPUs' ROM BAR shown to the guest (libvirt <rom bar=>)
+    rom_file: str | None = None  # a ROM image the guest sees instead of the GPU's own
 
 
 def parse_hugepages(text: str) -> str:
@@ -126,7 +130,9 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
                    disk: str | None = None, kernel: str | None = None, initrd: str | None = None,
                    cmdline: str | None = None, network: str | None = None, ssh_forward_port: int | None = None,
                    console_log: str | None = None, force: bool = False, topology: str = "auto",
-                   p2p: str = "auto", qemu_version: str | tuple[int, ...] | None = None) -> DomainRequest:
+                   p2p: str = "auto", qemu_version: str | tuple[int, ...] | None = None,
+                   loader: str | None = None, nvram_template: str | None = None, rom_bar: str | None = None,
+                   rom_file: str | None = None) -> DomainRequest:
     """The one validation of a domain request (bad input: InputError, exit 2)."""
     if isinstance(vcpus, bool) or not isinstance(vcpus, int) or not 1 <= vcpus <= MAX_VCPUS:
         raise InputError(f"vcpus must be an integer between 1 and {MAX_VCPUS}, not {vcpus!r}")
@@ -148,6 +154,14 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         raise InputError(f"SSH forward port must be 1-65535, not {ssh_forward_port!r}")
     if network is not None and (not network or any(c in network for c in "/\n\0")):
         raise InputError(f"not a libvirt network name: {network!r}")
+    if (loader is None) != (nvram_template is None):
+        raise InputError("--loader and --nvram-template go together (the UEFI code and its variables template)")
+    if loader is not None and firmware != "efi":
+        raise InputError("--loader/--nvram-template are UEFI firmware: they need --firmware efi")
+    if rom_bar is not None and rom_bar not in ("on", "off"):
+        raise InputError(f"--rom-bar must be on or off, not {rom_bar!r}")
+    if rom_bar == "off" and rom_file is not None:
+        raise InputError("--rom-bar off hides the ROM that --rom-file gives: one of them")
     for label, value in (("--mdev", mdev), ("--vgpu", vgpu)):
         if value is not None and (not value.strip() or any(c in value for c in "\n\0")):
             raise InputError(f"{label} needs a vGPU type id or name, not {value!r}")
@@ -160,4 +174,6 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         console_log=_absolute(console_log, "--console-log"), force=bool(force),
         topology=_choice(topology, TOPOLOGY_CHOICES, "topology"), p2p=_choice(p2p, P2P_CHOICES, "p2p"),
         qemu_version=qemu_version if isinstance(qemu_version, tuple) or qemu_version is None
-        else _qemu_version(qemu_version))
+        else _qemu_version(qemu_version), loader=_absolute(loader, "--loader"),
+        nvram_template=_absolute(nvram_template, "--nvram-template"), rom_bar=rom_bar,
+        rom_file=_absolute(rom_file, "--rom-file"))

@@ -10,6 +10,7 @@ is Refused (exit 1).
 
 from __future__ import annotations
 
+import os
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.host import assignable
-from gpuvfio.host.firmware import find_ovmf
+from gpuvfio.host.firmware import find_ovmf, uefi_descriptors
 from gpuvfio.host.fabric import Decision
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import NumaNode, PciFunction, format_cpulist
@@ -52,7 +53,7 @@ class DomainSpec:
     vcpus: int
     memory_kib: int
     firmware: str
-    loader: str | None
+    loader: str | None  # UEFI by path; None with firmware_auto: libvirt picks from QEMU's descriptors
     nvram_template: str | None
     cells: list[CellPlacement]
     guest_cells: bool  # expose NUMA cells to the guest (devices on more than one node)
@@ -80,6 +81,13 @@ class DomainSpec:
     ssh_forward_port: int | None = None
     console_log: str | None = None
     warnings: list[str] = field(default_factory=list)
+    firmware_auto: bool = False  # <os firmware='efi'>: libvirt's firmware auto-selection
+    # What auto-selection must honour (libvirt formatdomain "BIOS bootloader", <firmware><feature>):
+    # no secure boot, since NVIDIA's guest drivers are out-of-tree modules that a secure-boot guest
+    # refuses unless signed with an enrolled key (the descriptors with enrolled keys are picked first).
+    firmware_features: list[tuple[str, bool]] = field(default_factory=lambda: [("secure-boot", False)])
+    rom_bar: str | None = None  # on | off for the GPUs' hostdevs
+    rom_file: str | None = None
 
     @property
     def qemu_args(self) -> list[str]:
@@ -180,13 +188,9 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     hugepage, warning = hugepage_choice(request.hugepages, demand, free, force=request.force)
     if warning:
         warnings.append(warning)
-    loader = nvram = None
-    if request.firmware == "efi":
-        found = find_ovmf(host)
-        if found is None:
-            raise Refused("OVMF (UEFI firmware) not found under /usr/share/OVMF, /usr/share/edk2 or "
-                          "/usr/share/qemu on this host: install ovmf/edk2-ovmf, or use --firmware bios")
-        loader, nvram = found
+    loader, nvram, firmware_auto = _uefi(host, request, warnings)
+    if request.rom_file is not None:
+        _check_rom(host, request.rom_file)
     guest_cells = len(placements) > 1
     spec = DomainSpec(name=request.name, vcpus=request.vcpus, memory_kib=request.memory_kib,
                       firmware=request.firmware, loader=loader, nvram_template=nvram, cells=placements,
@@ -195,7 +199,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
                       disk=request.disk, kernel=request.kernel, initrd=request.initrd, cmdline=request.cmdline,
                       network=request.network, virt_type=request.virt_type,
                       ssh_forward_port=request.ssh_forward_port, console_log=request.console_log,
-                      warnings=warnings)
+                      warnings=warnings, firmware_auto=firmware_auto, rom_bar=request.rom_bar,
+                      rom_file=request.rom_file)
     if spec.disk and spec.disk.endswith((".qcow2", ".qcow")):
         spec.disk_format = "qcow2"
     cell_of_node = {p.node: i for i, p in enumerate(placements)}
@@ -225,6 +230,41 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
             "kernel": versions.kernel_version(kernel.release)}
     spec.versions = versions.check(have, sorted(set(features), key=features.index))
     return spec
+
+
+def _uefi(host: HostRoot, request: DomainRequest, warnings: list[str]) -> tuple[str | None, str | None, bool]:
+    """(loader, nvram template, auto-select) for the guest's firmware. UEFI goes through libvirt's
+    firmware auto-selection, as virt-install does, where QEMU's firmware descriptors are installed;
+    by path where the user names the images, or on a host with OVMF but no descriptors."""
+    if request.firmware != "efi":
+        return None, None, False
+    if request.loader is not None:
+        for path in (request.loader, request.nvram_template):
+            if not os.path.isfile(host.path(path.lstrip("/"))):
+                raise Refused(f"{path} is not a file on this host")
+        return request.loader, request.nvram_template, False
+    if uefi_descriptors(host):
+        return None, None, True
+    found = find_ovmf(host)
+    if found is None:
+        raise Refused("no UEFI firmware for guests on this host: no QEMU firmware descriptor for UEFI under "
+                      "/usr/share/qemu/firmware or /etc/qemu/firmware, no OVMF image at the usual paths; install "
+                      "ovmf (edk2-ovmf), or give --loader and --nvram-template, or use --firmware bios")
+    warnings.append(f"no QEMU firmware descriptors here: UEFI by its path ({found[0]}), not libvirt's choice")
+    return found[0], found[1], False
+
+
+ROM_SIGNATURE = b"\x55\xaa"  # a PCI expansion ROM image starts so (PCI Firmware Specification)
+ROM_MAX_BYTES = 16 << 20
+
+
+def _check_rom(host: HostRoot, path: str) -> None:
+    """--rom-file: a PCI option ROM image on this host (bad input otherwise)."""
+    data = host.read_bytes(host.path(path.lstrip("/")), limit=ROM_MAX_BYTES + 1)
+    if data is None:
+        raise InputError(f"--rom-file {path}: no such file on this host")
+    if len(data) > ROM_MAX_BYTES or len(data) < 512 or not data.startswith(ROM_SIGNATURE):
+        raise InputError(f"--rom-file {path}: not a PCI option ROM (55 AA signature, 512 bytes to 16 MiB)")
 
 
 def bridge_groups(spec: DomainSpec) -> tuple[list[list], list[int]]:

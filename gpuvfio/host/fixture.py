@@ -25,7 +25,7 @@ import tempfile
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError, InputError
-from gpuvfio.host.firmware import OVMF_CANDIDATES
+from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
@@ -227,6 +227,10 @@ def dump_host(host: HostRoot) -> str:
             rec.add("F", host.path(*parts), "")
     for module, param, _name in SECURE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
+    for directory in FIRMWARE_DESCRIPTOR_DIRS:  # QEMU's firmware descriptors (small JSON: libvirt's choice)
+        for name in host.listdir(host.path(directory)):
+            if name.endswith(".json"):
+                rec.file(host.path(directory, name))
     for pair in OVMF_CANDIDATES:  # which firmware images exist (names only: their bytes do not matter)
         for rel in pair:
             if os.path.exists(host.path(rel)):

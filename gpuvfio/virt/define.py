@@ -35,7 +35,7 @@ OWNED = {
     "cputune": {"*"},
     "numatune": {"*"},
     "memoryBacking": {"*"},
-    "os": {"kernel", "initrd", "cmdline", "loader", "nvram"},
+    "os": {"kernel", "initrd", "cmdline", "loader", "nvram", "firmware"},
     "cpu": {"numa", "topology", "maxphysaddr"},
     "features": {"hyperv", "kvm"},
     f"{{{QEMU_NS}}}commandline": {"*"},
@@ -128,6 +128,9 @@ def difference(wanted_xml: str, current_xml: str) -> list[str]:
 def _compare(wanted: ET.Element, current: ET.Element, key: str, path: str) -> list[str]:
     changes = []
     owned = OWNED.get(key, set())
+    if key == "os" and wanted.get("firmware"):
+        # Firmware auto-selection: libvirt fills in the loader and nvram it chose; they are its own.
+        owned = owned - {"loader", "nvram"}
     wanted_children = [c for c in wanted if c.tag != "metadata"]
     current_children = [c for c in current if c.tag != "metadata"]
     for element in wanted_children:
