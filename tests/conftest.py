@@ -141,6 +141,20 @@ def fakecuda_old_libdir(tmp_path_factory):
 
 
 @pytest.fixture
+def ssh_lane():
+    """tests/lanes/hypervisor.py, to start dropbear servers on this machine with; without what it
+    needs the test skips, or fails under make test (GPUVFIO_REQUIRE_LANES=1)."""
+    from tests.lanes import hypervisor as hv
+
+    reason = hv.skip_reason()
+    if reason:
+        if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
+            pytest.fail(reason + "; required under make test")
+        pytest.skip(reason)
+    return hv
+
+
+@pytest.fixture
 def hypervisor(tmp_path):
     """This machine behind a dropbear server on 127.0.0.1 (tests/lanes/hypervisor.py); its
     sessions get a state dir of their own."""

@@ -49,3 +49,19 @@ def sim_context(root: str, kernel: SimKernel | None = None, *, services: Service
                    actions=Actions(modprobe=kernel.modprobe, stop_service=services.stop,
                                    start_service=services.start),
                    write_timeout=write_timeout, lock_timeout=lock_timeout, **kwargs)
+
+
+class SharedConnection:
+    """One libvirt test:///default connection for every open in a test (each open of
+    test:///default is a new, empty driver), with close() as a no-op; ``conn.close()`` ends it."""
+
+    def __init__(self):
+        import libvirt
+
+        self.conn = libvirt.open("test:///default")
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+    def close(self):
+        return 0

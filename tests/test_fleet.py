@@ -269,28 +269,14 @@ def run_module(modules, monkeypatch):
 GPU, AUDIO, NIC = "0000:01:00.0", "0000:01:00.1", "0000:03:00.0"
 
 
-class SharedConnection:
-    """One libvirt test:///default connection for every open in a test (each open of
-    test:///default is a new, empty driver), with close() as a no-op."""
-
-    def __init__(self):
-        import libvirt
-
-        self.conn = libvirt.open("test:///default")
-
-    def __getattr__(self, name):
-        return getattr(self.conn, name)
-
-    def close(self):
-        return 0
-
-
 class BuiltHost:
     """A small host (GPU + audio behind a root port, a NIC elsewhere) whose sysfs writes a
     simulated kernel answers, and the Context factory that hands it to the modules."""
 
     def __init__(self, root: str, state: str, kernel) -> None:
         self.root, self.state, self.kernel = root, state, kernel
+        from tests.contexts import SharedConnection
+
         self.libvirt = SharedConnection()
 
     def context(self, host):

@@ -18,7 +18,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.domain.request import domain_request
 from gpuvfio.ops import guests
 from gpuvfio.ops.targets import SshOptions
-from tests.contexts import sim_context
+from tests.contexts import SharedConnection, sim_context
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
 from tests.simkernel import SimKernel
 
@@ -62,31 +62,6 @@ def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16), first_bus: int = 1, 
 GUEST_GPUS = ["0000:0c:00.0", "0000:0d:00.0"]  # as the stand-in guest numbers them
 
 
-class SharedConnection:
-    """One test:///default connection for every open in the test (each open is a new driver)."""
-
-    def __init__(self):
-        self.conn = libvirt.open("test:///default")
-
-    def __getattr__(self, name):
-        return getattr(self.conn, name)
-
-    def close(self):
-        return 0
-
-
-@pytest.fixture
-def hypervisor():
-    from tests.lanes import hypervisor as hv
-
-    reason = hv.skip_reason()
-    if reason:
-        if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
-            pytest.fail(reason + "; required under make test")
-        pytest.skip(reason)
-    return hv
-
-
 def _attach(tmp_path, hv, guest_root: str, name: str):
     """Attach the two GPUs of a host tree to guest ``name`` whose probe reads ``guest_root``;
     detach again (devices back on nvidia, the domain gone). (the attach's result, its files)"""
@@ -110,11 +85,11 @@ def _attach(tmp_path, hv, guest_root: str, name: str):
         shared.conn.close()
 
 
-def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, hypervisor, monkeypatch):
+def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, ssh_lane, monkeypatch):
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
     guest = _gpu_tree(str(tmp_path / "guest-tree"), switch=True, gpu_link=(1, 1), first_bus=0x0a,
                       bridge_link=(1, 1), gpus=GUEST_GPUS)
-    result = _attach(tmp_path, hypervisor, guest.root, "nccl-2gpu")
+    result = _attach(tmp_path, ssh_lane, guest.root, "nccl-2gpu")
     assert result.ok
     written = result.nccl_topology
     assert written["written"] is True and written["path"] == "/etc/gpuvfio/nccl-topo.xml", written
@@ -133,10 +108,10 @@ def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, hypervisor,
     assert any(s["step"] == "nccl topology" and s["ok"] for s in result.steps)
 
 
-def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, hypervisor, monkeypatch):
+def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, ssh_lane, monkeypatch):
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
     flat = _gpu_tree(str(tmp_path / "guest-tree"), switch=False, gpus=GUEST_GPUS)  # the guest shows no switch
-    result = _attach(tmp_path, hypervisor, flat.root, "nccl-flat")
+    result = _attach(tmp_path, ssh_lane, flat.root, "nccl-flat")
     assert result.ok  # not writing the file is a warning, not a failed attach
     written = result.nccl_topology
     assert written["written"] is False and "switch" in written["error"], written

@@ -6,7 +6,6 @@ and one through a ProxyJump host."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -81,21 +80,9 @@ def test_explicit_options_win_over_the_config(tmp_path, files):
     assert (plain.port, plain.user) == (2200, "admin")
 
 
-@pytest.fixture
-def hv():
-    from tests.lanes import hypervisor
-
-    reason = hypervisor.skip_reason()
-    if reason:
-        if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
-            pytest.fail(reason + "; required under make test")
-        pytest.skip(reason)
-    return hypervisor
-
-
-def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, hv, monkeypatch):
+def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, ssh_lane, monkeypatch):
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    server = hv.start(str(tmp_path / "guest"))
+    server = ssh_lane.start(str(tmp_path / "guest"))
     try:
         config = write_config(tmp_path, f"Host lab-guest\n  HostName 127.0.0.1\n  Port {server.port}\n  User root\n"
                                         f"  IdentityFile {server.client_key}\n"
@@ -115,10 +102,10 @@ def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, hv, monke
         server.stop()
 
 
-def test_proxyjump_reaches_the_target_through_the_jump_host(tmp_path, hv, monkeypatch):
+def test_proxyjump_reaches_the_target_through_the_jump_host(tmp_path, ssh_lane, monkeypatch):
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    jump = hv.start(str(tmp_path / "jump"))
-    guest = hv.start(str(tmp_path / "guest"))
+    jump = ssh_lane.start(str(tmp_path / "jump"))
+    guest = ssh_lane.start(str(tmp_path / "guest"))
     try:
         config = write_config(tmp_path, f"Host bastion\n  HostName 127.0.0.1\n  Port {jump.port}\n  User root\n"
                                         f"  IdentityFile {jump.client_key}\n"
