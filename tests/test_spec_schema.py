@@ -131,6 +131,8 @@ HOST_MUTATIONS = [
     ("host gpuvfio a string", 'gpuvfio = ["gpuvfio"]', 'gpuvfio = "gpuvfio"'),
     ("host port out of range", 'user = "root"', 'user = "root"\nport = 70000'),
     ("host relative workdir", 'user = "root"', 'user = "root"\nworkdir = "tmp"'),
+    ("host ssh_config", 'user = "root"', 'user = "root"\nssh_config = "/root/.ssh/config"'),
+    ("host relative ssh_config", 'user = "root"', 'user = "root"\nssh_config = "config"'),
 ]
 VALIDATOR_ONLY = [
     ("duplicate variant names", 'name = "vgpu-a10-4q"', 'name = "passthrough-1g"'),

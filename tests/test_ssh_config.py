@@ -121,3 +121,23 @@ def test_proxyjump_reaches_the_target_through_the_jump_host(tmp_path, ssh_lane, 
     finally:
         guest.stop()
         jump.stop()
+
+
+def test_a_testbeds_remote_hypervisor_takes_the_ssh_config_too(tmp_path, files):
+    """[host] address may be an alias of the admin's SSH config (its own ssh_config key, or
+    ~/.ssh/config); what the spec sets (port, user) wins, as on the command line."""
+    from gpuvfio.testbed.remote import session_for
+    from gpuvfio.testbed.spec import load_spec
+    from tests.test_spec_schema import BASE
+
+    key, known = files
+    config = write_config(tmp_path, f"Host hv-lab\n  HostName 10.20.30.40\n  Port 2222\n  User ops\n"
+                                    f"  IdentityFile {key}\n  UserKnownHostsFile {known}\n")
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(BASE + f'\n[host]\naddress = "hv-lab"\nknown_hosts = "{known}"\nssh_config = "{config}"\n')
+    target = session_for(load_spec(str(spec_path)).host, None).target
+    assert (target.host, target.port, target.user, target.identity_files) == ("10.20.30.40", 2222, "ops", (key,))
+    spec_path.write_text(BASE + f'\n[host]\naddress = "hv-lab"\nknown_hosts = "{known}"\nssh_config = "{config}"\n'
+                                'user = "root"\nport = 22\n')
+    target = session_for(load_spec(str(spec_path)).host, None).target
+    assert (target.host, target.port, target.user) == ("10.20.30.40", 22, "root")

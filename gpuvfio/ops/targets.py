@@ -8,6 +8,7 @@ given known_hosts file, else in gpuvfio's state directory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from gpuvfio.guest.ssh_config import check_config_file, resolve
 from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
-__all__ = ["SshOptions", "ssh_options", "valid_host", "guest_target", "recorded_known_hosts", "AddressUnknown"]
+__all__ = ["SshOptions", "ssh_options", "valid_host", "guest_target", "configured", "recorded_known_hosts",
+           "AddressUnknown"]
 
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 # A DNS name (labels of 1-63 characters, RFC 1123) or an IPv4/IPv6 address.
@@ -67,30 +69,42 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
 
 def guest_target(options: SshOptions, conn=None, dom=None) -> SshTarget:
     """The target for ``options``: their address, or the one libvirt knows for ``dom``, with
-    the admin's SSH config applied (a Host alias, its HostName, User, Port, IdentityFile,
-    UserKnownHostsFile, ProxyJump); what the options say explicitly wins."""
+    the admin's SSH config applied (configured)."""
     host, port = options.host, options.port
     if host is None:
         if dom is None:
             raise InputError("give --ssh-host (and --ssh-port) or a domain name")
         host, found_port = ssh_address(conn, dom)
         port = port or found_port
-    config = resolve(host, options.ssh_config)
-    user = options.user or config.user or "root"
+    given = {name for name, value in (("port", port), ("user", options.user)) if value is not None}
+    return configured(SshTarget(host, port or 22, options.user or "root", options.key, options.known_hosts,
+                                options.trust_on_first_use, connect_timeout=options.timeout),
+                      options.ssh_config, given=given)
+
+
+def configured(target: SshTarget, ssh_config: str | None, *, given: set[str]) -> SshTarget:
+    """``target`` with the admin's SSH config applied (a Host alias, its HostName, User, Port,
+    IdentityFile, UserKnownHostsFile as pins, ProxyJump); ``given``: the fields ("port",
+    "user") the user set explicitly, which win. The one policy for guests (attach, verify,
+    Ansible) and for a testbed's remote hypervisor."""
+    config = resolve(target.host, ssh_config)
+    user = target.user if "user" in given else (config.user or target.user)
     if not _USER.fullmatch(user):
         raise InputError(f"not a user name: {user!r} (from the SSH config)")
-    jump = _jump_target(config.proxy_jump, options) if config.proxy_jump else None
-    target = SshTarget(config.hostname, port or config.port or 22, user, options.key, options.known_hosts,
-                       options.trust_on_first_use, connect_timeout=options.timeout,
-                       identity_files=config.identity_files, pinned_files=config.known_hosts_files, jump=jump)
-    if config.hostname != host or jump is not None:
-        target.notes.append(f"{host}: {target.label()} by the SSH config"
+    jump = _jump_target(config.proxy_jump, target, ssh_config) if config.proxy_jump else None
+    result = dataclasses.replace(target, host=config.hostname, user=user,
+                                 port=target.port if "port" in given else (config.port or target.port),
+                                 identity_files=() if target.key else config.identity_files,
+                                 pinned_files=config.known_hosts_files, jump=jump, notes=list(target.notes))
+    if config.hostname != target.host or jump is not None:
+        result.notes.append(f"{target.host}: {result.label()} by the SSH config"
                             + (f", through {jump.label()}" if jump else ""))
-    return target
+    return result
 
 
-def _jump_target(spec: str, options: SshOptions) -> SshTarget:
-    """The ProxyJump host ([user@]host[:port]), itself resolved through the SSH config."""
+def _jump_target(spec: str, target: SshTarget, ssh_config: str | None) -> SshTarget:
+    """The ProxyJump host ([user@]host[:port]), itself resolved through the SSH config, under the
+    target's host-key policy."""
     user, _, rest = spec.rpartition("@")
     host, port = rest, None
     if rest.startswith("["):
@@ -101,11 +115,11 @@ def _jump_target(spec: str, options: SshOptions) -> SshTarget:
         port = int(number)
     if not valid_host(host):
         raise InputError(f"ProxyJump host {host!r} is not a host name or address")
-    config = resolve(host, options.ssh_config)
+    config = resolve(host, ssh_config)
     if config.proxy_jump:
         raise InputError(f"ProxyJump {spec} itself has a ProxyJump: one hop is supported")
     return SshTarget(config.hostname, port or config.port or 22, user or config.user or "root", None,
-                     options.known_hosts, options.trust_on_first_use, connect_timeout=options.timeout,
+                     target.known_hosts, target.trust_on_first_use, connect_timeout=target.connect_timeout,
                      identity_files=config.identity_files, pinned_files=config.known_hosts_files)
 
 

@@ -32,6 +32,7 @@ from gpuvfio.files import atomic_write
 from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.targets import configured
 from gpuvfio.testbed.plan import plan
 from gpuvfio.testbed.spec import NAME, RemoteHost, Spec
 
@@ -39,7 +40,9 @@ RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is stream
 
 
 def session_for(remote: RemoteHost, default_known_hosts: str | None) -> Session:
-    return Session(dataclasses.replace(remote.ssh, notes=[]), default_known_hosts)
+    """The session to the remote hypervisor, with the admin's SSH config applied as for guests."""
+    target = configured(dataclasses.replace(remote.ssh, notes=[]), remote.ssh_config, given=set(remote.given))
+    return Session(target, default_known_hosts)
 
 
 def remote_argv(remote: RemoteHost, *args: str) -> list[str]:

@@ -23,6 +23,7 @@
     known_hosts = "/root/.ssh/known_hosts"   # or trust_on_first_use = true
     gpuvfio = ["gpuvfio"]        # how to run gpuvfio there (an argument list)
     root = "/"                   # --root for the remote gpuvfio (a fixture file for dry plans)
+    ssh_config = "/root/.ssh/config"  # optional: an ssh_config instead of ~/.ssh/config (aliases, ProxyJump)
     workdir = "/var/tmp"         # where the run's scratch directory is made
 
     [run]
@@ -108,6 +109,8 @@ class RemoteHost:
     gpuvfio: list[str] = field(default_factory=lambda: ["gpuvfio"])
     root: str | None = None
     workdir: str = "/var/tmp"
+    ssh_config: str | None = None  # an ssh_config file instead of ~/.ssh/config
+    given: frozenset = frozenset()  # "port", "user": set in the spec, so the SSH config does not change them
 
     def label(self) -> str:
         return f"{self.ssh.user}@{self.ssh.host}" + (f":{self.ssh.port}" if self.ssh.port != 22 else "")
@@ -306,7 +309,8 @@ def _remote_host(raw, fail) -> RemoteHost | None:
         return None
     if not isinstance(raw, dict):
         fail("[host] must be a table", "host")
-    allowed = {"address", "port", "user", "key", "known_hosts", "trust_on_first_use", "gpuvfio", "root", "workdir"}
+    allowed = {"address", "port", "user", "key", "known_hosts", "trust_on_first_use", "gpuvfio", "root", "workdir",
+               "ssh_config"}
     for key in raw:
         if key not in allowed:
             fail(f"unknown key {key!r} in [host] (allowed: {', '.join(sorted(allowed))})", "host", 0, key)
@@ -321,7 +325,7 @@ def _remote_host(raw, fail) -> RemoteHost | None:
     user = raw.get("user", "root")
     if not isinstance(user, str) or not _USER.fullmatch(user):
         fail("[host] user must be a user name", "host", 0, "user")
-    for key in ("key", "known_hosts", "root", "workdir"):
+    for key in ("key", "known_hosts", "root", "workdir", "ssh_config"):
         value = raw.get(key)
         if value is not None and (not isinstance(value, str) or not value.startswith("/") or "\0" in value):
             fail(f"[host] {key} must be an absolute path", "host", 0, key)
@@ -335,4 +339,5 @@ def _remote_host(raw, fail) -> RemoteHost | None:
         fail('[host] gpuvfio must be a non-empty list of strings, e.g. ["gpuvfio"]', "host", 0, "gpuvfio")
     return RemoteHost(SshTarget(address, port, user, raw.get("key"), raw.get("known_hosts"), tofu,
                                 connect_timeout=30.0),
-                      gpuvfio=list(command), root=raw.get("root"), workdir=raw.get("workdir", "/var/tmp"))
+                      gpuvfio=list(command), root=raw.get("root"), workdir=raw.get("workdir", "/var/tmp"),
+                      ssh_config=raw.get("ssh_config"), given=frozenset(k for k in ("port", "user") if k in raw))

@@ -160,9 +160,11 @@ options:
     description: Guest SSH port.
     type: int
   ssh_user:
-    description: Guest user.
+    description: Guest user (default the SSH config's User, else root).
     type: str
-    default: root
+  ssh_config:
+    description: An ssh_config file instead of ~/.ssh/config on the managed host (Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump).
+    type: path
   ssh_key:
     description: Private key file on the managed host.
     type: path
@@ -309,7 +311,8 @@ def running(module, ctx, uri, addresses) -> dict:
     checks = guests.verify_options() if params["verify"] else None
     with private_key_file(module) as key_file:
         ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"], key=key_file,
-                          known_hosts=params["known_hosts"], trust_on_first_use=params["trust_on_first_use"],
+                          known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
+                          trust_on_first_use=params["trust_on_first_use"],
                           timeout=params["boot_timeout"])
         outcome = guests.attach(ctx, addresses, domain_request(params), uri=uri, ssh=ssh,
                                 policy=policy(params), verify=checks, keep_on_failure=params["keep_on_failure"])
@@ -374,7 +377,8 @@ def main(context_factory=None) -> None:
             restore_devices=dict(type="bool", default=True),
             ssh_host=dict(type="str"),
             ssh_port=dict(type="int"),
-            ssh_user=dict(type="str", default="root"),
+            ssh_user=dict(type="str"),
+            ssh_config=dict(type="path"),
             ssh_key=dict(type="path"),
             ssh_private_key=dict(type="str", no_log=True),
             known_hosts=dict(type="path"),

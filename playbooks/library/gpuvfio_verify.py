@@ -48,9 +48,11 @@ options:
     description: Guest SSH port.
     type: int
   ssh_user:
-    description: Guest user.
+    description: Guest user (default the SSH config's User, else root).
     type: str
-    default: root
+  ssh_config:
+    description: An ssh_config file instead of ~/.ssh/config on the managed host (Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump).
+    type: path
   ssh_key:
     description: Private key file on the managed host.
     type: path
@@ -106,7 +108,8 @@ def main(context_factory=None) -> None:
             timeout=dict(type="float", default=60.0),
             ssh_host=dict(type="str"),
             ssh_port=dict(type="int"),
-            ssh_user=dict(type="str", default="root"),
+            ssh_user=dict(type="str"),
+            ssh_config=dict(type="path"),
             ssh_key=dict(type="path"),
             ssh_private_key=dict(type="str", no_log=True),
             known_hosts=dict(type="path"),
@@ -122,7 +125,7 @@ def main(context_factory=None) -> None:
         expect = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else None
         with private_key_file(module) as key_file, task_context(module, context_factory, read_only=True) as ctx:
             ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"],
-                              key=key_file, known_hosts=params["known_hosts"],
+                              key=key_file, known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
                               trust_on_first_use=params["trust_on_first_use"], timeout=params["timeout"])
             report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["uri"], expect=expect,
                                    options=guests.verify_options(bandwidth=params["bandwidth"]))
