@@ -111,3 +111,28 @@ def test_a_pipe_gets_plain_lines_and_csv_parses():
 def test_bad_formats_are_one_line(args):
     result = piped(["--root", WORKSTATION, "list", *args])
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_progress_is_a_spinner_on_a_terminal_and_lines_in_a_pipe(capsys):
+    """A step that runs shows as a spinner on a terminal, cleared when the step ends; in a pipe
+    each step is a line of its own (issue 15 item 1)."""
+    import time
+
+    from rich.console import Console
+
+    from gpuvfio.cli.app import TerminalProgress, progress_for, stop_progress
+
+    buffer = io.StringIO()
+    progress = TerminalProgress(Console(file=buffer, force_terminal=True, width=80))
+    progress("wait for ssh ...")
+    time.sleep(0.3)
+    progress("wait for ssh: done (0.3s)")
+    progress("verify ...")
+    stop_progress()  # as main() does before it writes an error
+    out = ANSI.sub("", buffer.getvalue())
+    assert "⠋ gpuvfio: wait for ssh" in out and "gpuvfio: wait for ssh: done (0.3s)\n" in out
+    assert TerminalProgress.current is None
+    piped_progress = progress_for(False)  # stderr is not a terminal under pytest
+    piped_progress("bind ...")
+    piped_progress("bind: done (0.1s)")
+    assert capsys.readouterr().err == "gpuvfio: bind ...\ngpuvfio: bind: done (0.1s)\n"

@@ -84,10 +84,50 @@ def say(line: str) -> None:
         pass
 
 
+class TerminalProgress:
+    """Progress on a terminal: a step that starts ("NAME ...") shows as a spinner with its
+    elapsed time until the next line ends it; every other line is printed as it comes. In a
+    pipe gpuvfio prints the lines themselves (say), one per step."""
+
+    current = None  # the one live progress of this process (stopped before errors are printed)
+
+    def __init__(self, console=None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.status = None
+
+    def __call__(self, line: str) -> None:
+        from rich.markup import escape
+
+        self.stop()
+        if line.endswith(" ..."):
+            step = escape(line[:-4])
+            self.status = self.console.status(f"gpuvfio: {step}", spinner="dots")
+            self.status.start()
+            TerminalProgress.current = self
+            return
+        self.console.print(f"gpuvfio: {escape(line)}", soft_wrap=True, highlight=False)
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        TerminalProgress.current = None
+
+
+def stop_progress() -> None:
+    if TerminalProgress.current is not None:
+        TerminalProgress.current.stop()
+
+
 def progress_for(as_json: bool) -> Callable[[str], None]:
-    """Progress lines on stderr for people; with --json only when --verbose asks for them."""
+    """Progress for people on stderr: on a terminal live (TerminalProgress), in a pipe one line
+    per step; with --json only when --verbose asks for it (then as lines)."""
     if as_json and not _Global.verbose:
         return lambda line: None
+    if not as_json and sys.stderr.isatty():
+        return TerminalProgress()
     return say
 
 
@@ -119,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         _error(exc.format_message().splitlines()[0] + (" (see gpuvfio --help)" if exc.exit_code == 2 else ""))
         return exc.exit_code
     finally:
+        stop_progress()
         try:
             sys.stdout.flush()
         except (BrokenPipeError, ValueError):
@@ -126,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _error(message: str) -> None:
+    stop_progress()  # the spinner's line is cleared before the error is written
     sys.stderr.write(f"gpuvfio: error: {message}\n")
 
 
