@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from gpuvfio.errors import InputError
-from gpuvfio.guest.ssh import HostKeyError, Session
+from gpuvfio.guest.ssh import HostKeyError, Session, SshError
 from gpuvfio.guest.ssh_config import resolve
 from gpuvfio.ops.targets import guest_target, ssh_options
 
@@ -41,19 +41,23 @@ def test_an_alias_resolves_to_its_options(tmp_path, files, binary):
     config = write_config(tmp_path, f"Host gpu-guest\n  HostName 10.1.2.3\n  User admin\n  Port 2200\n"
                                     f"  IdentityFile {key}\n  IdentityFile {tmp_path}/missing\n"
                                     f"  UserKnownHostsFile {known} {tmp_path}/missing2\n"
-                                    "  ProxyJump ops@bastion:2022,second\n\nHost *\n  ForwardAgent no\n")
+                                    "  ProxyJump ops@bastion:2022\n\nHost *\n  ForwardAgent no\n")
     got = resolve("gpu-guest", config, ssh=binary)
     assert (got.hostname, got.user, got.port) == ("10.1.2.3", "admin", 2200)
     assert got.identity_files == (key,) and got.known_hosts_files == (known,)  # existing files only
-    assert got.proxy_jump == "ops@bastion:2022"  # the first hop
+    assert got.proxy_jump == "ops@bastion:2022"
+    # A host the file says nothing about: nothing from OpenSSH's defaults (the local user, the
+    # default identity files, ~/.ssh/known_hosts) comes along: gpuvfio's own defaults hold.
     other = resolve("10.9.9.9", config, ssh=binary)
-    assert other.hostname == "10.9.9.9" and other.proxy_jump is None
+    assert (other.hostname, other.user, other.port, other.identity_files, other.known_hosts_files,
+            other.proxy_jump) == ("10.9.9.9", None, None, (), (), None)
 
 
 @pytest.mark.parametrize("text, words", [
     ("Host g\n  ProxyCommand nc %h %p\n", "ProxyCommand"),
     ("Host g\n  ProxyJump a/b\n", "ProxyJump"),
     ("Host g\n  Port 99999\n", "Port"),
+    ("Host g\n  ProxyJump a,b\n", "more than one hop"),
 ])
 def test_what_gpuvfio_does_not_do_is_refused(tmp_path, text, words):
     with pytest.raises(InputError, match=words):
@@ -68,6 +72,14 @@ def test_a_missing_config_file_is_bad_input(tmp_path):
         ssh_options(host="g", ssh_config=str(tmp_path / "nope"))
     with pytest.raises(InputError, match="SSH config file not found"):
         ssh_options(host="g", ssh_config="")
+
+
+@pytest.mark.parametrize("text, words", [("Host g\n  HostName bad$host\n", "not a host name"),
+                                         ("Host g\n  User Root;x\n", "not a user name"),
+                                         ("Host g\n  ProxyJump Bad;User@h\n", "ProxyJump")])
+def test_values_from_the_config_are_checked_as_options_are(tmp_path, text, words):
+    with pytest.raises(InputError, match=words):
+        guest_target(ssh_options(host="g", ssh_config=write_config(tmp_path, text)))
 
 
 def test_explicit_options_win_over_the_config(tmp_path, files):
@@ -100,6 +112,44 @@ def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, ssh_lane,
                     str(tmp_path / "recorded")).connect()
     finally:
         server.stop()
+
+
+def test_a_known_hosts_file_with_cert_authority_lines_is_an_error_not_a_traceback(tmp_path, ssh_lane):
+    server = ssh_lane.start(str(tmp_path / "guest"))
+    try:
+        odd = tmp_path / "ca_known_hosts"
+        odd.write_text("@cert-authority *.example.org ssh-ed25519 AAAAnotbase64\n")
+        config = write_config(tmp_path, f"Host lab-guest\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                                        f"  IdentityFile {server.client_key}\n  UserKnownHostsFile {odd}\n")
+        target = guest_target(ssh_options(host="lab-guest", ssh_config=config, known_hosts=server.known_hosts,
+                                          timeout=10))
+        with pytest.raises(SshError, match="cannot read the host keys"):
+            Session(target, str(tmp_path / "recorded")).connect()
+    finally:
+        server.stop()
+
+
+def test_a_jump_host_that_cannot_reach_the_guest_yet_is_asked_again(tmp_path, ssh_lane, monkeypatch):
+    """While the guest boots the jump host refuses the channel: retried until the timeout, then
+    one error that says so (on main: one attempt, at once)."""
+    import time
+
+    from tests.lanes import guest as gl
+
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    jump = ssh_lane.start(str(tmp_path / "jump"))
+    try:
+        closed = gl.free_port()
+        config = write_config(tmp_path, f"Host bastion\n  HostName 127.0.0.1\n  Port {jump.port}\n  User root\n"
+                                        f"  IdentityFile {jump.client_key}\n  UserKnownHostsFile {jump.known_hosts}\n\n"
+                                        f"Host booting\n  HostName 127.0.0.1\n  Port {closed}\n  ProxyJump bastion\n")
+        target = guest_target(ssh_options(host="booting", ssh_config=config, timeout=3, trust_on_first_use=True))
+        began = time.monotonic()
+        with pytest.raises(SshError, match="did not answer SSH within 3s.*cannot open a channel"):
+            Session(target, str(tmp_path / "recorded")).connect()
+        assert time.monotonic() - began >= 1.5  # asked again, not once (the last wait is cut at the deadline)
+    finally:
+        jump.stop()
 
 
 def test_proxyjump_reaches_the_target_through_the_jump_host(tmp_path, ssh_lane, monkeypatch):

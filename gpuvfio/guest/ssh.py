@@ -28,6 +28,10 @@ class HostKeyError(SshError):
     pass
 
 
+class JumpChannelError(SshError):
+    """The ProxyJump host is up but cannot reach the target (yet): retried until the timeout."""
+
+
 class ConnectionLost(SshError):
     """The SSH connection itself went away (not just the command)."""
 
@@ -135,20 +139,24 @@ class Session:
                 delay = min(delay * 1.5, 1.0)
                 continue
             client = paramiko.SSHClient()
-            for path in {p for p in (target.known_hosts, self.record_to, *target.pinned_files)
-                         if p and os.path.isfile(p)}:
+            # In a fixed order, gpuvfio's own files first: paramiko keeps the first key of a type
+            # it reads for a host.
+            for path in dict.fromkeys(p for p in (target.known_hosts, self.record_to, *target.pinned_files)
+                                      if p and os.path.isfile(p)):
                 try:
                     client.load_host_keys(path)
-                except (paramiko.SSHException, OSError, UnicodeError, ValueError, TypeError) as exc:
+                except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, OSError, UnicodeError, ValueError,
+                        TypeError) as exc:
                     client.close()
                     raise SshError(f"cannot read the host keys in {path}: {exc}") from None
             client.set_missing_host_key_policy(_Policy(self))
             try:
                 keys = [target.key] if target.key else list(target.identity_files)
+                sock = self._through_jump()
                 client.connect(target.host, port=target.port, username=target.user, key_filename=keys or None,
                                timeout=5, banner_timeout=15, auth_timeout=20,
                                allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")), look_for_keys=not keys,
-                               sock=self._through_jump())
+                               sock=sock)
                 # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
                 # noticed while a long command (a remote testbed run) waits.
                 client.get_transport().set_keepalive(15)
@@ -161,6 +169,9 @@ class Session:
                 client.close()
                 raise HostKeyError(f"host key of {target.label()} changed ({_fingerprint(exc.key)}, expected "
                                    f"{_fingerprint(exc.expected_key)}): refusing to connect") from None
+            except JumpChannelError as exc:  # the jump host cannot reach the guest yet (still booting)
+                client.close()
+                last = exc
             except paramiko.AuthenticationException as exc:
                 client.close()
                 if "timeout" not in str(exc).lower():
@@ -188,8 +199,8 @@ class Session:
             return self.jump_session.client.get_transport().open_channel(
                 "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0), timeout=10)
         except Exception as exc:  # noqa: BLE001 - paramiko's ChannelException and transport errors
-            raise SshError(f"{self.target.jump.label()} cannot open a channel to {self.target.label()}: "
-                           f"{exc}") from None
+            raise JumpChannelError(f"{self.target.jump.label()} cannot open a channel to {self.target.label()}: "
+                                   f"{exc}") from None
 
     def run(self, argv: list[str], *, timeout: float = 120.0, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run ``argv`` (quoted) and return (exit status, stdout, stderr)."""

@@ -3,11 +3,12 @@ Port, IdentityFile, UserKnownHostsFile and ProxyJump (one hop), from ~/.ssh/conf
 file.
 
 OpenSSH resolves it where it is installed (``ssh -G``: the options ``ssh HOST`` would use,
-Include and Match applied), since paramiko's parser knows neither Include nor ProxyJump;
-paramiko's parser otherwise. ``ssh -G`` evaluates the file as ssh does (``Match exec`` runs its
+with Include and Match as ssh applies them, which paramiko's parser does not all do); paramiko's
+parser otherwise. Only what the file sets counts: without a file, or for options it leaves
+alone, gpuvfio's own defaults hold (user root, no extra keys or known_hosts files). ``ssh -G`` evaluates the file as ssh does (``Match exec`` runs its
 command): give --ssh-config only a file you would give ssh. The host-key policy does not change:
-unknown keys are refused unless pinned or trusted on first use; StrictHostKeyChecking is not
-read. ProxyCommand is not run: refused, with ProxyJump named instead.
+unknown keys are refused unless pinned (--known-hosts, or a UserKnownHostsFile the config
+names: the admin's own pins) or trusted on first use; StrictHostKeyChecking is not read. ProxyCommand is not run: refused, with ProxyJump named instead.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def _from_options(host: str, options: dict[str, list[str]], source: str, where: 
         raise InputError(f"{where}: ProxyCommand for {host} is not run by gpuvfio; use ProxyJump")
     jump = one("proxyjump")
     if jump and jump.lower() != "none":
-        jump = jump.split(",")[0].strip()
+        if "," in jump:
+            raise InputError(f"{where}: ProxyJump {jump!r} for {host} has more than one hop; gpuvfio takes one")
         jump = jump[len("ssh://"):] if jump.startswith("ssh://") else jump  # ssh's URI form, as ssh -G prints it
         if not _JUMP.fullmatch(jump):
             raise InputError(f"{where}: ProxyJump {jump!r} for {host} is not [user@]host[:port]")
@@ -87,33 +89,47 @@ def _from_options(host: str, options: dict[str, list[str]], source: str, where: 
                       known_hosts_files=_existing(known), proxy_jump=jump, source=source)
 
 
-def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto") -> HostConfig:
-    """The configuration for ``host`` (a name or address gpuvfio was given or discovered).
-    ``ssh``: the ssh binary ("auto": from PATH; None: paramiko's parser)."""
-    config_file = check_config_file(config_file)
-    binary = shutil.which("ssh") if ssh == "auto" else ssh
-    if binary:
-        argv = [binary, "-G", *(["-F", config_file] if config_file else []), "--", host]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=SSH_G_TIMEOUT, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise InputError(f"ssh -G {host}: {exc}") from None
-        if proc.returncode:
-            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-            raise InputError(f"ssh -G {host}: {last[:200]}")
-        options: dict[str, list[str]] = {}
-        for line in proc.stdout.splitlines():
-            key, _, value = line.partition(" ")
+SSH_KEYS = ("hostname", "user", "port", "identityfile", "userknownhostsfile", "proxyjump", "proxycommand")
+
+
+def _ssh_g(binary: str, host: str, config: str) -> dict[str, list[str]]:
+    try:
+        proc = subprocess.run([binary, "-G", "-F", config, "--", host], capture_output=True, text=True,
+                              timeout=SSH_G_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InputError(f"ssh -G {host}: {exc}") from None
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise InputError(f"ssh -G {host}: {last[:200]}")
+    options: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key.lower() in SSH_KEYS:
             options.setdefault(key.lower(), []).append(value.strip())
-        return _from_options(host, options, "ssh -G", config_file or "~/.ssh/config")
+    return options
+
+
+def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto") -> HostConfig:
+    """What the configuration sets for ``host`` (a name or address gpuvfio was given or
+    discovered), and only that: ssh -G prints OpenSSH's defaults too (the local user, the default
+    identity files, ~/.ssh/known_hosts), which are no part of the admin's configuration, so the
+    answer without any configuration (-F /dev/null) is taken away. ``ssh``: the ssh binary
+    ("auto": from PATH; None: paramiko's parser)."""
+    config_file = check_config_file(config_file)
     path = config_file or os.path.expanduser("~/.ssh/config")
     if not os.path.isfile(path):
         return HostConfig(hostname=host)
+    binary = shutil.which("ssh") if ssh == "auto" else ssh
+    if binary:
+        options = _ssh_g(binary, host, path)
+        defaults = _ssh_g(binary, host, os.devnull)
+        options = {k: v for k, v in options.items() if v != defaults.get(k)}
+        return _from_options(host, options, "ssh -G", path)
     import paramiko
 
     try:
         found = paramiko.SSHConfig.from_path(path).lookup(host)
     except (OSError, UnicodeError, ValueError, paramiko.SSHException) as exc:
         raise InputError(f"cannot read SSH config {path}: {exc}") from None
-    options = {k.lower(): (v if isinstance(v, list) else [str(v)]) for k, v in found.items()}
+    options = {k.lower(): (v if isinstance(v, list) else [str(v)]) for k, v in found.items() if k.lower() in SSH_KEYS}
     return _from_options(host, options, "paramiko", path)

@@ -88,9 +88,8 @@ def configured(target: SshTarget, ssh_config: str | None, *, given: set[str]) ->
     "user") the user set explicitly, which win. The one policy for guests (attach, verify,
     Ansible) and for a testbed's remote hypervisor."""
     config = resolve(target.host, ssh_config)
+    _check_from_config(config.hostname, config.user)
     user = target.user if "user" in given else (config.user or target.user)
-    if not _USER.fullmatch(user):
-        raise InputError(f"not a user name: {user!r} (from the SSH config)")
     jump = _jump_target(config.proxy_jump, target, ssh_config) if config.proxy_jump else None
     result = dataclasses.replace(target, host=config.hostname, user=user,
                                  port=target.port if "port" in given else (config.port or target.port),
@@ -100,6 +99,14 @@ def configured(target: SshTarget, ssh_config: str | None, *, given: set[str]) ->
         result.notes.append(f"{target.host}: {result.label()} by the SSH config"
                             + (f", through {jump.label()}" if jump else ""))
     return result
+
+
+def _check_from_config(hostname: str, user: str | None) -> None:
+    """What the SSH config (or a ProxyJump value) says, checked as the user's own options are."""
+    if not valid_host(hostname):
+        raise InputError(f"not a host name or IP address: {hostname!r} (from the SSH config)")
+    if user is not None and not _USER.fullmatch(user):
+        raise InputError(f"not a user name: {user!r} (from the SSH config)")
 
 
 def _jump_target(spec: str, target: SshTarget, ssh_config: str | None) -> SshTarget:
@@ -116,6 +123,7 @@ def _jump_target(spec: str, target: SshTarget, ssh_config: str | None) -> SshTar
     if not valid_host(host):
         raise InputError(f"ProxyJump host {host!r} is not a host name or address")
     config = resolve(host, ssh_config)
+    _check_from_config(config.hostname, user or config.user)
     if config.proxy_jump:
         raise InputError(f"ProxyJump {spec} itself has a ProxyJump: one hop is supported")
     return SshTarget(config.hostname, port or config.port or 22, user or config.user or "root", None,
