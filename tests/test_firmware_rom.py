@@ -54,6 +54,37 @@ def test_without_descriptors_ovmf_by_path_and_without_either_a_refusal(cli, ws):
     assert bios.code == 0 and doc.find("os/loader") is None and doc.find("os").get("firmware") is None
 
 
+def test_masks_and_overrides_as_libvirt_has_them(ws):
+    """/etc/qemu/firmware hides the same name in /usr/share; an empty file or a link to /dev/null
+    masks it; a secure-boot-only descriptor is no choice with secure boot off."""
+    host = HostRoot(ws.root)
+    etc = os.path.join(ws.root, "etc", "qemu", "firmware")
+    os.makedirs(etc)
+    os.symlink("/dev/null", os.path.join(etc, "60-edk2-x86_64.json"))
+    assert uefi_descriptors(host) == []
+    os.unlink(os.path.join(etc, "60-edk2-x86_64.json"))
+    open(os.path.join(etc, "60-edk2-x86_64.json"), "w").close()
+    assert uefi_descriptors(host) == []
+    with open(os.path.join(ws.root, DESCRIPTOR)) as handle:
+        text = handle.read()
+    with open(os.path.join(etc, "60-edk2-x86_64.json"), "w") as handle:
+        handle.write(text.replace('"acpi-s3"', '"secure-boot", "acpi-s3"'))
+    assert uefi_descriptors(host) == []  # the /etc one wins, and it needs secure boot
+    with open(os.path.join(etc, "60-edk2-x86_64.json"), "w") as handle:
+        handle.write(text)
+    assert uefi_descriptors(host) == ["/etc/qemu/firmware/60-edk2-x86_64.json"]
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"interface-types": ["bios"], "targets": '
+                                  '[{"architecture": "x86_64", "machines": ["pc-q35-*"]}]}',
+                                  '{"interface-types": ["uefi"], "targets": [{"architecture": "x86_64", '
+                                  '"machines": ["pc-i440fx-*"]}]}'])
+def test_more_descriptors_that_do_not_count(ws, text):
+    with open(os.path.join(ws.root, DESCRIPTOR), "w") as handle:
+        handle.write(text)
+    assert uefi_descriptors(HostRoot(ws.root)) == []
+
+
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"interface-types": ["bios"], "targets": '
                                   '[{"architecture": "x86_64"}]}', '{"interface-types": ["uefi"], "targets": '
                                   '[{"architecture": "aarch64"}]}', '{"interface-types": "uefi", "targets": []}',
@@ -72,7 +103,7 @@ def test_loader_by_path_when_asked(cli, ws):
     assert doc.findtext("os/loader") == "/usr/share/OVMF/OVMF_CODE_4M.fd"
     assert doc.find("os/nvram").get("template") == "/usr/share/OVMF/OVMF_VARS_4M.fd"
     missing, _ = xml_of(cli, ws.root, "--loader", "/nope/CODE.fd", "--nvram-template", "/nope/VARS.fd")
-    assert missing.code == 1 and "/nope/CODE.fd is not a file on this host" in missing.err
+    assert missing.code == 2 and "--loader /nope/CODE.fd: no such file on this host" in missing.err
     for args in (["--loader", "/usr/share/OVMF/OVMF_CODE_4M.fd"],
                  ["--loader", "relative.fd", "--nvram-template", "/x"],
                  ["--loader", "/a", "--nvram-template", "/b", "--firmware", "bios"]):
@@ -114,7 +145,19 @@ def test_rom_file_through_a_link_out_of_the_root_is_refused(cli, ws, tmp_path):
     os.makedirs(os.path.join(ws.root, "usr/share/vbios"), exist_ok=True)
     os.symlink(str(outside), os.path.join(ws.root, "usr/share/vbios/link.rom"))
     result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/link.rom")
-    assert result.code == 2 and "symlink" in result.err
+    assert result.code == 2 and "leads out of the host root" in result.err
+    os.makedirs(os.path.join(ws.root, "opt"), exist_ok=True)
+    os.symlink(str(tmp_path), os.path.join(ws.root, "opt", "dir"))  # a linked directory, same
+    result, _ = xml_of(cli, ws.root, "--rom-file", "/opt/dir/outside.rom")
+    assert result.code == 2 and "leads out of the host root" in result.err
+    os.mkfifo(os.path.join(ws.root, "usr/share/vbios/fifo.rom"))  # would hang a read
+    result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/fifo.rom")
+    assert result.code == 2 and "no such file" in result.err
+    inside = os.path.join(ws.root, "usr/share/vbios/real.rom")
+    rom(inside, b"\x55\xaa" + b"\0" * 1022)
+    os.symlink("real.rom", os.path.join(ws.root, "usr/share/vbios/current.rom"))  # a link inside the root
+    result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/current.rom")
+    assert result.code == 0, result.err
 
 
 def test_rom_options_conflict_and_words(cli, ws):

@@ -239,9 +239,8 @@ def _uefi(host: HostRoot, request: DomainRequest, warnings: list[str]) -> tuple[
     if request.firmware != "efi":
         return None, None, False
     if request.loader is not None:
-        for path in (request.loader, request.nvram_template):
-            if not os.path.isfile(host.path(path.lstrip("/"))):
-                raise Refused(f"{path} is not a file on this host")
+        _host_file(host, request.loader, "--loader")
+        _host_file(host, request.nvram_template, "--nvram-template")
         return request.loader, request.nvram_template, False
     if uefi_descriptors(host):
         return None, None, True
@@ -258,11 +257,26 @@ ROM_SIGNATURE = b"\x55\xaa"  # a PCI expansion ROM image starts so (PCI Firmware
 ROM_MAX_BYTES = 16 << 20
 
 
+def _host_file(host: HostRoot, path: str, what: str) -> str:
+    """``path`` (as the host names it) as a regular file under the host root, links resolved
+    but kept inside the root (a FIFO or a device would hang a read); bad input otherwise."""
+    top = os.path.realpath(host.root)
+    real = os.path.realpath(host.path(path.lstrip("/")))
+    if real != top and not real.startswith(top.rstrip("/") + "/"):
+        raise InputError(f"{what} {path} leads out of the host root")
+    if not os.path.isfile(real):
+        raise InputError(f"{what} {path}: no such file on this host")
+    return real
+
+
 def _check_rom(host: HostRoot, path: str) -> None:
     """--rom-file: a PCI option ROM image on this host (bad input otherwise)."""
-    data = host.read_bytes(host.path(path.lstrip("/")), limit=ROM_MAX_BYTES + 1)
-    if data is None:
-        raise InputError(f"--rom-file {path}: no such file on this host")
+    real = _host_file(host, path, "--rom-file")
+    try:
+        with open(real, "rb") as handle:
+            data = handle.read(ROM_MAX_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"--rom-file {path}: {exc.strerror}") from None
     if len(data) > ROM_MAX_BYTES or len(data) < 512 or not data.startswith(ROM_SIGNATURE):
         raise InputError(f"--rom-file {path}: not a PCI option ROM (55 AA signature, 512 bytes to 16 MiB)")
 
