@@ -5,8 +5,10 @@
   any bus; the domain defaults to 0000 (lspci's would be any domain: gpuvfio names one).
 * ``pci_DDDD_BB_SS_F``: libvirt's node-device name (virsh nodedev-list; src/conf/node_device_conf.c
   names PCI devices "pci_%04x_%02x_%02x_%x").
-* ``-d [VENDOR]:[DEVICE][:CLASS]``, lspci's ``-d`` (pci_filter_parse_id): hex ids, an empty part
-  matches anything; the class is 2 hex digits (base class) or 4 (base and subclass).
+* ``-d [VENDOR]:[DEVICE][:CLASS]``, lspci's ``-d`` (pciutils lib/filter.c pci_filter_parse_id and
+  parse_hex_field): up to 4 hex digits a field, an empty field matches anything, an ``x`` is a
+  wildcard digit; the digits given are the whole value (``03`` is class 0x0003: the base class
+  03 is ``03xx``). The class is base class and subclass, 4 digits.
 """
 
 from __future__ import annotations
@@ -21,8 +23,18 @@ _SLOT = re.compile(r"^(?:(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{1
                    r"(?P<slot>[0-9a-fA-F]{1,2})(?:\.(?P<function>[0-7]))?$")
 _NODEDEV = re.compile(r"^pci_(?P<domain>[0-9a-fA-F]{4,8})_(?P<bus>[0-9a-fA-F]{2})_(?P<slot>[0-9a-fA-F]{2})"
                       r"_(?P<function>[0-7])$")
-_IDS = re.compile(r"^(?P<vendor>[0-9a-fA-F]{0,4}):(?P<device>[0-9a-fA-F]{0,4})(?::(?P<klass>[0-9a-fA-F]{2}|"
-                  r"[0-9a-fA-F]{4}))?$")
+_IDS = re.compile(r"^(?P<vendor>[0-9a-fA-FxX]{0,4}):(?P<device>[0-9a-fA-FxX]{0,4})(?::(?P<klass>[0-9a-fA-FxX]{1,4}))?$")
+
+
+def _hex_field(text: str | None) -> tuple[int, int] | None:
+    """(value, mask) of a filter field as parse_hex_field reads it; None: matches anything."""
+    if not text:
+        return None
+    value, mask = 0, 0xFFFFFFFF
+    for char in text.lower():
+        value = (value << 4) | (0 if char == "x" else int(char, 16))
+        mask = ((mask << 4) | (0 if char == "x" else 0xF)) & 0xFFFFFFFF
+    return value, mask
 SELECTOR_HELP = "[[DOMAIN:]BUS:]SLOT[.FUNC] (a slot: all its functions) or pci_DDDD_BB_SS_F"
 
 
@@ -73,9 +85,9 @@ class IdFilter:
     """``-d VENDOR:DEVICE[:CLASS]``; None parts match anything."""
 
     text: str
-    vendor: str | None
-    device: str | None
-    class_prefix: str | None
+    vendor: tuple[int, int] | None  # (value, mask); None: any
+    device: tuple[int, int] | None
+    klass: tuple[int, int] | None  # base class and subclass (the first 4 digits of the class code)
 
     @classmethod
     def parse(cls, text: str) -> "IdFilter":
@@ -84,10 +96,16 @@ class IdFilter:
         if match is None or value in (":", ""):
             raise InputError(f"not a device id filter: {_shown(text)!r} (expected VENDOR:[DEVICE][:CLASS] in hex, "
                              "e.g. 10de: or 10de:2330 or 10de::0302)")
-        return cls(value, match["vendor"].zfill(4) if match["vendor"] else None,
-                   match["device"].zfill(4) if match["device"] else None, match["klass"])
+        return cls(value, _hex_field(match["vendor"]), _hex_field(match["device"]), _hex_field(match["klass"]))
 
     def matches(self, vendor_id: str, device_id: str, class_id: str) -> bool:
-        return ((self.vendor is None or vendor_id.lower() == self.vendor)
-                and (self.device is None or device_id.lower() == self.device)
-                and (self.class_prefix is None or class_id.lower().startswith(self.class_prefix)))
+        def fits(field: tuple[int, int] | None, text: str) -> bool:
+            if field is None:
+                return True
+            try:
+                number = int(text, 16)
+            except ValueError:
+                return False
+            return (number & field[1]) == (field[0] & field[1])
+
+        return fits(self.vendor, vendor_id) and fits(self.device, device_id) and fits(self.klass, class_id[:4])

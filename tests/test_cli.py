@@ -144,5 +144,8 @@ def test_shell_completion_offers_commands_options_devices_and_domains(cli, monke
                     "</os></domain></node>")
     assert _complete(cli, monkeypatch, f"gpuvfio detach --connect test://{node} tr") == ["train-7"]
     assert _complete(cli, monkeypatch, "gpuvfio detach --connect test:///nowhere/x tr") == []
-    script = cli("--show-completion", "bash")
-    assert script.code == 0 and "_GPUVFIO_COMPLETE" in script.out
+    for shell in ("bash", "zsh", "fish"):  # printed, never written into the user's rc files
+        script = cli("completion", shell)
+        assert script.code == 0 and "_GPUVFIO_COMPLETE" in script.out, shell
+    assert cli("completion", "tcsh").code == 2
+    assert cli("--install-completion").code == 2  # typer's installer (writes ~/.bashrc) is not offered

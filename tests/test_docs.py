@@ -30,7 +30,7 @@ def test_every_environment_variable_is_documented():
         for name in files:
             if name.endswith((".py", ".sh")):
                 with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                    read |= set(re.findall(r"\b(GPUVFIO_[A-Z_]+|LIBVIRT_DEFAULT_URI)\b", handle.read()))
+                    read |= set(re.findall(r"\b(GPUVFIO_[A-Z_]+|LIBVIRT_DEFAULT_URI|SSH_AUTH_SOCK)\b", handle.read()))
     documented = {name for name, _text in manpage.ENVIRONMENT}
     assert read - TEST_HOOKS == documented
 

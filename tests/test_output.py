@@ -136,3 +136,20 @@ def test_progress_is_a_spinner_on_a_terminal_and_lines_in_a_pipe(capsys):
     piped_progress("bind ...")
     piped_progress("bind: done (0.1s)")
     assert capsys.readouterr().err == "gpuvfio: bind ...\ngpuvfio: bind: done (0.1s)\n"
+
+
+def test_control_characters_from_a_host_are_shown_not_obeyed():
+    """A driver or device name from a hostile recording with an escape sequence or a newline
+    neither recolours the terminal nor makes a row of its own."""
+    from gpuvfio.cli.output import Column, Listing, print_listing
+
+    listing = Listing("t", [Column("Address", keep=True), Column("Driver")])
+    listing.add("0000:01:00.0", "evil\x1b[31m\nfake-row")
+    listing.notes.append("note\x1b]0;title\x07")
+    for fmt in ("plain", "csv", "table"):
+        out = io.StringIO()
+        print_listing(listing, fmt, out)
+        text = out.getvalue()
+        assert "\x1b" not in text and "\x07" not in text, fmt
+        assert not any(line.lstrip("│ ").startswith("fake-row") for line in text.splitlines()), fmt
+        assert "evil\\x1b[31m\\nfake-row" in text, fmt

@@ -4,7 +4,7 @@ Importing this package registers every command; ``main`` runs one and returns it
 status, ``run`` is the console script.
 """
 
-from gpuvfio.cli import binding, domain, export, guest, inventory, testbed, topology, vgpu  # noqa: F401  (they register commands)
+from gpuvfio.cli import binding, completion, domain, export, guest, inventory, testbed, topology, vgpu  # noqa: F401  (they register commands)
 from gpuvfio.cli.app import app, main, run
 
 __all__ = ["app", "main", "run"]

@@ -27,7 +27,7 @@ SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, bindin
 # -h as well as --help, on every command and group (click's help_option_names, inherited by
 # subcommands through their context).
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(name="gpuvfio", help=SUMMARY, no_args_is_help=True, add_completion=True,
+app = typer.Typer(name="gpuvfio", help=SUMMARY, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, rich_markup_mode=None, context_settings=HELP_OPTIONS)
 
 RootOption = Annotated[

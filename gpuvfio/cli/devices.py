@@ -31,7 +31,8 @@ Devices = Annotated[Optional[list[str]], typer.Argument(metavar="DEVICE", help=f
                                                         show_default=False, autocompletion=complete_device)]
 DeviceIds = Annotated[Optional[list[str]], typer.Option(
     "--device-id", "-d", metavar="VENDOR:[DEVICE][:CLASS]",
-    help="Devices by PCI ids, as lspci -d (hex; repeatable; 10de: is every NVIDIA function, NVSwitches too).",
+    help="Devices by PCI ids, as lspci -d (hex, x a wildcard digit; repeatable; 10de: is every NVIDIA function, "
+         "NVSwitches too; 10de::03xx every NVIDIA display function).",
     show_default=False)]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Act on every device a slot or -d matched (needed when "
                                                        "they are more than one).")]

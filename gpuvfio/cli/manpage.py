@@ -27,6 +27,8 @@ ENVIRONMENT = (
     ("GPUVFIO_TEMPLATES", "A directory of domain XML templates instead of the packaged ones."),
     ("GPUVFIO_LIBVIRT_SCHEMAS", "Where libvirt's RelaxNG schemas are (domain.rng), to validate generated XML."),
     ("LIBVIRT_DEFAULT_URI", "libvirt's default connection, as for virsh (default qemu:///system)."),
+    ("SSH_AUTH_SOCK", "An ssh-agent whose keys SSH to guests and remote hypervisors may use (~/.ssh/config, or "
+                      "--ssh-config, applies as for ssh)."),
 )
 EXIT_STATUS = (("0", "done"), ("1", "refused (the host's state does not allow it; a dry run the real run would "
                                      "refuse) or a check or step failed"),

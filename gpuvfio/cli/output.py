@@ -62,7 +62,14 @@ class Listing:
     def add(self, *cells: Cell | str) -> None:
         if len(cells) != len(self.columns):
             raise ValueError("one cell per column")
-        self.rows.append(list(cells))
+        self.rows.append([Cell(printable(c.text), c.style) if isinstance(c, Cell) else printable(c) for c in cells])
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters shown escaped (\\x1b, \\n): names come from a host's
+    sysfs and pci.ids, or from a recording someone sent, and must not move the cursor, recolour
+    the terminal or start a row of their own in plain and CSV output."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _text(cell: Cell | str) -> str:
@@ -128,7 +135,7 @@ def print_listing(listing: Listing, fmt: str, out=None) -> None:
         for row in table:
             out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
         for note in listing.notes:
-            out.write(note + "\n")
+            out.write(printable(note) + "\n")
         return
     from rich.console import Console
 
@@ -162,4 +169,4 @@ def _print_table(listing: Listing, console) -> None:
                 console.print(f"{escape(_text(row[0]))} {column.title.lower()}: {escape(_text(row[i]))}",
                               soft_wrap=True)
     for note in listing.notes:
-        console.print(escape(note), soft_wrap=True)
+        console.print(escape(printable(note)), soft_wrap=True)

@@ -1,7 +1,8 @@
-"""What libvirt's ``virt-host-validate qemu`` checks for device assignment, as doctor checks:
-KVM itself usable, /dev/vfio/vfio, cgroup device control, and secure-guest support as
-information (tools/virt-host-validate-qemu.c virHostValidateQEMU; the IOMMU checks are
-gpuvfio.host.doctor's own, which go further).
+"""What libvirt's ``virt-host-validate qemu`` checks that matters for device assignment, as doctor
+checks (tools/virt-host-validate-qemu.c virHostValidateQEMU): KVM itself usable, cgroup device
+control (virt-host-validate warns; so does doctor), and secure-guest support as information;
+the IOMMU checks are gpuvfio.host.doctor's own, which go further. doctor adds /dev/vfio/vfio,
+which virt-host-validate does not look at.
 
 * Hardware virtualization: the vmx (Intel VT-x) or svm (AMD-V) CPU flag in /proc/cpuinfo
   (virHostValidateHasCPUFlag), then /dev/kvm present (virHostValidateDeviceExists). Without
@@ -9,8 +10,10 @@ gpuvfio.host.doctor's own, which go further).
 * /dev/vfio/vfio is the VFIO container (Documentation/driver-api/vfio.rst); it appears when
   the vfio module loads, which gpuvfio bind does.
 * cgroup device control: libvirt confines a guest's device access through the cgroup
-  ``devices`` controller (v1) or its BPF program (v2), both CONFIG_CGROUP_DEVICE, which
-  /proc/cgroups lists with enabled=1 (Documentation/admin-guide/cgroup-v1/devices.rst).
+  ``devices`` controller (v1) or a BPF device program (v2; libvirt probes for it, gpuvfio reads
+  /proc/cgroups, where CONFIG_CGROUP_DEVICE shows as the devices line with enabled=1,
+  Documentation/admin-guide/cgroup-v1/devices.rst). Without it guests still run, unconfined:
+  a warning, as virt-host-validate gives.
 * Secure guests (AMD SEV: kvm_amd's ``sev`` parameter; Intel TDX: kvm_intel's ``tdx``):
   information only, passthrough does not need them.
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from gpuvfio.host.checks import FAIL, OK, SKIP, Check
+from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.root import HostRoot
 
@@ -89,9 +92,10 @@ def check_cgroup_devices(host: HostRoot) -> Check:
             if parts[3] == "1":
                 return Check("cgroup_devices", OK, "cgroup device control available (libvirt confines the guest's "
                                                    "device access)")
-            return Check("cgroup_devices", FAIL, "the cgroup devices controller is disabled",
+            return Check("cgroup_devices", WARN, "the cgroup devices controller is disabled: libvirt cannot "
+                                                 "confine the guest's device access",
                          "remove cgroup_disable=devices from the kernel command line")
-    return Check("cgroup_devices", FAIL, "no cgroup devices controller in this kernel (CONFIG_CGROUP_DEVICE): libvirt "
+    return Check("cgroup_devices", WARN, "no cgroup devices controller in this kernel (CONFIG_CGROUP_DEVICE): libvirt "
                                          "cannot confine the guest's device access",
                  "use a kernel built with CONFIG_CGROUP_DEVICE=y")
 

@@ -23,7 +23,7 @@ from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.topology import position
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
-from gpuvfio.errors import Refused
+from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
@@ -186,10 +186,17 @@ def differences(wanted_xml: str, current_xml: str) -> list[str]:
 
 def complete_domains(uri: str | None, incomplete: str) -> list[str]:
     """Shell completion for a domain name: libvirt's domains (read-only connection) that start
-    with what was typed; nothing when libvirt does not answer."""
-    libvirt = libvirt_module()
+    with what was typed; nothing when libvirt does not answer, is not installed, or is remote (a
+    Tab must not start ssh or wait on the network)."""
+    uri = uri or default_uri()
+    scheme = uri.split(":", 1)[0]
+    if "+" in scheme and not scheme.endswith("+unix") or "://" in uri and uri.split("://", 1)[1][:1] not in ("/", ""):
+        return []
     try:
-        conn = libvirt.openReadOnly(uri or default_uri())
+        libvirt = libvirt_module()
+        conn = libvirt.openReadOnly(uri)
+    except GpuvfioError:
+        return []
     except libvirt.libvirtError:
         return []
     try:
