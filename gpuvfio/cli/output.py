@@ -76,23 +76,25 @@ def _text(cell: Cell | str) -> str:
     return cell.text if isinstance(cell, Cell) else cell
 
 
+def _sizes(listing: Listing, i: int) -> tuple[int, int]:
+    """(longest cell, narrowest honest width) of column ``i``: a kept column is never narrower
+    than its longest cell, another no narrower than its longest word (words wrap whole)."""
+    cells = [listing.columns[i].title] + [_text(row[i]) for row in listing.rows]
+    longest = max(len(c) for c in cells)
+    if listing.columns[i].keep:
+        return longest, longest
+    return longest, max(max((len(w) for w in c.split()), default=1) for c in cells)
+
+
+def _room(width: int, columns: int) -> int:
+    return width - 1 - 3 * columns  # the borders and one space each side of a cell
+
+
 def _fitting_columns(listing: Listing, width: int) -> list[int]:
-    """Indexes of the columns to show at ``width``: drop the highest rank first while the
-    narrowest honest layout (kept columns at full width, others at their longest word) is wider."""
+    """Indexes of the columns to show at ``width``: drop the highest rank first while even the
+    narrowest honest layout is wider."""
     shown = list(range(len(listing.columns)))
-
-    def need(indexes: list[int]) -> int:
-        total = 1  # the left border
-        for i in indexes:
-            cells = [listing.columns[i].title] + [_text(row[i]) for row in listing.rows]
-            if listing.columns[i].keep:
-                widest = max(len(c) for c in cells)
-            else:
-                widest = max(max((len(w) for w in c.split()), default=1) for c in cells)
-            total += widest + 3  # a space each side and the separator
-        return total
-
-    while need(shown) > width:
+    while sum(_sizes(listing, i)[1] for i in shown) > _room(width, len(shown)):
         droppable = [i for i in shown if listing.columns[i].rank > 0]
         if not droppable:
             break
@@ -101,23 +103,16 @@ def _fitting_columns(listing: Listing, width: int) -> list[int]:
 
 
 def _widths(listing: Listing, shown: list[int], width: int) -> list[int]:
-    """Each shown column's width: its longest cell, narrowed (widest first) down to its longest
-    word where the terminal is too narrow; kept columns keep their longest cell. Words then wrap
-    whole and nothing is cut (rich's own narrowing folded words and overran the terminal)."""
-    natural, least = [], []
-    for i in shown:
-        cells = [listing.columns[i].title] + [_text(row[i]) for row in listing.rows]
-        natural.append(max(len(c) for c in cells))
-        least.append(natural[-1] if listing.columns[i].keep else
-                     max(max((len(w) for w in c.split()), default=1) for c in cells))
-    widths = list(natural)
-    room = width - 1 - 3 * len(shown)  # the borders and one space each side of a cell
-    while sum(widths) > room:
-        narrowable = [k for k in range(len(widths)) if widths[k] > least[k]]
+    """Each shown column's width: its longest cell, narrowed (widest first) down to its
+    narrowest honest width where the terminal is too narrow, so nothing is cut (rich's own
+    narrowing folded words and overran the terminal)."""
+    sizes = [_sizes(listing, i) for i in shown]
+    widths = [longest for longest, _least in sizes]
+    while sum(widths) > _room(width, len(shown)):
+        narrowable = [k for k in range(len(widths)) if widths[k] > sizes[k][1]]
         if not narrowable:
             break
-        widest = max(narrowable, key=lambda k: widths[k])
-        widths[widest] -= 1
+        widths[max(narrowable, key=lambda k: widths[k])] -= 1
     return widths
 
 

@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 from gpuvfio.errors import InputError
 
 SSH_G_TIMEOUT = 10.0
-_JUMP = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.:-]+?)"
-                   r"(?::(?P<port>[0-9]{1,5}))?")
-
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
 @dataclass(frozen=True)
 class HostConfig:
@@ -38,6 +36,22 @@ class HostConfig:
     proxy_jump: str | None = None  # the first hop: [user@]host[:port]
     source: str = "none"  # ssh -G | paramiko | none
     notes: list[str] = field(default_factory=list)
+
+
+def parse_jump(spec: str, where: str = "ProxyJump") -> tuple[str | None, str, int | None]:
+    """(user, host, port) of one ProxyJump hop, ``[user@]host[:port]`` (an IPv6 host in
+    brackets when a port follows); bad input otherwise. The host is checked by the caller, as
+    the user's own options are."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else (tail or None)
+    elif rest.count(":") == 1:
+        host, _, port = rest.partition(":")
+    if not host or "/" in rest or (user and not _USER.fullmatch(user)):
+        raise InputError(f"{where} {spec!r} is not [user@]host[:port]")
+    return user or None, host, _port(port, where)
 
 
 def check_config_file(path: str | None) -> str | None:
@@ -79,8 +93,7 @@ def _from_options(host: str, options: dict[str, list[str]], source: str, where: 
         if "," in jump:
             raise InputError(f"{where}: ProxyJump {jump!r} for {host} has more than one hop; gpuvfio takes one")
         jump = jump[len("ssh://"):] if jump.startswith("ssh://") else jump  # ssh's URI form, as ssh -G prints it
-        if not _JUMP.fullmatch(jump):
-            raise InputError(f"{where}: ProxyJump {jump!r} for {host} is not [user@]host[:port]")
+        parse_jump(jump, f"{where}: ProxyJump for {host}")
     else:
         jump = None
     known = [path for value in options.get("userknownhostsfile", []) for path in value.split()]

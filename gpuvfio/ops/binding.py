@@ -36,19 +36,18 @@ from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
-__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "plan", "bind", "restore", "held", "release", "unbind",
-           "status", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
+__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "restore", "held",
+           "release", "unbind", "status", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
 
 def libvirt_view(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None,
                  exclude: str | None = None) -> LibvirtView:
     """Which domains use ``addresses``, by the one policy above."""
-    if uri == NO_LIBVIRT:
-        return LibvirtView(not_asked="libvirt not asked (--connect none)")
-    if uri is None and not ctx.live and not ctx.connections:
-        return LibvirtView(not_asked="libvirt not asked: the host root is not this machine "
-                                     "(--connect URI asks one)")
+    not_asked = libvirt_not_asked(ctx, uri)
+    if not_asked:
+        return LibvirtView(not_asked=not_asked)
+
     def mdev_parent(uuid: str) -> PciAddress | None:
         found = existing_mdev(ctx.host, uuid)
         return found[0] if found else None
@@ -57,6 +56,16 @@ def libvirt_view(ctx: Context, addresses: list[PciAddress], *, uri: str | None =
         return LibvirtView(users=domains_using(ctx.libvirt(uri), addresses, exclude=exclude, mdev_parent=mdev_parent))
     except GpuvfioError as exc:
         return LibvirtView(error=str(exc))
+
+
+def libvirt_not_asked(ctx: Context, uri: str | None) -> str | None:
+    """Why libvirt is not asked (--connect none, a root that is not this machine), by the one
+    policy above; None: it is."""
+    if uri == NO_LIBVIRT:
+        return "libvirt not asked (--connect none)"
+    if uri is None and not ctx.live and not ctx.connections:
+        return "libvirt not asked: the host root is not this machine (--connect URI asks one)"
+    return None
 
 
 def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpuvfio.bind.journal import known_hosts_file
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget
-from gpuvfio.guest.ssh_config import check_config_file, resolve
+from gpuvfio.guest.ssh_config import check_config_file, parse_jump, resolve
 from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
@@ -112,14 +112,7 @@ def _check_from_config(hostname: str, user: str | None) -> None:
 def _jump_target(spec: str, target: SshTarget, ssh_config: str | None) -> SshTarget:
     """The ProxyJump host ([user@]host[:port]), itself resolved through the SSH config, under the
     target's host-key policy."""
-    user, _, rest = spec.rpartition("@")
-    host, port = rest, None
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, _, number = rest.partition(":")
-        port = int(number)
+    user, host, port = parse_jump(spec)
     if not valid_host(host):
         raise InputError(f"ProxyJump host {host!r} is not a host name or address")
     config = resolve(host, ssh_config)

@@ -29,12 +29,11 @@ def types(ctx: Context, address: PciAddress) -> dict:
 
 def instances_list(ctx: Context, *, uri: str | None = None) -> dict:
     """``gpuvfio vgpu list``: every vGPU instance with its type, parent, the domains using it
-    (libvirt asked by the one policy of ops.binding.libvirt_view), persisted or not."""
+    (libvirt asked by the one policy of ops.binding), persisted or not."""
     inventory = read_inventory(ctx.host)
     found = instances.existing_instances(ctx.host, inventory, Journal.load(state_dir(ctx.host)))
-    view = binding.libvirt_view(ctx, [], uri=uri)
     used: dict[str, list[str]] = {}
-    libvirt_note = view.not_asked or view.error
+    libvirt_note = binding.libvirt_not_asked(ctx, uri)
     if libvirt_note is None:
         try:
             used = assignments(ctx.libvirt(uri))

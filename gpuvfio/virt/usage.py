@@ -39,37 +39,15 @@ def mdev_uuids(domain_xml: str) -> set[str]:
             for a in h.iterfind("source/address") if a.get("uuid")}
 
 
-def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = None,
-                  mdev_parent: Callable[[str], PciAddress | None] = lambda uuid: None) -> dict[PciAddress, list[str]]:
-    """Per address, the domains whose live or persistent definition assigns it, directly or as the
-    parent of an mdev they use (``mdev_parent``: the GPU an mdev UUID lives on); ``exclude``: a
-    domain not to count, the one an attach is about to replace."""
-    libvirt = libvirt_module()
-    used: dict[PciAddress, list[str]] = {a: [] for a in addresses}
-    try:
-        for dom in conn.listAllDomains(0):
-            if dom.name() == exclude:
-                continue
-            xmls = [dom.XMLDesc(0)]
-            if dom.isActive() and dom.isPersistent():
-                xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-            assigned = set().union(*(hostdev_addresses(x) for x in xmls))
-            assigned |= {mdev_parent(u) for u in set().union(*(mdev_uuids(x) for x in xmls))} - {None}
-            for address in addresses:
-                if address in assigned:
-                    used[address].append(dom.name())
-    except libvirt.libvirtError as exc:
-        raise LibvirtError(f"listing libvirt's domains: {exc.get_error_message()}") from None
-    return used
-
-
-def assignments(conn) -> dict[str, list[str]]:
+def assignments(conn, *, exclude: str | None = None) -> dict[str, list[str]]:
     """Which domains assign each PCI address (as text) and each mdev UUID, in their live or
-    persistent definition."""
+    persistent definition; ``exclude``: a domain not to count."""
     libvirt = libvirt_module()
     found: dict[str, list[str]] = {}
     try:
         for dom in conn.listAllDomains(0):
+            if dom.name() == exclude:
+                continue
             xmls = [dom.XMLDesc(0)]
             if dom.isActive() and dom.isPersistent():
                 xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
@@ -79,3 +57,16 @@ def assignments(conn) -> dict[str, list[str]]:
     except libvirt.libvirtError as exc:
         raise LibvirtError(f"listing libvirt's domains: {exc.get_error_message()}") from None
     return found
+
+
+def domains_using(conn, addresses: list[PciAddress], *, exclude: str | None = None,
+                  mdev_parent: Callable[[str], PciAddress | None] = lambda uuid: None) -> dict[PciAddress, list[str]]:
+    """Per address, the domains whose live or persistent definition assigns it, directly or as the
+    parent of an mdev they use (``mdev_parent``: the GPU an mdev UUID lives on); ``exclude``: a
+    domain not to count, the one an attach is about to replace."""
+    used: dict[PciAddress, list[str]] = {a: [] for a in addresses}
+    for key, names in assignments(conn, exclude=exclude).items():
+        address = PciAddress.try_parse(key) or mdev_parent(key)
+        if address in used:
+            used[address] += [n for n in names if n not in used[address]]
+    return used
