@@ -179,3 +179,14 @@ def test_damaged_testbed_results_are_one_line(cli, tmp_path, name, text, fragmen
     assert_one_line_error(result, fragment)
     assert sorted(p.name for p in out.iterdir()) == ["identity.json", "results"] if name == "identity.json" \
         else ["results"]
+
+
+def test_verify_expect_device_is_a_device_argument(cli, workstation):
+    """--expect-device takes what every device argument takes, checked before SSH is tried: a bad
+    selector is bad input, a slot the host does not have matches nothing."""
+    base = ("--root", workstation.root, "verify", "--ssh-host", "127.0.0.1", "--ssh-port", "9", "--timeout", "0.1")
+    assert_one_line_error(cli(*base, "--expect-device", "01:00.9"), "not a PCI address")
+    assert_one_line_error(cli(*base, "--expect-device", "pci_0000_01_00"), "not a PCI address")
+    assert_one_line_error(cli(*base, "--expect-device", "1f:1f"), "no PCI function on this host matches 1f:1f")
+    reached_ssh = cli(*base, "--expect-device", "01:00")  # the slot expands; then nothing answers on port 9
+    assert reached_ssh.code == 1 and "no PCI function" not in reached_ssh.err, reached_ssh.err

@@ -456,6 +456,77 @@ def test_device_module_fails_with_the_refusal_in_check_mode_too(run_module, tmp_
     assert failed and "fixture file" in result["msg"]
 
 
+def test_device_module_takes_selectors_as_the_command_does(run_module, built_host):
+    """A slot, a node-device name and lspci -d ids select as on the command line; the expansion is
+    in the result; bad selectors are bad input (exit status 2) before anything is read."""
+    root, state, _kernel = built_host
+    base = {"root": root, "state_dir": state, "state": "vfio"}
+    for devices in (["01:00"], ["pci_0000_01_00_0"]):
+        failed, result = run_module("gpuvfio_device", dict(base, devices=devices), check=True,
+                                    context=built_host.context)
+        assert not failed and result["devices"] == [GPU, AUDIO], result
+    failed, result = run_module("gpuvfio_device", dict(base, devices=["01:00"]), check=True,
+                                context=built_host.context)
+    assert result["selected"] == [f"selected 01:00 -> {GPU}, {AUDIO}"]
+    # -d ids: the NVIDIA display function only (class 03xx), not the NIC
+    failed, result = run_module("gpuvfio_device", dict(base, device_ids=["10de::03xx"]), context=built_host.context)
+    assert not failed and result["changed"] is True, result
+    assert result["selected"] == [f"selected -d 10de::03xx -> {GPU}"]
+    assert _driver(root, GPU) == _driver(root, AUDIO) == "vfio-pci" and _driver(root, NIC) == "igc"
+    for bad in ({"devices": ["01:00.9"]}, {"device_ids": ["10de:zz"]}, {"devices": ["pci_0000_01_00"]}):
+        failed, result = run_module("gpuvfio_device", dict(base, **bad), context=built_host.context)
+        assert failed and result["exit_code"] == 2, (bad, result)
+    failed, result = run_module("gpuvfio_device", dict(base, device_ids=["1af4:"]), context=built_host.context)
+    assert failed and result["exit_code"] == 2 and "no PCI function" in result["msg"]
+    failed, result = run_module("gpuvfio_device", {"root": root, "state": "vfio"}, context=built_host.context)
+    assert failed and "devices" in result["msg"] and "device_ids" in result["msg"]
+
+
+def test_device_module_wants_all_matched_beyond_one_device(run_module, tmp_path):
+    """-d 10de:2330 on an HGX host is eight GPUs: refused without all_matched (nothing written,
+    in check mode as in a real run), planned with it."""
+    from gpuvfio.host.fixture import load_fixture
+
+    root = tmp_path / "dgx"
+    with open(os.path.join(SAMPLES, "dgx-h100.host"), encoding="utf-8") as handle:
+        load_fixture(handle.read(), str(root))
+    args = {"root": str(root), "state_dir": str(tmp_path / "s"), "device_ids": ["10de:2330"], "libvirt_uri": "none"}
+    for check in (True, False):
+        failed, result = run_module("gpuvfio_device", args, check=check)
+        assert failed and result["exit_code"] == 1 and "matches 8 devices" in result["msg"], result
+        assert "add all_matched: true to act on all of them" in result["msg"]
+        assert result["selected"][0].startswith("selected -d 10de:2330 -> 0000:1b:00.0, 0000:43:00.0")
+    assert not os.path.exists(tmp_path / "s" / "journal.json")
+    failed, result = run_module("gpuvfio_device", dict(args, all_matched=True, stop_services=True), check=True)
+    assert not failed, result
+    assert {"0000:1b:00.0", "0000:df:00.0", "0000:03:00.0"} <= set(result["devices"])  # NVSwitches come along
+
+
+def test_domain_module_takes_selectors_and_the_rom_and_loader_options(run_module, built_host):
+    root, state, _kernel = built_host
+    rom = os.path.join(root, "var", "lib", "gpuvfio", "clean.rom")
+    os.makedirs(os.path.dirname(rom))
+    with open(rom, "wb") as handle:
+        handle.write(b"\x55\xaa" + bytes(510))
+    args = {"root": root, "state_dir": state, "name": "rom-0", "devices": ["pci_0000_01_00_0"],
+            "uri": "test:///default", "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios",
+            "rom_file": "/var/lib/gpuvfio/clean.rom"}
+    failed, result = run_module("gpuvfio_domain", args, check=True, context=built_host.context)
+    assert not failed, result
+    assert "<rom file='/var/lib/gpuvfio/clean.rom'/>" in result["xml"] or 'file="/var/lib/gpuvfio/clean.rom"' in \
+        result["xml"], result["xml"]
+    assert "bus='0x01'" in result["xml"] or "bus=\"0x01\"" in result["xml"]
+    failed, result = run_module("gpuvfio_domain", dict(args, rom_file=None, rom_bar="off", devices=[],
+                                                       device_ids=["10de::0300"]), check=True,
+                                context=built_host.context)
+    assert not failed, result
+    assert "<rom bar='off'/>" in result["xml"] or '<rom bar="off"/>' in result["xml"], result["xml"]
+    for bad in ({"rom_file": "/var/lib/gpuvfio/missing.rom"}, {"rom_file": "relative.rom"},
+                {"firmware": "efi", "loader": "/usr/share/OVMF/OVMF_CODE.fd"}, {"devices": ["1:2:3"]}):
+        failed, result = run_module("gpuvfio_domain", dict(args, **bad), check=True, context=built_host.context)
+        assert failed and result["exit_code"] == 2, (bad, result)
+
+
 def test_domain_module_defines_updates_and_removes_idempotently(run_module, built_host):
     from gpuvfio.virt.lifecycle import lookup
 
@@ -595,8 +666,8 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
         with open(server.client_key) as handle:
             private_key = handle.read()
         args = {"root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": server.port,
-                "known_hosts": server.known_hosts, "expect_devices": [GPU], "ssh_private_key": private_key,
-                "bandwidth": False}
+                "known_hosts": server.known_hosts, "expect_devices": ["pci_0000_01_00_0"],
+                "ssh_private_key": private_key, "bandwidth": False}
         failed, result = run_module("gpuvfio_verify", args, check=True)
         assert not failed and result["changed"] is False, result
         assert result["report"]["ok"] is True
@@ -612,6 +683,8 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
         server.stop()
     failed, result = run_module("gpuvfio_verify", {"root": root})
     assert failed and "domain" in result["msg"] and "ssh_host" in result["msg"]
+    failed, result = run_module("gpuvfio_verify", {"root": root, "ssh_host": "127.0.0.1", "expect_devices": ["01:00.9"]})
+    assert failed and result["exit_code"] == 2 and "01:00.9" in result["msg"]
 
 
 def test_secrets_stay_out_of_the_output(ansible_env, tmp_path):

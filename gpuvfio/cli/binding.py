@@ -10,7 +10,7 @@ import typer
 from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
-from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
+from gpuvfio.cli.devices import DeviceIds, Devices, Yes
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
@@ -18,6 +18,7 @@ from gpuvfio.ops.reset import reset
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, host_context, live_context
 from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.selection import check_devices, resolve
 
 WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                              help="Give up on a sysfs write the kernel does not return from.")]
@@ -34,10 +35,6 @@ AllowUnsafeHost = Annotated[bool, typer.Option("--allow-unsafe-host", help="DANG
 Connect = Annotated[Optional[str], typer.Option(
     "--connect", metavar="URI", help="libvirt to ask which domains use the devices (default: libvirt's default on "
                                      "this machine; 'none': do not ask).")]
-
-
-def parse_addresses(values: list[str] | None) -> list[PciAddress]:
-    return [PciAddress.parse(a) for a in values or []]
 
 
 def reporting_failure(as_json: bool, call):

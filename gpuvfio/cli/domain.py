@@ -9,13 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
-from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
+from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import InputError
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.ops.domains import (NCCL_GUEST_FILE, DomainRequest, define_domain, domain_request, existing_domain,
                                  nccl_topology_file, provision_xml)
+from gpuvfio.ops.selection import check_devices, resolve
 
 Name = Annotated[str, typer.Option("--name", help="Domain name.")]
 Vcpus = Annotated[int, typer.Option("--vcpus")]

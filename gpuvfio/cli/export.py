@@ -7,10 +7,11 @@ import sys
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
-from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
+from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.ops import export
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.selection import check_devices, resolve
 
 export_app = typer.Typer(help="What gpuvfio knows about the host's GPUs, for KubeVirt and DRA drivers.",
                          no_args_is_help=True)

@@ -8,8 +8,7 @@ import typer
 
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
-from gpuvfio.cli.binding import parse_addresses
-from gpuvfio.cli.devices import DeviceIds, Devices, Yes, check_devices, resolve
+from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Loader, Memory, Name, Numa,
                                 NvramTemplate, P2p, Path, QemuVersion, RomBar, RomFile, Text, Topology, Vcpus,
                                 VirtType)
@@ -20,6 +19,7 @@ from gpuvfio.ops.domains import complete_domains
 from gpuvfio.ops.guests import (PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, parse_expect, verify,
                                 verify_options)
 from gpuvfio.ops.targets import ssh_options
+from gpuvfio.ops.selection import check_devices, resolve
 
 SshHost = Annotated[Optional[str], typer.Option("--ssh-host", help="Guest address (default: discovered).")]
 SshPort = Annotated[Optional[int], typer.Option("--ssh-port", help="Guest SSH port (default: discovered, else 22).")]
@@ -46,8 +46,10 @@ def verify_cmd(
     domain: Annotated[Optional[str], typer.Argument(metavar="[DOMAIN]", help="Find the guest through libvirt.",
                                                     autocompletion=_complete_domain)] = None,
     expect_device: Annotated[Optional[list[str]], typer.Option(
-        "--expect-device", metavar="ADDR", help="Host device that must be in the guest (default: the devices "
-                                                "gpuvfio assigned to DOMAIN).")] = None,
+        "--expect-device", metavar="DEVICE", help="Host device that must be in the guest, as a device argument "
+                                                  "(01:00 is every function of the slot; default: the devices "
+                                                  "gpuvfio assigned to DOMAIN).",
+        autocompletion=complete_device)] = None,
     expect_ids: Annotated[Optional[list[str]], typer.Option(
         "--expect", metavar="VENDOR:DEVICE[xN]", help="N functions with these IDs must be in the guest (a guest "
                                                       "gpuvfio did not define; e.g. 10de:2335x4).")] = None,
@@ -70,7 +72,7 @@ def verify_cmd(
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth."""
-    expect = parse_addresses(expect_device) if expect_device else None
+    check_devices(expect_device, None, required=False)
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
                       ssh_config=ssh_config, trust_on_first_use=trust_on_first_use, timeout=timeout)
@@ -80,6 +82,7 @@ def verify_cmd(
                              link_efficiency=link_efficiency, min_gbps=min_gbps, size_mib=size_mib, copies=copies,
                              samples=samples)
     with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+        expect = resolve(ctx.host, expect_device, None) if expect_device else None
         report = verify(ctx, ssh=ssh, domain=domain, uri=connect, expect=expect, expect_ids=wanted_ids,
                         options=options)
     if as_json:

@@ -9,9 +9,10 @@ import typer
 
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
-from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
+from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import FormatOption, chosen_format, print_listing
 from gpuvfio.ops.inventory import doctor_report, dump_host, list_report, open_host
+from gpuvfio.ops.selection import check_devices, resolve
 
 
 @app.command("list")

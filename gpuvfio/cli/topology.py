@@ -7,9 +7,10 @@ from __future__ import annotations
 import sys
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
-from gpuvfio.cli.devices import DeviceIds, Devices, check_devices, resolve
+from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.topology import LEGEND_ORDER, topology_report
+from gpuvfio.ops.selection import check_devices, resolve
 
 UNKNOWN_MARK = "?"
 

@@ -8,12 +8,12 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
-from gpuvfio.cli.devices import resolve_one
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
 from gpuvfio.ops.context import Context, host_context, live_context
 from gpuvfio.ops.domains import parse_uuid
+from gpuvfio.ops.selection import resolve_one
 from gpuvfio.selector import SELECTOR_HELP, Selector
 
 vgpu_app = typer.Typer(help="vGPU profiles: list the types a GPU offers, create and remove instances, set the "

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from typing import Callable
+
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import list_addresses, read_functions
 from gpuvfio.host.root import ROOT_ENV, HostRoot
-from gpuvfio.selector import IdFilter, Selector
+from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
 
 
 @dataclass
@@ -34,12 +36,13 @@ class Selection:
     def describe(self) -> str:
         return f"{' '.join(self.typed)} -> {', '.join(map(str, self.addresses))}"
 
-    def confirm(self, yes: bool) -> None:
+    def confirm(self, yes: bool, yes_hint: str = "--yes") -> None:
         """Refused when a selector expanded to more than one physical device and ``yes`` was not
-        given: a host change should not reach further than the admin looked."""
+        given: a host change should not reach further than the admin looked. ``yes_hint``: how
+        the interface says yes (the CLI's --yes, a module's parameter)."""
         if self.expanded and len(self.devices) > 1 and not yes:
             raise Refused(f"{' '.join(self.typed)} matches {len(self.devices)} devices "
-                          f"({', '.join(map(str, self.addresses))}); add --yes to act on all of them")
+                          f"({', '.join(map(str, self.addresses))}); add {yes_hint} to act on all of them")
 
 
 def parse_selectors(texts: list[str] | None, ids: list[str] | None) -> tuple[list[Selector], list[IdFilter]]:
@@ -71,6 +74,37 @@ def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None
     if not chosen:
         raise InputError(f"no PCI function on this host matches {' '.join(typed)}")
     return Selection(sorted(set(chosen)), typed, expanded=True)
+
+
+def check_devices(texts: list[str] | None, ids: list[str] | None, *, required: bool) -> None:
+    """Validate at the edge, before anything is read or changed."""
+    parse_selectors(texts, ids)
+    if required and not texts and not ids:
+        raise InputError(f"no device given ({SELECTOR_HELP}, or -d VENDOR:[DEVICE])")
+
+
+def resolve(host: HostRoot, texts: list[str] | None, ids: list[str] | None, *, changes: bool = False,
+            yes: bool = False, yes_hint: str = "--yes",
+            tell: Callable[[str], None] = lambda line: None) -> list[PciAddress]:
+    """The addresses the arguments mean on ``host`` (every interface: the CLI, the Ansible
+    modules, the testbed spec); for a host change, what a selector expanded to is told, and more
+    than one physical device needs ``yes``."""
+    if not texts and not ids:
+        return []
+    selection = select(host, texts, ids)
+    if selection.expanded and changes:
+        tell(f"selected {selection.describe()}")
+        selection.confirm(yes, yes_hint)
+    return selection.addresses
+
+
+def resolve_one(host: HostRoot, text: str) -> PciAddress:
+    """The one function ``text`` names (vgpu commands act on one GPU)."""
+    found = resolve(host, [text], None)
+    if len(found) != 1:
+        raise InputError(f"{text} matches {len(found)} functions ({', '.join(map(str, found))}); name one, "
+                         "e.g. with its .FUNC")
+    return found[0]
 
 
 MAX_COMPLETIONS = 256

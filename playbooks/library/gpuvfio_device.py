@@ -28,10 +28,27 @@ options:
     description: gpuvfio's state directory (journal, lock). Default C(<root>/var/lib/gpuvfio).
     type: path
   devices:
-    description: PCI addresses (C(DDDD:BB:SS.F)) of the devices, normally the GPUs.
+    description:
+      - The devices, normally the GPUs, as the gpuvfio command takes them - C(DDDD:BB:SS.F),
+        an lspci slot (C(18:00) is every function of the slot, C(0000:18:00.1) one), or a
+        libvirt node-device name (C(pci_0000_18_00_0)).
+      - C(devices) or C(device_ids) is required.
     type: list
     elements: str
-    required: true
+    default: []
+  device_ids:
+    description:
+      - Devices by PCI ids, as C(lspci -d) - C(VENDOR:[DEVICE][:CLASS]) in hex, C(x) a wildcard
+        digit (C(10de:) is every NVIDIA function, NVSwitches too; C(10de::03xx) every NVIDIA
+        display function). With C(devices), only the devices both select.
+    type: list
+    elements: str
+    default: []
+  all_matched:
+    description: Act on every device a slot or C(device_ids) matched when they are more than one physical
+      device (the command's C(--yes)); without it such a task fails and names what matched.
+    type: bool
+    default: false
   state:
     description: Where the devices should be.
     type: str
@@ -85,9 +102,19 @@ EXAMPLES = r"""
   gpuvfio_device:
     devices: ["0000:18:00.0"]
     state: host
+
+- name: Every H100 SXM5 of an HGX board to vfio-pci (its NVSwitches come along)
+  gpuvfio_device:
+    device_ids: ["10de:2330"]
+    all_matched: true
 """
 
 RETURN = r"""
+selected:
+  description: What a slot or C(device_ids) expanded to (C(selected SELECTORS -> ADDRESSES)).
+  returned: when a selector was expanded
+  type: list
+  elements: str
 devices:
   description: The devices the request covers (whole IOMMU groups for vfio and persistence).
   returned: always
@@ -112,8 +139,9 @@ persist:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, driver_diff, fail_gpuvfio,
-                                                 parse_addresses, require_gpuvfio, task_context)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
+                                                 driver_diff, fail_gpuvfio, require_gpuvfio, resolve_devices,
+                                                 task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding
@@ -182,8 +210,7 @@ def persistence(module, ctx, addresses, remove: bool) -> dict:
 def main(context_factory=None) -> None:
     """``context_factory(host)``: the gpuvfio Context for the task (the live one by default)."""
     module = AnsibleModule(
-        argument_spec=dict(COMMON_ARGS,
-                           devices=dict(type="list", elements="str", required=True),
+        argument_spec=dict(COMMON_ARGS, **DEVICE_ARGS,
                            state=dict(type="str", choices=["vfio", "host", "persisted", "unpersisted"],
                                       default="vfio"),
                            force=dict(type="bool", default=False),
@@ -196,10 +223,13 @@ def main(context_factory=None) -> None:
     )
     require_gpuvfio(module)
     state = module.params["state"]
+    selected: list = []
+    result = {}
     try:
-        addresses = parse_addresses(module.params["devices"])
+        check_devices(module, required=True)
         with task_context(module, context_factory, write_timeout=module.params["write_timeout"],
                           lock_timeout=module.params["lock_timeout"]) as ctx:
+            addresses = resolve_devices(module, ctx, changes=True, selected=selected)
             if state == "vfio":
                 result = to_vfio(module, ctx, addresses)
             elif state == "host":
@@ -207,7 +237,9 @@ def main(context_factory=None) -> None:
             else:
                 result = persistence(module, ctx, addresses, remove=state == "unpersisted")
     except GpuvfioError as exc:
-        fail_gpuvfio(module, exc)
+        fail_gpuvfio(module, exc, selected=selected)
+    if selected:
+        result["selected"] = selected
     if not module._diff:
         result.pop("diff", None)
     module.exit_json(**result)

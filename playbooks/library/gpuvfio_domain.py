@@ -38,10 +38,22 @@ options:
     choices: [defined, running, absent]
     default: defined
   devices:
-    description: PCI addresses of the GPUs the guest gets (other functions of the same slot follow).
+    description:
+      - The GPUs the guest gets (other functions of the same slot follow), as the gpuvfio command
+        takes them - C(DDDD:BB:SS.F), an lspci slot (C(18:00)) or a libvirt node-device name.
     type: list
     elements: str
     default: []
+  device_ids:
+    description: GPUs by PCI ids, as C(lspci -d) (C(10de:2330)); with C(devices), only those both select.
+    type: list
+    elements: str
+    default: []
+  all_matched:
+    description: With C(state=running), bind every device a slot or C(device_ids) matched when they are more than
+      one physical device (the command's C(--yes)); without it such a task fails and names what matched.
+    type: bool
+    default: false
   uri:
     description: libvirt URI. Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
     type: str
@@ -66,10 +78,26 @@ options:
     type: str
     default: auto
   firmware:
-    description: Guest firmware.
+    description: Guest firmware (C(efi) - libvirt picks the UEFI build from its firmware descriptors).
     type: str
     choices: [efi, bios]
     default: efi
+  loader:
+    description: UEFI code image by path instead of libvirt's choice (with C(nvram_template)); a regular file
+      inside C(root).
+    type: path
+  nvram_template:
+    description: UEFI variables template (with C(loader)).
+    type: path
+  rom_bar:
+    description: Show the GPUs' ROM BAR to the guest (C(on)) or hide it (C(off), the usual fix for a GPU that drove
+      the host console). Default libvirt's (shown).
+    type: str
+    choices: ["on", "off"]
+  rom_file:
+    description: A ROM image (a dumped, clean VBIOS, starting 55 AA) the guest sees instead of the GPU's own; a
+      regular file inside C(root).
+    type: path
   virt_type:
     description: C(kvm), or C(qemu) (TCG) on hosts without KVM.
     type: str
@@ -208,6 +236,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+selected:
+  description: What a slot or C(device_ids) expanded to, when the task binds (C(state=running)).
+  returned: when a selector was expanded for state=running
+  type: list
+  elements: str
 xml:
   description: The domain XML gpuvfio builds.
   returned: when state is defined or running
@@ -232,8 +265,9 @@ plan:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio,
-                                                 parse_addresses, private_key_file, require_gpuvfio, task_context)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
+                                                 fail_gpuvfio, private_key_file, require_gpuvfio, resolve_devices,
+                                                 task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.errors import Refused
@@ -248,7 +282,9 @@ def domain_request(params):
         vgpu=params["vgpu"], uuid=params["uuid"], disk=params["disk"], kernel=params["kernel"],
         initrd=params["initrd"], cmdline=params["cmdline"], network=params["network"],
         virt_type=params["virt_type"], ssh_forward_port=params["ssh_forward_port"], console_log=params["console_log"],
-        force=params["force"], topology=params["topology"], p2p=params["p2p"], qemu_version=params["qemu_version"])
+        force=params["force"], topology=params["topology"], p2p=params["p2p"], qemu_version=params["qemu_version"],
+        loader=params["loader"], nvram_template=params["nvram_template"], rom_bar=params["rom_bar"],
+        rom_file=params["rom_file"])
 
 
 def build(module, ctx, addresses, existing, uri):
@@ -343,9 +379,9 @@ def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
+            **DEVICE_ARGS,
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["defined", "running", "absent"], default="defined"),
-            devices=dict(type="list", elements="str", default=[]),
             uri=dict(type="str"),
             update=dict(type="bool", default=True),
             vcpus=dict(type="int", default=4),
@@ -353,6 +389,10 @@ def main(context_factory=None) -> None:
             hugepages=dict(type="str", default="auto"),
             numa=dict(type="str", default="auto"),
             firmware=dict(type="str", choices=["efi", "bios"], default="efi"),
+            loader=dict(type="path"),
+            nvram_template=dict(type="path"),
+            rom_bar=dict(type="str", choices=["on", "off"]),
+            rom_file=dict(type="path"),
             virt_type=dict(type="str", choices=["kvm", "qemu"], default="kvm"),
             hide_kvm=dict(type="bool", default=False),
             mdev=dict(type="str"),
@@ -390,9 +430,13 @@ def main(context_factory=None) -> None:
     require_gpuvfio(module)
     state = module.params["state"]
     uri = module.params["uri"]
+    selected: list = []
+    result = {}
     try:
-        addresses = parse_addresses(module.params["devices"])
+        check_devices(module, required=False)
         with task_context(module, context_factory) as ctx:
+            if state != "absent":
+                addresses = resolve_devices(module, ctx, changes=state == "running", selected=selected)
             if state == "defined":
                 result = defined(module, ctx, uri, addresses)
             elif state == "running":
@@ -400,7 +444,9 @@ def main(context_factory=None) -> None:
             else:
                 result = absent(module, ctx, uri)
     except GpuvfioError as exc:
-        fail_gpuvfio(module, exc)
+        fail_gpuvfio(module, exc, selected=selected)
+    if selected:
+        result["selected"] = selected
     if not module._diff:
         result.pop("diff", None)
     module.exit_json(**result)

@@ -29,8 +29,9 @@ options:
     type: str
   expect_devices:
     description:
-      - Host PCI addresses that must be in the guest. Default, with C(domain), the devices gpuvfio
-        recorded in the domain.
+      - Host devices that must be in the guest, as the gpuvfio command takes them (C(DDDD:BB:SS.F),
+        an lspci slot such as C(18:00) for every function, a libvirt node-device name). Default,
+        with C(domain), the devices gpuvfio recorded in the domain.
     type: list
     elements: str
   bandwidth:
@@ -88,8 +89,8 @@ report:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio,
-                                                 parse_addresses, private_key_file, require_gpuvfio, task_context)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices, fail_gpuvfio,
+                                                 private_key_file, require_gpuvfio, resolve_devices, task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import guests
@@ -122,8 +123,10 @@ def main(context_factory=None) -> None:
     require_gpuvfio(module)
     params = module.params
     try:
-        expect = parse_addresses(params["expect_devices"]) if params["expect_devices"] is not None else None
+        check_devices(module, required=False, key="expect_devices", ids_key=None)
         with private_key_file(module) as key_file, task_context(module, context_factory, read_only=True) as ctx:
+            expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
+                      if params["expect_devices"] is not None else None)
             ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"],
                               key=key_file, known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
                               trust_on_first_use=params["trust_on_first_use"], timeout=params["timeout"])

@@ -29,9 +29,19 @@ COMMON_ARGS = dict(
     state_dir=dict(type="path"),
 )
 
+# The devices a task acts on, as the gpuvfio command takes them: addresses, lspci slots
+# (``01:00``: every function), libvirt node-device names, ``device_ids`` as lspci -d; a task
+# that changes the host acts on more than one physical device from a slot or an id filter only
+# with ``all_matched`` (the command's --yes).
+DEVICE_ARGS = dict(
+    devices=dict(type="list", elements="str", default=[]),
+    device_ids=dict(type="list", elements="str", default=[]),
+    all_matched=dict(type="bool", default=False),
+)
+
 try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml installs it)
-    from gpuvfio.address import PciAddress
     from gpuvfio.errors import GpuvfioError, InputError
+    from gpuvfio.ops import selection
     from gpuvfio.ops.context import host_context
     from gpuvfio.ops.inventory import open_host
     HAS_GPUVFIO = True
@@ -91,8 +101,26 @@ def private_key_file(module):
         os.unlink(handle.name)
 
 
-def parse_addresses(values) -> list:
-    return [PciAddress.parse(str(v)) for v in values or []]
+def check_devices(module, *, required: bool, key: str = "devices", ids_key: str | None = "device_ids") -> None:
+    """The device parameters parsed before anything is read (bad input fails the task alone)."""
+    if required and not _texts(module, key) and not _texts(module, ids_key):
+        raise InputError(f"no device given: set {key}" + (f" or {ids_key}" if ids_key else ""))
+    selection.check_devices(_texts(module, key), _texts(module, ids_key), required=False)
+
+
+def resolve_devices(module, ctx, *, changes: bool, key: str = "devices", ids_key: str | None = "device_ids",
+                    selected: list | None = None) -> list:
+    """The addresses the task's device parameters mean on its host (gpuvfio.ops.selection, as
+    the command); what a slot or an id filter expanded to is added to ``selected``."""
+    told = selected if selected is not None else []
+    return selection.resolve(ctx.host, _texts(module, key), _texts(module, ids_key), changes=changes,
+                             yes=bool(module.params.get("all_matched")), yes_hint="all_matched: true",
+                             tell=told.append)
+
+
+def _texts(module, key: str | None) -> list:
+    values = module.params.get(key) if key else None
+    return [str(v) for v in values or []]
 
 
 def fail_gpuvfio(module, exc, **extra) -> None:
