@@ -111,6 +111,54 @@ def test_plan_that_the_run_would_refuse_exits_1_and_says_why(cli, tmp_path, as_j
         assert "REFUSED: nvidia-persistenced is running" in result.out and "refused)" in result.out
 
 
+def test_plan_expands_the_specs_selectors_and_wants_yes_beyond_one_device(cli, tmp_path):
+    """[run] gpus and gpu_ids are device arguments, expanded on the hypervisor as the command
+    line's are; more than one device from a slot or an id filter needs --yes, in the plan as in
+    the run (the plan exits as the run would)."""
+    base = GOOD.replace("repetitions = 3", "repetitions = 3\nstop_services = true").replace(
+        'memory = "32G"', 'memory = "32G"\nrom_bar = "off"')
+    spec = write(tmp_path, base.replace('gpus = ["0000:1b:00.0"]', 'gpus = ["1b:00"]'))
+    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec, "--json")
+    assert result.code == 0, result.err
+    plan = result.json()
+    assert plan["gpus"] == ["0000:1b:00.0"] and plan["selected"] == ["selected 1b:00 -> 0000:1b:00.0"]
+    assert plan["variants"][0]["bind"]["devices"] == ["0000:1b:00.0"]
+    assert "<rom bar='off'/>" in plan["variants"][0]["xml"]
+    spec = write(tmp_path, base.replace('gpus = ["0000:1b:00.0"]', 'gpu_ids = ["10de:2330"]'))
+    refused = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec)
+    assert refused.code == 1 and "-d 10de:2330 matches 8 devices" in refused.err and "add --yes" in refused.err
+    assert refused.out == ""
+    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec, "--yes", "--json")
+    plan = result.json()
+    assert len(plan["gpus"]) == 8 and plan["gpus"][0] == "0000:1b:00.0", result.err
+    assert set(plan["gpus"]) <= set(plan["variants"][0]["bind"]["devices"])
+    text = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec, "--yes")
+    assert text.out.startswith("selected -d 10de:2330 -> 0000:1b:00.0, 0000:43:00.0")
+    bad = cli("--root", sample_path("dgx-h100"), "testbed", "plan",
+              write(tmp_path, base.replace('gpus = ["0000:1b:00.0"]', 'gpu_ids = ["10de:2330:030000"]')))
+    assert bad.code == 2 and "spec.toml:12: not a device id filter" in bad.err
+
+
+def test_a_resumed_run_measures_the_gpus_the_earlier_one_did(cli, tmp_path):
+    """A selection that expands to other GPUs than the run in OUT measured is refused before
+    anything changes (one report would mix two setups)."""
+    from gpuvfio.host.fixture import load_fixture
+
+    root = tmp_path / "dgx"
+    with open(sample_path("dgx-h100"), encoding="utf-8") as handle:
+        load_fixture(handle.read(), str(root))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "identity.json").write_text(json.dumps({"gpus": ["0000:43:00.0"]}))
+    spec = write(tmp_path, GOOD.replace('gpus = ["0000:1b:00.0"]', 'gpus = ["1b:00"]'))
+    result = cli("--root", str(root), "testbed", "run", spec, "--out", str(out), "--connect", "test:///default")
+    assert result.code == 1, result.err
+    assert "the spec selects 0000:1b:00.0 on this host now, the run in" in result.err
+    assert "measured 0000:43:00.0" in result.err
+    assert not (out / "results").exists() and json.loads((out / "identity.json").read_text()) == {
+        "gpus": ["0000:43:00.0"]}
+
+
 def test_stop_services_and_force_per_variant_or_globally(tmp_path):
     text = GOOD.replace("repetitions = 3", "repetitions = 3\nstop_services = true\nforce = true").replace(
         'numa = "remote"', 'numa = "remote"\nstop_services = false')

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.cli.devices import Yes
 from gpuvfio.errors import Refused
 from gpuvfio.ops.context import Context, live_context
 from gpuvfio.ops.inventory import open_host
@@ -36,16 +37,16 @@ def _local_known_hosts() -> str:
 
 
 @testbed_app.command("plan")
-def plan_cmd(spec_path: SpecArg, connect: Connect = None, as_json: JsonOption = False, here: HereOption = False,
-             root: RootOption = None) -> None:
+def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_json: JsonOption = False,
+             here: HereOption = False, root: RootOption = None) -> None:
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
-    Exit 1 when the run would refuse a variant."""
+    Exit 1 when the run would refuse a variant (a selection beyond one device without --yes too)."""
     spec = load_spec(spec_path)
     if spec.host is not None and not here:
-        report = plan_remote(spec, _local_known_hosts())
+        report = plan_remote(spec, _local_known_hosts(), yes=yes)
     else:
         with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
-            report = plan(ctx, spec, uri=connect or spec.connect)
+            report = plan(ctx, spec, uri=connect or spec.connect, yes=yes)
     if as_json:
         emit_json(report)
     else:
@@ -57,6 +58,8 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, as_json: JsonOption = 
 def _print_plan(report: dict) -> None:
     if "host" in report:
         sys.stdout.write(f"hypervisor {report['host']} (over SSH)\n")
+    for line in report["selected"]:
+        sys.stdout.write(f"{line}\n")
     for variant in report["variants"]:
         sys.stdout.write(f"== {variant['name']} ({variant['kind']})\n")
         if "action" in variant:
@@ -87,18 +90,18 @@ def _print_plan(report: dict) -> None:
 
 @testbed_app.command("run")
 def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")], connect: Connect = None,
-            here: HereOption = False, as_json: JsonOption = False, root: RootOption = None) -> None:
+            yes: Yes = False, here: HereOption = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
     spec = load_spec(spec_path)
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:
-        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect,
+        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect, yes=yes,
                             progress=progress)
         _finished(spec, out, remote["host"], as_json)
         return
     os.makedirs(out, exist_ok=True)
     with live_context(root_of(root), progress=progress) as ctx:
-        run_testbed(ctx, spec, out, uri=connect or spec.connect)
+        run_testbed(ctx, spec, out, uri=connect or spec.connect, yes=yes)
     _finished(spec, out, None, as_json)
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import difflib
 import re
 
+from typing import Callable
+
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops import binding, domains, vgpu
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.selection import resolve
 from gpuvfio.testbed.spec import Spec, Variant
 
 DOMAIN_PREFIX = "gpuvfio-tb-"
@@ -24,34 +27,48 @@ def domain_name(variant_name: str) -> str:
     return f"{DOMAIN_PREFIX}{variant_name}"
 
 
-def request_for(ctx: Context, spec: Spec, variant: Variant) -> domains.DomainRequest:
+def gpus_on(ctx: Context, spec: Spec, *, yes: bool = False, tell: Callable[[str], None] = lambda line: None
+            ) -> list[PciAddress]:
+    """The GPUs ``[run] gpus`` and ``gpu_ids`` mean on the hypervisor, as every device argument
+    (ops.selection): what a slot or an id filter expanded to is told, and more than one physical
+    device needs ``yes`` (testbed plan/run --yes; the plan refuses what the run would)."""
+    return resolve(ctx.host, spec.gpus, spec.gpu_ids, changes=True, yes=yes, tell=tell)
+
+
+def request_for(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress]) -> domains.DomainRequest:
     """The variant's domain request: the spec's guest, the variant's pages, NUMA and profile
     (a legacy mdev type or an SR-IOV vGPU type, as the GPU offers them)."""
     guest = spec.guest
     profile = {}
     if variant.kind == "vgpu":
-        legacy = vgpu.types(ctx, addresses_for(spec, variant)[0])["kind"] == "mdev"
+        legacy = vgpu.types(ctx, addresses_for(gpus, variant)[0])["kind"] == "mdev"
         profile = {"mdev": variant.profile} if legacy else {"vgpu": variant.profile}
     return domains.domain_request(
         domain_name(variant.name), vcpus=guest.get("vcpus", 4), memory=str(guest.get("memory", "8G")),
         hugepages=variant.hugepages, numa=variant.numa, firmware=guest.get("firmware", "efi"),
         virt_type=guest.get("virt_type", "kvm"), disk=guest.get("disk"), kernel=guest.get("kernel"),
         initrd=guest.get("initrd"), cmdline=guest.get("cmdline"), network=guest.get("network"),
-        ssh_forward_port=spec.ssh.get("port"), **profile)
+        ssh_forward_port=spec.ssh.get("port"), loader=guest.get("loader"),
+        nvram_template=guest.get("nvram_template"), rom_bar=guest.get("rom_bar"), rom_file=guest.get("rom_file"),
+        **profile)
 
 
-def addresses_for(spec: Spec, variant: Variant) -> list[PciAddress]:
-    return [PciAddress.parse(g) for g in spec.gpus] if variant.kind in ("passthrough", "vgpu") else []
+def addresses_for(gpus: list[PciAddress], variant: Variant) -> list[PciAddress]:
+    """The devices a variant's guest gets (a bare-metal variant runs on the host)."""
+    return list(gpus) if variant.kind in ("passthrough", "vgpu") else []
 
 
 def policy_for(variant: Variant) -> BindPolicy:
     return BindPolicy(force=variant.force, stop_services=variant.stop_services)
 
 
-def plan(ctx: Context, spec: Spec, *, uri: str | None = None) -> dict:
+def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False) -> dict:
     """Each variant: its domain (XML, and its difference to the first variant's), its bind plan
     with the checks that refuse it, its vGPU. ``refused``: the variants the run would refuse."""
-    out = {"spec": spec.path, "repetitions": spec.repetitions, "variants": [], "refused": []}
+    selected: list[str] = []
+    gpus = gpus_on(ctx, spec, yes=yes, tell=selected.append)
+    out = {"spec": spec.path, "repetitions": spec.repetitions, "gpus": [str(g) for g in gpus],
+           "selected": selected, "variants": [], "refused": []}
     first_xml = first_name = None
     for variant in spec.variants:
         entry = {"name": variant.name, "kind": variant.kind}
@@ -59,9 +76,9 @@ def plan(ctx: Context, spec: Spec, *, uri: str | None = None) -> dict:
             entry["action"] = "run the verifier on this host (the baseline)"
             out["variants"].append(entry)
             continue
-        addresses = addresses_for(spec, variant)
+        addresses = addresses_for(gpus, variant)
         try:
-            request = request_for(ctx, spec, variant)
+            request = request_for(ctx, spec, variant, gpus)
             provisioned = domains.provision_xml(ctx, addresses, request)
         except GpuvfioError as exc:
             if isinstance(exc, InputError):

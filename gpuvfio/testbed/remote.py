@@ -64,7 +64,7 @@ def fetch_host_record(session, remote: RemoteHost) -> str:
                     timeout=300).decode("utf-8")
 
 
-def plan_remote(spec: Spec, default_known_hosts: str | None) -> dict:
+def plan_remote(spec: Spec, default_known_hosts: str | None, *, yes: bool = False) -> dict:
     """The plan for a remote hypervisor, from its recorded host (nothing changes there; libvirt
     there is not asked: the run asks it)."""
     with session_for(spec.host, default_known_hosts) as session:
@@ -74,7 +74,7 @@ def plan_remote(spec: Spec, default_known_hosts: str | None) -> dict:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(record)
         with open_host(path) as (host, _label):
-            report = plan(Context(host=host), spec)
+            report = plan(Context(host=host), spec, yes=yes)
     report["host"] = spec.host.label()
     return report
 
@@ -249,7 +249,7 @@ class _Scratch:
 
 
 def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect: str | None = None,
-               progress=lambda line: None) -> dict:
+               yes: bool = False, progress=lambda line: None) -> dict:
     remote = spec.host
     os.makedirs(out, exist_ok=True)
     interrupted = False
@@ -260,7 +260,7 @@ def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect
         path = scratch.make()
         _checked(session, ["tar", "-x", "-C", path, "-f", "-"], "uploading the spec", stdin=pack_results(spec.path, out))
         command = remote_argv(remote, "testbed", "run", f"{path}/spec.toml", "--out", f"{path}/out", "--here",
-                              *(["--connect", connect] if connect else []))
+                              *(["--connect", connect] if connect else []), *(["--yes"] if yes else []))
         # The pid file lets us signal the run and wait for its teardown; exec keeps gpuvfio the
         # session leader, which a hangup of the pty (a dropped connection) reaches.
         wrapper = ["sh", "-c", 'echo $$ > "$1/pid" && shift && exec "$@"', "gpuvfio-testbed", path, *command]

@@ -17,13 +17,14 @@ import signal
 import threading
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError
+from gpuvfio import strictjson
+from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.files import atomic_write
 from gpuvfio.ops import guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.ops.targets import ssh_options
-from gpuvfio.testbed.plan import addresses_for, policy_for, request_for
+from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for
 from gpuvfio.testbed.spec import Spec, Variant
 
 
@@ -127,22 +128,37 @@ class SignalGuard:
             raise Interrupted()
 
 
-def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None) -> dict:
-    gpus = [PciAddress.parse(g) for g in spec.gpus]
+def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None, yes: bool = False) -> dict:
+    gpus = gpus_on(ctx, spec, yes=yes, tell=ctx.progress)
+    _same_gpus_as_before(out, gpus)
     os.makedirs(os.path.join(out, "results"), exist_ok=True)
-    identity = host_identity(ctx.host, gpus, ctx.libvirt(uri))
+    identity = {**host_identity(ctx.host, gpus, ctx.libvirt(uri)), "gpus": [str(g) for g in gpus]}
     atomic_write(os.path.join(out, "identity.json"), json.dumps(identity, indent=2))
     signals = SignalGuard()
     signals.install()
     summary = {}
     try:
         for variant in spec.variants:
-            summary[variant.name] = _run_variant(ctx, spec, variant, out, uri, signals)
+            summary[variant.name] = _run_variant(ctx, spec, variant, gpus, out, uri, signals)
     except (Interrupted, KeyboardInterrupt):
         raise GpuvfioError("testbed run interrupted; everything was torn down; run it again to resume") from None
     finally:
         signals.uninstall()
     return summary
+
+
+def _same_gpus_as_before(out: str, gpus: list[PciAddress]) -> None:
+    """A resumed run measures the GPUs the earlier one did: a slot or an id filter that now
+    expands to other devices (a GPU gone, one added) would mix two setups in one report."""
+    try:
+        with open(os.path.join(out, "identity.json"), "rb") as handle:
+            earlier = strictjson.strict_loads(handle.read()).get("gpus")
+    except (OSError, ValueError, AttributeError):
+        return  # no earlier run (or one from before the GPUs were recorded)
+    now = [str(g) for g in gpus]
+    if isinstance(earlier, list) and earlier != now:
+        raise Refused(f"the spec selects {', '.join(now) or 'no GPU'} on this host now, the run in {out} measured "
+                      f"{', '.join(map(str, earlier)) or 'no GPU'}; give a new --out for the new selection")
 
 
 def _rep_path(out: str, variant: Variant, rep: int) -> str:
@@ -162,19 +178,19 @@ def write_rep(out, variant, rep, report, extra, gpus: list[PciAddress] = ()) -> 
     atomic_write(_rep_path(out, variant, rep), json.dumps(record, indent=2))
 
 
-def _run_variant(ctx: Context, spec: Spec, variant: Variant, out: str, uri: str | None, signals) -> dict:
+def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], out: str, uri: str | None,
+                 signals) -> dict:
     todo = [r for r in range(spec.repetitions) if not os.path.exists(_rep_path(out, variant, r))]
     if not todo:
         ctx.progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
         return {"ran": 0}
     if variant.kind == "baremetal":
-        gpus = [PciAddress.parse(g) for g in spec.gpus]
         options = guests.verify_options(**spec.verify)
         for rep in todo:
             ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions} on this host")
             write_rep(out, variant, rep, guests.verify_here(ctx, gpus, options), {}, gpus)
         return {"ran": len(todo)}
-    return _run_guest_variant(ctx, spec, variant, out, uri, todo, signals)
+    return _run_guest_variant(ctx, spec, variant, gpus, out, uri, todo, signals)
 
 
 def _ssh(spec: Spec, timeout: float):
@@ -210,13 +226,13 @@ def _teardown(ctx: Context, variant: Variant, name: str, uri: str | None, instan
                            "retries from the journal")
 
 
-def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, out: str, uri: str | None, todo: list[int],
-                       signals) -> dict:
-    request = request_for(ctx, spec, variant)
+def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], out: str,
+                       uri: str | None, todo: list[int], signals) -> dict:
+    request = request_for(ctx, spec, variant, gpus)
     if guests.exists(ctx, request.name, uri=uri):
         ctx.progress(f"{variant.name}: detaching {request.name} left from an interrupted run")
         guests.detach(ctx, request.name, uri=uri, timeout=10)
-    addresses = addresses_for(spec, variant)
+    addresses = addresses_for(gpus, variant)
     instance, vgpu_record, scheduled = None, {}, None
     boot_timeout = spec.ssh.get("boot_timeout", 300)
     try:

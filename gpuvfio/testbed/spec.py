@@ -7,7 +7,8 @@
     vcpus = 8
     memory = "32G"
     virt_type = "kvm"            # qemu for hosts without KVM
-    firmware = "efi"
+    firmware = "efi"             # libvirt picks the UEFI build (or loader + nvram_template by path)
+    rom_bar = "off"              # optional: on | off, the GPUs' ROM BAR (or rom_file = "/path/clean.rom")
     [guest.ssh]
     user = "root"
     key = "/root/.ssh/testbed"
@@ -28,7 +29,8 @@
 
     [run]
     repetitions = 3
-    gpus = ["0000:1b:00.0"]
+    gpus = ["0000:1b:00.0"]      # device arguments: 1b:00 (every function), pci_0000_1b_00_0
+    gpu_ids = ["10de:2330"]      # lspci -d ids (with gpus: what both select); beyond one device: run --yes
     connect = "qemu:///system"
     stop_services = false        # stop nvidia-persistenced/fabricmanager/DCGM for the binds (restore
                                  # restarts them); a Fabric Manager in shared-NVSwitch mode keeps running
@@ -62,12 +64,12 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
 from gpuvfio.ops.domains import parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
+from gpuvfio.selector import IdFilter, Selector
 from gpuvfio.sizes import parse_size_kib
 
 KINDS = ("passthrough", "vgpu", "baremetal")
@@ -94,9 +96,10 @@ class Spec:
     guest: dict
     ssh: dict
     repetitions: int
-    gpus: list[str]
+    gpus: list[str]  # device selectors (gpuvfio.selector), expanded on the hypervisor
     connect: str | None
     variants: list[Variant] = field(default_factory=list)
+    gpu_ids: list[str] = field(default_factory=list)  # lspci -d filters
     host: RemoteHost | None = None
     verify: dict = field(default_factory=dict)  # [run] size_mib, copies, samples, link_efficiency, min_gbps
 
@@ -179,14 +182,20 @@ def load_spec(path: str) -> Spec:
     guest = data.get("guest")
     if not isinstance(guest, dict):
         fail("missing [guest] section")
-    allowed = {"kernel", "initrd", "cmdline", "disk", "vcpus", "memory", "virt_type", "firmware", "ssh", "network"}
+    allowed = {"kernel", "initrd", "cmdline", "disk", "vcpus", "memory", "virt_type", "firmware", "ssh", "network",
+               "loader", "nvram_template", "rom_bar", "rom_file"}
     for key in guest:
         if key not in allowed:
             fail(f"unknown key {key!r} in [guest] (allowed: {', '.join(sorted(allowed))})", "guest", 0, key)
     if not guest.get("kernel") and not guest.get("disk"):
         fail("[guest] needs kernel (+ initrd) or disk", "guest")
-    for key in ("kernel", "initrd", "disk"):
+    for key in ("kernel", "initrd", "disk", "loader", "nvram_template", "rom_file"):
         path_value("guest", guest, key)
+    if ("loader" in guest) != ("nvram_template" in guest):
+        fail("loader and nvram_template go together (the UEFI code and its variables template)", "guest", 0,
+             "loader" if "loader" in guest else "nvram_template")
+    if "rom_bar" in guest and guest["rom_bar"] not in ("on", "off"):
+        fail(f"rom_bar must be \"on\" or \"off\", not {guest['rom_bar']!r}", "guest", 0, "rom_bar")
     for key in ("cmdline", "network", "virt_type", "firmware"):
         if key in guest and not isinstance(guest[key], str):
             fail(f"{key} must be a string", "guest", 0, key)
@@ -218,21 +227,22 @@ def load_spec(path: str) -> Spec:
     run = data.get("run", {})
     if not isinstance(run, dict):
         fail("[run] must be a table", "run")
-    run_keys = {"repetitions", "gpus", "connect", "stop_services", "force", *VERIFY_KEYS}
+    run_keys = {"repetitions", "gpus", "gpu_ids", "connect", "stop_services", "force", *VERIFY_KEYS}
     for key in run:
         if key not in run_keys:
             fail(f"unknown key {key!r} in [run] (allowed: {', '.join(sorted(run_keys))})", "run", 0, key)
     reps = run.get("repetitions", 3)
     if not integer(reps, 1, 1000):
         fail("repetitions must be an integer between 1 and 1000", "run", 0, "repetitions")
-    gpus = run.get("gpus", [])
-    if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
-        fail("gpus must be a list of PCI addresses", "run", 0, "gpus")
-    for gpu in gpus:
-        try:
-            PciAddress.parse(gpu)
-        except InputError as exc:
-            fail(str(exc), "run", 0, "gpus")
+    gpus, gpu_ids = run.get("gpus", []), run.get("gpu_ids", [])
+    for key, values, parse in (("gpus", gpus, Selector.parse), ("gpu_ids", gpu_ids, IdFilter.parse)):
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            fail(f"{key} must be a list of strings", "run", 0, key)
+        for value in values:
+            try:
+                parse(value)
+            except InputError as exc:
+                fail(str(exc), "run", 0, key)
     if "connect" in run and (not isinstance(run["connect"], str) or not run["connect"]):
         fail("connect must be a libvirt URI", "run", 0, "connect")
     verify = {}
@@ -282,8 +292,8 @@ def load_spec(path: str) -> Spec:
             fail(f"vgpu variant {name} needs a profile", "variant", index)
         if kind != "vgpu" and profile:
             fail(f"profile is for vgpu variants only ({name} is {kind})", "variant", index, "profile")
-        if kind == "vgpu" and not gpus:
-            fail("vgpu variants need [run] gpus", "run")
+        if kind == "vgpu" and not gpus and not gpu_ids:
+            fail("vgpu variants need [run] gpus or gpu_ids", "run")
         scheduler = raw.get("scheduler")
         if scheduler is not None:
             if kind != "vgpu":
@@ -295,7 +305,7 @@ def load_spec(path: str) -> Spec:
                                 boolean("variant", index, raw, "stop_services", stop_services),
                                 boolean("variant", index, raw, "force", force)))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
-                variants=variants, host=_remote_host(data.get("host"), fail), verify=verify)
+                variants=variants, host=_remote_host(data.get("host"), fail), verify=verify, gpu_ids=gpu_ids)
 
 
 # [run] keys that go to the verifier: (lowest, highest, type); ops.guests.verify_options checks them again.
