@@ -234,3 +234,21 @@ def test_persist_refuses_what_bind_refuses(cli, ws, tmp_path):
     assert bind.code == persist.code == 1 and "boot_vga=1" in persist.err and "--force" in persist.err
     assert cli("--root", b.root, "persist", "0000:01:00.0", "--force", "--dry-run").code == 0
     assert not os.path.exists(os.path.join(b.root, "etc", "udev"))
+
+
+def test_processes_holding_many_gpus_are_named_once(cli, tmp_path):
+    """Eight GPUs and four NVSwitches held by the same processes: one refusal that names all the
+    functions, not twelve copies of the same holder list."""
+    from gpuvfio.host.fixture import load_fixture
+    from tests.make_samples import sample_path
+
+    root = tmp_path / "dgx"
+    with open(sample_path("dgx-h100"), encoding="utf-8") as handle:
+        load_fixture(handle.read(), str(root))
+    result = cli("--root", str(root), "bind", "-d", "10de:2330", "--yes", "--dry-run", "--connect", "none", "--json")
+    assert result.code == 1
+    holders = [c for c in result.json()["refused"] if c["id"] == "holders"]
+    assert len(holders) == 1, holders
+    assert holders[0]["message"].startswith("0000:03:00.0, 0000:04:00.0, 0000:05:00.0, 0000:06:00.0, 0000:1b:00.0")
+    assert "0000:df:00.0: nvidia-persiste (pid 2214) holds" in holders[0]["message"]
+    assert result.err.count("nvidia-persiste (pid 2214)") == 1

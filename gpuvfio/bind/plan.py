@@ -257,6 +257,7 @@ def _holder_checks(host: HostRoot, moving, checks: list[PlanCheck], stopped: set
     stopped_comms = {_UNIT_COMMS[u] for u in stopped if u in _UNIT_COMMS}
     kept_comms = {_UNIT_COMMS[u] for u in kept if u in _UNIT_COMMS}
     holders = [h for h in nvidia_holders(host) if h.comm not in stopped_comms]
+    held_by: dict[str, list[str]] = {}  # the holders, described -> the functions they hold (said once)
     for fn in nvidia_fns:
         minor = nvidia_minor(host, fn.address)
         if minor is not None:
@@ -265,8 +266,10 @@ def _holder_checks(host: HostRoot, moving, checks: list[PlanCheck], stopped: set
         else:  # unknown minor: any per-GPU node may be this GPU
             mine = [h for h in holders if holds_gpu(h)]
         if mine:
-            checks.append(PlanCheck("holders", REFUSE, f"{fn.address}: " + "; ".join(h.describe() for h in mine)
-                                    + " -- unbinding nvidia under them can hang in the kernel; stop them first"))
+            held_by.setdefault("; ".join(h.describe() for h in mine), []).append(str(fn.address))
+    for described, addresses in held_by.items():
+        checks.append(PlanCheck("holders", REFUSE, f"{', '.join(addresses)}: {described}"
+                                " -- unbinding nvidia under them can hang in the kernel; stop them first"))
     shared = [h for h in holders if not holds_gpu(h) and h.comm not in kept_comms]
     if shared:
         checks.append(PlanCheck("holders", WARN, "open on the driver, not on this GPU: "
