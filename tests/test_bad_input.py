@@ -190,3 +190,17 @@ def test_verify_expect_device_is_a_device_argument(cli, workstation):
     assert_one_line_error(cli(*base, "--expect-device", "1f:1f"), "no PCI function on this host matches 1f:1f")
     reached_ssh = cli(*base, "--expect-device", "01:00")  # the slot expands; then nothing answers on port 9
     assert reached_ssh.code == 1 and "no PCI function" not in reached_ssh.err, reached_ssh.err
+
+
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--min-gbps", "nan", "minimum bandwidth"), ("--link-efficiency", "0", "efficiency"),
+    ("--size-mib", "0", "--size-mib"), ("--copies", "1001", "--copies")])
+def test_attach_takes_the_verifiers_gates_and_checks_them_first(cli, workstation, monkeypatch, tmp_path, option,
+                                                                value, fragment):
+    """attach verifies with the same gates as verify; a bad one is bad input before anything is
+    read or changed (no state directory, no journal)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    result = cli("--root", workstation.root, "attach", "0000:01:00.0", "--name", "g", option, value)
+    assert_one_line_error(result, fragment)
+    assert not state.exists()

@@ -522,7 +522,8 @@ def test_domain_module_takes_selectors_and_the_rom_and_loader_options(run_module
     assert not failed, result
     assert "<rom bar='off'/>" in result["xml"] or '<rom bar="off"/>' in result["xml"], result["xml"]
     for bad in ({"rom_file": "/var/lib/gpuvfio/missing.rom"}, {"rom_file": "relative.rom"},
-                {"firmware": "efi", "loader": "/usr/share/OVMF/OVMF_CODE.fd"}, {"devices": ["1:2:3"]}):
+                {"firmware": "efi", "loader": "/usr/share/OVMF/OVMF_CODE.fd"}, {"devices": ["1:2:3"]},
+                {"state": "running", "min_gbps": float("nan")}, {"state": "running", "link_efficiency": 1.5}):
         failed, result = run_module("gpuvfio_domain", dict(args, **bad), check=True, context=built_host.context)
         assert failed and result["exit_code"] == 2, (bad, result)
 
@@ -685,6 +686,8 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
     assert failed and "domain" in result["msg"] and "ssh_host" in result["msg"]
     failed, result = run_module("gpuvfio_verify", {"root": root, "ssh_host": "127.0.0.1", "expect_devices": ["01:00.9"]})
     assert failed and result["exit_code"] == 2 and "01:00.9" in result["msg"]
+    failed, result = run_module("gpuvfio_verify", {"root": root, "ssh_host": "127.0.0.1", "min_gbps": -1.0})
+    assert failed and result["exit_code"] == 2 and "bandwidth" in result["msg"]
 
 
 def test_secrets_stay_out_of_the_output(ansible_env, tmp_path):

@@ -37,6 +37,18 @@ VerifyTimeout = Annotated[float, typer.Option("--verify-timeout", metavar="SECON
                                               help="Allow the in-guest verifier (bandwidth runs) this long.")]
 
 
+# The verifier's measurement options: verify takes them, and attach for its verification.
+NoBandwidth = Annotated[bool, typer.Option("--no-bandwidth", help="Skip the copy measurements.")]
+LinkEfficiency = Annotated[Optional[float], typer.Option(
+    "--link-efficiency", metavar="FRACTION", help="Share of the slot's link each copy must reach "
+                                                  "(default 0.762: 48 GB/s at Gen5 x16).")]
+MinGbps = Annotated[Optional[float], typer.Option("--min-gbps", metavar="GBPS",
+                                                  help="Absolute bandwidth floor per direction instead.")]
+SizeMib = Annotated[Optional[int], typer.Option("--size-mib", help="Copy buffer (default 512, as nvbandwidth).")]
+Copies = Annotated[Optional[int], typer.Option("--copies", help="Copies per sample (default 16).")]
+Samples = Annotated[Optional[int], typer.Option("--samples", help="Samples, median reported (default 3).")]
+
+
 def _complete_domain(ctx: typer.Context, incomplete: str) -> list[str]:
     return complete_domains(ctx.params.get("connect"), incomplete)
 
@@ -56,17 +68,8 @@ def verify_cmd(
     ssh_host: SshHost = None, ssh_port: SshPort = None, ssh_user: SshUser = None, ssh_key: SshKey = None,
     ssh_config: SshConfig = None,
     known_hosts: KnownHosts = None, trust_on_first_use: Tofu = False, connect: Connect = None,
-    no_bandwidth: Annotated[bool, typer.Option("--no-bandwidth", help="Skip the copy measurements.")] = False,
-    link_efficiency: Annotated[Optional[float], typer.Option(
-        "--link-efficiency", metavar="FRACTION", help="Share of the slot's link each copy must reach "
-                                                      "(default 0.762: 48 GB/s at Gen5 x16).")] = None,
-    min_gbps: Annotated[Optional[float], typer.Option(
-        "--min-gbps", metavar="GBPS", help="Absolute bandwidth floor per direction instead.")] = None,
-    size_mib: Annotated[Optional[int], typer.Option("--size-mib", help="Copy buffer (default 512, as nvbandwidth).")]
-    = None,
-    copies: Annotated[Optional[int], typer.Option("--copies", help="Copies per sample (default 16).")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples, median reported (default 3).")]
-    = None,
+    no_bandwidth: NoBandwidth = False, link_efficiency: LinkEfficiency = None, min_gbps: MinGbps = None,
+    size_mib: SizeMib = None, copies: Copies = None, samples: Samples = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for SSH.")] = 60.0,
     probe_timeout: ProbeTimeout = PROBE_TIMEOUT, verify_timeout: VerifyTimeout = VERIFY_TIMEOUT,
     as_json: JsonOption = False, root: RootOption = None,
@@ -114,6 +117,8 @@ def attach_cmd(
                                                                         "while binding; restore restarts them.")]
     = False,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Wait for SSH, skip the in-guest checks.")] = False,
+    no_bandwidth: NoBandwidth = False, link_efficiency: LinkEfficiency = None, min_gbps: MinGbps = None,
+    size_mib: SizeMib = None, copies: Copies = None, samples: Samples = None,
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a failed attach as it is, for "
                                                                             "inspection.")] = False,
     boot_timeout: Annotated[float, typer.Option("--boot-timeout", help="Seconds from start until SSH answers.")]
@@ -128,7 +133,11 @@ def attach_cmd(
                          nvram_template, rom_bar, rom_file).request()
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
                       ssh_config=ssh_config, trust_on_first_use=trust_on_first_use, timeout=boot_timeout)
-    checks = None if no_verify else verify_options(probe_timeout=probe_timeout, timeout=verify_timeout)
+    checks = verify_options(bandwidth=not no_bandwidth, probe_timeout=probe_timeout, timeout=verify_timeout,
+                            link_efficiency=link_efficiency, min_gbps=min_gbps, size_mib=size_mib, copies=copies,
+                            samples=samples)  # checked even with --no-verify: bad input is bad input
+    if no_verify:
+        checks = None
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))

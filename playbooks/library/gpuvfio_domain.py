@@ -165,6 +165,13 @@ options:
     description: With C(state=running), run gpuvfio's in-guest checks after SSH answers.
     type: bool
     default: true
+  link_efficiency:
+    description: With C(state=running) and C(verify), the share of the slot's PCIe link each copy must reach (default 0.762, 48 GB/s at Gen5 x16), as
+      C(gpuvfio verify --link-efficiency).
+    type: float
+  min_gbps:
+    description: An absolute bandwidth floor per direction in GB/s instead of C(link_efficiency).
+    type: float
   keep_on_failure:
     description: With C(state=running), keep a failed attach for inspection instead of undoing it.
     type: bool
@@ -326,6 +333,9 @@ def defined(module, ctx, uri, addresses) -> dict:
 def running(module, ctx, uri, addresses) -> dict:
     params = module.params
     name = params["name"]
+    # checked first, in check mode too: a bad gate is bad input wherever it would be used
+    checks = guests.verify_options(link_efficiency=params["link_efficiency"], min_gbps=params["min_gbps"])
+    checks = checks if params["verify"] else None
     existing = domains.existing_domain(ctx, name, uri=uri)
     provisioned = build(module, ctx, addresses, existing, uri)
     before = existing.xml if existing is not None else ""
@@ -344,7 +354,6 @@ def running(module, ctx, uri, addresses) -> dict:
                                         dry_run=True, require_unused=True)
         result["plan"] = plan
         return result
-    checks = guests.verify_options() if params["verify"] else None
     with private_key_file(module) as key_file:
         ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"], key=key_file,
                           known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
@@ -411,6 +420,8 @@ def main(context_factory=None) -> None:
             force=dict(type="bool", default=False),
             stop_services=dict(type="bool", default=False),
             verify=dict(type="bool", default=True),
+            link_efficiency=dict(type="float"),
+            min_gbps=dict(type="float"),
             keep_on_failure=dict(type="bool", default=False),
             boot_timeout=dict(type="float", default=300.0),
             stop_timeout=dict(type="float", default=60.0),

@@ -38,6 +38,13 @@ options:
     description: Measure H2D/D2H/D2D copies.
     type: bool
     default: true
+  link_efficiency:
+    description: Share of the slot's PCIe link each copy must reach (default 0.762, 48 GB/s at Gen5 x16), as
+      C(gpuvfio verify --link-efficiency).
+    type: float
+  min_gbps:
+    description: An absolute bandwidth floor per direction in GB/s instead of C(link_efficiency).
+    type: float
   timeout:
     description: Seconds to wait for SSH.
     type: float
@@ -106,6 +113,8 @@ def main(context_factory=None) -> None:
             uri=dict(type="str"),
             expect_devices=dict(type="list", elements="str"),
             bandwidth=dict(type="bool", default=True),
+            link_efficiency=dict(type="float"),
+            min_gbps=dict(type="float"),
             timeout=dict(type="float", default=60.0),
             ssh_host=dict(type="str"),
             ssh_port=dict(type="int"),
@@ -131,7 +140,9 @@ def main(context_factory=None) -> None:
                               key=key_file, known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
                               trust_on_first_use=params["trust_on_first_use"], timeout=params["timeout"])
             report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["uri"], expect=expect,
-                                   options=guests.verify_options(bandwidth=params["bandwidth"]))
+                                   options=guests.verify_options(bandwidth=params["bandwidth"],
+                                                                 link_efficiency=params["link_efficiency"],
+                                                                 min_gbps=params["min_gbps"]))
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
     if not report["ok"]:
