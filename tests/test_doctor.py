@@ -209,3 +209,42 @@ def test_hugepages_near_gpus_without_a_gpu_node_or_gpu_skip(tmp_path):
     bare.numa_node(0, [0, 1], 8, {})
     assert checks(bare.root)["hugepages_near_gpus"] == {"id": "hugepages_near_gpus", "status": "skip",
                                                         "summary": "no NVIDIA GPU", "fix": None}
+
+
+def test_doctor_reads_the_journal_without_creating_it(cli, tmp_path, monkeypatch):
+    """A device marked broken fails doctor (binds refuse it) with the reset to run; an operation
+    that did not finish warns; a journal gpuvfio cannot trust fails; no journal is no problem and
+    doctor creates nothing."""
+    import json
+
+    b = gpu_workstation(tmp_path / "host")
+    state = tmp_path / "state"
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    got = checks(b.root)["journal"]
+    assert got["status"] == "ok" and "holds nothing" in got["summary"] and not state.exists()
+
+    state.mkdir()
+    journal = state / "journal.json"
+    record = {"version": 1, "devices": {"0000:01:00.0": {"original_driver": "nvidia", "original_override": None,
+                                                           "group": 1}},
+              "broken": {"0000:01:00.0": {"reason": "config space reads 0xffff after the guest", "since": 1.0}}}
+    journal.write_text(json.dumps(record))
+    result = cli("--root", b.root, "doctor", "--json")
+    assert result.code == 1
+    got = {c["id"]: c for c in result.json()["checks"]}["journal"]
+    assert got["status"] == "fail" and "0000:01:00.0: config space reads 0xffff" in got["summary"]
+    assert got["fix"].startswith("gpuvfio reset 0000:01:00.0")
+
+    del record["broken"]
+    record["operation"] = {"kind": "bind", "pid": 4242, "started": 1.0, "steps": [{"state": "running"}]}
+    journal.write_text(json.dumps(record))
+    got = checks(b.root)["journal"]
+    assert got["status"] == "warn" and "bind operation (pid 4242) did not finish" in got["summary"]
+    record["operation"]["finished"] = 2.0
+    journal.write_text(json.dumps(record))
+    got = checks(b.root)["journal"]
+    assert got["status"] == "ok" and "holds 1 function(s)" in got["summary"]
+
+    journal.write_text('{"version": 1, "devices": {"nope": {}}}')
+    result = cli("--root", b.root, "doctor")
+    assert result.code == 1 and "journal" in result.out and "corrupt" in result.out

@@ -24,6 +24,7 @@ import time
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.files import atomic_write
+from gpuvfio.host.checks import FAIL, OK, WARN, Check
 from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
 
@@ -256,3 +257,31 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def journal_check(host: HostRoot) -> Check:
+    """What the journal says about readiness, for doctor: a device that came back broken from a
+    guest (binds refuse it until ``gpuvfio reset`` clears the mark), an operation that did not
+    finish (a crash or a kill mid-run: restore knows what it did), or a journal gpuvfio cannot
+    trust (every command that changes the host refuses it). Read only: nothing is created."""
+    directory = state_dir(host)
+    try:
+        journal = Journal.load(directory)
+    except CorruptJournal as exc:
+        return Check("journal", FAIL, str(exc), f"inspect {os.path.join(directory, 'journal.json')}, then move it "
+                                                "away (gpuvfio restore cannot use it)")
+    broken = journal.data["broken"]
+    operation = journal.data.get("operation") or {}
+    unfinished = operation and not operation.get("finished")
+    if broken:
+        marks = "; ".join(f"{address}: {record.get('reason')}" for address, record in sorted(broken.items()))
+        return Check("journal", FAIL, f"marked broken (binds refuse them): {marks}",
+                     "gpuvfio reset " + " ".join(sorted(broken)) + " (the kernel's reset; --forget once it answers "
+                     "again without one)")
+    if unfinished:
+        return Check("journal", WARN, f"a {operation.get('kind', 'gpuvfio')} operation (pid {operation.get('pid')}) "
+                                      "did not finish, or is running now", "gpuvfio status; gpuvfio restore puts "
+                                                                         "back what it did")
+    held = len(journal.devices)
+    return Check("journal", OK, f"gpuvfio holds {held} function(s); no broken device, no unfinished operation"
+                 if held else "gpuvfio holds nothing; no broken device, no unfinished operation")

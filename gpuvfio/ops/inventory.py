@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 
 from gpuvfio.address import PciAddress
+from gpuvfio.bind.journal import journal_check
 from gpuvfio.domain.versions import version_text
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.errors import InputError
@@ -51,7 +52,7 @@ def doctor_report(host: HostRoot) -> dict:
     inventory = read_inventory(host, names=PciIds.load(host.root))
     kernel = read_kernel(host)
     nodes = read_numa(host)
-    checks = run_doctor(host, inventory, kernel, nodes)
+    checks = run_doctor(host, inventory, kernel, nodes) + [journal_check(host)]
     return {"checks": [c.to_json() for c in checks],
             "kernel": kernel.to_json(),
             "numa_nodes": [n.to_json() for n in nodes]}
