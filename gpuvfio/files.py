@@ -62,3 +62,29 @@ def write_output(out: str, text: str) -> None:
         atomic_write(os.path.abspath(out), text)
     except OSError as exc:
         raise GpuvfioError(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
+def read_regular(path: str, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of a regular file gpuvfio wrote earlier (a run's identity, results), or None when
+    there is none; never read through a link, never blocked on a FIFO, never more than ``limit``
+    bytes (InputError, one line, names the file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror} (a link or unreadable)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path} is not a regular file")
+        data = os.read(fd, limit + 1)
+        chunks = [data]
+        while data and sum(map(len, chunks)) <= limit:
+            data = os.read(fd, limit + 1)
+            chunks.append(data)
+        content = b"".join(chunks)
+        if len(content) > limit:
+            raise InputError(f"{path} is larger than {limit} bytes: not gpuvfio's")
+        return content
+    finally:
+        os.close(fd)

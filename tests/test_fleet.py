@@ -476,6 +476,8 @@ def test_device_module_takes_selectors_as_the_command_does(run_module, built_hos
     for bad in ({"devices": ["01:00.9"]}, {"device_ids": ["10de:zz"]}, {"devices": ["pci_0000_01_00"]}):
         failed, result = run_module("gpuvfio_device", dict(base, **bad), context=built_host.context)
         assert failed and result["exit_code"] == 2, (bad, result)
+    failed, result = run_module("gpuvfio_device", dict(base, devices=[1080]), context=built_host.context)  # 18:00 unquoted
+    assert failed and result["exit_code"] == 2 and "quote device addresses" in result["msg"], result
     failed, result = run_module("gpuvfio_device", dict(base, device_ids=["1af4:"]), context=built_host.context)
     assert failed and result["exit_code"] == 2 and "no PCI function" in result["msg"]
     failed, result = run_module("gpuvfio_device", {"root": root, "state": "vfio"}, context=built_host.context)

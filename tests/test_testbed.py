@@ -140,23 +140,41 @@ def test_plan_expands_the_specs_selectors_and_wants_yes_beyond_one_device(cli, t
 
 
 def test_a_resumed_run_measures_the_gpus_the_earlier_one_did(cli, tmp_path):
-    """A selection that expands to other GPUs than the run in OUT measured is refused before
-    anything changes (one report would mix two setups)."""
+    """Results measured on other GPUs than the selection means now refuse the run before anything
+    changes (one report would mix two setups); an identity that cannot say is bad input; without
+    results there is nothing to mix."""
     from gpuvfio.host.fixture import load_fixture
 
     root = tmp_path / "dgx"
     with open(sample_path("dgx-h100"), encoding="utf-8") as handle:
         load_fixture(handle.read(), str(root))
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "identity.json").write_text(json.dumps({"gpus": ["0000:43:00.0"]}))
+    (out / "results" / "pt-1g").mkdir(parents=True)
+    (out / "results" / "pt-1g" / "rep-0.json").write_text("{}")
+    identity = out / "identity.json"
+    identity.write_text(json.dumps({"gpus": ["0000:43:00.0"]}))
     spec = write(tmp_path, GOOD.replace('gpus = ["0000:1b:00.0"]', 'gpus = ["1b:00"]'))
-    result = cli("--root", str(root), "testbed", "run", spec, "--out", str(out), "--connect", "test:///default")
+    run = ("--root", str(root), "testbed", "run", spec, "--out", str(out), "--connect", "test:///default")
+    result = cli(*run)
     assert result.code == 1, result.err
-    assert "the spec selects 0000:1b:00.0 on this host now, the run in" in result.err
-    assert "measured 0000:43:00.0" in result.err
-    assert not (out / "results").exists() and json.loads((out / "identity.json").read_text()) == {
-        "gpus": ["0000:43:00.0"]}
+    assert "the spec selects 0000:1b:00.0 on this host now, the results in" in result.err
+    assert "were measured on 0000:43:00.0" in result.err
+    assert json.loads(identity.read_text()) == {"gpus": ["0000:43:00.0"]}
+    for damaged in ("not json", '{"host_cpu": "x"}', "[]"):
+        identity.write_text(damaged)
+        result = cli(*run)
+        assert result.code == 2 and "identity.json" in result.err and "--out" in result.err, result.err
+    identity.unlink()
+    identity.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"gpus": ["0000:1b:00.0"]}))
+    result = cli(*run)
+    assert result.code == 2 and "a link" in result.err, result.err
+    identity.unlink()
+    shutil.rmtree(out / "results")
+    identity.write_text(json.dumps({"gpus": ["0000:43:00.0"]}))
+    result = cli(*run)  # no results: the selection may change; the bind refuses (services run) instead
+    assert result.code == 1 and "were measured on" not in result.err and "nvidia-persistenced" in result.err, \
+        result.err
 
 
 def test_stop_services_and_force_per_variant_or_globally(tmp_path):
@@ -428,6 +446,35 @@ def test_identity_describes_the_system(tmp_path):
     assert ident["numa_nodes"] == 2 and ident["host_cpus"] and ident["host_memory_kb"]
     assert 1048576 in ident["hugepage_sizes_kb"] and ident["iommu"] == "intel"
     assert ident["host_kernel"]
+    with open_host(sample_path("workstation")) as (host, _label):  # a slot: the GPU and its audio function
+        ident = host_identity(host, [PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:01:00.1")])
+    assert ident["accelerator_count"] == 1 and "4090" in ident["accelerators"][0]["model"]
+
+
+VGPU_SPEC = """\
+[guest]
+disk = "/var/lib/libvirt/images/g.qcow2"
+[guest.ssh]
+port = 2222
+[run]
+SELECTION
+[[variant]]
+name = "v"
+kind = "vgpu"
+profile = "NVIDIA A10-4Q"
+"""
+
+
+@pytest.mark.parametrize("selection, code, fragment", [
+    ('gpus = ["01:00"]', 1, "0000:01:00.0 has no SR-IOV VFs"),  # the GPU of the slot, not its audio function
+    ('gpu_ids = ["10de::03xx"]', 2, "variant v: a vGPU takes one GPU, the selection holds 2 (0000:01:00.0, 0000:04:00.0)"),
+    ('gpus = ["01:00.1"]', 2, "holds 0 (no display function)"),
+    ('gpus = ["0000:07:00.0"]', 2, "no such PCI function on this host: 0000:07:00.0"),
+])
+def test_a_vgpu_variant_takes_the_one_gpu_selected(cli, tmp_path, selection, code, fragment):
+    spec = write(tmp_path, VGPU_SPEC.replace("SELECTION", selection))
+    result = cli("--root", sample_path("workstation"), "testbed", "plan", spec, "--yes")
+    assert result.code == code and fragment in result.out + result.err, (result.out, result.err)
 
 
 def test_placement_is_read_from_the_domain_xml(regenerate):
@@ -502,7 +549,11 @@ def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
     spec.write_text(GOOD)
     with tarfile.open(fileobj=io.BytesIO(pack_results(str(spec), str(out)))) as tar:
         assert [(m.name, m.isfile()) for m in tar.getmembers()] == [
-            ("spec.toml", True), ("out/results/pt-1g/rep-0.json", True)]
+            ("spec.toml", True), ("out/identity.json", True), ("out/results/pt-1g/rep-0.json", True)]
+    os.unlink(out / "identity.json")  # the identity through a link is not read: one line, nothing sent
+    os.symlink("/etc/shadow", out / "identity.json")
+    with pytest.raises(InputError, match="identity.json.*a link"):
+        pack_results(str(spec), str(out))
 
 
 def test_identity_of_a_gpu_pci_ids_does_not_know(tmp_path, monkeypatch):

@@ -237,6 +237,18 @@ def test_cli_remote_run_then_report_here(tmp_path, hypervisor):
                             "results": {"baremetal": {"kind": "baremetal", "repetitions": 2, "wanted": 2}}}
     reported = run_gpuvfio("testbed", "report", str(out), "--json")
     assert reported.code == 0 and reported.json()["baseline"] == "baremetal", reported.err
+    # The results go up with the identity they were measured on: the run there refuses a
+    # selection that means other GPUs than the results' (here: an identity edited to say so).
+    identity = json.loads((out / "identity.json").read_text())
+    assert identity["gpus"] == []
+    (out / "identity.json").write_text(json.dumps(dict(identity, gpus=["0000:99:00.0"])))
+    refused = run_gpuvfio("testbed", "run", str(spec), "--out", str(out))
+    assert refused.code == 1 and "were measured on 0000:99:00.0" in refused.err, refused.err
+    # Bad input found there (a slot that host does not have) is bad input here too: exit 2.
+    spec.write_text(BAREMETAL_ONLY.replace("repetitions = 2", 'repetitions = 2\ngpus = ["abcd:00:1f"]')
+                    + host_section(hypervisor))
+    bad = run_gpuvfio("testbed", "run", str(spec), "--out", str(tmp_path / "out2"))
+    assert bad.code == 2 and "no PCI function on this host matches abcd:00:1f" in bad.err, bad.err
 
 
 def test_command_killed_by_a_signal_is_not_a_lost_connection(hypervisor):

@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.address import PciAddress
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes

@@ -190,7 +190,7 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
         warnings.append(warning)
     loader, nvram, firmware_auto = _uefi(host, request, warnings)
     if request.rom_file is not None:
-        _check_rom(host, request.rom_file)
+        _check_rom(host, request.rom_file, warnings)
     guest_cells = len(placements) > 1
     spec = DomainSpec(name=request.name, vcpus=request.vcpus, memory_kib=request.memory_kib,
                       firmware=request.firmware, loader=loader, nvram_template=nvram, cells=placements,
@@ -239,8 +239,8 @@ def _uefi(host: HostRoot, request: DomainRequest, warnings: list[str]) -> tuple[
     if request.firmware != "efi":
         return None, None, False
     if request.loader is not None:
-        _host_file(host, request.loader, "--loader")
-        _host_file(host, request.nvram_template, "--nvram-template")
+        _host_file(host, request.loader, "--loader", warnings)
+        _host_file(host, request.nvram_template, "--nvram-template", warnings)
         return request.loader, request.nvram_template, False
     if uefi_descriptors(host):
         return None, None, True
@@ -257,21 +257,28 @@ ROM_SIGNATURE = b"\x55\xaa"  # a PCI expansion ROM image starts so (PCI Firmware
 ROM_MAX_BYTES = 16 << 20
 
 
-def _host_file(host: HostRoot, path: str, what: str) -> str:
+def _host_file(host: HostRoot, path: str, what: str, warnings: list[str]) -> str | None:
     """``path`` (as the host names it) as a regular file under the host root, links resolved
-    but kept inside the root (a FIFO or a device would hang a read); bad input otherwise."""
+    but kept inside the root (a FIFO or a device would hang a read); bad input otherwise. On a
+    recorded host (a plan from dump-host) a file the recording does not hold is unknown, not
+    missing: None and a warning, and the run checks it on the host."""
     top = os.path.realpath(host.root)
     real = os.path.realpath(host.path(path.lstrip("/")))
     if real != top and not real.startswith(top.rstrip("/") + "/"):
         raise InputError(f"{what} {path} leads out of the host root")
+    if not os.path.lexists(host.path(path.lstrip("/"))) and host.recorded:
+        warnings.append(f"{what} {path} not checked: the host recording does not hold it (the run checks it)")
+        return None
     if not os.path.isfile(real):
         raise InputError(f"{what} {path}: no such file on this host")
     return real
 
 
-def _check_rom(host: HostRoot, path: str) -> None:
+def _check_rom(host: HostRoot, path: str, warnings: list[str]) -> None:
     """--rom-file: a PCI option ROM image on this host (bad input otherwise)."""
-    real = _host_file(host, path, "--rom-file")
+    real = _host_file(host, path, "--rom-file", warnings)
+    if real is None:
+        return
     try:
         with open(real, "rb") as handle:
             data = handle.read(ROM_MAX_BYTES + 1)

@@ -407,6 +407,8 @@ def open_host(root: str | None):
         scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.environ.get("TMPDIR") else None
         with tempfile.TemporaryDirectory(prefix="gpuvfio-host-", dir=scratch) as tmp:
             load_fixture(text, tmp)
-            yield HostRoot(tmp), os.path.basename(root)
+            host = HostRoot(tmp)
+            host.recorded = True
+            yield host, os.path.basename(root)
         return
     yield HostRoot(root), root

@@ -44,6 +44,9 @@ class HostRoot:
             raise UnsafePathError(f"{os.path.join(self.root, 'sys')} leads outside the root {self.root}")
         self.sys = sys_dir
         self._resolved: dict[str, str] = {self.sys: self.sys}
+        # A recording (a fixture file loaded into a temp dir) holds sysfs, proc and some of /etc,
+        # not the host's files at large: what is not in it is unknown there, not absent.
+        self.recorded = False
 
     # -- paths -------------------------------------------------------------------------
     @staticmethod

@@ -89,7 +89,7 @@ def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
         inventory = read_inventory(host, names=PciIds.load(host.root))
         for gpu in gpus:
             fn = inventory.functions.get(gpu)
-            if fn is not None:
+            if fn is not None and fn.is_gpu:  # a slot's audio function is selected, not an accelerator
                 # pci.ids may not know the GPU (Debian 12's has no H200): its IDs then.
                 accelerators.append({"address": str(gpu), "model": fn.device_name or f"{fn.vendor_id}:{fn.device_id}",
                                      "numa_node": fn.numa_node,

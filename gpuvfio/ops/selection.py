@@ -17,7 +17,7 @@ from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.host.inventory import list_addresses, read_functions
+from gpuvfio.host.inventory import list_addresses, read_function, read_functions
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
 
@@ -105,6 +105,21 @@ def resolve_one(host: HostRoot, text: str) -> PciAddress:
         raise InputError(f"{text} matches {len(found)} functions ({', '.join(map(str, found))}); name one, "
                          "e.g. with its .FUNC")
     return found[0]
+
+
+def the_gpu(host: HostRoot, addresses: list[PciAddress]) -> PciAddress:
+    """The one GPU (display-class function) among ``addresses``, as a vGPU needs one parent: a
+    slot's audio function is left out; none, more than one, or a function the host does not
+    have is bad input."""
+    present = set(list_addresses(host))
+    missing = [str(a) for a in addresses if a not in present]
+    if missing:
+        raise InputError(f"no such PCI function on this host: {', '.join(missing)}")
+    gpus = [a for a in addresses if read_function(host, a).is_gpu]
+    if len(gpus) != 1:
+        raise InputError(f"a vGPU takes one GPU, the selection holds {len(gpus)} "
+                         f"({', '.join(map(str, gpus)) or 'no display function'})")
+    return gpus[0]
 
 
 MAX_COMPLETIONS = 256

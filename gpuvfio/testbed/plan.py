@@ -16,8 +16,8 @@ from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops import binding, domains, vgpu
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.selection import resolve
-from gpuvfio.testbed.spec import Spec, Variant
+from gpuvfio.ops.selection import resolve, the_gpu
+from gpuvfio.testbed.spec import Spec, Variant, guest_request_args
 
 DOMAIN_PREFIX = "gpuvfio-tb-"
 DIGEST = re.compile(r"digest='sha256:[0-9a-f]{64}'")
@@ -41,21 +41,24 @@ def request_for(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddres
     guest = spec.guest
     profile = {}
     if variant.kind == "vgpu":
-        legacy = vgpu.types(ctx, addresses_for(gpus, variant)[0])["kind"] == "mdev"
+        legacy = vgpu.types(ctx, addresses_for(ctx, gpus, variant)[0])["kind"] == "mdev"
         profile = {"mdev": variant.profile} if legacy else {"vgpu": variant.profile}
-    return domains.domain_request(
-        domain_name(variant.name), vcpus=guest.get("vcpus", 4), memory=str(guest.get("memory", "8G")),
-        hugepages=variant.hugepages, numa=variant.numa, firmware=guest.get("firmware", "efi"),
-        virt_type=guest.get("virt_type", "kvm"), disk=guest.get("disk"), kernel=guest.get("kernel"),
-        initrd=guest.get("initrd"), cmdline=guest.get("cmdline"), network=guest.get("network"),
-        ssh_forward_port=spec.ssh.get("port"), loader=guest.get("loader"),
-        nvram_template=guest.get("nvram_template"), rom_bar=guest.get("rom_bar"), rom_file=guest.get("rom_file"),
-        **profile)
+    return domains.domain_request(domain_name(variant.name), hugepages=variant.hugepages, numa=variant.numa,
+                                  **guest_request_args(guest, spec.ssh), **profile)
 
 
-def addresses_for(gpus: list[PciAddress], variant: Variant) -> list[PciAddress]:
-    """The devices a variant's guest gets (a bare-metal variant runs on the host)."""
-    return list(gpus) if variant.kind in ("passthrough", "vgpu") else []
+def addresses_for(ctx: Context, gpus: list[PciAddress], variant: Variant) -> list[PciAddress]:
+    """The devices a variant's guest gets: a passthrough guest every selected function (a slot
+    brings its audio function along), a vGPU guest an instance on the one GPU selected (as
+    gpuvfio vgpu takes one), a bare-metal variant none (it runs on the host)."""
+    if variant.kind == "passthrough":
+        return list(gpus)
+    if variant.kind != "vgpu":
+        return []
+    try:
+        return [the_gpu(ctx.host, gpus)]
+    except InputError as exc:
+        raise InputError(f"variant {variant.name}: {exc}") from None
 
 
 def policy_for(variant: Variant) -> BindPolicy:
@@ -76,7 +79,7 @@ def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False)
             entry["action"] = "run the verifier on this host (the baseline)"
             out["variants"].append(entry)
             continue
-        addresses = addresses_for(gpus, variant)
+        addresses = addresses_for(ctx, gpus, variant)
         try:
             request = request_for(ctx, spec, variant, gpus)
             provisioned = domains.provision_xml(ctx, addresses, request)

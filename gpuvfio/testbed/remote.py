@@ -23,17 +23,17 @@ import dataclasses
 import io
 import json
 import os
-import re
 import tarfile
 import tempfile
 
-from gpuvfio.errors import GpuvfioError
-from gpuvfio.files import atomic_write
+from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.files import atomic_write, read_regular
 from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.targets import configured
 from gpuvfio.testbed.plan import plan
+from gpuvfio.testbed.run import REP, recorded_results
 from gpuvfio.testbed.spec import NAME, RemoteHost, Spec
 
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
@@ -79,32 +79,19 @@ def plan_remote(spec: Spec, default_known_hosts: str | None, *, yes: bool = Fals
     return report
 
 
-_REP = re.compile(r"rep-[0-9]{1,4}\.json")
-
-
-def _result_files(out: str) -> list[str]:
-    """The results recorded in OUT, as relative paths: regular files of the expected names only."""
-    found = []
-    results = os.path.join(out, "results")
-    for variant in sorted(os.listdir(results)) if os.path.isdir(results) else []:
-        directory = os.path.join(results, variant)
-        if not NAME.fullmatch(variant) or os.path.islink(directory) or not os.path.isdir(directory):
-            continue
-        for name in sorted(os.listdir(directory)):
-            path = os.path.join(directory, name)
-            if _REP.fullmatch(name) and not os.path.islink(path) and os.path.isfile(path):
-                found.append(f"results/{variant}/{name}")
-    return found
-
-
 def pack_results(spec_path: str, out: str) -> bytes:
-    """spec.toml plus every result already recorded in OUT, as a tar stream (regular files only:
-    root on the hypervisor unpacks it, and a symlink there would be written through)."""
+    """spec.toml plus every result already recorded in OUT and the identity they were measured
+    on (the run there refuses a selection that means other GPUs now), as a tar stream (regular
+    files only: root on the hypervisor unpacks it, and a symlink there would be written through)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         with open(spec_path, "rb") as handle:
             _add(tar, "spec.toml", handle.read())
-        for relative in _result_files(out):
+        results = recorded_results(out)
+        identity = read_regular(os.path.join(out, "identity.json")) if results else None
+        if identity is not None:
+            _add(tar, "out/identity.json", identity)
+        for relative in results:
             with open(os.path.join(out, relative), "rb") as handle:
                 _add(tar, f"out/{relative}", handle.read())
     return buffer.getvalue()
@@ -122,7 +109,7 @@ def _wanted(name: str) -> bool:
     if parts == ["identity.json"] or parts == ["results"]:
         return True
     if len(parts) >= 2 and parts[0] == "results" and NAME.fullmatch(parts[1]):
-        return len(parts) == 2 or (len(parts) == 3 and bool(_REP.fullmatch(parts[2])))
+        return len(parts) == 2 or (len(parts) == 3 and bool(REP.fullmatch(parts[2])))
     return False
 
 
@@ -290,6 +277,7 @@ def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect
                            "run it again to resume")
     if status != 0:
         last = [line.strip() for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
-        raise GpuvfioError(f"testbed run on {label} failed (exit {status})" + (f": {last[-1]}" if last else "")
-                           + f"; results so far are in {out}")
+        failure = InputError if status == InputError.exit_code else GpuvfioError  # bad input there is bad input
+        raise failure(f"testbed run on {label} failed (exit {status})" + (f": {last[-1]}" if last else "")
+                      + f"; results so far are in {out}")
     return {"host": label, "files": sorted(fetched)}

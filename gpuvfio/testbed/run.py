@@ -13,19 +13,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 
 from gpuvfio.address import PciAddress
 from gpuvfio import strictjson
-from gpuvfio.errors import GpuvfioError, Refused
-from gpuvfio.files import atomic_write
+from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.files import atomic_write, read_regular
 from gpuvfio.ops import guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.ops.targets import ssh_options
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for
-from gpuvfio.testbed.spec import Spec, Variant
+from gpuvfio.testbed.spec import NAME, Spec, Variant
 
 
 def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
@@ -147,18 +148,45 @@ def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None, y
     return summary
 
 
+REP = re.compile(r"rep-[0-9]{1,4}\.json")
+
+
+def recorded_results(out: str) -> list[str]:
+    """The results recorded in OUT, as relative paths: regular files of the expected names only."""
+    found = []
+    results = os.path.join(out, "results")
+    for variant in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+        directory = os.path.join(results, variant)
+        if not NAME.fullmatch(variant) or os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if REP.fullmatch(name) and not os.path.islink(path) and os.path.isfile(path):
+                found.append(f"results/{variant}/{name}")
+    return found
+
+
 def _same_gpus_as_before(out: str, gpus: list[PciAddress]) -> None:
-    """A resumed run measures the GPUs the earlier one did: a slot or an id filter that now
-    expands to other devices (a GPU gone, one added) would mix two setups in one report."""
+    """A run that resumes recorded results measures the GPUs they were measured on: a slot or an
+    id filter that now expands to other devices (a GPU gone, one added) would mix two setups in
+    one report. Without results there is nothing to mix (a refused first try may be corrected)."""
+    if not recorded_results(out):
+        return
+    path = os.path.join(out, "identity.json")
+    data = read_regular(path)
     try:
-        with open(os.path.join(out, "identity.json"), "rb") as handle:
-            earlier = strictjson.strict_loads(handle.read()).get("gpus")
-    except (OSError, ValueError, AttributeError):
-        return  # no earlier run (or one from before the GPUs were recorded)
+        earlier = strictjson.strict_loads(data) if data is not None else None
+    except ValueError as exc:
+        raise InputError(f"{path} is unreadable ({exc}); remove it with the results, or give a new --out") from None
+    gpus_then = earlier.get("gpus") if isinstance(earlier, dict) else None
+    if not isinstance(gpus_then, list):
+        raise InputError(f"{path} does not say which GPUs the results in {out} were measured on (a run from "
+                         "before gpuvfio recorded it, or a damaged file); give a new --out")
     now = [str(g) for g in gpus]
-    if isinstance(earlier, list) and earlier != now:
-        raise Refused(f"the spec selects {', '.join(now) or 'no GPU'} on this host now, the run in {out} measured "
-                      f"{', '.join(map(str, earlier)) or 'no GPU'}; give a new --out for the new selection")
+    if gpus_then != now:
+        raise Refused(f"the spec selects {', '.join(now) or 'no GPU'} on this host now, the results in {out} were "
+                      f"measured on {', '.join(map(str, gpus_then)) or 'no GPU'}; give a new --out for the new "
+                      "selection")
 
 
 def _rep_path(out: str, variant: Variant, rep: int) -> str:
@@ -232,7 +260,7 @@ def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[Pc
     if guests.exists(ctx, request.name, uri=uri):
         ctx.progress(f"{variant.name}: detaching {request.name} left from an interrupted run")
         guests.detach(ctx, request.name, uri=uri, timeout=10)
-    addresses = addresses_for(gpus, variant)
+    addresses = addresses_for(ctx, gpus, variant)
     instance, vgpu_record, scheduled = None, {}, None
     boot_timeout = spec.ssh.get("boot_timeout", 300)
     try:

@@ -66,7 +66,7 @@ except ImportError:  # Python 3.10
 
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
-from gpuvfio.ops.domains import parse_hugepages, parse_numa
+from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
 from gpuvfio.selector import IdFilter, Selector
@@ -224,6 +224,10 @@ def load_spec(path: str) -> Spec:
     timeout = ssh.get("boot_timeout", 300)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 86400:
         fail("boot_timeout must be a number of seconds, 1-86400", "guest.ssh", 0, "boot_timeout")
+    try:  # what the run asks libvirt for, validated now (not after the first variant ran)
+        domain_request("gpuvfio-tb-spec", **guest_request_args(guest, ssh))
+    except InputError as exc:
+        fail(f"[guest]: {exc}", "guest")
     run = data.get("run", {})
     if not isinstance(run, dict):
         fail("[run] must be a table", "run")
@@ -306,6 +310,17 @@ def load_spec(path: str) -> Spec:
                                 boolean("variant", index, raw, "force", force)))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
                 variants=variants, host=_remote_host(data.get("host"), fail), verify=verify, gpu_ids=gpu_ids)
+
+
+def guest_request_args(guest: dict, ssh: dict) -> dict:
+    """The domain request's arguments from ``[guest]`` (testbed.plan adds each variant's pages,
+    NUMA and profile): one mapping for the spec's validation and for the run."""
+    return {"vcpus": guest.get("vcpus", 4), "memory": str(guest.get("memory", "8G")),
+            "firmware": guest.get("firmware", "efi"), "virt_type": guest.get("virt_type", "kvm"),
+            "disk": guest.get("disk"), "kernel": guest.get("kernel"), "initrd": guest.get("initrd"),
+            "cmdline": guest.get("cmdline"), "network": guest.get("network"), "ssh_forward_port": ssh.get("port"),
+            "loader": guest.get("loader"), "nvram_template": guest.get("nvram_template"),
+            "rom_bar": guest.get("rom_bar"), "rom_file": guest.get("rom_file")}
 
 
 # [run] keys that go to the verifier: (lowest, highest, type); ops.guests.verify_options checks them again.

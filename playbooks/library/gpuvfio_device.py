@@ -31,7 +31,8 @@ options:
     description:
       - The devices, normally the GPUs, as the gpuvfio command takes them - C(DDDD:BB:SS.F),
         an lspci slot (C(18:00) is every function of the slot, C(0000:18:00.1) one), or a
-        libvirt node-device name (C(pci_0000_18_00_0)).
+        libvirt node-device name (C(pci_0000_18_00_0)). Quote them - YAML reads an unquoted
+        C(18:00) as the number 1080.
       - C(devices) or C(device_ids) is required.
     type: list
     elements: str

@@ -41,6 +41,7 @@ options:
     description:
       - The GPUs the guest gets (other functions of the same slot follow), as the gpuvfio command
         takes them - C(DDDD:BB:SS.F), an lspci slot (C(18:00)) or a libvirt node-device name.
+        Quote them - YAML reads an unquoted C(18:00) as the number 1080.
     type: list
     elements: str
     default: []

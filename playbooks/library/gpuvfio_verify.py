@@ -31,7 +31,7 @@ options:
     description:
       - Host devices that must be in the guest, as the gpuvfio command takes them (C(DDDD:BB:SS.F),
         an lspci slot such as C(18:00) for every function, a libvirt node-device name). Default,
-        with C(domain), the devices gpuvfio recorded in the domain.
+        with C(domain), the devices gpuvfio recorded in the domain (an empty list too).
     type: list
     elements: str
   bandwidth:
@@ -134,8 +134,10 @@ def main(context_factory=None) -> None:
     try:
         check_devices(module, required=False, key="expect_devices", ids_key=None)
         with private_key_file(module) as key_file, task_context(module, context_factory, read_only=True) as ctx:
+            # an empty list is not given (as an empty --expect-device): the domain's record then, never
+            # "expect nothing", which would pass a guest without looking
             expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
-                      if params["expect_devices"] is not None else None)
+                      if params["expect_devices"] else None)
             ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"],
                               key=key_file, known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
                               trust_on_first_use=params["trust_on_first_use"], timeout=params["timeout"])

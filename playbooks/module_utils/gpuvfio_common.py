@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import traceback
 
@@ -105,7 +106,14 @@ def check_devices(module, *, required: bool, key: str = "devices", ids_key: str 
     """The device parameters parsed before anything is read (bad input fails the task alone)."""
     if required and not _texts(module, key) and not _texts(module, ids_key):
         raise InputError(f"no device given: set {key}" + (f" or {ids_key}" if ids_key else ""))
-    selection.check_devices(_texts(module, key), _texts(module, ids_key), required=False)
+    try:
+        selection.check_devices(_texts(module, key), _texts(module, ids_key), required=False)
+    except InputError as exc:
+        # YAML 1.1 reads an unquoted 18:00 as the sexagesimal number 1080 (and 18:00.0 as 1080.0)
+        if any(_NUMBER.fullmatch(text) for text in _texts(module, key) + _texts(module, ids_key)):
+            raise InputError(f"{exc}; an unquoted 18:00 is the number 1080 to YAML: quote device addresses") \
+                from None
+        raise
 
 
 def resolve_devices(module, ctx, *, changes: bool, key: str = "devices", ids_key: str | None = "device_ids",
@@ -116,6 +124,9 @@ def resolve_devices(module, ctx, *, changes: bool, key: str = "devices", ids_key
     return selection.resolve(ctx.host, _texts(module, key), _texts(module, ids_key), changes=changes,
                              yes=bool(module.params.get("all_matched")), yes_hint="all_matched: true",
                              tell=told.append)
+
+
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 def _texts(module, key: str | None) -> list:
