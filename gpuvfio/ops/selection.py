@@ -17,7 +17,8 @@ from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.host.inventory import list_addresses, read_function, read_functions
+from gpuvfio.host.inventory import list_addresses, read_function, read_ids
+from gpuvfio.host.model import PCI_BRIDGE_CLASS
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
 
@@ -58,19 +59,20 @@ def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None
     exact = [s.address for s in selectors]
     if exact and all(a is not None for a in exact) and not filters:
         return Selection(sorted(set(exact)), typed)
-    functions = read_functions(host)
+    present = list_addresses(host)
     chosen = []
-    for address, fn in sorted(functions.items()):
+    for address in present:
         if selectors and not any(s.matches(address) for s in selectors):
             continue
+        vendor, device, klass = read_ids(host, address)  # only what a selector looks at
         named = any(s.address == address for s in selectors)
-        if fn.is_bridge and not named:
+        if klass.startswith(PCI_BRIDGE_CLASS) and not named:
             continue
-        if filters and not any(f.matches(fn.vendor_id, fn.device_id, fn.class_id) for f in filters):
+        if filters and not any(f.matches(vendor, device, klass) for f in filters):
             continue
         chosen.append(address)
     # An exact address that is not on the host stays, for the command's own message.
-    chosen += [a for a in exact if a is not None and a not in functions and not filters]
+    chosen += [a for a in exact if a is not None and a not in set(present) and not filters]
     if not chosen:
         raise InputError(f"no PCI function on this host matches {' '.join(typed)}")
     return Selection(sorted(set(chosen)), typed, expanded=True)
