@@ -65,26 +65,39 @@ def write_output(out: str, text: str) -> None:
 
 
 def read_regular(path: str, limit: int = 1 << 20) -> bytes | None:
-    """The bytes of a regular file gpuvfio wrote earlier (a run's identity, results), or None when
-    there is none; never read through a link, never blocked on a FIFO, never more than ``limit``
-    bytes (InputError, one line, names the file)."""
+    """The bytes of a regular file (a run's identity and results, a ROM image), or None when
+    there is none; never read through a link, never opened when it is a FIFO or a device (an
+    open can block or act), never more than ``limit`` bytes. InputError, one line, otherwise."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(mode):
+        raise InputError(f"cannot read {path}: it is a link")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{path} is not a regular file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror} (a link or unreadable)") from None
+    except OSError as exc:  # replaced by a link since (ELOOP), or unreadable
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError(f"{path} is not a regular file")
-        data = os.read(fd, limit + 1)
-        chunks = [data]
-        while data and sum(map(len, chunks)) <= limit:
-            data = os.read(fd, limit + 1)
-            chunks.append(data)
-        content = b"".join(chunks)
-        if len(content) > limit:
-            raise InputError(f"{path} is larger than {limit} bytes: not gpuvfio's")
-        return content
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise InputError(f"{path} is larger than {limit} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
     finally:
         os.close(fd)

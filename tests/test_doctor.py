@@ -245,6 +245,28 @@ def test_doctor_reads_the_journal_without_creating_it(cli, tmp_path, monkeypatch
     got = checks(b.root)["journal"]
     assert got["status"] == "ok" and "holds 1 function(s)" in got["summary"]
 
-    journal.write_text('{"version": 1, "devices": {"nope": {}}}')
-    result = cli("--root", b.root, "doctor")
-    assert result.code == 1 and "journal" in result.out and "corrupt" in result.out
+    record["operation"].pop("finished")  # broken marks and an unfinished operation: both said
+    record["broken"] = {"0000:01:00.0": {"reason": "x" * 5000, "since": 1.0}}
+    journal.write_text(json.dumps(record))
+    got = checks(b.root)["journal"]
+    assert got["status"] == "fail" and "did not finish" in got["summary"] and "marked broken" in got["summary"]
+    assert len(got["summary"]) < 600 and "gpuvfio status" in got["fix"] and "gpuvfio reset" in got["fix"]
+    record["operation"]["kind"], record["operation"]["pid"] = ["hostile"], "4242; rm"
+    del record["broken"]
+    journal.write_text(json.dumps(record))
+    got = checks(b.root)["journal"]
+    assert "a gpuvfio operation (pid ?) did not finish" in got["summary"], got
+
+    for damaged in ('{"version": 1, "devices": {"nope": {}}}', '{"version": 1}'):
+        journal.write_text(damaged)
+        result = cli("--root", b.root, "doctor")
+        assert result.code == 1 and "journal" in result.out and "corrupt" in result.out, result.out + result.err
+        assert "Traceback" not in result.err
+
+
+def test_doctor_of_a_recording_does_not_speak_for_gpuvfios_state_there(cli):
+    from tests.make_samples import sample_path
+
+    result = cli("--root", sample_path("workstation"), "doctor", "--json")
+    got = {c["id"]: c for c in result.json()["checks"]}["journal"]
+    assert got["status"] == "skip" and "recording" in got["summary"]

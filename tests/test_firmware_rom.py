@@ -164,22 +164,18 @@ def test_rom_options_conflict_and_words(cli, ws):
         domain_request("x", rom_bar="OFF")
 
 
-def test_a_recording_does_not_hold_the_hosts_files(cli, tmp_path):
-    """A plan from a host recording (dump-host, as a remote testbed plan makes one) cannot see
-    the ROM or UEFI files: not checked there, with a warning, where the directory host refuses
-    them; a ROM that is in the recording is still checked."""
+def test_a_rom_file_a_recording_lacks_is_refused_and_nothing_is_defined(cli, tmp_path):
+    """xml on a recording refuses a ROM or UEFI file the recording does not hold, --define too
+    (nothing is defined with a file no one checked); one the recording holds is checked as a ROM."""
     from tests.make_samples import sample_path
 
+    node = tmp_path / "testdriver.xml"
+    node.write_text("<node/>")
     args = ("xml", "0000:01:00.0", "--name", "g", "--memory", "2G", "--hugepages", "none")
-    recorded = cli("--root", sample_path("workstation"), *args, "--rom-file", "/usr/share/vbios/ad102.rom",
-                   "--loader", "/opt/edk2/CODE.fd", "--nvram-template", "/opt/edk2/VARS.fd")
-    assert recorded.code == 0, recorded.err
-    assert "--rom-file /usr/share/vbios/ad102.rom not checked: the host recording does not hold it" in recorded.err
-    assert "--loader /opt/edk2/CODE.fd not checked" in recorded.err
-    assert "file='/usr/share/vbios/ad102.rom'" in recorded.out
-    ws = gpu_workstation(tmp_path / "host")
-    ws.firmware()
-    here = cli("--root", ws.root, *args, "--rom-file", "/usr/share/vbios/ad102.rom")
-    assert here.code == 2 and "no such file on this host" in here.err
+    for extra in (("--rom-file", "/usr/share/vbios/ad102.rom"),
+                  ("--loader", "/opt/edk2/CODE.fd", "--nvram-template", "/opt/edk2/VARS.fd")):
+        result = cli("--root", sample_path("workstation"), *args, *extra, "--define", "--connect", f"test://{node}")
+        assert result.code == 2 and "no such file on this host" in result.err, result.err
+        assert "defined" not in result.out + result.err
     bad = cli("--root", sample_path("workstation"), *args, "--rom-file", "/proc/cpuinfo")  # recorded, not a ROM
     assert bad.code == 2 and "not a PCI option ROM" in bad.err

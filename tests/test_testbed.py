@@ -554,6 +554,11 @@ def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
     os.symlink("/etc/shadow", out / "identity.json")
     with pytest.raises(InputError, match="identity.json.*a link"):
         pack_results(str(spec), str(out))
+    os.unlink(out / "identity.json")
+    os.rename(out / "results", tmp_path / "real-results")
+    os.symlink(tmp_path / "real-results", out / "results")  # the results directory itself a link
+    with pytest.raises(InputError, match="results is a link"):
+        pack_results(str(spec), str(out))
 
 
 def test_identity_of_a_gpu_pci_ids_does_not_know(tmp_path, monkeypatch):
@@ -590,3 +595,20 @@ def test_results_are_of_the_specs_gpu_not_cuda_device_0(tmp_path):
     write_rep(str(tmp_path), variant, 0, report, {}, [PciAddress.parse("0000:43:00.0")])
     record = json.loads((tmp_path / "results" / "baremetal" / "rep-0.json").read_text())
     assert record["metrics"]["h2d_gbps"] == 50.0 and record["metrics"]["latency_us"] == 5.0
+
+
+def test_a_run_refuses_a_selection_a_later_variant_cannot_take_before_measuring(cli, tmp_path):
+    """Bare metal first, then a vGPU variant whose selection holds two GPUs: bad input before the
+    first measurement (not after hours of it), nothing written to OUT."""
+    from gpuvfio.host.fixture import load_fixture
+
+    root = tmp_path / "ws"
+    with open(sample_path("workstation"), encoding="utf-8") as handle:
+        load_fixture(handle.read(), str(root))
+    text = VGPU_SPEC.replace("SELECTION", 'gpu_ids = ["10de::03xx"]').replace(
+        "[[variant]]", '[[variant]]\nname = "bare"\nkind = "baremetal"\n\n[[variant]]', 1)
+    out = tmp_path / "out"
+    result = cli("--root", str(root), "testbed", "run", write(tmp_path, text), "--out", str(out), "--yes",
+                 "--connect", "test:///default")
+    assert result.code == 2 and "variant v: a vGPU takes one GPU, the selection holds 2" in result.err, result.err
+    assert not (out / "identity.json").exists() and not (out / "results").exists()

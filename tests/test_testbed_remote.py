@@ -77,6 +77,17 @@ def test_remote_plan_is_the_plan_made_there(cli, tmp_path, hypervisor):
     assert remote_plan["variants"][0]["bind"]["devices"] == ["0000:1b:00.0"]
     text = cli("testbed", "plan", str(remote))
     assert text.out.startswith(f"hypervisor root@127.0.0.1:{hypervisor.port} (over SSH)\n")
+    # A ROM image the spec names is on the hypervisor, not in its recording: the plan says it did not
+    # check it (the run there does), where a plan of this host refuses a file it does not have.
+    rom = 'memory = "32G"\nrom_file = "/usr/share/vbios/clean.rom"'
+    remote.write_text(PLAN_SPEC.replace('memory = "32G"', rom) + host_section(hypervisor, root=sample))
+    there = cli("testbed", "plan", str(remote), "--json")
+    assert there.code == 0, there.err
+    assert any("--rom-file /usr/share/vbios/clean.rom not checked here" in w
+               for w in there.json()["variants"][0]["warnings"])
+    local.write_text(PLAN_SPEC.replace('memory = "32G"', rom))
+    here = cli("--root", sample, "testbed", "plan", str(local))
+    assert here.code == 2 and "--rom-file /usr/share/vbios/clean.rom: no such file on this host" in here.err
 
 
 def test_unknown_host_key_is_refused_and_trust_on_first_use_records_it(cli, tmp_path, hypervisor, monkeypatch):

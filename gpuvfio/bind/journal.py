@@ -24,7 +24,7 @@ import time
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.files import atomic_write
-from gpuvfio.host.checks import FAIL, OK, WARN, Check
+from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
 
@@ -38,6 +38,10 @@ class LockTimeout(GpuvfioError):
 
 class CorruptJournal(InputError):
     """The journal cannot be trusted: refuse to act, keep the file for a human."""
+
+
+class UnreadableJournal(CorruptJournal):
+    """The journal is there but cannot be read (permissions: gpuvfio's state is root's)."""
 
 
 def state_dir(host: HostRoot) -> str:
@@ -101,6 +105,8 @@ def journal_problem(data: dict) -> str | None:
     unknown = set(data) - _KEYS
     if unknown:
         return f"unknown field(s) {', '.join(sorted(map(str, unknown)))}"
+    if "devices" not in data:  # every journal gpuvfio writes has it
+        return "devices missing"
     for key in ("devices", "mdevs", "vgpus", "schedulers", "broken", "partitions"):
         if not isinstance(data.get(key, {}), dict):
             return f"{key} is not an object"
@@ -174,7 +180,7 @@ class Journal:
         except FileNotFoundError:
             return journal
         except OSError as exc:
-            raise CorruptJournal(f"cannot read journal {journal.path}: {exc.strerror}") from None
+            raise UnreadableJournal(f"cannot read journal {journal.path}: {exc.strerror}") from None
         try:
             data = json.loads(text)
         except ValueError:
@@ -260,28 +266,46 @@ class RunLock:
 
 
 def journal_check(host: HostRoot) -> Check:
-    """What the journal says about readiness, for doctor: a device that came back broken from a
-    guest (binds refuse it until ``gpuvfio reset`` clears the mark), an operation that did not
+    """What the journal says about readiness, for doctor: devices that came back broken from a
+    guest (binds refuse them until ``gpuvfio reset`` clears the mark), an operation that did not
     finish (a crash or a kill mid-run: restore knows what it did), or a journal gpuvfio cannot
-    trust (every command that changes the host refuses it). Read only: nothing is created."""
+    read or trust (every command that changes the host refuses it). Read only: nothing is created."""
+    if host.recorded:
+        return Check("journal", SKIP, "a host recording holds no gpuvfio state (status and doctor on the host "
+                                      "itself read it)")
     directory = state_dir(host)
+    path = os.path.join(directory, "journal.json")
     try:
         journal = Journal.load(directory)
+    except UnreadableJournal as exc:
+        return Check("journal", FAIL, str(exc), "run gpuvfio doctor as root (gpuvfio's state is root's)")
     except CorruptJournal as exc:
-        return Check("journal", FAIL, str(exc), f"inspect {os.path.join(directory, 'journal.json')}, then move it "
-                                                "away (gpuvfio restore cannot use it)")
+        return Check("journal", FAIL, str(exc), f"inspect {path}; gpuvfio restore cannot use it until it is mended or "
+                                                "moved away (then restore the devices by hand)")
+    problems, fixes, status = [], [], OK
     broken = journal.data["broken"]
-    operation = journal.data.get("operation") or {}
-    unfinished = operation and not operation.get("finished")
     if broken:
-        marks = "; ".join(f"{address}: {record.get('reason')}" for address, record in sorted(broken.items()))
-        return Check("journal", FAIL, f"marked broken (binds refuse them): {marks}",
-                     "gpuvfio reset " + " ".join(sorted(broken)) + " (the kernel's reset; --forget once it answers "
-                     "again without one)")
-    if unfinished:
-        return Check("journal", WARN, f"a {operation.get('kind', 'gpuvfio')} operation (pid {operation.get('pid')}) "
-                                      "did not finish, or is running now", "gpuvfio status; gpuvfio restore puts "
-                                                                         "back what it did")
+        marks = "; ".join(f"{address}: {_shown(record.get('reason'))}" for address, record in sorted(broken.items()))
+        problems.append(f"marked broken (binds refuse them): {marks}")
+        fixes.append("gpuvfio reset " + " ".join(sorted(broken)) + " (the kernel's reset; --forget once a device "
+                     "answers again without one)")
+        status = FAIL
+    operation = journal.data.get("operation") or {}
+    if operation and not operation.get("finished"):
+        kind, pid = operation.get("kind"), operation.get("pid")
+        problems.append(f"a {kind if kind in ('bind', 'fabric') else 'gpuvfio'} operation "
+                        f"(pid {pid if isinstance(pid, int) and not isinstance(pid, bool) else '?'}) did not finish, "
+                        "or is running now")
+        fixes.append("gpuvfio status; gpuvfio restore puts back what it did")
+        status = status if status == FAIL else WARN
+    if problems:
+        return Check("journal", status, "; ".join(problems), "; ".join(fixes))
     held = len(journal.devices)
     return Check("journal", OK, f"gpuvfio holds {held} function(s); no broken device, no unfinished operation"
                  if held else "gpuvfio holds nothing; no broken device, no unfinished operation")
+
+
+def _shown(reason, limit: int = 200) -> str:
+    """A journal's reason as doctor shows it: text, and not more than a line's worth."""
+    text = reason if isinstance(reason, str) else repr(reason)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -21,6 +21,7 @@ from gpuvfio.domain.address_space import AddressPlan, plan_address_space
 from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused
+from gpuvfio.files import read_regular
 from gpuvfio.host import assignable
 from gpuvfio.host.firmware import find_ovmf, uefi_descriptors
 from gpuvfio.host.fabric import Decision
@@ -259,15 +260,17 @@ ROM_MAX_BYTES = 16 << 20
 
 def _host_file(host: HostRoot, path: str, what: str, warnings: list[str]) -> str | None:
     """``path`` (as the host names it) as a regular file under the host root, links resolved
-    but kept inside the root (a FIFO or a device would hang a read); bad input otherwise. On a
-    recorded host (a plan from dump-host) a file the recording does not hold is unknown, not
-    missing: None and a warning, and the run checks it on the host."""
+    but kept inside the root (a FIFO or a device would hang a read); bad input otherwise. In
+    the plan of a remote testbed run (made from the hypervisor's recording, which does not hold
+    such files) a file the recording lacks is unknown, not missing: None and a warning; the run
+    there checks it."""
     top = os.path.realpath(host.root)
     real = os.path.realpath(host.path(path.lstrip("/")))
     if real != top and not real.startswith(top.rstrip("/") + "/"):
         raise InputError(f"{what} {path} leads out of the host root")
-    if not os.path.lexists(host.path(path.lstrip("/"))) and host.recorded:
-        warnings.append(f"{what} {path} not checked: the host recording does not hold it (the run checks it)")
+    if host.files_checked_by_run and not os.path.lexists(host.path(path.lstrip("/"))):
+        warnings.append(f"{what} {path} not checked here: the hypervisor's recording does not hold it (the run "
+                        "there checks it)")
         return None
     if not os.path.isfile(real):
         raise InputError(f"{what} {path}: no such file on this host")
@@ -280,11 +283,10 @@ def _check_rom(host: HostRoot, path: str, warnings: list[str]) -> None:
     if real is None:
         return
     try:
-        with open(real, "rb") as handle:
-            data = handle.read(ROM_MAX_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"--rom-file {path}: {exc.strerror}") from None
-    if len(data) > ROM_MAX_BYTES or len(data) < 512 or not data.startswith(ROM_SIGNATURE):
+        data = read_regular(real, ROM_MAX_BYTES)
+    except InputError:
+        data = None  # larger than any option ROM, or no longer a regular file
+    if data is None or len(data) < 512 or not data.startswith(ROM_SIGNATURE):
         raise InputError(f"--rom-file {path}: not a PCI option ROM (55 AA signature, 512 bytes to 16 MiB)")
 
 

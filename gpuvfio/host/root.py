@@ -45,8 +45,11 @@ class HostRoot:
         self.sys = sys_dir
         self._resolved: dict[str, str] = {self.sys: self.sys}
         # A recording (a fixture file loaded into a temp dir) holds sysfs, proc and some of /etc,
-        # not the host's files at large: what is not in it is unknown there, not absent.
+        # not the host's files at large, nor gpuvfio's state there.
         self.recorded = False
+        # Set for the plan of a remote testbed run (made here from the hypervisor's recording):
+        # the files a domain names (ROM images, UEFI code) are checked by the run there.
+        self.files_checked_by_run = False
 
     # -- paths -------------------------------------------------------------------------
     @staticmethod

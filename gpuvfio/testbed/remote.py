@@ -74,6 +74,7 @@ def plan_remote(spec: Spec, default_known_hosts: str | None, *, yes: bool = Fals
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(record)
         with open_host(path) as (host, _label):
+            host.files_checked_by_run = True  # the ROM and UEFI files a spec names are there, not here
             report = plan(Context(host=host), spec, yes=yes)
     report["host"] = spec.host.label()
     return report
@@ -92,8 +93,9 @@ def pack_results(spec_path: str, out: str) -> bytes:
         if identity is not None:
             _add(tar, "out/identity.json", identity)
         for relative in results:
-            with open(os.path.join(out, relative), "rb") as handle:
-                _add(tar, f"out/{relative}", handle.read())
+            data = read_regular(os.path.join(out, relative))
+            if data is not None:  # gone since it was listed: not sent
+                _add(tar, f"out/{relative}", data)
     return buffer.getvalue()
 
 
@@ -239,6 +241,7 @@ def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect
                yes: bool = False, progress=lambda line: None) -> dict:
     remote = spec.host
     os.makedirs(out, exist_ok=True)
+    pack_results(spec.path, out)  # what OUT holds is checked (bad input) before anything is made there
     interrupted = False
     with session_for(remote, default_known_hosts) as session:
         scratch = _Scratch(session, remote, out, progress)

@@ -131,6 +131,8 @@ class SignalGuard:
 
 def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None, yes: bool = False) -> dict:
     gpus = gpus_on(ctx, spec, yes=yes, tell=ctx.progress)
+    for variant in spec.variants:  # a selection a later variant cannot take is bad input now, not hours in
+        addresses_for(ctx, gpus, variant)
     _same_gpus_as_before(out, gpus)
     os.makedirs(os.path.join(out, "results"), exist_ok=True)
     identity = {**host_identity(ctx.host, gpus, ctx.libvirt(uri)), "gpus": [str(g) for g in gpus]}
@@ -155,6 +157,8 @@ def recorded_results(out: str) -> list[str]:
     """The results recorded in OUT, as relative paths: regular files of the expected names only."""
     found = []
     results = os.path.join(out, "results")
+    if os.path.islink(results):
+        raise InputError(f"{results} is a link: not results gpuvfio recorded")
     for variant in sorted(os.listdir(results)) if os.path.isdir(results) else []:
         directory = os.path.join(results, variant)
         if not NAME.fullmatch(variant) or os.path.islink(directory) or not os.path.isdir(directory):
