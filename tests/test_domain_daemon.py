@@ -187,3 +187,31 @@ def test_define_sees_what_others_added_to_gpuvfios_parts(conn, cli):
             conn.lookupByName("gpuvfio-owned").undefine()
         except libvirt.libvirtError:
             pass
+
+
+def test_the_cliques_gpuvfio_gave_are_read_back_from_the_real_driver(conn, cli):
+    """verify on a running gpuvfio guest checks its peer matrix against the P2P cliques of its
+    definition: the qemu driver keeps <qemu:override> and the hostdevs' user aliases, and gpuvfio
+    reads the clique of each host GPU back from them (as attach has them from its plan)."""
+    from gpuvfio.guest.expect import Expected
+    from gpuvfio.ops.guests import with_cliques
+    from gpuvfio.virt.lifecycle import recorded_cliques
+
+    uri = conn.getURI()
+    args = ["--root", sample_path("pcie-switch"), "xml", "0000:18:00.0", "0000:19:00.0", "--name", "gpuvfio-p2p",
+            "--memory", "4G", "--hugepages", "none", "--firmware", "bios", "--virt-type", "qemu", "--define",
+            "--qemu-version", "9.2", "--connect", uri, "--json"]  # cliques need QEMU 8.1; this machine's is older
+    try:
+        result = cli(*args)
+        assert result.code == 0 and result.json()["define"]["result"] == "defined", result.err
+        cliques = recorded_cliques(conn.lookupByName("gpuvfio-p2p"))
+        assert cliques == {PciAddress.parse("0000:18:00.0"): 0, PciAddress.parse("0000:19:00.0"): 0}
+        gpu = Expected("0000:18:00.0", "10de", "26b9", "030200", 4, 16)
+        audio = Expected("0000:18:00.1", "10de", "22ba", "040300", 4, 16)
+        other = Expected("0000:9a:00.0", "10de", "26b9", "030200", 4, 16)
+        assert [e.clique for e in with_cliques([gpu, audio, other], cliques)] == [0, None, None]
+    finally:
+        try:
+            conn.lookupByName("gpuvfio-p2p").undefine()
+        except libvirt.libvirtError:
+            pass

@@ -252,3 +252,20 @@ def test_persist_in_shared_mode_is_not_refused_for_the_fabric_managers_state(qui
     ctx = Context(host=HostRoot(quiet_dgx))
     report = binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
     assert report["devices"] == list(map(str, gpus(1, 2, 3, 4)))
+
+
+def test_verify_of_a_running_guest_wants_the_fabric_managers_driver(shared):
+    """verify on a guest gpuvfio did not just plan (an existing domain, --expect-device) reads the
+    fabric as attach does: a baseboard GPU in shared-NVSwitch mode needs the host FM's driver in
+    the guest; a non-GPU function and full-passthrough mode need none."""
+    from gpuvfio.guest.expect import expectations
+    from gpuvfio.host.inventory import read_inventory
+    from gpuvfio.ops.guests import fabric_driver
+
+    ctx, _fm = shared
+    inventory = read_inventory(ctx.host)
+    expected = expectations(inventory, gpus(1) + SWITCHES[:1])
+    got = fabric_driver(ctx, inventory, expected)
+    assert [(e.address, e.driver_version) for e in got] == [(str(gpus(1)[0]), VERSION), (str(SWITCHES[0]), None)]
+    set_mode(ctx.host.root, 0)
+    assert [e.driver_version for e in fabric_driver(ctx, read_inventory(ctx.host), expected)] == [None, None]

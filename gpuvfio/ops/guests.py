@@ -33,6 +33,7 @@ from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
 from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
+from gpuvfio.host.fabric import SHARED_NVSWITCH, read_fabric
 from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.context import Context, checked_seconds, run_output
 from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file, provision_xml
@@ -208,6 +209,28 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
     return result
 
 
+def with_cliques(expected: list[Expected], cliques: dict[PciAddress, int]) -> list[Expected]:
+    """The P2P clique each GPU was given in a domain gpuvfio defined (its <qemu:override>), for
+    verify on a running guest: its peer matrix must agree, as attach checks from its plan."""
+    return [dataclasses.replace(e, clique=cliques[PciAddress.parse(e.address)])
+            if e.kind == "gpu" and e.address is not None and PciAddress.parse(e.address) in cliques else e
+            for e in expected]
+
+
+def fabric_driver(ctx: Context, inventory, expected: list[Expected]) -> list[Expected]:
+    """On an HGX host in shared-NVSwitch mode a baseboard GPU's guest needs the host Fabric
+    Manager's driver version, as attach checks from its plan (read from the host: verify may
+    come long after the plan)."""
+    if not any(f.is_nvswitch for f in inventory.functions.values()):
+        return expected
+    fabric = read_fabric(ctx.host, inventory)
+    if fabric.effective_mode != SHARED_NVSWITCH or not fabric.fm_version:
+        return expected
+    return [dataclasses.replace(e, driver_version=fabric.fm_version)
+            if e.kind == "gpu" and e.address is not None and PciAddress.parse(e.address) in fabric.gpus else e
+            for e in expected]
+
+
 def planned_expectations(provisioned: Provisioned, expected: list[Expected]) -> list[Expected]:
     """What the plan adds to the checks: the P2P clique of each GPU (the guest's peer matrix
     must agree) and, on an HGX shared-NVSwitch host, the guest driver version the FM needs."""
@@ -287,15 +310,19 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
     DOMAIN, else ``expect`` (host addresses) and ``expect_ids`` (--expect VENDOR:DEVICE[xN])."""
     dom = conn = None
     recorded: list[PciAddress] = []
+    cliques: dict[PciAddress, int] = {}
     if domain is not None:
         conn = ctx.libvirt(uri)
         dom = lifecycle.lookup(conn, domain)
         if dom is None:
             raise InputError(f"no domain named {domain}")
-        recorded = lifecycle.recorded_devices(dom) if lifecycle.made_by_gpuvfio(dom) else []
+        if lifecycle.made_by_gpuvfio(dom):
+            recorded, cliques = lifecycle.recorded_devices(dom), lifecycle.recorded_cliques(dom)
     target = guest_target(ssh, conn, dom)
     given = expect is not None or expect_ids is not None
-    expected = expectations(read_inventory(ctx.host), (expect or []) if given else recorded) + (expect_ids or [])
+    inventory = read_inventory(ctx.host)
+    expected = expectations(inventory, (expect or []) if given else recorded) + (expect_ids or [])
+    expected = fabric_driver(ctx, inventory, with_cliques(expected, cliques))
     with Session(target, recorded_known_hosts(ctx)) as session:
         report = verify_guest(session, expected, bandwidth=options.bandwidth, timeout=options.timeout,
                               probe_timeout=options.probe_timeout, gates=options.gates,

@@ -98,6 +98,30 @@ def recorded_devices(dom) -> list[PciAddress]:
     return found
 
 
+def recorded_cliques(dom) -> dict[PciAddress, int]:
+    """The P2P clique gpuvfio gave each GPU of the domain: QEMU's x-nv-gpudirect-clique set in
+    <qemu:override> on the hostdev of that alias (what verify checks the guest's peer matrix
+    against, as attach does from its plan)."""
+    root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
+    by_alias = {}
+    for device in root.iter(f"{QEMU_NS}device"):
+        for prop in device.iter(f"{QEMU_NS}property"):
+            value = prop.get("value", "")
+            if prop.get("name") == "x-nv-gpudirect-clique" and value.isdigit() and int(value) < 16:
+                by_alias[device.get("alias")] = int(value)  # the clique id is 4 bits (hw/vfio/pci-quirks.c)
+    found = {}
+    for hostdev in root.iter("hostdev"):
+        alias, source = hostdev.find("alias"), hostdev.find("source/address")
+        if alias is None or source is None or alias.get("name") not in by_alias:
+            continue
+        try:
+            address = PciAddress(*(int(source.get(k, ""), 16) for k in ("domain", "bus", "slot", "function")))
+        except (ValueError, GpuvfioError):  # not hex, or out of range: not a device gpuvfio wrote
+            continue
+        found[address] = by_alias[alias.get("name")]
+    return found
+
+
 def ssh_address(conn, dom) -> tuple[str, int]:
     """Where the guest's SSH answers, from the sources libvirt knows, in that order."""
     libvirt = libvirt_module()
