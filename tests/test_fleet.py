@@ -949,14 +949,14 @@ def test_testbed_playbook_plans_runs_fetches_and_resumes(fleet, tmp_path):
         "gpuvfio_testbed": {"guest": {"kernel": "/var/lib/gpuvfio/vmlinux", "vcpus": 2, "memory": "2G",
                                       "virt_type": "qemu"},
                             "ssh": {"user": "root", "trust_on_first_use": True, "port": 2222},
-                            "repetitions": 1, "gpus": ["0000:1b:00.0"],
+                            "repetitions": 1, "gpus": ["1b:00"],  # a slot, expanded on the host
                             "variants": [{"name": "baremetal", "kind": "baremetal"}]}}))
     spec = os.path.join(fleet["hosts"][dgx]["root"], "var", "lib", "gpuvfio", "testbed", "spec.toml")
     rc, data, err = _playbook(fleet["env"], "-i", fleet["inventory"], "testbed.yml", "--limit", dgx,
                               "-e", f"@{extra}", "--check")
     assert rc == 0, _failures(data) or err[-2000:]
     plan = _task_results(data, "Print the plan")[dgx]["gpuvfio_testbed_plan.stdout_lines"]
-    assert plan[0] == "== baremetal (baremetal)"
+    assert plan[:2] == ["selected 1b:00 -> 0000:1b:00.0", "== baremetal (baremetal)"]
     assert not os.path.exists(spec)
     for run in (1, 2):
         rc, data, err = _playbook(fleet["env"], "-i", fleet["inventory"], "testbed.yml", "--limit", dgx,
@@ -967,7 +967,9 @@ def test_testbed_playbook_plans_runs_fetches_and_resumes(fleet, tmp_path):
     fetched = tmp_path / "reports" / "testbed" / dgx
     assert sorted(os.listdir(fetched)) == ["identity.json", "report.html", "report.md", "results.json"]
     assert "baremetal" in (fetched / "report.md").read_text()
-    assert 'gpus = ["0000:1b:00.0"]' in open(spec, encoding="utf-8").read()
+    assert 'gpus = ["1b:00"]' in open(spec, encoding="utf-8").read()
+    identity = json.loads((fetched / "identity.json").read_text())
+    assert identity["gpus"] == ["0000:1b:00.0"] and identity["accelerator_count"] == 1
 
 
 def test_host_prep_check_mode_then_apply_then_nothing_left_to_change(fleet):
