@@ -137,8 +137,14 @@ def test_rom_file_through_a_link_out_of_the_root_is_refused(cli, ws, tmp_path):
     outside = tmp_path / "outside.rom"
     outside.write_bytes(b"\x55\xaa" + b"\0" * 1022)
     os.makedirs(os.path.join(ws.root, "usr/share/vbios"), exist_ok=True)
+    # An absolute link means a path of the host: taken under the root (as the host would follow it),
+    # never this machine's file of that name.
     os.symlink(str(outside), os.path.join(ws.root, "usr/share/vbios/link.rom"))
     result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/link.rom")
+    assert result.code == 2 and "no such file on this host" in result.err
+    escape = os.path.relpath(str(outside), os.path.join(ws.root, "usr/share/vbios"))  # ../../.. out of the root
+    os.symlink(escape, os.path.join(ws.root, "usr/share/vbios/escape.rom"))
+    result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/escape.rom")
     assert result.code == 2 and "leads out of the host root" in result.err
     os.makedirs(os.path.join(ws.root, "opt"), exist_ok=True)
     os.symlink(str(tmp_path), os.path.join(ws.root, "opt", "dir"))  # a linked directory, same
@@ -151,6 +157,9 @@ def test_rom_file_through_a_link_out_of_the_root_is_refused(cli, ws, tmp_path):
     rom(inside, b"\x55\xaa" + b"\0" * 1022)
     os.symlink("real.rom", os.path.join(ws.root, "usr/share/vbios/current.rom"))  # a link inside the root
     result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/current.rom")
+    assert result.code == 0, result.err
+    os.symlink("/usr/share/vbios/real.rom", os.path.join(ws.root, "usr/share/vbios/absolute.rom"))
+    result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/absolute.rom")  # absolute, inside the root
     assert result.code == 0, result.err
 
 

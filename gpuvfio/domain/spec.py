@@ -20,7 +20,7 @@ from gpuvfio.domain import versions
 from gpuvfio.domain.address_space import AddressPlan, plan_address_space
 from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
-from gpuvfio.errors import InputError, Refused
+from gpuvfio.errors import InputError, Refused, UnsafePathError
 from gpuvfio.files import read_regular
 from gpuvfio.host import assignable
 from gpuvfio.host.firmware import find_ovmf, uefi_descriptors
@@ -259,22 +259,22 @@ ROM_MAX_BYTES = 16 << 20
 
 
 def _host_file(host: HostRoot, path: str, what: str, warnings: list[str]) -> str | None:
-    """``path`` (as the host names it) as a regular file under the host root, links resolved
-    but kept inside the root (a FIFO or a device would hang a read); bad input otherwise. In
-    the plan of a remote testbed run (made from the hypervisor's recording, which does not hold
-    such files) a file the recording lacks is unknown, not missing: None and a warning; the run
-    there checks it."""
-    top = os.path.realpath(host.root)
-    real = os.path.realpath(host.path(path.lstrip("/")))
-    if real != top and not real.startswith(top.rstrip("/") + "/"):
-        raise InputError(f"{what} {path} leads out of the host root")
-    if host.files_checked_by_run and not os.path.lexists(host.path(path.lstrip("/"))):
+    """``path`` (as the host names it) as a regular file under the host root, its links followed
+    as the host would (HostRoot.config_path: absolute targets under the root, never out of it;
+    a FIFO or a device would hang a read); bad input otherwise. In the plan of a remote testbed
+    run (made from the hypervisor's recording, which does not hold such files) a file the
+    recording lacks is unknown, not missing: None and a warning; the run there checks it."""
+    try:
+        candidate = host.config_path(*path.strip("/").split("/"))
+    except UnsafePathError:
+        raise InputError(f"{what} {path} leads out of the host root") from None
+    if host.files_checked_by_run and not os.path.lexists(candidate):
         warnings.append(f"{what} {path} not checked here: the hypervisor's recording does not hold it (the run "
                         "there checks it)")
         return None
-    if not os.path.isfile(real):
+    if not os.path.isfile(candidate):
         raise InputError(f"{what} {path}: no such file on this host")
-    return real
+    return candidate
 
 
 def _check_rom(host: HostRoot, path: str, warnings: list[str]) -> None:
