@@ -195,7 +195,7 @@ def test_the_cliques_gpuvfio_gave_are_read_back_from_the_real_driver(conn, cli):
     reads the clique of each host GPU back from them (as attach has them from its plan)."""
     from gpuvfio.guest.expect import Expected
     from gpuvfio.ops.guests import with_cliques
-    from gpuvfio.virt.lifecycle import recorded_cliques
+    from gpuvfio.virt.lifecycle import recorded
 
     uri = conn.getURI()
     args = ["--root", sample_path("pcie-switch"), "xml", "0000:18:00.0", "0000:19:00.0", "--name", "gpuvfio-p2p",
@@ -204,7 +204,7 @@ def test_the_cliques_gpuvfio_gave_are_read_back_from_the_real_driver(conn, cli):
     try:
         result = cli(*args)
         assert result.code == 0 and result.json()["define"]["result"] == "defined", result.err
-        cliques = recorded_cliques(conn.lookupByName("gpuvfio-p2p"))
+        _devices, cliques = recorded(conn.lookupByName("gpuvfio-p2p"))
         assert cliques == {PciAddress.parse("0000:18:00.0"): 0, PciAddress.parse("0000:19:00.0"): 0}
         gpu = Expected("0000:18:00.0", "10de", "26b9", "030200", 4, 16)
         audio = Expected("0000:18:00.1", "10de", "22ba", "040300", 4, 16)

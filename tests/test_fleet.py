@@ -513,16 +513,22 @@ def test_domain_module_takes_selectors_and_the_rom_and_loader_options(run_module
     args = {"root": root, "state_dir": state, "name": "rom-0", "devices": ["pci_0000_01_00_0"],
             "uri": "test:///default", "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios",
             "rom_file": "/var/lib/gpuvfio/clean.rom"}
+    def sources(xml):  # the host functions the guest gets
+        from lxml import etree
+
+        return [(a.get("bus"), a.get("slot"), a.get("function"))
+                for a in etree.fromstring(xml.encode()).iterfind("devices/hostdev/source/address")]
+
     failed, result = run_module("gpuvfio_domain", args, check=True, context=built_host.context)
     assert not failed, result
-    assert "<rom file='/var/lib/gpuvfio/clean.rom'/>" in result["xml"] or 'file="/var/lib/gpuvfio/clean.rom"' in \
-        result["xml"], result["xml"]
-    assert "bus='0x01'" in result["xml"] or "bus=\"0x01\"" in result["xml"]
+    assert "<rom file='/var/lib/gpuvfio/clean.rom'/>" in result["xml"], result["xml"]
+    assert sources(result["xml"]) == [("0x01", "0x00", "0x0"), ("0x01", "0x00", "0x1")]  # the slot follows
     failed, result = run_module("gpuvfio_domain", dict(args, rom_file=None, rom_bar="off", devices=[],
                                                        device_ids=["10de::0300"]), check=True,
                                 context=built_host.context)
     assert not failed, result
-    assert "<rom bar='off'/>" in result["xml"] or '<rom bar="off"/>' in result["xml"], result["xml"]
+    assert "<rom bar='off'/>" in result["xml"], result["xml"]
+    assert sources(result["xml"]) == [("0x01", "0x00", "0x0"), ("0x01", "0x00", "0x1")]
     for bad in ({"rom_file": "/var/lib/gpuvfio/missing.rom"}, {"rom_file": "relative.rom"},
                 {"firmware": "efi", "loader": "/usr/share/OVMF/OVMF_CODE.fd"}, {"devices": ["1:2:3"]},
                 {"state": "running", "min_gbps": float("nan")}, {"state": "running", "link_efficiency": 1.5}):

@@ -207,6 +207,11 @@ class Journal:
     def devices(self) -> dict:
         return self.data["devices"]
 
+    def unfinished_operation(self) -> dict | None:
+        """The last operation when it did not finish (a crash or a kill mid-run, or running now)."""
+        operation = self.data.get("operation")
+        return operation if operation and not operation.get("finished") else None
+
     def save(self) -> None:
         make_state_dir(self.directory)
         try:
@@ -290,8 +295,8 @@ def journal_check(host: HostRoot) -> Check:
         fixes.append("gpuvfio reset " + " ".join(sorted(broken)) + " (the kernel's reset; --forget once a device "
                      "answers again without one)")
         status = FAIL
-    operation = journal.data.get("operation") or {}
-    if operation and not operation.get("finished"):
+    operation = journal.unfinished_operation()
+    if operation is not None:
         kind, pid = operation.get("kind"), operation.get("pid")
         problems.append(f"a {kind if kind in ('bind', 'fabric') else 'gpuvfio'} operation "
                         f"(pid {pid if isinstance(pid, int) and not isinstance(pid, bool) else '?'}) did not finish, "

@@ -136,6 +136,13 @@ class Fabric:
         """FABRIC_MODE, with no configuration taken as FM's default (0)."""
         return FULL_PASSTHROUGH if self.mode is None else self.mode
 
+    @property
+    def guest_driver_version(self) -> str | None:
+        """The NVIDIA driver a guest with this baseboard's GPUs needs: in shared-NVSwitch mode the
+        host Fabric Manager's version (FM user guide: the guest driver and FM versions match);
+        none asked otherwise."""
+        return self.fm_version if self.effective_mode == SHARED_NVSWITCH else None
+
     def to_json(self) -> dict:
         return {"nvswitches": [str(a) for a in self.nvswitches], "gpus": [str(a) for a in self.gpus],
                 "others": [str(a) for a in self.others], "fabric_mode": self.mode,
@@ -271,7 +278,7 @@ def _single_gpu(fabric: Fabric, gpu: PciAddress, why: str) -> Decision:
                                 "(--stop-services): until restore restarts it, new CUDA jobs on the host's other "
                                 "GPUs of this baseboard fail to launch"))
     return Decision("single_gpu", fabric.mode, gpus=[gpu], guest_module_options=[NVLINK_DISABLE],
-                    guest_driver_version=fabric.fm_version if shared else None, lines=lines)
+                    guest_driver_version=fabric.guest_driver_version, lines=lines)
 
 
 def _full_passthrough(fabric: Fabric, gpus, switches, named: str) -> Decision:
@@ -338,4 +345,4 @@ def _shared(fabric: Fabric, gpus, switches, partitions: list[Partition] | None) 
         lines.append(FabricLine(WARN, "the host's Fabric Manager version is not known (no sys/module/nvidia/version): "
                                 "the guest's driver cannot be checked against it"))
     return Decision("partition", fabric.mode, gpus=list(gpus), partition=chosen,
-                    guest_driver_version=fabric.fm_version, lines=lines)
+                    guest_driver_version=fabric.guest_driver_version, lines=lines)

@@ -10,6 +10,7 @@ from gpuvfio.host.health import Health
 
 NVIDIA_VENDOR = "10de"
 NVSWITCH_CLASS = "0680"  # "Bridge: other" endpoints on NVIDIA HGX baseboards (include/linux/pci_ids.h)
+DISPLAY_CLASS = "03"  # base class 03: VGA, XGA, 3D controllers (include/linux/pci_ids.h PCI_BASE_CLASS_DISPLAY)
 PCI_BRIDGE_CLASS = "0604"  # PCI-to-PCI bridge (root ports, switch ports), include/linux/pci_ids.h
 
 # include/linux/ioport.h
@@ -147,7 +148,7 @@ class PciFunction:
 
     @property
     def is_gpu(self) -> bool:
-        return self.class_id.startswith("03")
+        return self.class_id.startswith(DISPLAY_CLASS)
 
     @property
     def is_nvswitch(self) -> bool:

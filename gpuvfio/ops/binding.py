@@ -302,9 +302,9 @@ def status(ctx: Context) -> dict:
                         "original_driver": record.get("original_driver"),
                         "original_override": record.get("original_override"),
                         "group": record.get("group")})
-    operation = journal.data.get("operation")
+    operation = journal.unfinished_operation()
     pending = None
-    if operation and not operation.get("finished"):
+    if operation is not None:
         pending = {"kind": operation.get("kind"), "pid": operation.get("pid"),
                    "steps": [{"description": s.get("description"), "state": s.get("state")}
                              for s in operation.get("steps", [])]}

@@ -33,7 +33,7 @@ from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
 from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
-from gpuvfio.host.fabric import SHARED_NVSWITCH, read_fabric
+from gpuvfio.host.fabric import read_fabric
 from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.context import Context, checked_seconds, run_output
 from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file, provision_xml
@@ -224,9 +224,9 @@ def fabric_driver(ctx: Context, inventory, expected: list[Expected]) -> list[Exp
     if not any(f.is_nvswitch for f in inventory.functions.values()):
         return expected
     fabric = read_fabric(ctx.host, inventory)
-    if fabric.effective_mode != SHARED_NVSWITCH or not fabric.fm_version:
+    if fabric.guest_driver_version is None:
         return expected
-    return [dataclasses.replace(e, driver_version=fabric.fm_version)
+    return [dataclasses.replace(e, driver_version=fabric.guest_driver_version)
             if e.kind == "gpu" and e.address is not None and PciAddress.parse(e.address) in fabric.gpus else e
             for e in expected]
 
@@ -317,7 +317,7 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
         if dom is None:
             raise InputError(f"no domain named {domain}")
         if lifecycle.made_by_gpuvfio(dom):
-            recorded, cliques = lifecycle.recorded_devices(dom), lifecycle.recorded_cliques(dom)
+            recorded, cliques = lifecycle.recorded(dom)
     target = guest_target(ssh, conn, dom)
     given = expect is not None or expect_ids is not None
     inventory = read_inventory(ctx.host)

@@ -17,8 +17,8 @@ from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.host.inventory import list_addresses, read_function, read_ids
-from gpuvfio.host.model import PCI_BRIDGE_CLASS
+from gpuvfio.host.inventory import list_addresses, read_ids
+from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
 
@@ -72,17 +72,20 @@ def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None
             continue
         chosen.append(address)
     # An exact address that is not on the host stays, for the command's own message.
-    chosen += [a for a in exact if a is not None and a not in set(present) and not filters]
+    on_host = set(present)
+    chosen += [a for a in exact if a is not None and a not in on_host and not filters]
     if not chosen:
         raise InputError(f"no PCI function on this host matches {' '.join(typed)}")
     return Selection(sorted(set(chosen)), typed, expanded=True)
 
 
-def check_devices(texts: list[str] | None, ids: list[str] | None, *, required: bool) -> None:
-    """Validate at the edge, before anything is read or changed."""
+def check_devices(texts: list[str] | None, ids: list[str] | None, *, required: bool,
+                  missing: str = f"no device given ({SELECTOR_HELP}, or -d VENDOR:[DEVICE])") -> None:
+    """Validate at the edge, before anything is read or changed (``missing``: how the interface
+    asks for a device, as ``yes_hint`` for a confirmation)."""
     parse_selectors(texts, ids)
     if required and not texts and not ids:
-        raise InputError(f"no device given ({SELECTOR_HELP}, or -d VENDOR:[DEVICE])")
+        raise InputError(missing)
 
 
 def resolve(host: HostRoot, texts: list[str] | None, ids: list[str] | None, *, changes: bool = False,
@@ -117,7 +120,7 @@ def the_gpu(host: HostRoot, addresses: list[PciAddress]) -> PciAddress:
     missing = [str(a) for a in addresses if a not in present]
     if missing:
         raise InputError(f"no such PCI function on this host: {', '.join(missing)}")
-    gpus = [a for a in addresses if read_function(host, a).is_gpu]
+    gpus = [a for a in addresses if read_ids(host, a)[2].startswith(DISPLAY_CLASS)]
     if len(gpus) != 1:
         raise InputError(f"a vGPU takes one GPU, the selection holds {len(gpus)} "
                          f"({', '.join(map(str, gpus)) or 'no display function'})")

@@ -241,14 +241,14 @@ def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect
                yes: bool = False, progress=lambda line: None) -> dict:
     remote = spec.host
     os.makedirs(out, exist_ok=True)
-    pack_results(spec.path, out)  # what OUT holds is checked (bad input) before anything is made there
     interrupted = False
     with session_for(remote, default_known_hosts) as session:
         scratch = _Scratch(session, remote, out, progress)
         label = scratch.label
         scratch.pick_up_earlier()
+        archive = pack_results(spec.path, out)  # OUT is checked (bad input) before anything is made there
         path = scratch.make()
-        _checked(session, ["tar", "-x", "-C", path, "-f", "-"], "uploading the spec", stdin=pack_results(spec.path, out))
+        _checked(session, ["tar", "-x", "-C", path, "-f", "-"], "uploading the spec", stdin=archive)
         command = remote_argv(remote, "testbed", "run", f"{path}/spec.toml", "--out", f"{path}/out", "--here",
                               *(["--connect", connect] if connect else []), *(["--yes"] if yes else []))
         # The pid file lets us signal the run and wait for its teardown; exec keeps gpuvfio the

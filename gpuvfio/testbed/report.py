@@ -13,10 +13,25 @@ import glob
 import json
 import os
 
+from gpuvfio import strictjson
 from gpuvfio.errors import InputError
-from gpuvfio.files import atomic_write
+from gpuvfio.files import atomic_write, read_regular
 from gpuvfio.testbed.render import document, html_page, markdown, method_paragraphs, plots, report_title
 from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N, ratio_ci, summarize, welch_test
+
+
+def read_identity(out: str, advice: str = "remove it and rerun") -> dict | None:
+    """OUT/identity.json, the system a run's results were measured on (None: there is none);
+    a regular file of strict JSON holding an object, else bad input with ``advice``."""
+    path = os.path.join(out, "identity.json")
+    try:
+        data = read_regular(path)
+        identity = strictjson.strict_loads(data) if data is not None else None
+    except ValueError as exc:
+        raise InputError(f"{path} is unreadable ({exc}); {advice}") from None
+    if identity is not None and not isinstance(identity, dict):
+        raise InputError(f"{path}: not a testbed identity (a JSON object); {advice}")
+    return identity
 
 
 def collect(out: str) -> dict:
@@ -37,16 +52,7 @@ def collect(out: str) -> dict:
         entry["reps"].append(record["metrics"])
         entry["provisioning"] = describe(record)
         entry["guest"] = {k: v for k, v in record.get("guest", {}).items() if v is not None} or entry["guest"]
-    identity = {}
-    identity_path = os.path.join(out, "identity.json")
-    if os.path.exists(identity_path):
-        try:
-            with open(identity_path, encoding="utf-8") as handle:
-                identity = json.load(handle)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{identity_path} is unreadable ({exc}); remove it and rerun") from None
-        if not isinstance(identity, dict):
-            raise InputError(f"{identity_path}: not a testbed identity (a JSON object); remove it and rerun")
+    identity = read_identity(out) or {}
     for entry in variants.values():
         entry["metrics"] = {key: summarize([rep.get(key) for rep in entry["reps"]]) for key in METRICS}
     baseline = next((name for name, e in variants.items() if e["kind"] == "baremetal"), None)

@@ -18,14 +18,14 @@ import signal
 import threading
 
 from gpuvfio.address import PciAddress
-from gpuvfio import strictjson
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.files import atomic_write, read_regular
+from gpuvfio.files import atomic_write
 from gpuvfio.ops import guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.ops.targets import ssh_options
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for
+from gpuvfio.testbed.report import read_identity
 from gpuvfio.testbed.spec import NAME, Spec, Variant
 
 
@@ -177,12 +177,8 @@ def _same_gpus_as_before(out: str, gpus: list[PciAddress]) -> None:
     if not recorded_results(out):
         return
     path = os.path.join(out, "identity.json")
-    data = read_regular(path)
-    try:
-        earlier = strictjson.strict_loads(data) if data is not None else None
-    except ValueError as exc:
-        raise InputError(f"{path} is unreadable ({exc}); remove it with the results, or give a new --out") from None
-    gpus_then = earlier.get("gpus") if isinstance(earlier, dict) else None
+    earlier = read_identity(out, "remove it with the results, or give a new --out") or {}
+    gpus_then = earlier.get("gpus")
     if not isinstance(gpus_then, list):
         raise InputError(f"{path} does not say which GPUs the results in {out} were measured on (a run from "
                          "before gpuvfio recorded it, or a damaged file); give a new --out")

@@ -191,11 +191,6 @@ def load_spec(path: str) -> Spec:
         fail("[guest] needs kernel (+ initrd) or disk", "guest")
     for key in ("kernel", "initrd", "disk", "loader", "nvram_template", "rom_file"):
         path_value("guest", guest, key)
-    if ("loader" in guest) != ("nvram_template" in guest):
-        fail("loader and nvram_template go together (the UEFI code and its variables template)", "guest", 0,
-             "loader" if "loader" in guest else "nvram_template")
-    if "rom_bar" in guest and guest["rom_bar"] not in ("on", "off"):
-        fail(f"rom_bar must be \"on\" or \"off\", not {guest['rom_bar']!r}", "guest", 0, "rom_bar")
     for key in ("cmdline", "network", "virt_type", "firmware"):
         if key in guest and not isinstance(guest[key], str):
             fail(f"{key} must be a string", "guest", 0, key)

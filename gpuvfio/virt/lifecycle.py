@@ -18,6 +18,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.domain.render import METADATA_NS
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
+from gpuvfio.virt.usage import hostdev_address
 
 QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
 
@@ -89,37 +90,26 @@ def undefine(dom) -> None:
 
 def recorded_devices(dom) -> list[PciAddress]:
     """The host devices gpuvfio recorded in the domain's metadata when it defined it."""
-    root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
-    found = []
-    for element in root.iter(f"{{{METADATA_NS}}}device"):
-        address = PciAddress.try_parse(element.get("address", ""))
-        if address:
-            found.append(address)
-    return found
+    return recorded(dom)[0]
 
 
-def recorded_cliques(dom) -> dict[PciAddress, int]:
-    """The P2P clique gpuvfio gave each GPU of the domain: QEMU's x-nv-gpudirect-clique set in
-    <qemu:override> on the hostdev of that alias (what verify checks the guest's peer matrix
-    against, as attach does from its plan)."""
+def recorded(dom) -> tuple[list[PciAddress], dict[PciAddress, int]]:
+    """From one read of the definition: the host devices gpuvfio recorded in its metadata, and
+    the P2P clique it gave each GPU (QEMU's x-nv-gpudirect-clique in <qemu:override>, on the
+    hostdev of that user alias): what verify checks a running guest against, as attach does
+    from its plan."""
     root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
-    by_alias = {}
-    for device in root.iter(f"{QEMU_NS}device"):
-        for prop in device.iter(f"{QEMU_NS}property"):
-            value = prop.get("value", "")
-            if prop.get("name") == "x-nv-gpudirect-clique" and value.isdigit() and int(value) < 16:
-                by_alias[device.get("alias")] = int(value)  # the clique id is 4 bits (hw/vfio/pci-quirks.c)
-    found = {}
+    devices = [a for a in (PciAddress.try_parse(e.get("address", "")) for e in root.iter(f"{{{METADATA_NS}}}device"))
+               if a]
+    by_alias = {device.get("alias"): int(prop.get("value"))
+                for device in root.iter(f"{QEMU_NS}device") for prop in device.iter(f"{QEMU_NS}property")
+                if prop.get("name") == "x-nv-gpudirect-clique" and prop.get("value", "").isdigit()}
+    cliques = {}
     for hostdev in root.iter("hostdev"):
-        alias, source = hostdev.find("alias"), hostdev.find("source/address")
-        if alias is None or source is None or alias.get("name") not in by_alias:
-            continue
-        try:
-            address = PciAddress(*(int(source.get(k, ""), 16) for k in ("domain", "bus", "slot", "function")))
-        except (ValueError, GpuvfioError):  # not hex, or out of range: not a device gpuvfio wrote
-            continue
-        found[address] = by_alias[alias.get("name")]
-    return found
+        alias, address = hostdev.find("alias"), hostdev_address(hostdev)
+        if alias is not None and address is not None and alias.get("name") in by_alias:
+            cliques[address] = by_alias[alias.get("name")]
+    return devices, cliques
 
 
 def ssh_address(conn, dom) -> tuple[str, int]:

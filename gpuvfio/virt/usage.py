@@ -11,25 +11,26 @@ import xml.etree.ElementTree as ET
 from typing import Callable
 
 from gpuvfio.address import PciAddress
+from gpuvfio.errors import GpuvfioError
 from gpuvfio.virt.connection import LibvirtError, libvirt_module
+
+
+def hostdev_address(hostdev: ET.Element) -> PciAddress | None:
+    """The host function of one ``<hostdev mode='subsystem' type='pci'>`` element, or None."""
+    addr = hostdev.find("./source/address") if hostdev.get("type") == "pci" else None
+    if addr is None:
+        return None
+    try:
+        return PciAddress(int(addr.get("domain", "0"), 16), int(addr.get("bus"), 16), int(addr.get("slot"), 16),
+                          int(addr.get("function"), 16))
+    except (TypeError, ValueError, GpuvfioError):  # not hex, or out of range
+        return None
 
 
 def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
     """Source addresses of ``<hostdev mode='subsystem' type='pci'>`` in a domain's XML."""
-    found = set()
-    root = ET.fromstring(domain_xml)
-    for hostdev in root.iter("hostdev"):
-        if hostdev.get("type") != "pci":
-            continue
-        addr = hostdev.find("./source/address")
-        if addr is None:
-            continue
-        try:
-            found.add(PciAddress(int(addr.get("domain", "0"), 16), int(addr.get("bus"), 16),
-                                 int(addr.get("slot"), 16), int(addr.get("function"), 16)))
-        except (TypeError, ValueError):
-            continue
-    return found
+    found = {hostdev_address(hostdev) for hostdev in ET.fromstring(domain_xml).iter("hostdev")}
+    return found - {None}
 
 
 def mdev_uuids(domain_xml: str) -> set[str]:

@@ -141,7 +141,7 @@ persist:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
-                                                 driver_diff, fail_gpuvfio, require_gpuvfio, resolve_devices,
+                                                 driver_diff, fail_gpuvfio, finish, require_gpuvfio, resolve_devices,
                                                  task_context)
 
 if HAS_GPUVFIO:
@@ -239,11 +239,7 @@ def main(context_factory=None) -> None:
                 result = persistence(module, ctx, addresses, remove=state == "unpersisted")
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc, selected=selected)
-    if selected:
-        result["selected"] = selected
-    if not module._diff:
-        result.pop("diff", None)
-    module.exit_json(**result)
+    finish(module, result, selected)
 
 
 if __name__ == "__main__":

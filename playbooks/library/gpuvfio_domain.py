@@ -273,14 +273,14 @@ plan:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
-                                                 fail_gpuvfio, private_key_file, require_gpuvfio, resolve_devices,
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, GUEST_SSH_ARGS, HAS_GPUVFIO,
+                                                 VERIFY_GATE_ARGS, GpuvfioError, check_devices, fail_gpuvfio, finish,
+                                                 guest_ssh, private_key_file, require_gpuvfio, resolve_devices,
                                                  task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.errors import Refused
     from gpuvfio.ops import binding, domains, guests
-    from gpuvfio.ops.targets import ssh_options
 
 
 def domain_request(params):
@@ -356,10 +356,7 @@ def running(module, ctx, uri, addresses) -> dict:
         result["plan"] = plan
         return result
     with private_key_file(module) as key_file:
-        ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"], key=key_file,
-                          known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
-                          trust_on_first_use=params["trust_on_first_use"],
-                          timeout=params["boot_timeout"])
+        ssh = guest_ssh(module, key_file, params["boot_timeout"])
         outcome = guests.attach(ctx, addresses, domain_request(params), uri=uri, ssh=ssh,
                                 policy=policy(params), verify=checks, keep_on_failure=params["keep_on_failure"])
     result["attach"] = outcome.to_json()
@@ -389,6 +386,8 @@ def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
+            **GUEST_SSH_ARGS,
+            **VERIFY_GATE_ARGS,
             **DEVICE_ARGS,
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["defined", "running", "absent"], default="defined"),
@@ -421,20 +420,10 @@ def main(context_factory=None) -> None:
             force=dict(type="bool", default=False),
             stop_services=dict(type="bool", default=False),
             verify=dict(type="bool", default=True),
-            link_efficiency=dict(type="float"),
-            min_gbps=dict(type="float"),
             keep_on_failure=dict(type="bool", default=False),
             boot_timeout=dict(type="float", default=300.0),
             stop_timeout=dict(type="float", default=60.0),
             restore_devices=dict(type="bool", default=True),
-            ssh_host=dict(type="str"),
-            ssh_port=dict(type="int"),
-            ssh_user=dict(type="str"),
-            ssh_config=dict(type="path"),
-            ssh_key=dict(type="path"),
-            ssh_private_key=dict(type="str", no_log=True),
-            known_hosts=dict(type="path"),
-            trust_on_first_use=dict(type="bool", default=False),
         ),
         mutually_exclusive=[("mdev", "vgpu"), ("ssh_key", "ssh_private_key"), ("disk", "kernel")],
         supports_check_mode=True,
@@ -457,11 +446,7 @@ def main(context_factory=None) -> None:
                 result = absent(module, ctx, uri)
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc, selected=selected)
-    if selected:
-        result["selected"] = selected
-    if not module._diff:
-        result.pop("diff", None)
-    module.exit_json(**result)
+    finish(module, result, selected)
 
 
 if __name__ == "__main__":

@@ -96,12 +96,12 @@ report:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices, fail_gpuvfio,
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GUEST_SSH_ARGS, HAS_GPUVFIO, VERIFY_GATE_ARGS,
+                                                 GpuvfioError, check_devices, fail_gpuvfio, guest_ssh,
                                                  private_key_file, require_gpuvfio, resolve_devices, task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import guests
-    from gpuvfio.ops.targets import ssh_options
 
 
 def main(context_factory=None) -> None:
@@ -109,21 +109,13 @@ def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
+            **GUEST_SSH_ARGS,
+            **VERIFY_GATE_ARGS,
             domain=dict(type="str"),
             uri=dict(type="str"),
             expect_devices=dict(type="list", elements="str"),
             bandwidth=dict(type="bool", default=True),
-            link_efficiency=dict(type="float"),
-            min_gbps=dict(type="float"),
             timeout=dict(type="float", default=60.0),
-            ssh_host=dict(type="str"),
-            ssh_port=dict(type="int"),
-            ssh_user=dict(type="str"),
-            ssh_config=dict(type="path"),
-            ssh_key=dict(type="path"),
-            ssh_private_key=dict(type="str", no_log=True),
-            known_hosts=dict(type="path"),
-            trust_on_first_use=dict(type="bool", default=False),
         ),
         required_one_of=[("domain", "ssh_host")],
         mutually_exclusive=[("ssh_key", "ssh_private_key")],
@@ -138,9 +130,7 @@ def main(context_factory=None) -> None:
             # "expect nothing", which would pass a guest without looking
             expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
                       if params["expect_devices"] else None)
-            ssh = ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"],
-                              key=key_file, known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
-                              trust_on_first_use=params["trust_on_first_use"], timeout=params["timeout"])
+            ssh = guest_ssh(module, key_file, params["timeout"])
             report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["uri"], expect=expect,
                                    options=guests.verify_options(bandwidth=params["bandwidth"],
                                                                  link_efficiency=params["link_efficiency"],

@@ -45,6 +45,7 @@ try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml in
     from gpuvfio.ops import selection
     from gpuvfio.ops.context import host_context
     from gpuvfio.ops.inventory import open_host
+    from gpuvfio.ops.targets import ssh_options
     HAS_GPUVFIO = True
     IMPORT_ERROR = None
 except ImportError:  # pragma: no cover - reported through require_gpuvfio()
@@ -102,12 +103,47 @@ def private_key_file(module):
         os.unlink(handle.name)
 
 
+# A guest reached over SSH (gpuvfio_domain state=running, gpuvfio_verify): the command's
+# --ssh-* options, and verify's bandwidth gates.
+GUEST_SSH_ARGS = dict(
+    ssh_host=dict(type="str"),
+    ssh_port=dict(type="int"),
+    ssh_user=dict(type="str"),
+    ssh_config=dict(type="path"),
+    ssh_key=dict(type="path"),
+    ssh_private_key=dict(type="str", no_log=True),
+    known_hosts=dict(type="path"),
+    trust_on_first_use=dict(type="bool", default=False),
+)
+VERIFY_GATE_ARGS = dict(
+    link_efficiency=dict(type="float"),
+    min_gbps=dict(type="float"),
+)
+
+
+def guest_ssh(module, key_file, timeout: float):
+    """gpuvfio's SSH options for the guest from the task's GUEST_SSH_ARGS (``key_file``: from
+    private_key_file)."""
+    params = module.params
+    return ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"], key=key_file,
+                       known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
+                       trust_on_first_use=params["trust_on_first_use"], timeout=timeout)
+
+
+def finish(module, result: dict, selected: list) -> None:
+    """exit_json with what selectors expanded to, and the diff only under --diff."""
+    if selected:
+        result["selected"] = selected
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)
+
+
 def check_devices(module, *, required: bool, key: str = "devices", ids_key: str | None = "device_ids") -> None:
     """The device parameters parsed before anything is read (bad input fails the task alone)."""
-    if required and not _texts(module, key) and not _texts(module, ids_key):
-        raise InputError(f"no device given: set {key}" + (f" or {ids_key}" if ids_key else ""))
     try:
-        selection.check_devices(_texts(module, key), _texts(module, ids_key), required=False)
+        selection.check_devices(_texts(module, key), _texts(module, ids_key), required=required,
+                                missing=f"no device given: set {key}" + (f" or {ids_key}" if ids_key else ""))
     except InputError as exc:
         # YAML 1.1 reads an unquoted 18:00 as the sexagesimal number 1080 (and 18:00.0 as 1080.0)
         if any(_NUMBER.fullmatch(text) for text in _texts(module, key) + _texts(module, ids_key)):
