@@ -15,7 +15,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.reset import reset
 from gpuvfio.ops.binding import BindPolicy
-from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, host_context, live_context
+from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.selection import check_devices, resolve
 
@@ -54,6 +54,7 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
              as_json: JsonOption = False, root: RootOption = None) -> None:
     """Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back on
     failure."""
+    check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host)
     try:
@@ -120,6 +121,7 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
               root: RootOption = None) -> None:
     """Reset devices gpuvfio holds through the kernel (a device that came back broken from a guest);
     one that answers again may be bound or restored."""
+    check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                       lock_timeout=lock_timeout) as ctx:

@@ -11,7 +11,7 @@ import typer
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.ops.inventory import open_host
-from gpuvfio.ops.context import Context
+from gpuvfio.ops.context import Context, check_uri
 from gpuvfio.errors import InputError
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.ops.domains import (NCCL_GUEST_FILE, DomainRequest, define_domain, domain_request, existing_domain,
@@ -126,6 +126,7 @@ def xml_cmd(
 ) -> None:
     """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
     from the BARs), or a vGPU; --define defines it idempotently."""
+    check_uri(connect, source="--connect")
     args = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
                       network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version, loader,
                       nvram_template, rom_bar, rom_file)

@@ -12,9 +12,9 @@ from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Loader, Memory, Name, Numa,
                                 NvramTemplate, P2p, Path, QemuVersion, RomBar, RomFile, Text, Topology, Vcpus,
                                 VirtType)
-from gpuvfio.errors import InputError
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy
-from gpuvfio.ops.context import live_context
+from gpuvfio.ops.context import check_uri, default_uri, live_context
 from gpuvfio.ops.domains import complete_domains
 from gpuvfio.ops.guests import (PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, parse_expect, verify,
                                 verify_options)
@@ -50,7 +50,13 @@ Samples = Annotated[Optional[int], typer.Option("--samples", help="Samples, medi
 
 
 def _complete_domain(ctx: typer.Context, incomplete: str) -> list[str]:
-    return complete_domains(ctx.params.get("connect"), incomplete)
+    # completion opens libvirt itself: a URI the policy refuses completes nothing, and a Tab
+    # prints no warning into the shell's line
+    try:
+        uri = check_uri(ctx.params.get("connect") or default_uri(), source="--connect", warn=lambda _line: None)
+    except GpuvfioError:
+        return []
+    return complete_domains(uri, incomplete)
 
 
 @app.command("verify")
@@ -75,6 +81,7 @@ def verify_cmd(
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth."""
+    check_uri(connect, source="--connect")
     check_devices(expect_device, None, required=False)
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
     ssh = ssh_options(host=ssh_host, port=ssh_port, user=ssh_user, key=ssh_key, known_hosts=known_hosts,
@@ -127,6 +134,7 @@ def attach_cmd(
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
+    check_uri(connect, source="--connect")
     check_devices(addresses, device_ids, required=False)
     request = DomainArgs(name, vcpus, memory, hugepages, numa, firmware, virt_type, disk, kernel, initrd, cmdline,
                          network, user_net_ssh_port, console_log, force, topology, p2p, qemu_version, loader,
@@ -173,6 +181,7 @@ def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME", autocompletio
                timeout: Annotated[float, typer.Option("--timeout", help="Seconds for ACPI shutdown.")] = 60.0,
                as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""
+    check_uri(connect, source="--connect")
     with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
         report = detach(ctx, name, uri=connect, timeout=timeout)
     if as_json:

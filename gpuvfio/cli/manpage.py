@@ -26,7 +26,12 @@ ENVIRONMENT = (
                         "system's."),
     ("GPUVFIO_TEMPLATES", "A directory of domain XML templates instead of the packaged ones."),
     ("GPUVFIO_LIBVIRT_SCHEMAS", "Where libvirt's RelaxNG schemas are (domain.rng), to validate generated XML."),
-    ("LIBVIRT_DEFAULT_URI", "libvirt's default connection, as for virsh (default qemu:///system)."),
+    ("LIBVIRT_DEFAULT_URI", "libvirt's default connection, as for virsh (default qemu:///system); checked as "
+                            "--connect is."),
+    ("GPUVFIO_ALLOW_UNSAFE_URI", "1: hand libvirt a URI gpuvfio refuses anyway, with a warning: the ext and SSH "
+                                 "transports, parameters such as command=, netcat= or no_verify=, drivers other "
+                                 "than qemu and test. libvirt runs the programs such a URI names, even for a dry "
+                                 "run or a plan."),
     ("SSH_AUTH_SOCK", "An ssh-agent whose keys SSH to guests and remote hypervisors may use (~/.ssh/config, or "
                       "--ssh-config, applies as for ssh)."),
 )

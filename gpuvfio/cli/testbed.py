@@ -11,7 +11,7 @@ import typer
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import Yes
 from gpuvfio.errors import Refused
-from gpuvfio.ops.context import Context, live_context
+from gpuvfio.ops.context import Context, check_uri, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.targets import recorded_known_hosts
 from gpuvfio.testbed.plan import plan
@@ -41,6 +41,7 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_j
              here: HereOption = False, root: RootOption = None) -> None:
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
     Exit 1 when the run would refuse a variant (a selection beyond one device without --yes too)."""
+    check_uri(connect, source="--connect")
     spec = load_spec(spec_path)
     if spec.host is not None and not here:
         report = plan_remote(spec, _local_known_hosts(), yes=yes)
@@ -92,6 +93,7 @@ def _print_plan(report: dict) -> None:
 def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")], connect: Connect = None,
             yes: Yes = False, here: HereOption = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
+    check_uri(connect, source="--connect")
     spec = load_spec(spec_path)
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:

@@ -11,8 +11,9 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
-from gpuvfio.ops.context import Context, host_context, live_context
+from gpuvfio.ops.context import Context, check_uri, host_context, live_context
 from gpuvfio.ops.domains import parse_uuid
+from gpuvfio.ops.binding import NO_LIBVIRT
 from gpuvfio.ops.selection import resolve_one
 from gpuvfio.selector import SELECTOR_HELP, Selector
 
@@ -53,6 +54,7 @@ def list_cmd(connect: Annotated[Optional[str], typer.Option(
              output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """The vGPU instances on this host, as mdevctl list shows mdevs, with SR-IOV vGPUs: type, parent
     GPU, the domains using each, whether gpuvfio made it and whether it is persisted."""
+    check_uri(connect, source="--connect", keywords=(NO_LIBVIRT,))
     fmt = chosen_format(output_format, as_json)
     with open_host(root_of(root)) as (host, _label):
         report = vgpu.instances_list(host_context(host), uri=connect)

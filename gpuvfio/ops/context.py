@@ -19,10 +19,13 @@ from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kern
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.virt.connection import default_uri, open_connection
+from gpuvfio.virt.uri import check_uri
 from gpuvfio.vgpu.scheduler import Nvml
 
+# check_uri and default_uri: the interfaces check a libvirt URI where it comes in, by the one
+# policy open_connection applies (gpuvfio.virt.uri), without reaching past the services.
 __all__ = ["Context", "Clock", "live_context", "host_context", "checked_seconds", "ROOT_ENV", "DEFAULT_LOCK_TIMEOUT",
-           "DEFAULT_WRITE_TIMEOUT"]
+           "DEFAULT_WRITE_TIMEOUT", "check_uri", "default_uri"]
 DEFAULT_LOCK_TIMEOUT = 30.0
 DEFAULT_WRITE_TIMEOUT = DEFAULT_TIMEOUT
 

@@ -66,6 +66,7 @@ except ImportError:  # Python 3.10
 
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
+from gpuvfio.ops.context import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
@@ -244,6 +245,11 @@ def load_spec(path: str) -> Spec:
                 fail(str(exc), "run", 0, key)
     if "connect" in run and (not isinstance(run["connect"], str) or not run["connect"]):
         fail("connect must be a libvirt URI", "run", 0, "connect")
+    if "connect" in run:  # even a plan opens it, and libvirt may run programs a URI names
+        try:
+            check_uri(run["connect"], source="connect")
+        except InputError as exc:
+            fail(str(exc), "run", 0, "connect")
     verify = {}
     for key, (low, high, kind) in VERIFY_KEYS.items():
         if key in run:

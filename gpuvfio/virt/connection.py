@@ -12,6 +12,7 @@ import os
 
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.virt.uri import check_uri
 
 URI_ENV = "LIBVIRT_DEFAULT_URI"
 SYSTEM_URI = "qemu:///system"
@@ -22,8 +23,9 @@ class LibvirtError(GpuvfioError):
 
 
 def default_uri() -> str:
-    """libvirt's own default: $LIBVIRT_DEFAULT_URI, else the system QEMU driver."""
-    return os.environ.get(URI_ENV) or SYSTEM_URI
+    """libvirt's own default: $LIBVIRT_DEFAULT_URI (by gpuvfio's URI policy), else the system
+    QEMU driver."""
+    return check_uri(os.environ.get(URI_ENV) or None, source=URI_ENV) or SYSTEM_URI
 
 
 def libvirt_module():
@@ -37,6 +39,9 @@ def libvirt_module():
 
 
 def open_connection(uri: str, *, read_only: bool = False):
+    # The last guard: whatever edge the URI came through, libvirt acts on some of its parts
+    # (programs to run) as it opens it, so it is checked here too (gpuvfio.virt.uri).
+    check_uri(uri)
     libvirt = libvirt_module()
     try:
         return libvirt.openReadOnly(uri) if read_only else libvirt.open(uri)

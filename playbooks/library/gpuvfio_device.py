@@ -73,6 +73,9 @@ options:
       - libvirt URI asked which domains use the devices before binding (a libvirt that does not
         answer refuses the bind). Default libvirt's default URI when C(root) is C(/), else no
         libvirt check; C(none) binds without asking.
+      - gpuvfio refuses a URI that would make libvirt run a program or skip a check (the C(ext) and SSH
+        transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
+        C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
     type: str
   write_timeout:
     description: Seconds to wait for one sysfs write.
@@ -141,8 +144,8 @@ persist:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
-                                                 driver_diff, fail_gpuvfio, finish, require_gpuvfio, resolve_devices,
-                                                 task_context)
+                                                 check_libvirt_uri, driver_diff, fail_gpuvfio, finish, require_gpuvfio,
+                                                 resolve_devices, task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding
@@ -227,6 +230,7 @@ def main(context_factory=None) -> None:
     selected: list = []
     result = {}
     try:
+        check_libvirt_uri(module, "libvirt_uri", keywords=(binding.NO_LIBVIRT,))
         check_devices(module, required=True)
         with task_context(module, context_factory, write_timeout=module.params["write_timeout"],
                           lock_timeout=module.params["lock_timeout"]) as ctx:

@@ -56,7 +56,11 @@ options:
     type: bool
     default: false
   uri:
-    description: libvirt URI. Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
+    description:
+      - libvirt URI. Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
+      - gpuvfio refuses a URI that would make libvirt run a program or skip a check (the C(ext) and SSH
+        transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
+        C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
     type: str
   update:
     description: Redefine an existing gpuvfio domain that differs (C(state=defined)).
@@ -274,9 +278,9 @@ plan:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, GUEST_SSH_ARGS, HAS_GPUVFIO,
-                                                 VERIFY_GATE_ARGS, GpuvfioError, check_devices, fail_gpuvfio, finish,
-                                                 guest_ssh, private_key_file, require_gpuvfio, resolve_devices,
-                                                 task_context)
+                                                 VERIFY_GATE_ARGS, GpuvfioError, check_devices, check_libvirt_uri,
+                                                 fail_gpuvfio, finish, guest_ssh, private_key_file, require_gpuvfio,
+                                                 resolve_devices, task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.errors import Refused
@@ -434,6 +438,7 @@ def main(context_factory=None) -> None:
     selected: list = []
     result = {}
     try:
+        check_libvirt_uri(module, "uri")
         check_devices(module, required=False)
         with task_context(module, context_factory) as ctx:
             if state != "absent":

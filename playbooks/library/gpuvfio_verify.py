@@ -25,7 +25,11 @@ options:
     description: Find the guest's address through libvirt (forwarded port, DHCP lease, agent, ARP).
     type: str
   uri:
-    description: libvirt URI for C(domain). Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
+    description:
+      - libvirt URI for C(domain). Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
+      - gpuvfio refuses a URI that would make libvirt run a program or skip a check (the C(ext) and SSH
+        transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
+        C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
     type: str
   expect_devices:
     description:
@@ -97,8 +101,9 @@ report:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GUEST_SSH_ARGS, HAS_GPUVFIO, VERIFY_GATE_ARGS,
-                                                 GpuvfioError, check_devices, fail_gpuvfio, guest_ssh,
-                                                 private_key_file, require_gpuvfio, resolve_devices, task_context)
+                                                 GpuvfioError, check_devices, check_libvirt_uri, fail_gpuvfio,
+                                                 guest_ssh, private_key_file, require_gpuvfio, resolve_devices,
+                                                 task_context)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import guests
@@ -124,6 +129,7 @@ def main(context_factory=None) -> None:
     require_gpuvfio(module)
     params = module.params
     try:
+        check_libvirt_uri(module, "uri")
         check_devices(module, required=False, key="expect_devices", ids_key=None)
         with private_key_file(module) as key_file, task_context(module, context_factory, read_only=True) as ctx:
             # an empty list is not given (as an empty --expect-device): the domain's record then, never

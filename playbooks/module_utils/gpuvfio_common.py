@@ -43,7 +43,7 @@ DEVICE_ARGS = dict(
 try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml installs it)
     from gpuvfio.errors import GpuvfioError, InputError
     from gpuvfio.ops import selection
-    from gpuvfio.ops.context import host_context
+    from gpuvfio.ops.context import check_uri, host_context
     from gpuvfio.ops.inventory import open_host
     from gpuvfio.ops.targets import ssh_options
     HAS_GPUVFIO = True
@@ -137,6 +137,13 @@ def finish(module, result: dict, selected: list) -> None:
     if not module._diff:
         result.pop("diff", None)
     module.exit_json(**result)
+
+
+def check_libvirt_uri(module, key: str, keywords=()) -> None:
+    """The task's libvirt URI parameter by gpuvfio's URI policy (gpuvfio.virt.uri), before
+    anything opens it: libvirt runs programs some URIs name, in check mode too. A URI let
+    through by GPUVFIO_ALLOW_UNSAFE_URI=1 (the task's environment) is a task warning."""
+    check_uri(module.params.get(key), source=key, keywords=keywords, warn=module.warn)
 
 
 def check_devices(module, *, required: bool, key: str = "devices", ids_key: str | None = "device_ids") -> None:
