@@ -19,6 +19,7 @@ from typing import Annotated, Callable, Optional
 import typer
 
 from gpuvfio import __version__
+from gpuvfio.cli.output import printable, rich_console
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.ops.context import ROOT_ENV
 
@@ -70,13 +71,18 @@ def root_of(command_root: str | None) -> str | None:
 
 def emit_json(data) -> None:
     # No indent: json's C encoder only runs without it (3x faster on a large host).
-    sys.stdout.write(json.dumps(data) + "\n")
+    # ensure_ascii (json's default, kept on purpose): every character outside printable ASCII
+    # -- C0, DEL, C1 with U+009B, the bidi controls, any non-ASCII -- is written as a \uXXXX
+    # escape, so the output is valid JSON whose values load back intact and a terminal showing
+    # it raw receives nothing it would act on.
+    sys.stdout.write(json.dumps(data, ensure_ascii=True) + "\n")
 
 
 def say(line: str) -> None:
-    """A line for the person at the terminal (stderr), prefixed like every gpuvfio message."""
+    """A line for the person at the terminal (stderr), prefixed like every gpuvfio message;
+    what it quotes (a host's names, a guest's words) comes through printable()."""
     try:
-        sys.stderr.write(f"gpuvfio: {line}\n")
+        sys.stderr.write(f"gpuvfio: {printable(line)}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         # On a remote run stderr is a pty that goes away on hangup: a progress line that cannot
@@ -92,22 +98,18 @@ class TerminalProgress:
     current = None  # the one live progress of this process (stopped before errors are printed)
 
     def __init__(self, console=None) -> None:
-        from rich.console import Console
-
-        self.console = console or Console(stderr=True)
+        self.console = console or rich_console(stderr=True)
         self.status = None
 
     def __call__(self, line: str) -> None:
-        from rich.markup import escape
-
         self.stop()
         if line.endswith(" ..."):
-            step = escape(line[:-4])
+            step = printable(line[:-4], "markup")
             self.status = self.console.status(f"gpuvfio: {step}", spinner="dots")
             self.status.start()
             TerminalProgress.current = self
             return
-        self.console.print(f"gpuvfio: {escape(line)}", soft_wrap=True, highlight=False)
+        self.console.print(f"gpuvfio: {printable(line, 'markup')}", soft_wrap=True, highlight=False)
 
     def stop(self) -> None:
         if self.status is not None:
@@ -167,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _error(message: str) -> None:
+    """The one error line: what it quotes (a link's target, a directory's name, a guest's
+    answer, an argument) comes through printable()."""
     stop_progress()  # the spinner's line is cleared before the error is written
-    sys.stderr.write(f"gpuvfio: error: {message}\n")
+    sys.stderr.write(f"gpuvfio: error: {printable(message)}\n")
 
 
 def run() -> None:

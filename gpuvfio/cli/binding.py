@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Optional
 
 import typer
@@ -10,7 +9,7 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes
-from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
+from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.reset import reset
@@ -155,7 +154,7 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
         emit_json(report)
         return
     for change in report["changes"]:
-        sys.stdout.write(change["diff"] if dry_run else f"{change['action']}: {change['path']}\n")
+        write_text(change["diff"] if dry_run else f"{change['action']}: {change['path']}\n")  # the host's files
     if report["result"] == "nothing_to_do":
         say(f"nothing to do: {', '.join(report['devices'])} already "
             + ("not persisted" if remove else f"persisted ({report['mechanism']})"))

@@ -10,6 +10,7 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices
+from gpuvfio.cli.output import printable
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context, check_uri
 from gpuvfio.errors import InputError
@@ -163,8 +164,8 @@ def xml_cmd(
         sys.stdout.write(provisioned.xml)
     else:
         say(f"{result['name']}: {result['result']}")
-        for line in result["changes"]:
-            sys.stdout.write(line + "\n")
+        for line in result["changes"]:  # libvirt's definition, diffed
+            sys.stdout.write(printable(line) + "\n")
         if result["result"] == "differs":
             say("the domain exists and differs; nothing changed (--update to redefine)")
     if result is not None and result["result"] == "differs":

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
 from gpuvfio.cli.devices import DeviceIds, Devices
+from gpuvfio.cli.output import write_text
 from gpuvfio.ops import export
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import open_host
@@ -29,7 +28,7 @@ def kubevirt_cmd(addresses: Devices = None, device_ids: DeviceIds = None, as_jso
     if as_json:
         emit_json(report)
     else:
-        sys.stdout.write(export.kubevirt_yaml(report))
+        write_text(export.kubevirt_yaml(report))  # its comments quote the host's pci.ids
 
 
 @export_app.command("attributes")

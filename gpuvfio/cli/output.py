@@ -8,6 +8,11 @@
   line per row, no box drawing, nothing cut, so grep and awk see whole values.
 * ``csv``: RFC 4180 through the csv module, a header row first.
 * ``json``: the command's own JSON object (``--json`` is the same).
+
+Every string a host, a guest, a journal or a results file gave gpuvfio leaves the process
+through printable() (gpuvfio.testbed.render, imported here), once, where it is printed: the
+lists here, the reports in render.py, error and progress lines in app.py, the testbed report's
+Markdown, HTML and plots.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.errors import InputError
+# The one escape: in the lowest module that both the commands and the testbed report may import.
+from gpuvfio.testbed.render import printable
 
 FORMATS = ("table", "plain", "csv", "json")
 FormatOption = Annotated[Optional[str], typer.Option(
@@ -65,11 +72,30 @@ class Listing:
         self.rows.append([Cell(printable(c.text), c.style) if isinstance(c, Cell) else printable(c) for c in cells])
 
 
-def printable(text: str) -> str:
-    """``text`` with control characters shown escaped (\\x1b, \\n): names come from a host's
-    sysfs and pci.ids, or from a recording someone sent, and must not move the cursor, recolour
-    the terminal or start a row of their own in plain and CSV output."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+def printable_report(data, form: str = "text"):
+    """A report (dicts, lists, strings, numbers) with every string in it, keys too, through
+    printable(): what a command prints from it can interpolate any field as it is."""
+    if isinstance(data, dict):
+        return {printable_report(key, form): printable_report(value, form) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [printable_report(item, form) for item in data]
+    if data is None or isinstance(data, (bool, int, float)):
+        return data
+    return printable(data, form)
+
+
+def write_text(text: str, out=None) -> None:
+    """Text of many lines (a diff, generated YAML) written with each line through printable():
+    its line breaks kept, nothing else that a terminal would act on."""
+    (out or sys.stdout).write("\n".join(printable(line) for line in text.split("\n")))
+
+
+def rich_console(**kwargs):
+    """A rich console for gpuvfio's human output: no emoji codes (":name:" in a host's string
+    stays text); everything printed on it comes through printable(..., "markup")."""
+    from rich.console import Console
+
+    return Console(emoji=False, **kwargs)
 
 
 def _text(cell: Cell | str) -> str:
@@ -132,26 +158,27 @@ def print_listing(listing: Listing, fmt: str, out=None) -> None:
         for note in listing.notes:
             out.write(printable(note) + "\n")
         return
-    from rich.console import Console
+    _print_table(listing, rich_console(file=out) if out is sys.stdout else rich_console(file=out, width=160))
 
-    _print_table(listing, Console(file=out) if out is sys.stdout else Console(file=out, width=160))
+
+def _markup(text: str) -> str:
+    return printable(text, "markup")
 
 
 def _print_table(listing: Listing, console) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     inside = [i for i, c in enumerate(listing.columns) if not c.below]
     fitting = Listing(listing.title, [listing.columns[i] for i in inside],
                       [[row[i] for i in inside] for row in listing.rows])
     shown = [inside[i] for i in _fitting_columns(fitting, console.width)]
-    table = Table(title=listing.title, title_justify="left")
+    table = Table(title=_markup(listing.title), title_justify="left")
     for i, width in zip(shown, _widths(listing, shown, console.width)):
         column = listing.columns[i]
         table.add_column(column.title, no_wrap=column.keep, overflow="fold", width=width)
     for row in listing.rows:
-        table.add_row(*(f"[{row[i].style}]{escape(row[i].text)}[/]" if isinstance(row[i], Cell) and row[i].style
-                        else escape(_text(row[i])) for i in shown))
+        table.add_row(*(f"[{row[i].style}]{_markup(row[i].text)}[/]" if isinstance(row[i], Cell) and row[i].style
+                        else _markup(_text(row[i])) for i in shown))
     console.print(table)
     dropped = [listing.columns[i].title for i in inside if i not in shown]
     if dropped:
@@ -161,7 +188,7 @@ def _print_table(listing: Listing, console) -> None:
         for i, column in enumerate(listing.columns):
             if column.below and _text(row[i]):
                 # Whole and unwrapped by rich (the terminal folds it): a fix is copied as it is.
-                console.print(f"{escape(_text(row[0]))} {column.title.lower()}: {escape(_text(row[i]))}",
+                console.print(f"{_markup(_text(row[0]))} {column.title.lower()}: {_markup(_text(row[i]))}",
                               soft_wrap=True)
     for note in listing.notes:
-        console.print(escape(printable(note)), soft_wrap=True)
+        console.print(_markup(note), soft_wrap=True)

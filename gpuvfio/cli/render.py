@@ -1,20 +1,16 @@
 """Human output: the tables and reports people read. --json output never comes through here.
 
 rich is imported when something is printed for a person, not when gpuvfio starts: a
-machine reading --json does not pay for it.
+machine reading --json does not pay for it. Each print_* takes the report through
+output.printable_report(..., "markup") first: every string in it (a journal's, a host's, a
+guest's) is then safe to interpolate into rich markup as it is, and is escaped once.
 """
 
 from __future__ import annotations
 
 import sys
 
-from gpuvfio.cli.output import Cell, Column, Listing
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
+from gpuvfio.cli.output import Cell, Column, Listing, printable_report, rich_console
 
 
 def _table(**kwargs):
@@ -59,10 +55,8 @@ def _virt(dev: dict) -> str:
 
 
 def make_console():
-    from rich.console import Console
-
     # Piped output (make demo | less, CI logs) gets a wide table instead of 80 columns.
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return rich_console() if sys.stdout.isatty() else rich_console(width=160)
 
 
 def list_listing(report: dict, title: str) -> Listing:
@@ -101,39 +95,39 @@ def doctor_listing(report: dict, title: str) -> Listing:
 
 def print_status(report: dict, console=None) -> None:
     console = console or make_console()
+    report = printable_report(report, "markup")  # the journal's fields and the host's drivers
     if not report["devices"] and not report["unfinished_operation"] and not any(
             report.get(k) for k in ("mdevs", "vgpus", "schedulers", "broken", "partitions")):
-        console.print(f"gpuvfio holds no devices (state in {escape(report['state_dir'])})")
+        console.print(f"gpuvfio holds no devices (state in {report['state_dir']})")
     if report["devices"]:
         table = _table(title="Devices held by gpuvfio", title_justify="left")
         for col in ("Address", "Group", "Driver now", "Override now", "Original driver", "Original override"):
             table.add_column(col, no_wrap=True)
         for dev in report["devices"]:
-            table.add_row(dev["address"], str(dev["group"]), escape(dev["driver"] or "none"),
-                          escape(dev["driver_override"] or "-"), escape(dev["original_driver"] or "none"),
-                          escape(dev["original_override"] or "-"))
+            table.add_row(dev["address"], str(dev["group"]), dev["driver"] or "none", dev["driver_override"] or "-",
+                          dev["original_driver"] or "none", dev["original_override"] or "-")
         console.print(table)
     if report["services_stopped"]:
         console.print("Services stopped by gpuvfio (restore restarts them): " + ", ".join(report["services_stopped"]))
     for uuid, mdev in sorted((report.get("mdevs") or {}).items()):
-        console.print(f"mdev {uuid}: type {escape(str(mdev.get('type')))} on {mdev.get('parent')} "
-                      f"({escape(str(mdev.get('state', 'created')))})")
+        console.print(f"mdev {uuid}: type {mdev.get('type')} on {mdev.get('parent')} "
+                      f"({mdev.get('state', 'created')})")
     for vf, vgpu in sorted((report.get("vgpus") or {}).items()):
         console.print(f"SR-IOV vGPU on VF {vf}: type {vgpu.get('type')} (parent {vgpu.get('parent')})")
     for gpu, previous in sorted((report.get("schedulers") or {}).items()):
-        console.print(f"vGPU scheduler of {gpu} changed by gpuvfio; restore puts back {escape(previous['policy'])}")
+        console.print(f"vGPU scheduler of {gpu} changed by gpuvfio; restore puts back {previous['policy']}")
     for address, mark in sorted((report.get("broken") or {}).items()):
-        console.print(f"[bold red]{address} came back broken:[/] {escape(str(mark.get('reason')))} "
+        console.print(f"[bold red]{address} came back broken:[/] {mark.get('reason')} "
                       f"(refused by bind until gpuvfio reset {address})")
     for key, partition in (report.get("partitions") or {}).items():
         modules = ", ".join(map(str, partition["modules"])) or "?"
-        console.print(f"Fabric Manager partition {escape(key)} ({escape(str(partition['state']))}): GPU modules "
-                      f"{escape(modules)}, {escape(', '.join(partition['devices']))} (restore deactivates it)")
+        console.print(f"Fabric Manager partition {key} ({partition['state']}): GPU modules "
+                      f"{modules}, {', '.join(partition['devices'])} (restore deactivates it)")
     op = report["unfinished_operation"]
     if op:
         console.print(f"[yellow]Unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore:[/]")
         for step in op["steps"]:
-            console.print(f"  {step['state']:11} {escape(step['description'] or '')}")
+            console.print(f"  {step['state'] or '':11} {step['description'] or ''}")
 
 
 PLAN_STYLE = {"ok": "green", "refuse": "bold red", "warn": "yellow", "skip": "dim"}
@@ -142,15 +136,16 @@ PLAN_STYLE = {"ok": "green", "refuse": "bold red", "warn": "yellow", "skip": "di
 def print_plan(report: dict, console=None) -> None:
     """A bind plan: what ends on vfio-pci, every check (refusals first in red), the steps."""
     console = console or make_console()
+    report = printable_report(report, "markup")  # check messages quote the host's drivers and names
     console.print(f"[bold]Devices that end on vfio-pci:[/] {', '.join(report['devices']) or 'none'}")
     for check in report["checks"]:
         forced = " (overridable with --force)" if check["overridable"] and check["status"] == "refuse" else ""
         console.print(f"  [{PLAN_STYLE.get(check['status'], '')}]{check['status']:6}[/] {check['id']}: "
-                      f"{escape(check['message'])}{forced}")
+                      f"{check['message']}{forced}")
     if report["steps"]:
         console.print("[bold]Steps:[/]")
         for number, step in enumerate(report["steps"], start=1):
-            console.print(f"  {number}. {escape(step['description'])}")
+            console.print(f"  {number}. {step['description']}")
 
 
 VERIFY_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim", "expected": "cyan"}
@@ -159,6 +154,7 @@ VERIFY_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "
 def print_verify(report: dict, console=None) -> None:
     """The in-guest checks, one line each, then the measured bandwidths."""
     console = console or make_console()
+    report = printable_report(report, "markup")  # what the guest answered is the guest's to choose
     for check in report["checks"]:
         detail = " ".join(str(x) for x in (
             f"expected {check['expected']}" if check["expected"] is not None else "",
@@ -166,6 +162,6 @@ def print_verify(report: dict, console=None) -> None:
             check["reason"] or "") if x)
         where = f"{check['device']} " if check.get("device") else ""
         console.print(f"  [{VERIFY_STYLE.get(check['status'], 'bold')}]{check['status']:8}[/] {check['id']:15} "
-                      f"{escape(where + detail)}")
+                      f"{where + detail}")
     for bus, rates in report["bandwidth_gbps"].items():
         console.print(f"  bandwidth {bus}: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))

@@ -8,6 +8,7 @@ import sys
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
 from gpuvfio.cli.devices import DeviceIds, Devices
+from gpuvfio.cli.output import printable, printable_report
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.topology import LEGEND_ORDER, topology_report
 from gpuvfio.ops.selection import check_devices, resolve
@@ -30,7 +31,9 @@ def topo_cmd(
     if as_json:
         emit_json(report)
         return
-    sys.stdout.write("\n".join(render(report, label)) + "\n")
+    # Device and driver names, switch names and notes come from the host's tree and pci.ids:
+    # escaped before the columns are measured, so the matrix stays aligned too.
+    sys.stdout.write("\n".join(render(printable_report(report), printable(label))) + "\n")
 
 
 def _table(rows: list[list[str]], indent: str = "") -> list[str]:

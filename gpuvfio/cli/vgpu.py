@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
-from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing
+from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, printable, printable_report
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
 from gpuvfio.ops.context import Context, check_uri, host_context, live_context
@@ -32,6 +32,7 @@ def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = 
     if as_json:
         emit_json(report)
         return
+    report, address = printable_report(report), printable(address)  # type names and ids are sysfs's
     if report["kind"] == "vf":
         sys.stdout.write(f"{address} is an SR-IOV VF of {report['physfn']}: vGPU types are listed on the physical "
                          f"function (gpuvfio vgpu types {report['physfn']})\n")
@@ -91,6 +92,7 @@ def create_cmd(address: Address,
     if as_json:
         emit_json(report)
         return
+    report = printable_report(report)
     what = report.get("uuid") or report.get("vf")
     sys.stdout.write(f"{report['result']}: {report['kind']} {what} type {report['type']} on {report['parent']}\n")
 
@@ -100,7 +102,7 @@ def remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], as_j
                root: RootOption = None) -> None:
     """Remove a vGPU instance gpuvfio created (an mdev UUID, or the VF address of an SR-IOV vGPU)."""
     report = vgpu.remove(live_context(root_of(root)), instance)
-    emit_json(report) if as_json else sys.stdout.write(f"removed {instance}\n")
+    emit_json(report) if as_json else sys.stdout.write(f"removed {printable(instance)}\n")
 
 
 @vgpu_app.command("scheduler")
@@ -119,6 +121,7 @@ def scheduler_cmd(address: Address,
     if as_json:
         emit_json(report)
         return
+    report, address = printable_report(report), printable(address)  # NVML's words
     sys.stdout.write(f"{address}: vGPU scheduler {report['policy']} (ARR {report['arr']}, timeslice "
                      f"{report['timeslice']}; supported: {', '.join(report['supported'])})"
                      + (f"; was {report['previous']}" if report.get("previous") else "") + "\n")

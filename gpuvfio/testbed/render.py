@@ -1,7 +1,13 @@
 """The testbed report as a document -- title, sections of paragraphs, bullets, tables and
 plots -- written out as Markdown and as a self-contained HTML page, both by jinja2 templates
-(the HTML one autoescaped, the Markdown one escaping table cells) from the same structure, so
-both always show the same sections and numbers.
+from the same structure, so both always show the same sections and numbers.
+
+What the results say (variant names, identity.json's keys and values, the guest's facts, how a
+variant was provisioned) is another machine's text: the document holds it as :class:`Host`
+pieces, through gpuvfio's one escape (printable, below) already, and each template
+escapes it once more for its form -- the HTML one by autoescaping, the Markdown one by the
+``md`` filter (printable's "markdown" form: no HTML, no link, no emphasis from a value); the
+plots take names through its "mathtext" form. gpuvfio's own words are written as they are.
 
 Results marked synthetic (identity.json ``"synthetic": true``) are labelled as such in the
 title and on every plot; a recorded run has no such mark and no label.
@@ -12,6 +18,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 
 import jinja2
 
@@ -25,6 +32,60 @@ COLUMNS = ["variant", "n", "mean", "95 % CI of mean", "median", "min", "max", "p
 ABSENT_BECAUSE = {"p2p_gbps": "needs two or more GPUs in the guest",
                   "nccl_busbw_gbps": "needs NCCL, libnccl.so.2, and two or more GPUs in the guest",
                   "time_to_verified_s": "measured for guests only"}
+
+# gpuvfio's one output escape, printable(): here, in the lowest module of the layers that both
+# the commands (gpuvfio.cli.output imports it for them) and this report may import.
+FORMS = ("text", "markup", "markdown", "mathtext")
+_MARKDOWN = {"\\": "\\\\", "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]", "|": "\\|",
+             "~": "\\~", "$": "\\$", ":": "\\:", "@": "`@`", "<": "&lt;", ">": "&gt;", "&": "&amp;"}
+_WWW = re.compile(r"(?i)(?<![0-9A-Za-z])(www)\.")
+
+
+def printable(value, form: str = "text") -> str:
+    """``value`` (a string, or anything str() makes one of) as gpuvfio may print it: the one
+    escape for what a host's sysfs and pci.ids, a guest, a journal, a recording or a results
+    file says, applied where it leaves the process.
+
+    Every form: each character that is not printable (str.isprintable: C0 controls and DEL, C1
+    controls with U+009B CSI, format characters with the bidi overrides U+202A-202E and isolates
+    U+2066-2069, line and paragraph separators, the lone surrogates an undecodable file name
+    becomes) is shown as its Python escape (\\x1b, \\x9b, \\u202e, \\n): it can neither move the
+    cursor, recolour or retitle the terminal, reorder a line nor start a row of its own. This
+    part is idempotent. Then, for the form the text goes into:
+
+    * ``text``: as it is (plain lists, CSV, error and progress lines).
+    * ``markup``: rich's markup escaped too (``[link=...]`` shown, not obeyed); print it on a
+      console made with ``emoji=False`` (gpuvfio.cli.output.rich_console()), so ``:name:`` is not
+      an emoji either.
+    * ``markdown``: inline Markdown that renders as the text and nothing else: ``< > &`` as
+      entities (no HTML, no ``<scheme:...>`` autolink), emphasis, code, link, table and math
+      characters backslash-escaped, ``:`` too (no ``http://`` or ``javascript:`` is left in the
+      file), the ``.`` of ``www.`` and ``@`` as code (GitHub's extended autolinks); an ``_``
+      between two letters or digits, which CommonMark never reads as emphasis, stays as it is.
+      Never at the start of a line (gpuvfio's own text starts each one).
+    * ``mathtext``: ``$`` escaped, for matplotlib labels (no mathtext from a name).
+    """
+    if form not in FORMS:
+        raise ValueError(f"unknown output form {form!r}")
+    text = value if isinstance(value, str) else str(value)
+    if not text.isprintable():  # (the common case, a clean name, costs one C-level scan)
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if form == "markup":
+        from rich.markup import escape  # rich only where rich prints
+
+        return escape(text)
+    if form == "mathtext":
+        return text.replace("$", "\\$")
+    if form == "markdown":
+        text = _WWW.sub(lambda m: m.group(1) + "\x00", text)  # a placeholder: printable text has no NUL
+        out = []
+        for i, c in enumerate(text):
+            if c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
+                out.append(c)
+            else:
+                out.append(_MARKDOWN.get(c, c))
+        return "".join(out).replace("\x00", "\\.")
+    return text
 
 
 def synthetic_label(results: dict) -> str | None:
@@ -68,20 +129,42 @@ def _welch_cells(row: dict, reference: str) -> tuple[str, str]:
     return cell, f"{verdict} ({test['note']})" if test.get("note") else verdict
 
 
+class Host(str):
+    """A piece of the document that the results gave, not gpuvfio: printable already; the
+    Markdown template escapes it (md), the HTML one autoescapes every string."""
+
+
+def host(value) -> Host:
+    return Host(printable(value))
+
+
+def _md(text) -> str:
+    """A document text (a string, or a list of pieces) as Markdown: Host pieces escaped."""
+    if isinstance(text, (list, tuple)):
+        return "".join(_md(piece) for piece in text)
+    return printable(text, "markdown") if isinstance(text, Host) else str(text)
+
+
+def _joined(text) -> str:
+    """A document text as one string, for the HTML template (which escapes it)."""
+    return "".join(map(str, text)) if isinstance(text, (list, tuple)) else str(text)
+
+
 def _metric_section(table: dict) -> dict:
-    ref = "bare metal" if table["reference_is_baseline"] else f"best variant ({table['reference']})"
+    ref = ["bare metal"] if table["reference_is_baseline"] else ["best variant (", host(table["reference"]), ")"]
     rows = []
     for row in table["rows"]:
         pct = row["percent_of_reference"]
         p_cell, verdict = _welch_cells(row, table["reference"])
-        rows.append([row["variant"], str(row["count"]), fmt(row["mean"]), _interval(row["ci95"]),
+        rows.append([host(row["variant"]), str(row["count"]), fmt(row["mean"]), _interval(row["ci95"]),
                      fmt(row["median"]), fmt(row["min"]), fmt(row["max"]), fmt(row["p95"]), fmt(row["p99"]),
                      "-" if pct is None else f"{pct:.1f}%", _interval(row["percent_ci95"], "%"),
                      p_cell, verdict])
     better = "higher" if table["higher_is_better"] else "lower"
     return {"heading": f"{table['label']} ({table['unit']})",
             "paragraphs": [f"Key {table['metric']}; {better} is better."],
-            "table": {"header": [c.format(ref=ref) for c in COLUMNS], "rows": rows},
+            "table": {"header": [[c.split("{ref}")[0], *ref, c.split("{ref}")[1]] if "{ref}" in c else c
+                                 for c in COLUMNS], "rows": rows},
             "image": {"name": f"{table['metric']}.png", "alt": table["label"]}}
 
 
@@ -110,10 +193,13 @@ def document(results: dict, metric_tables: list[dict], images: dict[str, bytes])
     label = synthetic_label(results)
     banner = (f"{label}: identity.json marks these results synthetic. No GPU was measured; the numbers only "
               "show what a report looks like.") if label else None
-    sections = [{"heading": "System", "bullets": [(str(k), f": {v}") for k, v in results["identity"].items()]},
-                {"heading": "Variants", "bullets": [(name, f" ({v['kind']}): {v.get('provisioning', '')}")
+    # A bullet: (its name, its text as pieces); what the results say is a Host piece.
+    sections = [{"heading": "System", "bullets": [(host(k), [": ", host(v)]) for k, v in results["identity"].items()]},
+                {"heading": "Variants", "bullets": [(host(name), [" (", host(v["kind"]), "): ",
+                                                                  host(v.get("provisioning", ""))])
                                                     for name, v in results["variants"].items()]}]
-    seen = [(name, f" ({v['kind']}): " + ", ".join(f"{k} {value}" for k, value in v["guest"].items()))
+    seen = [(host(name), [" (", host(v["kind"]), "): ",
+                          host(", ".join(f"{k} {value}" for k, value in v["guest"].items()))])
             for name, v in results["variants"].items() if v["guest"]]
     if seen:
         sections.append({"heading": "What the verifier saw", "bullets": seen})
@@ -133,11 +219,7 @@ def document(results: dict, metric_tables: list[dict], images: dict[str, bytes])
     return {"title": report_title(results), "banner": banner, "sections": sections}
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-# Markdown is not HTML: no autoescape here, a table cell's "|" escaped by md_cell instead.
+# Markdown is not HTML: no autoescape here; every text that can hold a Host piece goes through md.
 MARKDOWN = """# {{ doc.title }}
 
 {% if doc.banner %}> **{{ doc.banner }}**
@@ -146,17 +228,17 @@ MARKDOWN = """# {{ doc.title }}
 
 {% for paragraph in section.paragraphs %}{{ paragraph }}
 
-{% endfor %}{% if section.bullets %}{% for name, text in section.bullets %}- **{{ name }}**{{ text }}
+{% endfor %}{% if section.bullets %}{% for name, text in section.bullets %}- **{{ name | md }}**{{ text | md }}
 {% endfor %}
-{% endif %}{% if section.table %}| {{ section.table.header | map('md_cell') | join(' | ') }} |
+{% endif %}{% if section.table %}| {{ section.table.header | map('md') | join(' | ') }} |
 |{% for _ in section.table.header %}---|{% endfor %}
-{% for row in section.table.rows %}| {{ row | map('md_cell') | join(' | ') }} |
+{% for row in section.table.rows %}| {{ row | map('md') | join(' | ') }} |
 {% endfor %}
 {% endif %}{% if section.image and section.image.name in images %}![{{ section.image.alt }}]({{ section.image.name }})
 
 {% endif %}{% endfor %}"""
 _MD_ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-_MD_ENV.filters["md_cell"] = _md_cell
+_MD_ENV.filters["md"] = _md
 
 
 def markdown(doc: dict, images: dict[str, bytes]) -> str:
@@ -175,9 +257,9 @@ td:first-child,th:first-child{text-align:left}
 {% if doc.banner %}<p class="banner">{{ doc.banner }}</p>
 {% endif %}{% for section in doc.sections %}<h2>{{ section.heading }}</h2>
 {% for paragraph in section.paragraphs %}<p>{{ paragraph }}</p>
-{% endfor %}{% if section.bullets %}<ul>{% for name, text in section.bullets %}<li><b>{{ name }}</b>{{ text }}</li>
+{% endfor %}{% if section.bullets %}<ul>{% for name, text in section.bullets %}<li><b>{{ name }}</b>{{ text | joined }}</li>
 {% endfor %}</ul>
-{% endif %}{% if section.table %}<table><tr>{% for cell in section.table.header %}<th>{{ cell }}</th>{% endfor %}</tr>
+{% endif %}{% if section.table %}<table><tr>{% for cell in section.table.header %}<th>{{ cell | joined }}</th>{% endfor %}</tr>
 {% for row in section.table.rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
 {% endfor %}</table>
 {% endif %}{% if section.image and section.image.name in images %}<img alt="{{ section.image.alt }}" \
@@ -185,6 +267,7 @@ src="data:image/png;base64,{{ images[section.image.name] }}">
 {% endif %}{% endfor %}</body></html>
 """
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_ENV.filters["joined"] = _joined
 
 
 def html_page(doc: dict, images: dict[str, bytes]) -> str:
@@ -219,7 +302,8 @@ def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:
         below = [r["mean"] - r["ci95"][0] if r["ci95"] else math.nan for r in rows]  # nan: no error bar
         above = [r["ci95"][1] - r["mean"] if r["ci95"] else math.nan for r in rows]
         colours = ["#55A868" if r["variant"] == table["reference"] else "#4C72B0" for r in rows]
-        ax.bar([r["variant"] for r in rows], means, yerr=[below, above], capsize=4, color=colours, zorder=2)
+        ax.bar([printable(r["variant"], "mathtext") for r in rows], means, yerr=[below, above], capsize=4,
+               color=colours, zorder=2)
         ax.set_ylabel(f"{table['unit']} (mean, 95 % CI)")
         ax.set_title(chart_title(table["label"], results), fontsize=10)
         ax.tick_params(axis="x", labelrotation=15)
@@ -231,7 +315,8 @@ def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:
         ax.boxplot(list(latencies.values()), zorder=2)
         for i, values in enumerate(latencies.values(), start=1):
             ax.plot([i] * len(values), values, "o", color="#4C72B0", alpha=0.6, zorder=3)
-        ax.set_xticks(range(1, len(latencies) + 1), list(latencies))  # works before and after 3.9
+        ax.set_xticks(range(1, len(latencies) + 1),  # works before and after 3.9
+                      [printable(name, "mathtext") for name in latencies])
         ax.set_ylabel("µs")
         ax.set_title(chart_title("Host-device latency per repetition (pointer chase)", results), fontsize=10)
         images["latency_distribution.png"] = finish(fig, ax)
