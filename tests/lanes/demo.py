@@ -54,8 +54,8 @@ REPO = nested.REPO
 #   [doc]  nested.py's docstring: boot ~20-40 s, imports over 9p ~20-30 s, libvirtd
 #          ~10-15 s, QEMU capability probe ~7 s (then cached), attach ~150 s of which
 #          the second-level guest to SSH ~85 s and verify ~45 s, detach ~7 s, ~4-4.5 min
-#          in all; kernel.py's docstring: a bare boot+run 13-17 s; earlier sessions' runs of
-#          `make demo`: 6.6 min quiet, 14.4 min loaded (SSH after 598 s), once no SSH within 900 s.
+#          in all; kernel.py's docstring: a bare boot+run 13-17 s; earlier runs of `make demo`
+#          (logs not kept): 6.6 min quiet, 14.4 min loaded (SSH after 598 s), once no SSH within 900 s.
 #   [run]  one demo run, 2026-11, machine otherwise idle (other processes 8% of the CPU,
 #          steal 2%): build 0.0 s (cached), boot 18 s, preload 38 s, libvirtd 21 s,
 #          capabilities 3.1 s (cached), attach 210 s, to SSH 182 s, verify 7.6 s (the

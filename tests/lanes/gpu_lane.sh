@@ -1,39 +1,46 @@
 #!/bin/sh
-# GPU lane (issue 13, item 7): run on the device tool's machine, from the repository root, in
-# ONE call (docs/gpu-lane.md has the exact call). The machine is one H200 passed through to a
-# microVM: a "passthrough" variant measured from inside its guest. POSIX sh and the image's own
-# tools only (nvidia-smi, python3, nvcc; nothing is installed). It never changes the card's
-# settings (no -pm/-lgc/-ac/-r/-mig: it only reads).
+# GPU lane (issue 13, item 7): gpuvfio's in-guest verifier on a real GPU, beside two independent
+# measurements of the same copies. docs/gpu-lane.md says what it needs and how to read it.
 #
-# Steps, each bounded by `timeout` and by the whole lane's budget (GPU_LANE_BUDGET_S, 300 s):
+#   OUT=DIR sh tests/lanes/gpu_lane.sh [extra verifier arguments]
+#
+# Needs: Linux (bare metal, or a guest the GPU is passed through to), an NVIDIA GPU with its
+# driver (libcuda, nvidia-smi), python3, this checkout; optionally nvcc (CUDA toolkit), PyTorch
+# and CuPy for python3. POSIX sh and those tools only: it installs nothing, and it never changes
+# the card's settings (no -pm/-lgc/-ac/-r/-mig: it only reads). What ran where is in lane.log.
+#
+# Steps, each bounded by `timeout` and by the whole lane's time budget (GPU_LANE_BUDGET_S, 300 s):
 #   1. nvidia-smi -q, and a one-line clock/link/temperature snapshot (again at the end)
-#   2. gpu_bench built with nvcc (sm_90 + compute_90 PTX); if nvcc is missing or fails, the
-#      carried build/gpu-lane/gpu_bench (built here, see docs/gpu-lane.md) or $GPU_BENCH_BIN
+#   2. gpu_bench built with nvcc for the GPU's compute capability (GPU_BENCH_ARCH, else
+#      nvidia-smi's compute_cap, else 90: sm_XX + compute_XX PTX); if nvcc is missing or fails, a
+#      prebuilt build/gpu-lane/gpu_bench (git-ignored; see docs/gpu-lane.md) or $GPU_BENCH_BIN
 #   3. GPU_LANE_REPS (3) x (probe.sh + verifier.py), same sizes as below
 #   4. gpu_bench, then gpu_torch.py (PyTorch copies, CuPy latency), same sizes
 # Sizes (env): GPU_LANE_SIZE_MIB 512, GPU_LANE_COPIES 16, GPU_LANE_SAMPLES 3, GPU_LANE_WARMUPS 4,
 # GPU_LANE_HOPS 100000 -- nvbandwidth's and the verifier's defaults. Extra arguments go to the
 # verifier only.
 #
-# Time on an H200 (PCIe Gen5 x16, ~50-55 GB/s a direction), estimated, not yet measured:
+# Time, estimated for an H200 on PCIe Gen5 x16 (~50-55 GB/s a direction), not yet measured:
 #   one sample of one direction = 512 MiB x 16 = 8.6 GB / ~52 GB/s = ~0.17 s; x 3 samples = 0.5 s;
 #   H2D + D2H 1 s, bidirectional (both at once) ~0.6 s, D2D 8.6 GB at ~2 TB/s = ~5 ms a sample;
 #   warm-ups 4 x 3 copies x ~10 ms = 0.1 s; latency 100000 hops x ~1-2 us = 0.1-0.2 s a sample,
 #   x 4 (1 warm-up) = ~0.8 s; copy overhead 2000 x ~15 us = 30 ms; pinned 2 x 512 MiB + CUDA
 #   context + NVML ~2-4 s. One verifier rep ~5-8 s, probe.sh (nvidia-smi -q -x) ~1-2 s:
 #   3 reps ~20-30 s. nvcc build ~5-20 s. gpu_bench ~5 s (two latency layouts). gpu_torch: import
-#   torch and CuPy, NVRTC, ~10-30 s cold. nvidia-smi ~1-3 s. Total ~1-2 min; the budget (300 s)
-#   stops anything that hangs well inside the call's timeout (360 s).
+#   torch and CuPy, NVRTC, ~10-30 s cold. nvidia-smi ~1-3 s. Total ~1-2 min; a slower link scales
+#   the copies. The time budget (300 s) stops anything that hangs: the lane ends a few seconds
+#   after it at the latest.
 #
-# Files in $OUT, 6 whatever GPU_LANE_REPS is (the device tool returns at most 8):
+# Files in $OUT (created if missing), 6 whatever GPU_LANE_REPS is:
 #   nvidia-smi-q.txt  probe.txt  verifier.txt  gpu-bench.txt  gpu-torch.txt  lane.log
 # probe.txt and verifier.txt hold every repetition between "GPU-LANE-BEGIN <step> rep=<n>" and
 # "GPU-LANE-END <step> rep=<n> rc=<exit> seconds=<s>" lines; every step's stderr, the timings
-# and the environment go to lane.log. Convert here with
-#   .venv/bin/python -m tests.lanes.gpu_record FETCHED_DIR tests/data/gpu-lane-h200
+# and the environment go to lane.log. Record the result with
+#   .venv/bin/python -m tests.lanes.gpu_record DIR tests/data/gpu-lane-h200
 set -u
 out=${OUT:?set OUT to the directory the results go to}
 case $out in /*) ;; *) out=$PWD/$out ;; esac
+mkdir -p "$out" || exit 2
 cd "$(dirname "$0")/../.." || exit 2
 export PYTHONUNBUFFERED=1
 reps=${GPU_LANE_REPS:-3}
@@ -42,7 +49,7 @@ copies=${GPU_LANE_COPIES:-16}
 samples=${GPU_LANE_SAMPLES:-3}
 warmups=${GPU_LANE_WARMUPS:-4}
 hops=${GPU_LANE_HOPS:-100000}
-arch=${GPU_BENCH_ARCH:-90}
+arch=${GPU_BENCH_ARCH:-}
 py=${GPU_LANE_PYTHON:-python3}
 budget=${GPU_LANE_BUDGET_S:-300}
 deadline=$(($(date +%s) + budget))
@@ -65,7 +72,7 @@ limit() {
     left=$((deadline - $(date +%s)))
     [ "$want" -le "$left" ] || want=$left
     if [ "$want" -lt 5 ]; then
-        echo "skipped, the lane's budget is spent: $*" >>"$log"
+        echo "skipped, the lane's time budget is spent: $*" >>"$log"
         rc=125
         return
     fi
@@ -100,6 +107,13 @@ snapshot() {  # one CSV line of what can drift between runs: clocks, link, tempe
     fi
 }
 
+# The GPU's compute capability ("9.0" -> 90), unless GPU_BENCH_ARCH says; 90 when unknown.
+if [ -z "$arch" ] && command -v nvidia-smi >/dev/null 2>&1; then
+    cap=$(limit 30 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .\r')
+    case $cap in [1-9][0-9] | [1-9][0-9][0-9]) arch=$cap ;; esac
+fi
+[ -n "$arch" ] || arch=90
+
 {
     echo "GPU-LANE 1 started $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "GPU-LANE-PARAMS reps=$reps size_mib=$size copies=$copies samples=$samples warmups=$warmups hops=$hops arch=sm_$arch budget_s=$budget"
@@ -123,7 +137,7 @@ else
 fi
 snapshot before
 
-# 2. gpu_bench: built here (KINDS.md: nvcc 13.0 is in the image, and what it builds runs), else carried.
+# 2. gpu_bench: built here with nvcc when there is one, else a prebuilt one.
 bench=${GPU_BENCH_BIN:-}
 if [ -z "$bench" ]; then
     nvcc=$(command -v nvcc 2>/dev/null)
@@ -140,7 +154,7 @@ if [ -z "$bench" ]; then
     fi
     if [ -z "$bench" ] && [ -x build/gpu-lane/gpu_bench ]; then
         bench=build/gpu-lane/gpu_bench
-        echo "GPU-LANE-BENCH using the carried build/gpu-lane/gpu_bench" >>"$log"
+        echo "GPU-LANE-BENCH using the prebuilt build/gpu-lane/gpu_bench" >>"$log"
     fi
 fi
 
@@ -162,7 +176,7 @@ while [ "$rep" -lt "$reps" ]; do
             step "$out/gpu-bench.txt" gpu_bench 0 90 "$bench" --size-mib "$size" --copies "$copies" \
                 --samples "$samples" --warmups "$warmups" --hops "$hops"
         else
-            echo "GPU-BENCH-SKIPPED no nvcc and no carried build/gpu-lane/gpu_bench" >>"$out/gpu-bench.txt"
+            echo "GPU-BENCH-SKIPPED no nvcc and no prebuilt build/gpu-lane/gpu_bench" >>"$out/gpu-bench.txt"
         fi
         step "$out/gpu-torch.txt" gpu_torch 0 150 "$py" tests/lanes/gpu_torch.py --size-mib "$size" \
             --copies "$copies" --samples "$samples" --warmups "$warmups" --hops "$hops"

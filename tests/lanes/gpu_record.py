@@ -1,19 +1,21 @@
 """Turn a GPU-lane run's raw outputs (tests/lanes/gpu_lane.sh) into a committed recording.
 
-The device machine is a VM with an H200 passed through, so its numbers are one
-"passthrough" variant measured inside its guest. Writes, under OUT_DIR:
+What machine ran the lane is read from its own outputs: the GPU's model and nvidia-smi's
+"Virtualization Mode" (Pass-Through in a guest the GPU is passed through to, VGPU in a vGPU
+guest, None on bare metal) name the variant the numbers are filed under, e.g.
+``h200-vm-passthrough`` for an H200 seen from inside a guest. Writes, under OUT_DIR:
 
-* ``results/h200-vm-passthrough/rep-N.json`` and ``identity.json``: the shape ``gpuvfio
-  testbed run`` writes (same parser, same evaluation, same writer), so ``gpuvfio testbed
-  report OUT_DIR`` reads them like any run;
-* ``raw/``: the fetched files, unchanged (nvidia-smi-q.txt, probe.txt, verifier.txt,
+* ``results/<variant>/rep-N.json`` and ``identity.json``: the shape ``gpuvfio testbed run``
+  writes (same parser, same evaluation, same writer), so ``gpuvfio testbed report OUT_DIR``
+  reads them like any run;
+* ``raw/``: the lane's files, unchanged (nvidia-smi-q.txt, probe.txt, verifier.txt,
   gpu-bench.txt, gpu-torch.txt, lane.log);
 * ``comparison.json``: for H2D, D2H, bidirectional (total), D2D and latency, the verifier's
   figure (the median over repetitions of each repetition's median) beside gpu_bench's and
   PyTorch/CuPy's, the relative difference in percent, and a verdict against issue 13's goal
   (the verifier within 3 % of the independent measurements).
 
-    .venv/bin/python -m tests.lanes.gpu_record FETCHED_DIR tests/data/gpu-lane-h200
+    .venv/bin/python -m tests.lanes.gpu_record LANE_OUT_DIR tests/data/gpu-lane-h200
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from gpuvfio.guest.verify import VerifyError, evaluate, parse_probe, parse_verif
 from gpuvfio.testbed.run import write_rep
 from gpuvfio.testbed.spec import Variant
 
-VARIANT = Variant(name="h200-vm-passthrough", kind="passthrough", hugepages="unknown", numa="unknown")
 RAW_FILES = ("nvidia-smi-q.txt", "probe.txt", "verifier.txt", "gpu-bench.txt", "gpu-torch.txt", "lane.log")
 TOLERANCE_PCT = 3.0  # issue 13, item 7: the verifier within 3 % of the independent figures
 _SMI = {"Product Name": "model", "Driver Version": "driver", "CUDA Version": "cuda",
         "Virtualization Mode": "virtualization_mode"}
+# nvidia-smi -q's "Virtualization Mode" -> (the variant name's suffix, the testbed kind, the host as seen)
+_MODES = {"pass-through": ("vm-passthrough", "passthrough", "a guest with the GPU passed through (the guest's view)"),
+          "vgpu": ("vm-vgpu", "vgpu", "a guest with a vGPU (the guest's view)"),
+          "none": ("baremetal", "baremetal", "the GPU's own host, no virtualization")}
 # metric: (verifier's bandwidth/latency entry, the independent tools' key, unit, what it is)
 METRICS = {
     "h2d": ("h2d", "h2d_gbps", "GB/s", "host to device, pinned, one stream"),
@@ -52,6 +57,26 @@ def smi_facts(text: str) -> dict:
         if match and match.group(1) in _SMI and _SMI[match.group(1)] not in facts:
             facts[_SMI[match.group(1)]] = match.group(2).strip()
     return facts
+
+
+def variant_for(smi: dict) -> Variant:
+    """The variant a recording is filed under, from nvidia-smi -q's facts (smi_facts): the
+    model without "NVIDIA" and the virtualization mode, e.g. ``h200-vm-passthrough``; an
+    unknown mode (no nvidia-smi, or a mode not above) gives ``<model>-unknown-mode``."""
+    words = [w for w in re.findall(r"[a-z0-9]+", (smi.get("model") or "").lower()) if w != "nvidia"]
+    model = "-".join(words)[:24].strip("-") or "gpu"
+    suffix, kind, _ = _MODES.get((smi.get("virtualization_mode") or "").strip().lower(),
+                                 ("unknown-mode", "unknown", None))
+    return Variant(name=f"{model}-{suffix}", kind=kind, hugepages="unknown", numa="unknown")
+
+
+def host_words(smi: dict) -> str:
+    """identity.json's "host": what the lane's own files say about the machine."""
+    mode = smi.get("virtualization_mode")
+    seen = _MODES.get((mode or "").strip().lower(), (None, None, None))[2]
+    if seen is None:
+        seen = f"virtualization mode {mode!r} (nvidia-smi -q)" if mode else "virtualization mode not reported"
+    return f"the machine tests/lanes/gpu_lane.sh ran on: {seen}; raw/lane.log and raw/nvidia-smi-q.txt say more"
 
 
 _BEGIN = re.compile(r"^GPU-LANE-BEGIN (\S+) rep=(\d+)$")
@@ -181,8 +206,8 @@ def compare(verifiers: list[dict], bench: dict | None, torch: dict | None,
             "verifier_figure_is": "median over repetitions of each repetition's median of samples"}
 
 
-_EXITS = {None: "cut off (no end marker: the call's own limit?)", 124: "timed out (the lane's per-step limit)",
-          125: "skipped (the lane's budget was spent)"}
+_EXITS = {None: "cut off (no end marker: the lane was stopped from outside?)",
+          124: "timed out (the lane's per-step limit)", 125: "skipped (the lane's time budget was spent)"}
 
 
 def _empty_probe() -> dict:
@@ -214,13 +239,14 @@ def convert(raw: str, out: str) -> dict:
     verifier_text = _read(raw, "verifier.txt")
     runs = sections(verifier_text, "verifier")
     if not runs:
-        raise SystemExit(f"no verifier run in {raw}/verifier.txt: run tests/lanes/gpu_lane.sh there first")
+        raise SystemExit(f"no verifier run in {raw}/verifier.txt: run tests/lanes/gpu_lane.sh with OUT={raw} first")
     probes = sections(_read(raw, "probe.txt"), "probe")
     smi = smi_facts(_read(raw, "nvidia-smi-q.txt"))
     lane = _lane_facts(_read(raw, "lane.log"))
     os.makedirs(out, exist_ok=True)
     kernel = (lane.get("uname") or "").split(" ")[1:2]
-    identity = {"host": "the device tool's machine: a microVM with one GPU passed through (the guest's view)",
+    variant = variant_for(smi)
+    identity = {"host": host_words(smi),
                 "recorded": "a real GPU run of tests/lanes/gpu_lane.sh, " + (lane.get("started") or "date unknown"),
                 "accelerators": [{"model": smi.get("model")}], "accelerator_count": 1,
                 "host_nvidia_driver": smi.get("driver"), "cuda_version": smi.get("cuda"),
@@ -247,9 +273,9 @@ def convert(raw: str, out: str) -> dict:
         else:
             problems.append(f"probe rep {rep}: not run")
         report = evaluate(probe, verifier, [])
-        write_rep(out, VARIANT, rep, report, {"source": "GPU lane (tests/lanes/gpu_lane.sh)",
+        write_rep(out, variant, rep, report, {"source": "GPU lane (tests/lanes/gpu_lane.sh)",
                                               "lane": {"rc": run["rc"], "seconds": run["seconds"]}})
-        written.append(os.path.join(out, "results", VARIANT.name, f"rep-{rep}.json"))
+        written.append(os.path.join(out, "results", variant.name, f"rep-{rep}.json"))
     bench, why = marked_json(_read(raw, "gpu-bench.txt"), "GPU-BENCH")
     if why or (bench or {}).get("error"):
         problems.append("gpu_bench: " + (why or bench["error"]))
@@ -275,7 +301,7 @@ def convert(raw: str, out: str) -> dict:
 
 
 def table(comparison: dict) -> str:
-    """The comparison as a few lines of text (what a session pastes into its note)."""
+    """The comparison as a few lines of text (for the commit message that adds a recording)."""
     def fmt(value):
         return "-" if value is None else f"{value:.4g}"
 
@@ -294,7 +320,7 @@ def table(comparison: dict) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m tests.lanes.gpu_record FETCHED_DIR OUT_DIR")
+        raise SystemExit("usage: python -m tests.lanes.gpu_record LANE_OUT_DIR OUT_DIR")
     result = convert(sys.argv[1], sys.argv[2])
     for name in result["reps"]:
         print(name)

@@ -3,8 +3,8 @@
 
 An independent figure beside gpuvfio's in-guest verifier and tests/lanes/gpu_bench.cu
 (tests/lanes/gpu_lane.sh runs all three with the same sizes; tests/lanes/gpu_record.py
-compares them). The device machine's image has both PyTorch and CuPy
-(/work/.library/device/KINDS.md), so:
+compares them). It uses PyTorch and CuPy where python3 has them (its JSON records their
+versions; whichever is missing is reported under "errors"):
 
 * copies with PyTorch: pinned host tensors (``pin_memory=True``), ``copy_(...,
   non_blocking=True)`` on a side stream, ``torch.cuda.Event`` timing; per test
