@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gpuvfio.address import MAX_FUNCTION, MAX_SLOT, PciAddress
 from gpuvfio.errors import InputError
+from gpuvfio.numbers import hex_uint
 
 _SLOT = re.compile(r"^(?:(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):)?"
                    r"(?P<slot>[0-9a-fA-F]{1,2})(?:\.(?P<function>[0-7]))?$")
@@ -102,10 +103,7 @@ class IdFilter:
         def fits(field: tuple[int, int] | None, text: str) -> bool:
             if field is None:
                 return True
-            try:
-                number = int(text, 16)
-            except ValueError:
-                return False
-            return (number & field[1]) == (field[0] & field[1])
+            number = hex_uint(text)
+            return number is not None and (number & field[1]) == (field[0] & field[1])
 
         return fits(self.vendor, vendor_id) and fits(self.device, device_id) and fits(self.klass, class_id[:4])

@@ -10,19 +10,31 @@ from __future__ import annotations
 import re
 
 from gpuvfio.errors import InputError
+from gpuvfio.numbers import shown, uint
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+_SIZE = re.compile(r"^\s*([0-9]+)(?:\.([0-9]+))?\s*([kmgt]?)(?:i?b)?\s*$", re.I | re.ASCII)
 _FACTOR = {"": 1024, "k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}
+# 52 bits of physical address (x86-64 with 5-level paging, AArch64 with LPA) is 4 PiB: no
+# machine has more memory to give, so no size gpuvfio takes is larger.
+MAX_KIB = 1 << 42
 
 
 def parse_size_kib(text: str) -> int:
+    """KiB in ``text``, exactly (no float rounding); InputError unless it is a whole number of
+    KiB from 1 KiB to MAX_KIB, written in ASCII digits."""
     match = _SIZE.match(text or "")
     if not match:
-        raise InputError(f"not a size: {text!r} (examples: 64G, 64GiB, 65536M)")
-    value = float(match.group(1)) * _FACTOR[match.group(2).lower()]
-    if value < 1 or value != int(value):
-        raise InputError(f"size {text!r} is not a whole number of KiB")
-    return int(value)
+        raise InputError(f"not a size: {shown(text)} (examples: 64G, 64GiB, 65536M)")
+    whole, fraction = uint(match.group(1)), match.group(2) or ""
+    scale = 10 ** len(fraction)
+    if whole is None or (fraction and uint(fraction) is None):
+        raise InputError(f"size {shown(text)} has too many digits (at most 20 on each side of the point)")
+    numerator = (whole * scale + (uint(fraction) if fraction else 0)) * _FACTOR[match.group(3).lower()]
+    if numerator < scale or numerator % scale:
+        raise InputError(f"size {shown(text)} is not a whole number of KiB")
+    if numerator // scale > MAX_KIB:
+        raise InputError(f"size {shown(text)} is larger than {format_kib(MAX_KIB)}")
+    return numerator // scale
 
 
 def format_kib(kib: int) -> str:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from gpuvfio.domain.address_space import FIRMWARES, VIRT_TYPES
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import InputError
-from gpuvfio.sizes import parse_size_kib
+from gpuvfio.numbers import shown, uint
+from gpuvfio.sizes import MAX_KIB, format_kib, parse_size_kib
 
 HUGEPAGE_CHOICES = ("auto", "none", "2M", "1G")
 NUMA_WORDS = ("auto", "none", "remote")
@@ -77,15 +78,16 @@ def parse_numa(text: str | int) -> str:
     word = str(text).strip().lower()
     if word in NUMA_WORDS:
         return word
-    if word.isdigit() and int(word) <= MAX_NUMA_NODE:
-        return str(int(word))
+    node = uint(word, MAX_NUMA_NODE)
+    if node is not None:
+        return str(node)
     raise InputError(f"numa must be auto, none, remote or a node number, not {text!r}")
 
 
 def _qemu_version(text: str) -> tuple[int, ...]:
     """What the user types: ``8.1`` or ``9.2.0``, nothing else (libvirt's own answers, with
     distribution suffixes, go through versions.parse_version)."""
-    strict = isinstance(text, str) and re.fullmatch(r"\d{1,6}(\.\d{1,6}){1,2}", text.strip()) is not None
+    strict = isinstance(text, str) and re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6}){1,2}", text.strip()) is not None
     version = parse_version(text.strip()) if strict else None
     if version is None:
         raise InputError(f"QEMU version must look like 8.1 or 9.2.0, not {text!r}")
@@ -138,7 +140,9 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         raise InputError(f"vcpus must be an integer between 1 and {MAX_VCPUS}, not {vcpus!r}")
     memory_kib = memory if isinstance(memory, int) and not isinstance(memory, bool) else parse_size_kib(str(memory))
     if memory_kib < 1024:
-        raise InputError(f"memory must be at least 1 MiB, not {memory!r}")
+        raise InputError(f"memory must be at least 1 MiB, not {shown(memory)}")
+    if memory_kib > MAX_KIB:
+        raise InputError(f"memory must be at most {format_kib(MAX_KIB)}, not {shown(memory)}")
     if mdev and vgpu:
         raise InputError("--mdev and --vgpu exclude each other")
     if kernel is None and (initrd or cmdline):

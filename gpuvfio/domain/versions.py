@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuvfio.numbers import uint
+
 COMPONENTS = ("qemu", "kernel", "libvirt", "ovmf")
 NAMES = {"qemu": "QEMU", "kernel": "kernel", "libvirt": "libvirt", "ovmf": "OVMF (edk2)"}
 
@@ -87,23 +89,33 @@ class Row:
                 "status": self.status, "why": self.why}
 
 
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?", re.ASCII)
+
+
+def _triple(match) -> tuple[int, int, int] | None:
+    """(major, minor, micro) of a _VERSION match; None without one, or with a part of more than
+    20 digits (no version has one)."""
+    if not match:
+        return None
+    parts = (uint(match.group(1)), uint(match.group(2)), uint(match.group(3) or "0"))
+    return None if None in parts else parts
+
+
 def parse_version(text: str | int | None) -> tuple[int, int, int] | None:
     """(major, minor, micro) from '8.1', '9.2.0', 'QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7)',
     '2022.11-6', or libvirt's getVersion()/getLibVersion() number (9000000 -> (9, 0, 0));
     None when there is none."""
-    if isinstance(text, int) or (isinstance(text, str) and text.strip().isdigit() and len(text.strip()) >= 7):
-        number = int(text)
+    number = text if isinstance(text, int) else None
+    if isinstance(text, str) and len(text.strip()) >= 7:
+        number = uint(text.strip())
+    if number is not None:
         return number // 1_000_000, number // 1000 % 1000, number % 1000
-    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return _triple(_VERSION.search(text or ""))
 
 
 def kernel_version(osrelease: str | None) -> tuple[int, int, int] | None:
     """(major, minor, patch) from /proc/sys/kernel/osrelease ('6.1.0-18-amd64', '6.8.0-rc3')."""
-    match = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", osrelease or "")
-    return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)) if match else None
+    return _triple(re.match(r"\s*" + _VERSION.pattern, osrelease or "", re.ASCII))
 
 
 def version_text(version: tuple[int, ...]) -> str:

@@ -155,7 +155,7 @@ def _check_driver_version(checks, probe: dict, wanted: set[str]) -> None:
     version (FM user guide, shared NVSwitch model): anything else, or no version to read, fails."""
     for version in sorted(wanted):
         line = probe.get("nvidia_version") or ""
-        found = re.search(r"\b(\d+\.\d+(?:\.\d+)?)\b", line.split("Kernel Module", 1)[-1])
+        found = re.search(r"\b([0-9]+\.[0-9]+(?:\.[0-9]+)?)\b", line.split("Kernel Module", 1)[-1], re.ASCII)
         have = found.group(1) if found else None
         checks.append(check("driver_version", "pass" if have == version else "fail", version, have,
                             None if have == version else (

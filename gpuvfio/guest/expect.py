@@ -13,13 +13,13 @@ hw/pci-bridge/gen_pcie_root_port.c, hw/pci-bridge/xio3130_downstream.c).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.host.inventory import Inventory
+from gpuvfio.numbers import finite, uint
 
 # Usable GB/s per lane and direction after line coding (PCIe base spec: 8b/10b to Gen2,
 # 128b/130b from Gen3; Gen6 FLIT ~242/256).
@@ -30,7 +30,7 @@ LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 # (a slot trained down, remote NUMA memory, an IOMMU in translated mode under load).
 LINK_EFFICIENCY = 0.762
 VGPU_WITHOUT_CUDA = re.compile(r"-\d+[AB]$")  # A-series (vApps) and B-series (vPC) profiles
-_EXPECT = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?:x(\d{1,3}))?$")
+_EXPECT = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{4})(?:x([0-9]{1,3}))?$")
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,9 @@ class Gates:
 
 
 def gates(*, link_efficiency: float = LINK_EFFICIENCY, min_gbps: float | None = None) -> Gates:
-    if not isinstance(link_efficiency, (int, float)) or not math.isfinite(link_efficiency) \
-            or not 0 < link_efficiency <= 1:
+    if not finite(link_efficiency) or not 0 < link_efficiency <= 1:
         raise InputError(f"link efficiency must be a fraction in (0, 1], not {link_efficiency!r}")
-    if min_gbps is not None and (not isinstance(min_gbps, (int, float)) or not math.isfinite(min_gbps)
-                                 or min_gbps <= 0):
+    if min_gbps is not None and (not finite(min_gbps) or min_gbps <= 0):
         raise InputError(f"minimum bandwidth must be a positive number of GB/s, not {min_gbps!r}")
     return Gates(float(link_efficiency), None if min_gbps is None else float(min_gbps))
 
@@ -139,7 +137,7 @@ def parse_expect(values: list[str]) -> list[Expected]:
         match = _EXPECT.match(value.strip())
         if not match:
             raise InputError(f"--expect takes VENDOR:DEVICE or VENDOR:DEVICExN (e.g. 10de:2335x4), not {value!r}")
-        count = int(match.group(3) or 1)
+        count = uint(match.group(3) or "1")
         if not 1 <= count <= 64:
             raise InputError(f"--expect {value}: the count must be 1-64")
         out += [Expected(None, match.group(1).lower(), match.group(2).lower(), None, None, None)] * count

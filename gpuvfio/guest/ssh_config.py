@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from gpuvfio.errors import InputError
+from gpuvfio.numbers import shown, uint
 
 SSH_G_TIMEOUT = 10.0
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
@@ -75,9 +76,10 @@ def _existing(paths) -> tuple[str, ...]:
 def _port(value, where: str) -> int | None:
     if value is None:
         return None
-    if not str(value).isdigit() or not 0 < int(value) < 65536:
-        raise InputError(f"{where}: Port {value!r} is not 1-65535")
-    return int(value)
+    port = uint(str(value), 65535)
+    if not port:
+        raise InputError(f"{where}: Port {shown(value)} is not 1-65535")
+    return port
 
 
 def _from_options(host: str, options: dict[str, list[str]], source: str, where: str) -> HostConfig:

@@ -8,13 +8,13 @@ guest answers -- nothing, garbage, a crash -- there is a report: a failed "probe
 
 from __future__ import annotations
 
-import math
 import time
 
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.guest.checks import check, evaluate, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program
+from gpuvfio.numbers import finite
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
 PROBE_NAME = "gpuvfio-probe"  # $0 of the probe shell, how a harness recognises the command
@@ -93,7 +93,7 @@ def parse_verifier(text: str) -> dict:
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return finite(value)
 
 
 def shape_problem(data: dict) -> str | None:

@@ -64,7 +64,7 @@ SXM_GPUS = {
 # the FM service checks the currently loaded kernel driver stack version for compatibility"),
 # and its packages are versioned with the driver's, so while it runs this is its version.
 DRIVER_VERSION = ("module", "nvidia", "version")
-_VERSION = re.compile(r"\d{2,4}(?:\.\d{1,4}){1,3}")
+_VERSION = re.compile(r"[0-9]{2,4}(?:\.[0-9]{1,4}){1,3}")
 OK, REFUSE, WARN = "ok", "refuse", "warn"  # the statuses of bind.plan's checks
 
 

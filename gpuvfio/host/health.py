@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass
 
 from gpuvfio.host.root import HostRoot
+from gpuvfio.numbers import hex_uint
 
 PCI_CAPABILITY_LIST = 0x34
 PCI_CAP_ID_EXP = 0x10  # PCI Express capability (PCIe base spec 7.5.3)
@@ -91,10 +92,10 @@ def unassigned_bars(host: HostRoot, device_dir: str) -> list[int]:
     text = host.read(os.path.join(device_dir, "resource"))
     missing = []
     for index, line in enumerate((text or "").splitlines()[:STANDARD_BARS]):
-        try:
-            start, end, flags = (int(field, 16) for field in line.split())
-        except ValueError:
+        fields = [hex_uint(field) for field in line.split()]
+        if len(fields) != 3 or None in fields:
             continue
+        start, end, flags = fields
         if flags & (IORESOURCE_IO | IORESOURCE_MEM) and end > start and (flags & IORESOURCE_UNSET or start == 0):
             missing.append(index)
     return missing

@@ -17,7 +17,9 @@ from gpuvfio.errors import HostReadError
 from gpuvfio.host.groups import build_groups
 from gpuvfio.host.health import read_health
 from gpuvfio.host.model import Bar, IommuGroup, Link, MdevType, PciFunction, VgpuType
+from gpuvfio.host.numa import MAX_NODE
 from gpuvfio.host.root import HostRoot
+from gpuvfio.numbers import U64_MAX, decimal, hex_uint, uint
 
 PCI_DEVICES = ("bus", "pci", "devices")
 
@@ -28,29 +30,23 @@ def _hex_id(text: str | None, width: int) -> str | None:
     text = text.strip().lower()
     if text.startswith("0x"):
         text = text[2:]
-    try:
-        int(text, 16)
-    except ValueError:
+    if hex_uint(text) is None:
         return None
     return text.rjust(width, "0")[-width:]
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
+def _int(text: str | None, upper: int = U64_MAX) -> int | None:
+    return uint(text, upper)
+
+
+MAX_GTS = 1024.0  # PCIe 6.0 is 64 GT/s: a faster "speed" is not one
 
 
 def _speed(text: str | None) -> float | None:
     # "16.0 GT/s PCIe" (5.x+), "16 GT/s" (older), "Unknown" / "Unknown speed"
     if not text:
         return None
-    head = text.split()[0]
-    try:
-        return float(head)
-    except ValueError:
-        return None
+    return decimal(text.split()[0], MAX_GTS)
 
 
 def parse_resource(text: str | None) -> list[Bar]:
@@ -63,9 +59,8 @@ def parse_resource(text: str | None) -> list[Bar]:
         parts = line.split()
         if len(parts) != 3:
             continue
-        try:
-            start, end, flags = (int(p, 16) for p in parts)
-        except ValueError:
+        start, end, flags = (hex_uint(p) for p in parts)
+        if start is None or end is None or flags is None:
             continue
         if end == 0 or end < start:
             continue  # unused resource
@@ -80,10 +75,9 @@ def parse_vgpu_types(text: str | None) -> list[VgpuType]:
         left, sep, right = line.partition(":")
         if not sep:
             continue
-        try:
-            types.append(VgpuType(int(left.strip()), right.strip()))
-        except ValueError:
-            continue  # the "ID : vGPU Name" header
+        type_id = uint(left.strip(), 0xFFFFFFFF)
+        if type_id is not None:  # else the "ID : vGPU Name" header
+            types.append(VgpuType(type_id, right.strip()))
     return types
 
 
@@ -153,8 +147,7 @@ def _read_function(host: HostRoot, address: PciAddress, real_dir: str, dir_fd: i
     override = attr("driver_override")
     fn.driver_override = None if override in (None, "(null)", "") else override
     fn.iommu_group = _int(link("iommu_group"))
-    numa = _int(attr("numa_node"))
-    fn.numa_node = None if numa is None or numa < 0 else numa
+    fn.numa_node = _int(attr("numa_node"), MAX_NODE)  # -1: none (no NUMA affinity), read as None
     fn.local_cpulist = attr("local_cpulist")
     fn.parents = _parents(host, real_dir)
     if "current_link_speed" in entries or "max_link_speed" in entries:

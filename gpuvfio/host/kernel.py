@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuvfio.host.root import HostRoot
+from gpuvfio.numbers import hex_uint
 
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
 
@@ -95,12 +96,9 @@ def read_kernel(host: HostRoot) -> KernelInfo:
     for unit in units:
         if unit.startswith("dmar"):
             ecap = host.read(host.sys_path("class", "iommu", unit, "intel-iommu", "ecap"))
-            if ecap:
-                try:
-                    # VT-d spec 11.4.3, Extended Capability Register bit 3: IR.
-                    capable = bool(int(ecap, 16) & 0x8)
-                except ValueError:
-                    continue
+            value = hex_uint(ecap) if ecap else None
+            if value is not None:
+                capable = bool(value & 0x8)  # VT-d spec 11.4.3, Extended Capability Register bit 3: IR.
                 intel_ir = capable if intel_ir is None else intel_ir and capable
     unsafe = host.read(host.sys_path("module", "vfio_iommu_type1", "parameters", "allow_unsafe_interrupts"))
     noiommu = host.read(host.sys_path("module", "vfio", "parameters", "enable_unsafe_noiommu_mode"))

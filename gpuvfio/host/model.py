@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError
 from gpuvfio.host.health import Health
+from gpuvfio.numbers import uint
 
 NVIDIA_VENDOR = "10de"
 NVSWITCH_CLASS = "0680"  # "Bridge: other" endpoints on NVIDIA HGX baseboards (include/linux/pci_ids.h)
@@ -267,10 +268,9 @@ def parse_cpulist(text: str | None) -> list[int]:
         lo, dash, hi = part.partition("-")
         if dash and ":" in hi:  # "0-15:2/4" group syntax is rare in sysfs output; take the range
             hi = hi.split(":")[0]
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise HostReadError(f"malformed CPU list {text.strip()[:60]!r}")
-        first, last = int(lo), int(hi) if dash else int(lo)
-        if last < first or last >= _CPULIST_LIMIT:
+        first = uint(lo, _CPULIST_LIMIT - 1)
+        last = uint(hi, _CPULIST_LIMIT - 1) if dash else first
+        if first is None or last is None or last < first:
             raise HostReadError(f"malformed CPU list {text.strip()[:60]!r}")
         cpus.extend(range(first, last + 1))
     return cpus

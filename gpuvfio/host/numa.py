@@ -7,39 +7,41 @@ import re
 
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.model import NumaNode, parse_cpulist
+from gpuvfio.numbers import uint
 
-_MEMINFO = re.compile(r"Node \d+ (MemTotal|MemFree):\s+(\d+) kB")
-_HP_DIR = re.compile(r"hugepages-(\d+)kB")
+_MEMINFO = re.compile(r"Node [0-9]+ (MemTotal|MemFree):\s+([0-9]+) kB", re.ASCII)
+_HP_DIR = re.compile(r"hugepages-([0-9]+)kB", re.ASCII)
+_NODE_DIR = re.compile(r"node([0-9]+)", re.ASCII)
+MAX_NODE = 1023  # CONFIG_NODES_SHIFT is at most 10 (x86-64): node numbers 0-1023
 
 
-def _int(text: str | None) -> int:
-    try:
-        return int(text) if text is not None else 0
-    except ValueError:
-        return 0
+def _count(text: str | None) -> int:
+    """A count or id from one sysfs file; 0 when it is missing or not a plain number."""
+    return uint(text) or 0
 
 
 def read_numa(host: HostRoot) -> list[NumaNode]:
     base = host.sys_path("devices", "system", "node")
     nodes = []
     for name in host.listdir(base):
-        match = re.fullmatch(r"node(\d+)", name)
-        if not match:
+        match = _NODE_DIR.fullmatch(name)
+        node_id = uint(match.group(1), MAX_NODE) if match else None
+        if node_id is None:
             continue
         ndir = os.path.join(base, name)
         cpulist = host.read(os.path.join(ndir, "cpulist")) or ""
-        meminfo = dict(_MEMINFO.findall(host.read(os.path.join(ndir, "meminfo")) or ""))
+        meminfo = {key: uint(value) for key, value in _MEMINFO.findall(host.read(os.path.join(ndir, "meminfo")) or "")}
         hugepages = {}
         for hp in host.listdir(os.path.join(ndir, "hugepages")):
             size = _HP_DIR.fullmatch(hp)
-            if size:
+            size_kib = uint(size.group(1)) if size else None
+            if size_kib:
                 hdir = os.path.join(ndir, "hugepages", hp)
-                hugepages[int(size.group(1))] = (_int(host.read(os.path.join(hdir, "nr_hugepages"))),
-                                                 _int(host.read(os.path.join(hdir, "free_hugepages"))))
+                hugepages[size_kib] = (_count(host.read(os.path.join(hdir, "nr_hugepages"))),
+                                       _count(host.read(os.path.join(hdir, "free_hugepages"))))
         nodes.append(NumaNode(
-            node_id=int(match.group(1)), cpulist=cpulist, cpus=parse_cpulist(cpulist),
-            mem_total_kb=int(meminfo["MemTotal"]) if "MemTotal" in meminfo else None,
-            mem_free_kb=int(meminfo["MemFree"]) if "MemFree" in meminfo else None,
+            node_id=node_id, cpulist=cpulist, cpus=parse_cpulist(cpulist),
+            mem_total_kb=meminfo.get("MemTotal"), mem_free_kb=meminfo.get("MemFree"),
             hugepages=hugepages,
         ))
     ids = sorted(n.node_id for n in nodes)
@@ -52,10 +54,10 @@ def _distances(text: str | None, ids: list[int]) -> dict[int, int]:
     """node -> distance from ``nodeN/distance`` (the ACPI SLIT row, one value per online node in
     node order; Documentation/ABI/stable/sysfs-devices-node). A row that does not fit the nodes
     is left out: libvirt then uses its default distances, which is what an unreadable SLIT means."""
-    values = (text or "").split()
-    if len(values) != len(ids) or not all(v.isdigit() and 10 <= int(v) <= 255 for v in values):
+    values = [uint(v, 255) for v in (text or "").split()]
+    if len(values) != len(ids) or not all(v is not None and v >= 10 for v in values):
         return {}
-    return dict(zip(ids, (int(v) for v in values)))
+    return dict(zip(ids, values))
 
 
 class Cpu:
@@ -71,8 +73,8 @@ def read_cpus(host: HostRoot, cpus: list[int]) -> dict[int, Cpu]:
     result = {}
     for cpu in cpus:
         topo = os.path.join(base, f"cpu{cpu}", "topology")
-        package = _int(host.read(os.path.join(topo, "physical_package_id")))
-        core = _int(host.read(os.path.join(topo, "core_id")))
+        package = _count(host.read(os.path.join(topo, "physical_package_id")))
+        core = _count(host.read(os.path.join(topo, "core_id")))
         siblings = tuple(parse_cpulist(host.read(os.path.join(topo, "thread_siblings_list")) or str(cpu)))
         result[cpu] = Cpu(cpu, package, core, siblings or (cpu,))
     return result
@@ -80,8 +82,9 @@ def read_cpus(host: HostRoot, cpus: list[int]) -> dict[int, Cpu]:
 
 def physical_address_bits(host: HostRoot) -> int | None:
     """The CPU's physical address width (``address sizes`` in /proc/cpuinfo)."""
-    match = re.search(r"address sizes\s*:\s*(\d+) bits physical", host.read(host.path("proc", "cpuinfo")) or "")
-    return int(match.group(1)) if match else None
+    match = re.search(r"address sizes\s*:\s*([0-9]+) bits physical", host.read(host.path("proc", "cpuinfo")) or "",
+                      re.ASCII)
+    return uint(match.group(1), 64) if match else None
 
 
 def cpu_vendor(host: HostRoot) -> str | None:

@@ -17,13 +17,15 @@ import re
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
+from gpuvfio.errors import HostReadError
 from gpuvfio.host.root import HostRoot
+from gpuvfio.numbers import shown, uint
 
 # Device nodes of the NVIDIA driver stack (nvidia.ko, nvidia-uvm, nvidia-modeset, the
 # NVSwitch nodes that nv-fabricmanager opens, and the MIG capability nodes).
 NVIDIA_DEVICE_NODE = re.compile(
-    r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-nvswitch(\d+|ctl)|-nvlink|-caps/.*)$")
-GPU_NODE = re.compile(r"/dev/nvidia\d+")
+    r"^/dev/nvidia([0-9]+|ctl|-uvm|-uvm-tools|-modeset|-nvswitch([0-9]+|ctl)|-nvlink|-caps/.*)$", re.ASCII)
+GPU_NODE = re.compile(r"/dev/nvidia[0-9]+", re.ASCII)
 # comm names (15 chars, TASK_COMM_LEN) of the daemons that keep NVIDIA GPUs open, and
 # their systemd units: nvidia-persistenced, nv-fabricmanager, DCGM's nv-hostengine.
 NVIDIA_SERVICES = {
@@ -36,8 +38,10 @@ FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
 # full passthrough, 1 shared NVSwitch, 2 vGPU).
 FABRIC_MANAGER_CONFIG = ("usr", "share", "nvidia", "nvswitch", "fabricmanager.cfg")
 SHARED_NVSWITCH = 1
-_MINOR = re.compile(r"^Device Minor:\s*(\d+)", re.M)
-_FABRIC_MODE = re.compile(r"^\s*FABRIC_MODE\s*=\s*(\d+)\s*$", re.M)
+_MINOR = re.compile(r"^Device Minor:\s*([0-9]+)", re.M | re.ASCII)
+_FABRIC_MODE = re.compile(r"^\s*FABRIC_MODE\s*=\s*([0-9]+)\s*$", re.M | re.ASCII)
+PID_MAX_LIMIT = 4 * 1024 * 1024  # include/linux/threads.h (64-bit): no pid is larger
+MINOR_MAX = (1 << 20) - 1  # include/linux/kdev_t.h MINORBITS
 
 
 @dataclass(slots=True)
@@ -58,7 +62,8 @@ def nvidia_holders(host: HostRoot) -> list[Holder]:
     holders = []
     proc = host.path("proc")
     for pid in host.listdir(proc):
-        if not pid.isdigit():
+        number = uint(pid, PID_MAX_LIMIT)
+        if number is None:
             continue
         fd_dir = os.path.join(proc, pid, "fd")
         try:
@@ -75,7 +80,7 @@ def nvidia_holders(host: HostRoot) -> list[Holder]:
                 nodes.add(target)
         if nodes:
             comm = host.read(os.path.join(proc, pid, "comm")) or "?"
-            holders.append(Holder(int(pid), comm, sorted(nodes)))
+            holders.append(Holder(number, comm, sorted(nodes)))
     return sorted(holders, key=lambda h: h.pid)
 
 
@@ -83,7 +88,7 @@ def nvidia_minor(host: HostRoot, address: PciAddress) -> int | None:
     """/dev/nvidiaN of a GPU, from /proc/driver/nvidia/gpus/<addr>/information."""
     text = host.read(host.path("proc", "driver", "nvidia", "gpus", str(address), "information"))
     match = _MINOR.search(text or "")
-    return int(match.group(1)) if match else None
+    return uint(match.group(1), MINOR_MAX) if match else None
 
 
 def running_services(host: HostRoot) -> dict[str, list[int]]:
@@ -91,10 +96,11 @@ def running_services(host: HostRoot) -> dict[str, list[int]]:
     running: dict[str, list[int]] = {}
     proc = host.path("proc")
     for pid in host.listdir(proc):
-        if pid.isdigit():
+        number = uint(pid, PID_MAX_LIMIT)
+        if number is not None:
             comm = host.read(os.path.join(proc, pid, "comm"))
             if comm in NVIDIA_SERVICES:
-                running.setdefault(NVIDIA_SERVICES[comm], []).append(int(pid))
+                running.setdefault(NVIDIA_SERVICES[comm], []).append(number)
     return {unit: sorted(pids) for unit, pids in sorted(running.items())}
 
 
@@ -104,7 +110,13 @@ def fabric_mode(host: HostRoot) -> int | None:
     if text is None:
         return None
     match = _FABRIC_MODE.search(text)
-    return int(match.group(1)) if match else 0  # the documented default: bare metal / full passthrough
+    if not match:
+        return 0  # the documented default: bare metal / full passthrough
+    mode = uint(match.group(1), 0xFFFFFFFF)
+    if mode is None:
+        raise HostReadError(f"{host.config_path(*FABRIC_MANAGER_CONFIG)}: FABRIC_MODE {shown(match.group(1))} "
+                            "is not a mode (0, 1 or 2)")
+    return mode
 
 
 def holds_gpu(holder: Holder) -> bool:

@@ -18,12 +18,13 @@ from gpuvfio.domain.request import DomainRequest, domain_request, parse_hugepage
 from gpuvfio.domain.spec import DomainSpec, build_spec, mdev_uuid
 from gpuvfio.host.fabric import WARN as FABRIC_WARN
 from gpuvfio.host.inventory import Inventory, read_inventory
-from gpuvfio.host.numa import cpu_vendor, read_numa
+from gpuvfio.host.numa import MAX_NODE, cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.topology import position
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import GpuvfioError, Refused
+from gpuvfio.numbers import uint
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
@@ -131,14 +132,15 @@ def pages_held(xml: str) -> dict[int, dict[int, int]] | None:
     split over its memnode nodes, else its numatune nodeset, else host node 0)."""
     root = ET.fromstring(xml)
     page = root.find("memoryBacking/hugepages/page")
-    memory = root.findtext("memory")
-    if page is None or not (page.get("size") or "").isdigit() or not (memory or "").isdigit():
+    size = uint(page.get("size")) if page is not None else None
+    kib = uint(root.findtext("memory"))
+    if not size or kib is None:
         return None
-    size, kib = int(page.get("size")), int(memory)
-    nodes = [int(m.get("nodeset")) for m in root.iterfind("numatune/memnode") if (m.get("nodeset") or "").isdigit()]
+    nodes = [n for n in (uint(m.get("nodeset"), MAX_NODE) for m in root.iterfind("numatune/memnode")) if n is not None]
     if not nodes:
-        nodeset = (root.find("numatune/memory").get("nodeset") if root.find("numatune/memory") is not None else "")
-        nodes = [int(n) for n in nodeset.split(",") if n.isdigit()] or [0]
+        memory = root.find("numatune/memory")
+        nodeset = (memory.get("nodeset") if memory is not None else None) or ""
+        nodes = [n for n in (uint(part, MAX_NODE) for part in nodeset.split(",")) if n is not None] or [0]
     per_node = -(-kib // size) // len(nodes)
     return {node: {size: per_node} for node in nodes}
 

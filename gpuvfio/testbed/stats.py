@@ -7,12 +7,17 @@
 - 95 % confidence intervals: of a mean (t-based), and of a ratio of two independent means
   by Fieller's theorem (Fieller 1954) with Welch-Satterthwaite degrees of freedom.
 - Percentiles only where the sample holds them (see PERCENTILE_MIN_N).
+- Only measurements (see metric_problem): a value is 0 or a finite number whose magnitude lies
+  within 1e-12..1e12 of its unit, anything else is refused in one line.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+
+from gpuvfio.errors import InputError
+from gpuvfio.numbers import finite, shown
 
 # Metrics the testbed records per repetition: key -> (label, unit, higher is better)
 METRICS = {
@@ -34,6 +39,18 @@ ALPHA = 0.05  # significance level of the two-sided test; the intervals are 1 - 
 # runs "p99" would only rename the max. So p95 needs n >= 20 and p99 n >= 100, the smallest
 # samples where at least one observation lies beyond the percentile.
 PERCENTILE_MIN_N = {"p95": 20, "p99": 100}
+
+# What a measured value may be: 0, or a magnitude from 1e-12 to 1e12 of its unit. Every metric is
+# a bandwidth in GB/s or a time in µs, ms or s, so a real run lies many orders inside (1e-12 GB/s
+# is 1 mB/s, 1e-12 µs an attosecond; 1e12 GB/s a zettabyte per second, 1e12 s 31,700 years).
+# The bounds are what keeps the arithmetic below exact enough and finite: subnormal floats
+# (5e-324, IEEE 754 values under sys.float_info.min) have lost their significant digits and their
+# reciprocals overflow; the tests square variances and Fieller raises a ratio of means to the
+# fourth power, where Python's float ** raises OverflowError past 1.8e308 instead of returning
+# inf, so a value of 1e80 (or an int of 400 digits, which JSON gives Python exactly) would be a
+# traceback, not a table. Within the bounds the fourth power of a ratio of means times a squared
+# variance stays under 1e112 * n**4 (a mean that cancels to its last bit included).
+METRIC_MAGNITUDE = (1e-12, 1e12)
 
 
 # --- Student's t distribution -------------------------------------------------------------
@@ -124,9 +141,25 @@ def _nearest_rank(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
+def metric_problem(value) -> str | None:
+    """Why ``value`` is not a measurement (None: it is one, or it is None, not measured)."""
+    if value is None:
+        return None
+    low, high = METRIC_MAGNITUDE
+    if not finite(value) or (value != 0 and not low <= abs(value) <= high):
+        return f"{shown(value)} is not 0 or a finite number of magnitude {low:g} to {high:g}"
+    return None
+
+
 def summarize(values: list[float]) -> dict:
     """Count, mean, its 95 % CI (n >= 2), median, spread, and p95/p99 only where
-    PERCENTILE_MIN_N allows (None otherwise)."""
+    PERCENTILE_MIN_N allows (None otherwise). A value metric_problem refuses is bad input
+    (InputError, one line): a damaged result, not a statistic."""
+    for value in values:
+        problem = metric_problem(value)
+        if problem:
+            raise InputError(f"a testbed result is not a measurement ({problem}): remove the damaged result "
+                             "and rerun")
     values = sorted(v for v in values if v is not None)
     if not values:
         return {"count": 0}

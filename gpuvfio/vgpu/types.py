@@ -23,9 +23,10 @@ from gpuvfio.errors import InputError, Refused
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.root import HostRoot
+from gpuvfio.numbers import uint
 
 
-_MIG_BACKED = re.compile(r"-([1-8])-(\d+)C(ME)?$")
+_MIG_BACKED = re.compile(r"-([1-8])-([0-9]{1,4})C(ME)?$", re.ASCII)  # GB of a GPU instance: 1-4 digits
 
 
 def mig_backed(name: str | None) -> dict | None:
@@ -33,7 +34,7 @@ def mig_backed(name: str | None) -> dict | None:
     match = _MIG_BACKED.search(name or "")
     if not match:
         return None
-    return {"slices": int(match.group(1)), "memory_gb": int(match.group(2)), "media": bool(match.group(3))}
+    return {"slices": uint(match.group(1)), "memory_gb": uint(match.group(2)), "media": bool(match.group(3))}
 
 
 def _gpu(inventory: Inventory, address: PciAddress) -> PciFunction:
@@ -93,8 +94,9 @@ def pick_vf(inventory: Inventory, address: PciAddress, wanted: str, *, reuse: bo
                          "the NVIDIA sriov-manage script enables them)")
     # A VF whose type is set lists no creatable types any more: learn the id from the others.
     ids = {t.type_id for vf in vfs for t in vf.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)}
-    if wanted.isdigit():
-        ids.add(int(wanted))
+    wanted_id = uint(wanted, 0xFFFFFFFF)
+    if wanted_id is not None:
+        ids.add(wanted_id)
     for vf in vfs if reuse else []:
         if vf.vgpu_current and vf.vgpu_current in ids:
             return vf.address
