@@ -10,7 +10,7 @@
 * ``json``: the command's own JSON object (``--json`` is the same).
 
 Every string a host, a guest, a journal or a results file gave gpuvfio leaves the process
-through printable() (gpuvfio.testbed.render, imported here), once, where it is printed: the
+through printable() (gpuvfio.text, imported here), once, where it is printed: the
 lists here, the reports in render.py, error and progress lines in app.py, the testbed report's
 Markdown, HTML and plots.
 """
@@ -26,7 +26,7 @@ import typer
 
 from gpuvfio.errors import InputError
 # The one escape: in the lowest module that both the commands and the testbed report may import.
-from gpuvfio.testbed.render import printable
+from gpuvfio.text import printable
 
 FORMATS = ("table", "plain", "csv", "json")
 FormatOption = Annotated[Optional[str], typer.Option(
