@@ -1,40 +1,500 @@
-"""Writing files so that a crash leaves the old content or the new, never half of either."""
+"""The one file layer: every read and write of a host tree, the state directory, persist files,
+recordings, specs, results and reports goes through here (a structure test forbids raw opens
+elsewhere in the package).
+
+gpuvfio runs as root on trees it is given, so a path is never trusted for what it names:
+* A :class:`Tree` is a top directory (the caller's choice: ``--root``, the state directory,
+  ``OUT``) and everything beneath it is reached by walking directory fds, each component opened
+  with O_NOFOLLOW: a link on the way is refused. Links are followed only where a caller means
+  to, outside this layer's walk: sysfs's own links by ``HostRoot.resolve_in_sys`` (inside
+  ``<root>/sys`` only), a host's /etc links by ``HostRoot.config_path`` (inside the root only).
+* A file is looked at (fstatat, no follow) before it is opened and must be a regular file
+  (sysfs attributes and procfs files are regular files too); it is opened O_NONBLOCK|O_NOCTTY
+  and checked again by fstat, so a FIFO never blocks us and a device is never opened (opening
+  /dev/watchdog arms it).
+* Every read has a bound that fits what it reads; more is an error, not a truncation.
+* A write goes to a new temp file beside its target (O_EXCL|O_NOFOLLOW), is fsynced and renamed
+  over the target in the same directory fd; directories are made one component at a time.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
+import tempfile
 
-from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
+ATTRIBUTE_LIMIT = 64 << 10  # a sysfs attribute is at most a page; a recorded one is small too
+TEXT_LIMIT = 1 << 20
+HOST_TEXT_LIMIT = 16 << 20  # /proc/cpuinfo of a 512-thread host, pci.ids (1.4 MB in 2024)
 
 
-def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to a new temp file beside ``path`` (created afresh: never opened through
-    something that was there), fsync it, rename it over ``path``, fsync the directory."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        os.unlink(tmp)  # a stale temp of an earlier run with this pid (or anything planted there)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+class NotRegular(UnsafePathError):
+    """A FIFO, a device, a socket or a directory where a regular file was expected."""
+
+
+def split(rel: str) -> list[str]:
+    """The components of a relative path; absolute paths, '..' and NUL are refused."""
+    if not isinstance(rel, str) or "\0" in rel or rel.startswith("/"):
+        raise UnsafePathError(f"refusing path {rel!r}")
+    parts = [part for part in rel.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise UnsafePathError(f"refusing path {rel!r}")
+    return parts
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _walk_error(exc: OSError, where: str):
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        raise UnsafePathError(f"{where} is a link (not followed)") from None
+    if exc.errno == errno.ENOTDIR:
+        raise UnsafePathError(f"{where} is not a directory") from None
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        raise HostReadError(f"cannot open {where}: permission denied (run as root?)") from None
+    if exc.errno == errno.ENAMETOOLONG:
+        raise UnsafePathError(f"{where[:120]}...: name too long") from None
+    raise HostReadError(f"cannot open {where}: {exc.strerror or exc}") from None
+
+
+def _component_error(exc: OSError, dir_fd: int, part: str, where: str):
+    """Why a directory component could not be opened: O_DIRECTORY|O_NOFOLLOW answers ENOTDIR for
+    a link too, so look (without following) to say which."""
+    if exc.errno in (errno.ENOTDIR, errno.ELOOP):
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            mode = os.stat(part, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISLNK(mode):
+            raise UnsafePathError(f"{where} is a link (not followed)") from None
+        raise UnsafePathError(f"{where} is not a directory") from None
+    _walk_error(exc, where)
+
+
+def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = False) -> bytes | None:
+    """The bytes of the regular file ``name`` in an open directory, at most ``limit`` of them
+    (more is UnsafePathError; with ``head``, the first ``limit`` bytes are the answer: a binary
+    attribute read in part); None when there is none. A link, FIFO, device or directory there is
+    UnsafePathError."""
     try:
-        os.fsync(dir_fd)
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except OSError as exc:
+        _walk_error(exc, where)
+    if not stat.S_ISREG(before.st_mode):
+        raise NotRegular(f"{where} is {_kind(before.st_mode)}, not a regular file")
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _walk_error(exc, where)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+            raise NotRegular(f"{where} changed while it was opened")
+        chunks, size = [], 0
+        while size <= limit:
+            try:
+                chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            except OSError as exc:
+                # sysfs answers EIO/EINVAL/ENODEV/ENXIO for attributes a device does not implement
+                # (link speed without a PCIe capability): no value, not an error.
+                if exc.errno in (errno.EIO, errno.EINVAL, errno.ENODEV, errno.ENXIO, errno.EAGAIN,
+                                 errno.EOPNOTSUPP, errno.ENOTSUP):
+                    return None
+                raise HostReadError(f"cannot read {where}: {exc.strerror or exc}") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            if head:
+                return b"".join(chunks)[:limit]
+            raise UnsafePathError(f"{where} is larger than {limit} bytes")
+        return b"".join(chunks)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+
+
+def list_fd(dir_fd: int, where: str) -> list[str]:
+    """Names in an open directory, unsorted (the caller sorts what it shows)."""
+    try:
+        return os.listdir(dir_fd)
+    except OSError as exc:
+        raise HostReadError(f"cannot list {where}: {exc.strerror or exc}") from None
+
+
+def write_attribute(path: str, data: bytes) -> None:
+    """One write(2) to a sysfs attribute, as ``echo`` does it: no O_CREAT, no link followed, a
+    regular file only (a FIFO planted in a tree is not written to: O_NONBLOCK and the check)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise
+    if not stat.S_ISREG(mode):
+        raise NotRegular(f"refusing to write {path}: it is {_kind(mode)}")
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(f"refusing to write {path}: not a regular file")
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+class Tree:
+    """A top directory (followed: the caller chose it) and paths beneath it (never followed).
+
+    ``Tree(top, "var/lib/gpuvfio")`` is the part beneath ``top`` walked link-free on every use."""
+
+    def __init__(self, top: str, base: str = "") -> None:
+        if not top or "\0" in top:
+            raise InputError("a directory path is empty")
+        self.top = os.path.abspath(top)
+        self.base = split(base)
+
+    def __repr__(self) -> str:
+        return f"Tree({self.path()!r})"
+
+    def path(self, rel: str = "") -> str:
+        """The path a message names (never opened by this name)."""
+        return os.path.join(self.top, *self.base, *split(rel))
+
+    def sub(self, rel: str) -> "Tree":
+        return Tree(self.top, "/".join(self.base + split(rel)))
+
+    # -- directories ---------------------------------------------------------------------
+    def _open_top(self, *, create: bool) -> int | None:
+        try:
+            return os.open(self.top, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                return None
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR:
+                raise UnsafePathError(f"{self.top} is not a directory") from None
+            _walk_error(exc, self.top)
+        try:  # the top is the caller's own path (an admin's GPUVFIO_STATE_DIR): made as mkdir -p would
+            os.makedirs(self.top, 0o755, exist_ok=True)
+            return os.open(self.top, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+                raise UnsafePathError(f"{self.top} is not a directory") from None
+            raise GpuvfioError(f"cannot make {self.top}: {exc.strerror or exc}") from None
+
+    def open_dir(self, parts: list[str], *, create: bool = False, mode: int = 0o755) -> int | None:
+        """An fd of the directory ``base + parts`` (made, one component at a time, with
+        ``create``); None when it is missing and not made. The caller closes it."""
+        fd = self._open_top(create=create)
+        if fd is None:
+            return None
+        where = self.top
+        try:
+            for part in self.base + parts:
+                where = os.path.join(where, part)
+                try:
+                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    next_fd = None
+                except OSError as exc:
+                    _component_error(exc, fd, part, where)
+                if next_fd is None:
+                    if not create:
+                        os.close(fd)
+                        fd = -1
+                        return None
+                    try:
+                        os.mkdir(part, mode, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # made meanwhile (or a link planted): the open below decides
+                    except OSError as exc:
+                        _walk_error(exc, where)
+                    try:
+                        next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except OSError as exc:
+                        _component_error(exc, fd, part, where)
+                os.close(fd)
+                fd = next_fd
+            result, fd = fd, -1
+            return result
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _parent(self, rel: str, *, create: bool = False, mode: int = 0o755) -> tuple[int | None, str]:
+        parts = split(rel)
+        if not parts:
+            raise UnsafePathError(f"refusing empty file name under {self.path()}")
+        return self.open_dir(parts[:-1], create=create, mode=mode), parts[-1]
+
+    def is_dir(self, rel: str = "") -> bool:
+        try:
+            fd = self.open_dir(split(rel))
+        except UnsafePathError:
+            return False
+        if fd is None:
+            return False
+        os.close(fd)
+        return True
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names in a directory beneath the top, sorted; empty when it does not exist."""
+        fd = self.open_dir(split(rel))
+        if fd is None:
+            return []
+        try:
+            return sorted(os.listdir(fd))
+        except OSError as exc:
+            raise HostReadError(f"cannot list {self.path(rel)}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+
+    def make_dir(self, rel: str = "", mode: int = 0o755) -> None:
+        fd = self.open_dir(split(rel), create=True, mode=mode)
+        os.close(fd)
+
+    # -- files ---------------------------------------------------------------------------
+    def lstat(self, rel: str) -> os.stat_result | None:
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            return None
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            _walk_error(exc, self.path(rel))
+        finally:
+            os.close(dir_fd)
+
+    def exists(self, rel: str) -> bool:
+        """Is there anything (a link included) at ``rel``? A link on the way is no."""
+        try:
+            return self.lstat(rel) is not None
+        except UnsafePathError:
+            return False
+
+    def read(self, rel: str, limit: int = TEXT_LIMIT, *, head: bool = False) -> bytes | None:
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            return None
+        try:
+            return read_at(dir_fd, name, limit, self.path(rel), head=head)
+        finally:
+            os.close(dir_fd)
+
+    def text(self, rel: str, limit: int = TEXT_LIMIT) -> str | None:
+        """A UTF-8 text file; other bytes are bad input (a host's or a user's file)."""
+        data = self.read(rel, limit)
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{self.path(rel)} is not UTF-8 text") from None
+
+    def readlink(self, rel: str) -> str | None:
+        """A link's target (never followed); None when there is nothing there or not a link."""
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            return None
+        try:
+            return os.readlink(name, dir_fd=dir_fd)
+        except OSError:
+            return None
+        finally:
+            os.close(dir_fd)
+
+    def write(self, rel: str, data: str | bytes, mode: int = 0o644, *, dir_mode: int = 0o755,
+              durable: bool = True) -> None:
+        """Replace ``rel`` with ``data`` atomically: a new temp file beside it, fsync, rename in
+        the same directory fd, fsync the directory. Missing parents are made link-free.
+        ``durable`` False skips the fsyncs (a scratch copy that dies with the process)."""
+        payload = data.encode("utf-8") if isinstance(data, str) else data
+        dir_fd, name = self._parent(rel, create=True, mode=dir_mode)
+        try:
+            tmp = self._temp_name(dir_fd, name)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode,
+                         dir_fd=dir_fd)
+            try:
+                try:
+                    view = memoryview(payload)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    if durable:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self._check_replaceable(dir_fd, name, rel)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                _unlink_quietly(dir_fd, tmp)
+                raise
+            if durable:
+                os.fsync(dir_fd)
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self.path(rel)}: {exc.strerror or exc}") from None
+        finally:
+            os.close(dir_fd)
+
+    def symlink(self, rel: str, target: str, *, dir_mode: int = 0o755) -> None:
+        """Make ``rel`` a link to ``target`` (systemd's enablement links), atomically."""
+        dir_fd, name = self._parent(rel, create=True, mode=dir_mode)
+        try:
+            tmp = self._temp_name(dir_fd, name)
+            os.symlink(target, tmp, dir_fd=dir_fd)
+            try:
+                self._check_replaceable(dir_fd, name, rel)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                _unlink_quietly(dir_fd, tmp)
+                raise
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self.path(rel)}: {exc.strerror or exc}") from None
+        finally:
+            os.close(dir_fd)
+
+    def stage(self, rel: str, data: str | bytes | None = None, *, link: str | None = None, mode: int = 0o644,
+              dir_mode: int = 0o755) -> str:
+        """The first half of a transaction over several files: new content (``data``, or a link to
+        ``link``) in a temp file beside ``rel``, fsynced; ``replace_with`` renames it into place.
+        Returns the temp's relative path."""
+        dir_fd, name = self._parent(rel, create=True, mode=dir_mode)
+        parent = "/".join(split(rel)[:-1])
+        try:
+            tmp = self._temp_name(dir_fd, name)
+            if link is not None:
+                os.symlink(link, tmp, dir_fd=dir_fd)
+            else:
+                payload = data.encode("utf-8") if isinstance(data, str) else (data or b"")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode,
+                             dir_fd=dir_fd)
+                try:
+                    view = memoryview(payload)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self.path(rel)}: {exc.strerror or exc}") from None
+        finally:
+            os.close(dir_fd)
+        return f"{parent}/{tmp}" if parent else tmp
+
+    def replace_with(self, tmp_rel: str, rel: str) -> None:
+        """Rename a staged temp over ``rel`` (same directory; a directory there is refused).
+        OSError passes through: the transaction's caller puts back what it renamed."""
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            raise GpuvfioError(f"cannot write {self.path(rel)}: its directory is gone")
+        try:
+            tmp_parts = split(tmp_rel)
+            if tmp_parts[:-1] != split(rel)[:-1]:
+                raise UnsafePathError(f"refusing a rename across directories: {tmp_rel} -> {rel}")
+            self._check_replaceable(dir_fd, name, rel)
+            os.replace(tmp_parts[-1], name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def remove(self, rel: str) -> bool:
+        """Remove a file or link (never a directory); False when there was nothing."""
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            return False
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+            return True
+        except FileNotFoundError:
+            return False
+        except IsADirectoryError:
+            raise UnsafePathError(f"{self.path(rel)} is a directory (not removed)") from None
+        except OSError as exc:
+            if exc.errno == errno.EISDIR or exc.errno == errno.EPERM:
+                raise UnsafePathError(f"{self.path(rel)} is a directory (not removed)") from None
+            raise GpuvfioError(f"cannot remove {self.path(rel)}: {exc.strerror or exc}") from None
+        finally:
+            os.close(dir_fd)
+
+    def open_lock(self, rel: str, mode: int = 0o600, *, dir_mode: int = 0o700) -> int:
+        """A read-write fd of a regular lock file (made when missing), for flock."""
+        dir_fd, name = self._parent(rel, create=True, mode=dir_mode)
+        try:
+            try:
+                current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            if current is not None and not stat.S_ISREG(current.st_mode):
+                raise NotRegular(f"{self.path(rel)} is {_kind(current.st_mode)}, not a regular file")
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC,
+                         mode, dir_fd=dir_fd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise NotRegular(f"{self.path(rel)} is not a regular file")
+            return fd
+        except OSError as exc:
+            _walk_error(exc, self.path(rel))
+        finally:
+            os.close(dir_fd)
+
+    # -- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _temp_name(dir_fd: int, name: str) -> str:
+        tmp = f".{name[:200]}.tmp-{os.getpid()}"
+        _unlink_quietly(dir_fd, tmp)  # a stale temp of an earlier run with this pid, or anything planted
+        return tmp
+
+    def _check_replaceable(self, dir_fd: int, name: str, rel: str) -> None:
+        """A rename replaces a file or a link (the link itself, never what it points to); a
+        directory, FIFO or device planted there is refused."""
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise NotRegular(f"cannot write {self.path(rel)}: it is {_kind(mode)}")
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+# -- single files a user names (an output file, a ROM image, a spec) --------------------------
+def user_file(path: str) -> tuple[Tree, str]:
+    """The directory a user named (followed: their choice) and the file's name in it."""
+    if not path or "\0" in path:
+        raise InputError("the path is empty")
+    full = os.path.abspath(path)
+    directory, name = os.path.split(full)
+    if not name:
+        raise InputError(f"{path} names a directory, not a file")
+    return Tree(directory), name
 
 
 def check_output_path(out: str) -> None:
@@ -42,62 +502,60 @@ def check_output_path(out: str) -> None:
     device, a directory or a link (gpuvfio runs as root; a rename over /dev/null is a mistake)."""
     if not out or "\0" in out:
         raise InputError("the output path is empty")
-    path = os.path.abspath(out)
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        raise InputError(f"cannot write {out}: {directory} is not a directory")
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        kind = "a link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise InputError(f"cannot write {out}: it is {kind} (give a new name, a regular file, or - for stdout)")
+    tree, name = user_file(out)
+    if not os.path.isdir(tree.top):
+        raise InputError(f"cannot write {out}: {tree.top} is not a directory")
+    current = tree.lstat(name)
+    if current is not None and not stat.S_ISREG(current.st_mode):
+        raise InputError(f"cannot write {out}: it is {_kind(current.st_mode)} (give a new name, a regular file, "
+                         "or - for stdout)")
 
 
 def write_output(out: str, text: str) -> None:
     """Write a file the user named (checked as above), atomically; errors in one line."""
     check_output_path(out)
-    try:
-        atomic_write(os.path.abspath(out), text)
-    except OSError as exc:
-        raise GpuvfioError(f"cannot write {out}: {exc.strerror or exc}") from None
+    tree, name = user_file(out)
+    tree.write(name, text)
 
 
-def read_regular(path: str, limit: int = 1 << 20) -> bytes | None:
-    """The bytes of a regular file (a run's identity and results, a ROM image), or None when
-    there is none; never read through a link, never opened when it is a FIFO or a device (an
-    open can block or act), never more than ``limit`` bytes. InputError, one line, otherwise."""
+def read_regular(path: str, limit: int = TEXT_LIMIT, *, head: bool = False) -> bytes | None:
+    """The bytes of a regular file a user named (a spec, a ROM image, results), or None when
+    there is none; never read through a final link, never opened when it is a FIFO or a device,
+    never more than ``limit`` bytes. InputError, one line, otherwise."""
+    tree, name = user_file(path)
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    if stat.S_ISLNK(mode):
-        raise InputError(f"cannot read {path}: it is a link")
-    if not stat.S_ISREG(mode):
-        raise InputError(f"{path} is not a regular file")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # replaced by a link since (ELOOP), or unreadable
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{path} is not a regular file")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise InputError(f"{path} is larger than {limit} bytes")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
+        return tree.read(name, limit, head=head)
+    except NotRegular as exc:
+        raise InputError(str(exc)) from None
+    except UnsafePathError as exc:
+        message = str(exc)
+        raise InputError(f"cannot read {path}: it is a link" if "is a link" in message else message) from None
+    except HostReadError as exc:
+        raise InputError(str(exc)) from None
+
+
+def user_dir(path: str, *, create: bool = False) -> Tree:
+    """A directory a user named (``OUT``; followed: their choice), made when ``create`` and
+    missing (its parent must exist; the new directory is made without following a link)."""
+    if not path or not path.strip() or "\0" in path:
+        raise InputError("the directory path is empty")
+    full = os.path.abspath(path)
+    if create and not os.path.isdir(full):
+        parent, name = os.path.split(full)
+        if not os.path.isdir(parent):
+            raise InputError(f"cannot make {path}: {parent} is not a directory")
+        try:
+            Tree(parent).make_dir(name)
+        except UnsafePathError as exc:
+            raise InputError(f"cannot make {path}: {exc}") from None
+    return Tree(full)
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A private temporary directory (0700), removed with everything in it afterwards (rmtree
+    does not follow links). Memory-backed /dev/shm when it is there and TMPDIR is not set: a
+    recorded host is thousands of small files."""
+    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.environ.get("TMPDIR") else None
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch) as directory:
+        yield directory

@@ -164,7 +164,7 @@ def test_a_state_dir_that_is_a_file_is_one_line(cli, workstation, tmp_path, monk
     ("results/pt/rep-1.json", '{"variant": "pt", "kind": "passthrough", "metrics": {"h2d_gbps": "fast"}}',
      "not a finite number"),
     ("results/pt/rep-1.json", '{"variant": "pt", "kind": "passthrough", "metrics": {"h2d_gbps": NaN}}',
-     "not a finite number"),
+     "NaN is not a JSON number"),
     ("results/pt/rep-1.json", '{"kind": "passthrough", "metrics": {}}', "variant is not a name"),
     ("identity.json", "[]", "not a testbed identity"),
     ("identity.json", "{", "unreadable"),

@@ -137,14 +137,13 @@ def test_persist_uses_driverctl_when_installed(cli, ws):
 def test_persist_failure_leaves_no_partial_files(ws):
     calls = []
 
-    def failing_rename(src, dst):
+    def failing_rename(dst):
         calls.append(dst)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        os.replace(src, dst)
 
     with pytest.raises(GpuvfioError, match="No space left on device"):
-        persist(sim_context(ws.root), [PciAddress.parse("0000:01:00.0")], rename=failing_rename)
+        persist(sim_context(ws.root), [PciAddress.parse("0000:01:00.0")], fault=failing_rename)
     leftovers = []
     for directory, _dirs, files in os.walk(os.path.join(ws.root, "etc")):
         leftovers += [os.path.join(directory, f) for f in files]
@@ -157,13 +156,12 @@ def test_persist_failure_restores_previous_content(ws):
     with open(os.path.join(path, "gpuvfio-vfio.conf"), "w") as handle:
         handle.write("old\n")
 
-    def failing_rename(src, dst):
+    def failing_rename(dst):
         if dst.endswith("modules-load.d/gpuvfio-vfio.conf"):
             raise OSError(5, "Input/output error")
-        os.replace(src, dst)
 
     with pytest.raises(GpuvfioError):
-        persist(sim_context(ws.root), [PciAddress.parse("0000:01:00.0")], rename=failing_rename)
+        persist(sim_context(ws.root), [PciAddress.parse("0000:01:00.0")], fault=failing_rename)
     with open(os.path.join(path, "gpuvfio-vfio.conf")) as handle:
         assert handle.read() == "old\n"
     assert not os.path.exists(os.path.join(ws.root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))

@@ -121,7 +121,7 @@ def test_dry_run_changes_nothing(h):
     report = h.bind(GPU, dry_run=True)
     assert report["result"] == "dry_run" and report["devices"] == [GPU, AUDIO]
     assert h.snapshot() == before and h.kernel.writes() == []
-    assert not os.path.exists(state_dir(h.host))
+    assert not os.path.exists(state_dir(h.host).path())
 
 
 def test_dry_run_refuses_exactly_when_the_real_run_would(h):
@@ -311,7 +311,7 @@ def test_crash_between_steps_then_restore(h, stop_after):
     try:
         child = multiprocessing.get_context("fork").Process(target=_bind_in_child, args=(h,))
         child.start()
-        journal_path = os.path.join(state_dir(h.host), "journal.json")
+        journal_path = state_dir(h.host).path("journal.json")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
@@ -337,7 +337,7 @@ def _bind_in_child(h):
 
 
 def test_concurrent_runs(h):
-    directory = state_dir(h.host)
+    directory = state_dir(h.host).path()
     with RunLock(directory, 1):
         started = time.monotonic()
         with pytest.raises(LockTimeout) as info:
@@ -348,7 +348,7 @@ def test_concurrent_runs(h):
 
 
 def test_corrupt_journal_refused_and_kept(h):
-    directory = state_dir(h.host)
+    directory = state_dir(h.host).path()
     os.makedirs(directory)
     path = os.path.join(directory, "journal.json")
     with open(path, "w") as f:

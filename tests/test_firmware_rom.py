@@ -147,7 +147,8 @@ def test_rom_file_through_a_link_out_of_the_root_is_refused(cli, ws, tmp_path):
     result, _ = xml_of(cli, ws.root, "--rom-file", "/usr/share/vbios/escape.rom")
     assert result.code == 2 and "leads out of the host root" in result.err
     os.makedirs(os.path.join(ws.root, "opt"), exist_ok=True)
-    os.symlink(str(tmp_path), os.path.join(ws.root, "opt", "dir"))  # a linked directory, same
+    # a linked directory that climbs out of the root, same
+    os.symlink(os.path.relpath(str(tmp_path), os.path.join(ws.root, "opt")), os.path.join(ws.root, "opt", "dir"))
     result, _ = xml_of(cli, ws.root, "--rom-file", "/opt/dir/outside.rom")
     assert result.code == 2 and "leads out of the host root" in result.err
     os.mkfifo(os.path.join(ws.root, "usr/share/vbios/fifo.rom"))  # would hang a read

@@ -152,3 +152,69 @@ def test_no_process_exit_that_skips_teardown():
             if isinstance(node, ast.Attribute) and node.attr == "_exit":
                 users.append(module)
     assert users == ["gpuvfio.bind.sysfs_write"]
+
+
+# Every read and write of a file goes through gpuvfio.files (issue 22): a new raw open elsewhere
+# would step around its rules (no link followed beneath a root, regular files only, bounded reads,
+# atomic writes). The in-guest payload runs in the guest, stdlib only, and is not held to it.
+FILE_CALLS = {"open", "io.open", "os.open", "os.fdopen", "os.listdir", "os.scandir", "os.walk", "os.makedirs",
+              "os.mkdir", "os.unlink", "os.remove", "os.rmdir", "os.replace", "os.rename", "os.symlink", "os.link",
+              "os.readlink", "os.truncate", "os.mkfifo", "os.mknod", "tempfile.*", "shutil.*", "glob.*",
+              "tarfile.open", "*.read_text", "*.write_text", "*.read_bytes", "*.write_bytes", "*.load_host_keys"}
+FILE_CALL_ALLOWED = {
+    "gpuvfio.files": {"*"},
+    # sysfs's own links, resolved inside <root>/sys (and a host's /etc links inside the root).
+    "gpuvfio.host.root": {"os.readlink"},
+    # SSH: which ssh binary runs (a lookup on PATH, no file read); tarfile and the TOML/JSON
+    # readers work on bytes already read through the layer.
+    "gpuvfio.guest.ssh_config": {"shutil.*"},
+    "gpuvfio.testbed.remote": {"tarfile.open"},  # tarfile.open(fileobj=...) over bytes in memory
+}
+
+
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        if isinstance(base, ast.Name):
+            return f"{base.id}.{func.attr}"
+        return f"*.{func.attr}"
+    return None
+
+
+def _forbidden(name: str) -> bool:
+    module = name.split(".")[0]
+    return name in FILE_CALLS or f"{module}.*" in FILE_CALLS or f"*.{name.rsplit('.', 1)[-1]}" in FILE_CALLS \
+        and "." in name
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if ".payload" not in m))
+def test_files_are_reached_only_through_the_file_layer(module):
+    allowed = FILE_CALL_ALLOWED.get(module, set())
+    if "*" in allowed:
+        return
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    raw = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _call_name(node)
+            if name is None or not _forbidden(name):
+                continue
+            general = f"{name.split('.')[0]}.*" if not name.startswith("*.") else name
+            wildcard = f"*.{name.rsplit('.', 1)[-1]}"
+            if name in allowed or general in allowed or wildcard in allowed:
+                continue
+            raw.append(f"line {node.lineno}: {name}(...)")
+    assert not raw, f"{module} opens files itself; use gpuvfio.files: {raw}"
+
+
+def test_the_file_layer_check_sees_raw_opens(tmp_path):
+    """The check above is not vacuous: each form it forbids is found in a sample."""
+    sample = ("import os, shutil, tempfile\nopen('x')\nos.open('x', 0)\nos.listdir('.')\n"
+              "shutil.copy('a', 'b')\ntempfile.mkdtemp()\npath.read_text()\n")
+    found = [(_call_name(n), _forbidden(_call_name(n))) for n in ast.walk(ast.parse(sample))
+             if isinstance(n, ast.Call)]
+    assert [name for name, bad in found if bad] == ["open", "os.open", "os.listdir", "shutil.copy", "tempfile.mkdtemp",
+                                                    "path.read_text"]

@@ -22,11 +22,12 @@ import re
 import time
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.files import atomic_write
+from gpuvfio.errors import GpuvfioError, InputError, UnsafePathError
+from gpuvfio.files import Tree
 from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
+from gpuvfio.strictjson import JsonRejected, strict_loads
 
 STATE_ENV = "GPUVFIO_STATE_DIR"
 JOURNAL_VERSION = 1
@@ -44,26 +45,42 @@ class UnreadableJournal(CorruptJournal):
     """The journal is there but cannot be read (permissions: gpuvfio's state is root's)."""
 
 
-def state_dir(host: HostRoot) -> str:
-    return os.environ.get(STATE_ENV) or host.path("var", "lib", "gpuvfio")
+JOURNAL_LIMIT = 16 << 20  # thousands of functions and steps fit; /dev/zero linked in does not
+
+
+def state_dir(host: HostRoot) -> Tree:
+    """The state directory: beneath the host root, or the one GPUVFIO_STATE_DIR names (its last
+    component is made by gpuvfio, never followed; the directories above it are the admin's)."""
+    named = os.environ.get(STATE_ENV)
+    if named is None:
+        return Tree(host.root, "var/lib/gpuvfio")
+    return state_tree(named)
+
+
+def state_tree(directory: str | Tree) -> Tree:
+    """A state directory given as a path: its parent is followed, the directory itself is not."""
+    if isinstance(directory, Tree):
+        return directory
+    if not directory or "\0" in directory or not directory.strip():
+        raise InputError(f"{STATE_ENV} is empty (give a directory, or leave it unset for <root>/var/lib/gpuvfio)")
+    parent, name = os.path.split(os.path.abspath(directory))
+    return Tree(parent, name) if name else Tree(parent)
 
 
 def known_hosts_file(host: HostRoot) -> str:
     """Where SSH host keys trusted on first use are recorded (guests, remote hypervisors)."""
-    return os.path.join(state_dir(host), "known_hosts")
+    return state_dir(host).path("known_hosts")
 
 
-def make_state_dir(directory: str) -> None:
-    """The state directory, made private when gpuvfio makes it; a file or an unwritable place in
-    its stead is one line, not a traceback."""
+def make_state_dir(directory: Tree) -> None:
+    """The state directory, made private (0700) when gpuvfio makes it, link-free; a file or an
+    unwritable place in its stead is one line, not a traceback."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except FileExistsError:
-        raise InputError(f"the state directory {directory} exists and is not a directory") from None
+        directory.make_dir(mode=0o700)
+    except UnsafePathError as exc:
+        raise InputError(f"the state directory {directory.path()} cannot be used: {exc}") from None
     except OSError as exc:
-        raise GpuvfioError(f"cannot make the state directory {directory}: {exc.strerror or exc}") from None
-    if not os.path.isdir(directory):
-        raise InputError(f"the state directory {directory} is not a directory")
+        raise GpuvfioError(f"cannot make the state directory {directory.path()}: {exc.strerror or exc}") from None
 
 
 # What a journal may hold, checked on every load: a journal that does not fit is not acted on
@@ -165,26 +182,31 @@ def journal_problem(data: dict) -> str | None:
 
 
 class Journal:
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, "journal.json")
+    def __init__(self, directory: str | Tree) -> None:
+        self.directory = state_tree(directory)
+        self.path = self.directory.path("journal.json")
         self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None,
                      "mdevs": {}, "vgpus": {}, "schedulers": {}, "broken": {}, "partitions": {}}
 
     @classmethod
-    def load(cls, directory: str) -> "Journal":
+    def load(cls, directory: str | Tree) -> "Journal":
+        """The journal as written, or an empty one when there is none. Read as strict JSON (a key
+        twice, NaN, lone surrogates, non-UTF-8, deep nesting refused) and checked field by field:
+        a journal that does not fit is CorruptJournal, kept in place, never acted on or rewritten."""
         journal = cls(directory)
         try:
-            with open(journal.path, encoding="utf-8") as handle:
-                text = handle.read()
-        except FileNotFoundError:
+            text = journal.directory.read("journal.json", JOURNAL_LIMIT)
+        except UnsafePathError as exc:
+            raise CorruptJournal(f"journal {journal.path} cannot be trusted ({exc}); it is kept as is: "
+                                 "inspect it, then move it away") from None
+        except GpuvfioError as exc:
+            raise UnreadableJournal(f"cannot read journal {journal.path}: {exc}") from None
+        if text is None:
             return journal
-        except OSError as exc:
-            raise UnreadableJournal(f"cannot read journal {journal.path}: {exc.strerror}") from None
         try:
-            data = json.loads(text)
-        except ValueError:
-            raise CorruptJournal(f"journal {journal.path} is corrupt (not JSON); "
+            data = strict_loads(text)
+        except JsonRejected as exc:
+            raise CorruptJournal(f"journal {journal.path} is corrupt ({exc}); "
                                  "it is kept as is: inspect it, then move it away") from None
         if not isinstance(data, dict) or not isinstance(data.get("version"), int):
             raise CorruptJournal(f"journal {journal.path} is corrupt (no version); it is kept as is")
@@ -215,9 +237,10 @@ class Journal:
     def save(self) -> None:
         make_state_dir(self.directory)
         try:
-            atomic_write(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n", 0o600)
-        except OSError as exc:
-            raise GpuvfioError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from None
+            self.directory.write("journal.json", json.dumps(self.data, indent=2, sort_keys=True) + "\n", 0o600,
+                                 dir_mode=0o700)
+        except UnsafePathError as exc:
+            raise GpuvfioError(f"cannot write the journal {self.path}: {exc}") from None
 
     def set_step(self, index: int, state: str, detail: str | None = None) -> None:
         step = self.data["operation"]["steps"][index]
@@ -230,16 +253,18 @@ class Journal:
 class RunLock:
     """``flock`` on ``<state>/lock``; waits up to ``timeout`` seconds, then names the holder."""
 
-    def __init__(self, directory: str, timeout: float = 30.0) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, "lock")
+    def __init__(self, directory: str | Tree, timeout: float = 30.0) -> None:
+        self.directory = state_tree(directory)
+        self.path = self.directory.path("lock")
         self.timeout = timeout
         self.fd: int | None = None
 
     def __enter__(self) -> "RunLock":
         make_state_dir(self.directory)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = self.directory.open_lock("lock")
+        except UnsafePathError as exc:
+            raise InputError(f"cannot use the lock {self.path}: {exc}") from None
         except OSError as exc:
             raise GpuvfioError(f"cannot open the lock {self.path}: {exc.strerror or exc}") from None
         deadline = time.monotonic() + self.timeout
@@ -279,7 +304,7 @@ def journal_check(host: HostRoot) -> Check:
         return Check("journal", SKIP, "a host recording holds no gpuvfio state (status and doctor on the host "
                                       "itself read it)")
     directory = state_dir(host)
-    path = os.path.join(directory, "journal.json")
+    path = directory.path("journal.json")
     try:
         journal = Journal.load(directory)
     except UnreadableJournal as exc:

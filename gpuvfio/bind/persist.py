@@ -16,7 +16,6 @@ The files are written as one transaction: every new content goes to a temp file
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -46,13 +45,18 @@ _SOFTDEP = re.compile(r"^softdep (\S+) pre: vfio-pci$", re.M)
 
 @dataclass(slots=True)
 class FileChange:
-    path: str
+    rel: str  # beneath the host root (etc/udev/rules.d/...)
     old: str | None  # None: the file does not exist
     new: str | None  # None: the file is removed
     link: bool = False  # old/new are symlink targets (systemd's enablement link)
 
-    def diff(self, root: str) -> str:
-        rel = "/" + os.path.relpath(self.path, root)
+    @property
+    def path(self) -> str:
+        """As the host names it."""
+        return "/" + self.rel
+
+    def diff(self, root: str = "") -> str:
+        rel = self.path
         if self.link:
             return f"--- {rel}\n+++ {rel}\n-> {self.old or '(none)'}\n+> {self.new or '(removed)'}\n"
         return "".join(difflib.unified_diff((self.old or "").splitlines(True), (self.new or "").splitlines(True),
@@ -60,11 +64,8 @@ class FileChange:
                                             f"b{rel}" if self.new is not None else "/dev/null"))
 
 
-def _read_link(path: str) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
+def _read_link(host: HostRoot, rel: str) -> str | None:
+    return host.tree.readlink(rel)
 
 
 def unit_file(addresses: list[PciAddress]) -> str:
@@ -79,12 +80,18 @@ def unit_file(addresses: list[PciAddress]) -> str:
             "[Install]\nWantedBy=multi-user.target\n")
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
+PERSIST_FILE_LIMIT = 1 << 20
+
+
+def _read(host: HostRoot, rel: str) -> str | None:
+    """A persist file as it is now (read through the file layer: a link, FIFO or device in its
+    place, or a linked etc/ directory on the way, is refused, never read through; not UTF-8 is
+    bad input, named)."""
+    return host.tree.text(rel, PERSIST_FILE_LIMIT)
+
+
+def _rel(*parts: str) -> str:
+    return "/".join(parts)
 
 
 def driver_module(host: HostRoot, driver: str) -> str | None:
@@ -98,20 +105,20 @@ def driver_module(host: HostRoot, driver: str) -> str | None:
 
 
 def uses_driverctl(host: HostRoot) -> bool:
-    return any(os.path.exists(host.path(*parts)) for parts in DRIVERCTL_BINARIES)
+    return any(host.exists(host.path(*parts)) for parts in DRIVERCTL_BINARIES)
 
 
 def persisted(host: HostRoot) -> dict[str, set[PciAddress]]:
     """What is persisted now, by mechanism."""
     result = {"udev": set(), "driverctl": set()}
-    for match in _RULE.finditer(_read(host.path(*UDEV_RULES)) or ""):
+    for match in _RULE.finditer(_read(host, _rel(*UDEV_RULES)) or ""):
         addr = PciAddress.try_parse(match.group(1))
         if addr:
             result["udev"].add(addr)
-    for name in host.listdir(host.path(*DRIVERCTL_DIR)):
+    for name in host.tree.listdir(_rel(*DRIVERCTL_DIR)):
         if name.startswith("pci-"):
             addr = PciAddress.try_parse(name[4:])
-            if addr and (_read(host.path(*DRIVERCTL_DIR, name)) or "").strip() == "vfio-pci":
+            if addr and (_read(host, _rel(*DRIVERCTL_DIR, name)) or "").strip() == "vfio-pci":
                 result["driverctl"].add(addr)
     return result
 
@@ -120,9 +127,9 @@ def overrides(host: HostRoot) -> list[dict]:
     """Every boot-time driver override, as ``driverctl list-overrides`` shows its own (any
     driver), and gpuvfio's udev rules (vfio-pci): address, driver, mechanism."""
     found = []
-    for name in sorted(host.listdir(host.path(*DRIVERCTL_DIR))):
+    for name in host.tree.listdir(_rel(*DRIVERCTL_DIR)):
         addr = PciAddress.try_parse(name[4:]) if name.startswith("pci-") else None
-        driver = (_read(host.path(*DRIVERCTL_DIR, name)) or "").strip()
+        driver = (_read(host, _rel(*DRIVERCTL_DIR, name)) or "").strip() if addr is not None else ""
         if addr is not None and driver and driver.isprintable() and len(driver) <= 64:
             found.append({"address": str(addr), "driver": driver, "mechanism": "driverctl"})
     for addr in sorted(persisted(host)["udev"]):
@@ -139,98 +146,82 @@ def plan_persist(host: HostRoot, add: list[PciAddress], remove: list[PciAddress]
     changes: list[FileChange] = []
     if driverctl:
         for addr in sorted(set(add) | set(remove) | current["udev"]):
-            path = host.path(*DRIVERCTL_DIR, f"pci-{addr}")
+            path = _rel(*DRIVERCTL_DIR, f"pci-{addr}")
             new = "vfio-pci\n" if addr in wanted else None
-            changes.append(FileChange(path, _read(path), new))
+            changes.append(FileChange(path, _read(host, path), new))
         udev_set: set[PciAddress] = set()  # migrate our own rules to driverctl's store
     else:
         udev_set = wanted
         for addr in sorted(current["driverctl"] & set(remove)):
-            path = host.path(*DRIVERCTL_DIR, f"pci-{addr}")
-            changes.append(FileChange(path, _read(path), None))
-    rules_path = host.path(*UDEV_RULES)
+            path = _rel(*DRIVERCTL_DIR, f"pci-{addr}")
+            changes.append(FileChange(path, _read(host, path), None))
+    rules_path = _rel(*UDEV_RULES)
     rules = None
     if udev_set:
         rules = HEADER + "".join(
             f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{addr}", ATTR{{driver_override}}="vfio-pci"\n'
             for addr in sorted(udev_set))
-    changes.append(FileChange(rules_path, _read(rules_path), rules))
-    unit_path = host.path(*UNIT)
-    changes.append(FileChange(unit_path, _read(unit_path), unit_file(sorted(udev_set)) if udev_set else None))
-    wants = host.path(*UNIT_WANTS)
-    changes.append(FileChange(wants, _read_link(wants), "/" + "/".join(UNIT) if udev_set else None, link=True))
-    softdep_path = host.path(*SOFTDEP)
-    drivers = set(_SOFTDEP.findall(_read(softdep_path) or "")) | set(host_modules)
+    changes.append(FileChange(rules_path, _read(host, rules_path), rules))
+    unit_path = _rel(*UNIT)
+    changes.append(FileChange(unit_path, _read(host, unit_path), unit_file(sorted(udev_set)) if udev_set else None))
+    wants = _rel(*UNIT_WANTS)
+    changes.append(FileChange(wants, _read_link(host, wants), "/" + "/".join(UNIT) if udev_set else None, link=True))
+    softdep_path = _rel(*SOFTDEP)
+    drivers = set(_SOFTDEP.findall(_read(host, softdep_path) or "")) | set(host_modules)
     drivers -= {"vfio-pci", "vfio_pci"}
     softdep = HEADER + "".join(f"softdep {d} pre: vfio-pci\n" for d in sorted(drivers)) if wanted and drivers else None
-    changes.append(FileChange(softdep_path, _read(softdep_path), softdep))
-    load_path = host.path(*MODULES_LOAD)
-    changes.append(FileChange(load_path, _read(load_path), HEADER + "vfio-pci\n" if wanted else None))
+    changes.append(FileChange(softdep_path, _read(host, softdep_path), softdep))
+    load_path = _rel(*MODULES_LOAD)
+    changes.append(FileChange(load_path, _read(host, load_path), HEADER + "vfio-pci\n" if wanted else None))
     return [c for c in changes if c.old != c.new]
 
 
-def commit(changes: list[FileChange], rename=os.replace) -> None:
-    """Write all changes or none: temps first, then renames; undo renames on failure."""
+def commit(host: HostRoot, changes: list[FileChange], fault=None) -> None:
+    """Write all changes or none: temps first (each beside its target, through the file layer:
+    no linked directory on the way is followed), then the renames; undo the renames on failure.
+    ``fault(path)``, when given, runs before each rename (a test's injected failure)."""
+    tree = host.tree
     temps: list[tuple[FileChange, str | None]] = []
     try:
         try:
             for change in changes:
-                temps.append((change, _temp_for(change)))
-        except OSError as exc:
-            raise GpuvfioError(f"persisting failed while writing {change.path}: {exc.strerror or exc}; "
-                               "nothing was changed") from None
+                temps.append((change, None if change.new is None else
+                              tree.stage(change.rel, None if change.link else change.new,
+                                         link=change.new if change.link else None)))
+        except GpuvfioError as exc:
+            raise GpuvfioError(f"persisting failed while writing {change.path}: {exc}; nothing was changed") from None
         done: list[FileChange] = []
         try:
             for change, tmp in temps:
+                if fault is not None:
+                    fault(change.path)
                 if tmp is None:
-                    if os.path.lexists(change.path):
-                        os.unlink(change.path)
+                    tree.remove(change.rel)
                 else:
-                    rename(tmp, change.path)
+                    tree.replace_with(tmp, change.rel)
                 done.append(change)
-        except OSError as exc:
-            for change in reversed(done):
-                _put_back(change)
-            raise GpuvfioError(f"persisting failed at {change.path}: {exc.strerror or exc}; "
-                               "earlier files were put back") from None
+        except (OSError, GpuvfioError) as exc:
+            for undone in reversed(done):
+                _put_back(tree, undone)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise GpuvfioError(f"persisting failed at {change.path}: {reason}; earlier files were put back") from None
     finally:
         for _change, tmp in temps:
-            if tmp and os.path.lexists(tmp):
-                os.unlink(tmp)
+            if tmp:
+                tree.remove(tmp)
 
 
-def _temp_for(change: FileChange) -> str | None:
-    """The new content in a temp file beside its target (None: the change removes the file)."""
-    if change.new is None:
-        return None
-    os.makedirs(os.path.dirname(change.path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(change.path), f".{os.path.basename(change.path)}.gpuvfio-tmp")
-    if change.link:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(change.new, tmp)
-        return tmp
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(change.new)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return tmp
-
-
-def _put_back(change: FileChange) -> None:
-    if change.old is None or change.link:
-        if os.path.lexists(change.path):
-            os.unlink(change.path)
-        if change.link and change.old is not None:
-            os.symlink(change.old, change.path)
-        return
-    with open(change.path, "w", encoding="utf-8") as handle:
-        handle.write(change.old)
+def _put_back(tree, change: FileChange) -> None:
+    if change.old is None:
+        tree.remove(change.rel)
+    elif change.link:
+        tree.symlink(change.rel, change.old)
+    else:
+        tree.write(change.rel, change.old)
 
 
 def initramfs_hint(host: HostRoot) -> str:
-    os_release = _read(host.config_path("etc", "os-release")) or ""
+    os_release = host.read(host.config_path("etc", "os-release")) or ""
     ids = set()
     for line in os_release.splitlines():
         if line.startswith(("ID=", "ID_LIKE=")):

@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from gpuvfio.errors import GpuvfioError, UnsafePathError
+from gpuvfio.files import write_attribute
 from gpuvfio.host.root import HostRoot
 
 Backend = Callable[[str, bytes], None]
@@ -47,12 +48,8 @@ class SysfsWriteTimeout(GpuvfioError):
 
 
 def kernel_write(path: str, data: bytes) -> None:
-    """One write(2) to a sysfs attribute, as ``echo`` would do it (no O_CREAT, no symlinks)."""
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    """One write(2) to a sysfs attribute, as ``echo`` would do it (gpuvfio.files.write_attribute)."""
+    write_attribute(path, data)
 
 
 class SysfsWriter:

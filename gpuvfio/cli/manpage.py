@@ -9,7 +9,6 @@ the man page as share/man/man1/gpuvfio.1.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
@@ -17,6 +16,7 @@ import typer.main
 
 from gpuvfio import __version__
 from gpuvfio.cli.app import SUMMARY, app
+from gpuvfio.files import user_dir
 
 # Every environment variable gpuvfio reads (tests/test_docs.py checks each is in the source).
 ENVIRONMENT = (
@@ -121,11 +121,10 @@ def man() -> str:
 
 def write(directory: str) -> list[str]:
     written = []
+    tree = user_dir(directory)
     for name, text in (("reference.md", markdown()), ("gpuvfio.1", man())):
-        path = os.path.join(directory, name)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        written.append(path)
+        tree.write(name, text)
+        written.append(tree.path(name))
     return written
 
 

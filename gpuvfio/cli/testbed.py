@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, Optional
 
@@ -10,13 +9,15 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import Yes
+from gpuvfio.cli.output import printable_report, write_text
 from gpuvfio.errors import Refused
+from gpuvfio.files import user_dir
 from gpuvfio.ops.context import Context, check_uri, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.targets import recorded_known_hosts
 from gpuvfio.testbed.plan import plan
 from gpuvfio.testbed.remote import plan_remote, run_remote
-from gpuvfio.testbed.report import write_report
+from gpuvfio.testbed.report import out_tree, result_files, write_report
 from gpuvfio.testbed.run import run_testbed
 from gpuvfio.testbed.spec import Spec, load_spec
 
@@ -56,12 +57,16 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_j
         raise Refused(f"the run would refuse variant(s) {', '.join(report['refused'])}", report)
 
 
-def _print_plan(report: dict) -> None:
+def _print_plan(raw: dict) -> None:
+    """The plan as text: every value from the spec or the host escaped (printable_report), the XML
+    diffs line by line (write_text), so a variant name with ESC in it is shown, not obeyed."""
+    diffs = [variant.get("xml_diff") or "" for variant in raw["variants"]]
+    report = printable_report(raw)
     if "host" in report:
         sys.stdout.write(f"hypervisor {report['host']} (over SSH)\n")
     for line in report["selected"]:
         sys.stdout.write(f"{line}\n")
-    for variant in report["variants"]:
+    for variant, diff in zip(report["variants"], diffs):
         sys.stdout.write(f"== {variant['name']} ({variant['kind']})\n")
         if "action" in variant:
             sys.stdout.write(f"   {variant['action']}\n")
@@ -86,7 +91,7 @@ def _print_plan(report: dict) -> None:
                              + f"; scheduler {vgpu['scheduler_note']}\n")
         for warning in variant["warnings"]:
             sys.stdout.write(f"   warning: {warning}\n")
-        sys.stdout.write(variant.get("xml_diff") or "")
+        write_text(diff)
 
 
 @testbed_app.command("run")
@@ -101,7 +106,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
                             progress=progress)
         _finished(spec, out, remote["host"], as_json)
         return
-    os.makedirs(out, exist_ok=True)
+    user_dir(out, create=True)
     with live_context(root_of(root), progress=progress) as ctx:
         run_testbed(ctx, spec, out, uri=connect or spec.connect, yes=yes)
     _finished(spec, out, None, as_json)
@@ -111,10 +116,10 @@ def _finished(spec: Spec, out: str, host: str | None, as_json: bool) -> None:
     """What the run left in OUT, per variant (the same for a local and a remote run)."""
     if as_json:
         results = {}
+        recorded = [rel.split("/")[1] for rel in result_files(out_tree(out))]
         for variant in spec.variants:
-            directory = os.path.join(out, "results", variant.name)
-            reps = sorted(f for f in os.listdir(directory) if f.startswith("rep-")) if os.path.isdir(directory) else []
-            results[variant.name] = {"kind": variant.kind, "repetitions": len(reps), "wanted": spec.repetitions}
+            results[variant.name] = {"kind": variant.kind, "repetitions": recorded.count(variant.name),
+                                     "wanted": spec.repetitions}
         emit_json({"out": out, "host": host, "results": results})
     say(f"results in {out}; gpuvfio testbed report {out}")
 

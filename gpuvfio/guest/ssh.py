@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.files import read_regular, user_file
 
 
 class SshError(GpuvfioError):
@@ -144,9 +145,9 @@ class Session:
             for path in dict.fromkeys(p for p in (target.known_hosts, self.record_to, *target.pinned_files)
                                       if p and os.path.isfile(p)):
                 try:
-                    client.load_host_keys(path)
-                except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, OSError, UnicodeError, ValueError,
-                        TypeError) as exc:
+                    _load_known_hosts(client.get_host_keys(), path)
+                except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, GpuvfioError, UnicodeError,
+                        ValueError, TypeError) as exc:
                     client.close()
                     raise SshError(f"cannot read the host keys in {path}: {exc}") from None
             client.set_missing_host_key_policy(_Policy(self))
@@ -290,6 +291,32 @@ class Session:
         self.close()
 
 
+KNOWN_HOSTS_LIMIT = 4 << 20
+
+
+def _load_known_hosts(keys, path: str) -> None:
+    """Add a known_hosts file's keys to paramiko's HostKeys as HostKeys.load does (the first key
+    of a type recorded for a host wins), read through the file layer: a regular file only (a
+    FIFO there is not waited on), bounded. Markers (@cert-authority, @revoked) are refused:
+    paramiko cannot honour them, and skipping a @revoked line would trust a revoked key."""
+    import paramiko
+
+    data = read_regular(path, KNOWN_HOSTS_LIMIT) or b""
+    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("@"):
+            raise ValueError(f"line {number}: {line.split()[0][:20]} markers are not supported")
+        entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+        if entry is None:
+            continue
+        for host in entry.hostnames:
+            known = keys.lookup(host)
+            if known is None or entry.key.get_name() not in known:
+                keys.add(host, entry.key.get_name(), entry.key)
+
+
 class _Policy:
     """paramiko MissingHostKeyPolicy: reject, or trust on first use and record."""
 
@@ -304,9 +331,12 @@ class _Policy:
                                "with --known-hosts FILE or accept it once with --trust-on-first-use")
         path = self.session.record_to
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "a", encoding="utf-8") as handle:
-                handle.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+            tree, file_name = user_file(path)
+            tree.make_dir()
+            earlier = tree.text(file_name, KNOWN_HOSTS_LIMIT) or ""
+            if earlier and not earlier.endswith("\n"):
+                earlier += "\n"
+            tree.write(file_name, f"{earlier}{name} {key.get_name()} {key.get_base64()}\n", 0o600)
         target.notes.append(f"trusted on first use: {name} {key.get_name()} {_fingerprint(key)}"
                             + (f", recorded in {path}" if path else ""))
         client.get_host_keys().add(name, key.get_name(), key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.files import read_regular
 from gpuvfio.guest.checks import check, evaluate, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program
@@ -156,8 +157,7 @@ def probe_argv(script: str) -> list[str]:
 
 def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None) -> dict:
     """The guest's facts (parse_probe); VerifyError when the probe fails or answers garbage."""
-    with open(PROBE, encoding="utf-8") as handle:
-        probe_sh = handle.read()
+    probe_sh = (read_regular(PROBE, 64 << 10) or b"").decode("utf-8")
     began = time.monotonic()
     status, out, err = session.run(probe_argv(probe_sh), timeout=timeout)
     progress(f"  guest probe: exit {status} ({time.monotonic() - began:.1f}s)")

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import errno
 import os
 import re
-import tempfile
+import stat
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import HostReadError, InputError
+from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
+from gpuvfio.files import Tree, read_regular, scratch_dir, user_dir
 from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
@@ -33,6 +33,8 @@ from gpuvfio.host.nvlink import record_text as nvlink_record
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 
 HEADER = "# gpuvfio host fixture v1"
+RECORD_LIMIT = 1 << 20  # a recorded file's first MiB (modules.dep is filtered afterwards)
+FIXTURE_LIMIT = 256 << 20  # a recording of a host of thousands of functions is tens of MiB
 
 # Attribute files of a PCI function that gpuvfio (and lspci) reads.
 PCI_ATTRS = (
@@ -77,11 +79,13 @@ class _Recorder:
         self.seen.add(rel)
         self.lines.append(f"{kind} {_esc(rel)}" + (f" {payload}" if payload is not None else ""))
 
-    def file(self, path: str, transform=None) -> None:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(1 << 20)
-        except OSError:
+    def file(self, path: str, transform=None, *, config: bool = False) -> None:
+        """Record a regular file (its first MiB); a link, FIFO or device there is refused by the
+        file layer, never copied from where it points. ``config``: a host configuration file,
+        its links followed as the host follows them (inside the root), recorded under its name."""
+        source = self.host.config_path(self.rel(path)) if config else path
+        data = self.host.read_head(source, RECORD_LIMIT)
+        if data is None:
             return
         text = data.decode("utf-8", "replace")
         if transform:
@@ -89,16 +93,14 @@ class _Recorder:
         self.add("F", path, _esc(text))
 
     def binary(self, path: str, limit: int) -> None:
-        data = self.host.read_bytes(path, limit)
+        data = self.host.read_head(path, limit)
         if data is not None:
             self.add("B", path, data.hex())
 
     def link(self, path: str) -> None:
-        try:
-            target = os.readlink(path)
-        except OSError:
-            return
-        self.add("L", path, _esc(target))
+        target = self.host.raw_link(path)
+        if target is not None:
+            self.add("L", path, _esc(target))
 
     def directory(self, path: str) -> None:
         self.add("D", path)
@@ -139,7 +141,7 @@ def dump_host(host: HostRoot) -> str:
     """Record the parts of ``host`` that gpuvfio reads, as fixture text."""
     rec = _Recorder(host)
     devices_dir = host.require_dir("bus", "pci", "devices")
-    for name in sorted(os.listdir(devices_dir)):
+    for name in host.listdir(devices_dir):
         if PciAddress.try_parse(name) is None:
             continue
         link = os.path.join(devices_dir, name)
@@ -149,7 +151,7 @@ def dump_host(host: HostRoot) -> str:
         for attr in PCI_ATTRS:
             rec.file(os.path.join(real, attr))
         rec.binary(os.path.join(real, "config"), 256)
-        for entry in sorted(os.listdir(real)):
+        for entry in host.listdir(real):
             if entry in PCI_LINKS or entry.startswith("virtfn"):
                 rec.link(os.path.join(real, entry))
         types_dir = os.path.join(real, "mdev_supported_types")
@@ -212,8 +214,8 @@ def dump_host(host: HostRoot) -> str:
     for gpu in host.listdir(gpus):
         if PciAddress.try_parse(gpu):
             rec.file(os.path.join(gpus, gpu, "information"))  # "Device Minor: N" -> /dev/nvidiaN
-    rec.file(host.path("etc", "os-release"))
-    rec.file(host.path(*FABRIC_MANAGER_CONFIG))
+    rec.file(host.path("etc", "os-release"), config=True)
+    rec.file(host.path(*FABRIC_MANAGER_CONFIG), config=True)
     nvlink = nvlink_record(host)
     if nvlink is not None:
         rec.add("F", host.path(*NVLINK_RECORD), _esc(nvlink))
@@ -223,17 +225,17 @@ def dump_host(host: HostRoot) -> str:
             rec.file(host.path("lib", "modules", release, name), _filter_modules)
     rec.file(host.path("proc", "cgroups"))
     for parts in DEV_NODES:  # /dev/kvm, /dev/vfio/vfio: names only (a fixture holds no device nodes)
-        if os.path.lexists(host.path(*parts)):
+        if host.tree.exists("/".join(parts)):
             rec.add("F", host.path(*parts), "")
     for module, param, _name in SECURE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
     for directory in FIRMWARE_DESCRIPTOR_DIRS:  # QEMU's firmware descriptors (small JSON: libvirt's choice)
         for name in host.listdir(host.path(directory)):
-            if name.endswith(".json"):
-                rec.file(host.path(directory, name))
+            if name.endswith(".json") and host.raw_link(host.path(directory, name)) is None:
+                rec.file(host.path(directory, name))  # a link is a mask or one libvirt's reader skips too
     for pair in OVMF_CANDIDATES:  # which firmware images exist (names only: their bytes do not matter)
         for rel in pair:
-            if os.path.exists(host.path(rel)):
+            if host.exists(host.path(rel)):
                 rec.add("F", host.path(rel), "")
     _record_holders(rec, host)
     return HEADER + "\n" + "\n".join(rec.lines) + "\n"
@@ -247,20 +249,13 @@ def _record_holders(rec: _Recorder, host: HostRoot) -> None:
             continue
         fd_dir = os.path.join(proc, pid, "fd")
         held = False
-        for fd in host.listdir(fd_dir) if os.path.isdir(fd_dir) else []:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target.startswith(("/dev/nvidia", "/dev/vfio/")):
+        for fd in host.listdir(fd_dir):
+            target = host.raw_link(os.path.join(fd_dir, fd))
+            if target is not None and target.startswith(("/dev/nvidia", "/dev/vfio/")):
                 rec.add("L", os.path.join(fd_dir, fd), _esc(target))
                 held = True
         if held:
             rec.file(os.path.join(proc, pid, "comm"))
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def _fd_link(parts: list[str]) -> bool:
@@ -273,18 +268,18 @@ def load_fixture(text: str, target: str) -> str:
     """Materialise fixture ``text`` under directory ``target``; returns ``target``.
 
     A fixture is input from anyone (``gpuvfio --root bug-report.host``), and gpuvfio runs as root:
-    nothing is written outside ``target``. Every path is walked one component at a time from a
-    directory file descriptor with O_NOFOLLOW (a component that is a link refuses the record), so
-    links are created but never followed while loading; each link's target must stay inside
-    ``target`` from where the link really is, which is checked again once all links exist (a chain
-    of links inside can still lead out).
+    nothing is written outside ``target``. Every record goes through the file layer
+    (gpuvfio.files: each component opened with O_NOFOLLOW, so a component that is a link refuses
+    the record), so links are created but never followed while loading; each link's target must
+    stay inside ``target`` from where the link really is, which is checked again once all links
+    exist (a chain of links inside can still lead out).
     """
     lines = text.splitlines()
     if not lines or lines[0].strip() != HEADER:
         raise InputError("not a gpuvfio host fixture (missing header line)")
-    os.makedirs(target, exist_ok=True)
+    tree = user_dir(target, create=True)
     top = os.path.realpath(target)
-    top_fd = os.open(top, _DIR_FLAGS)
+    tree = Tree(top)
     links: list[tuple[int, str]] = []
     try:
         for number, line in enumerate(lines[1:], start=2):
@@ -299,17 +294,16 @@ def load_fixture(text: str, target: str) -> str:
             parts = rel.split("/")
             if not rel or any(p in ("", ".", "..") or "\0" in p for p in parts):
                 raise InputError(f"fixture line {number}: unsafe path {rel!r}")
-            parent = _open_parent(top_fd, parts[:-1], number, rel)
             try:
-                _record(kind, parent, parts, payload, number, rel, top)
-            finally:
-                os.close(parent)
+                _record(tree, kind, parts, payload, number, rel, top)
+            except UnsafePathError as exc:
+                raise InputError(f"fixture line {number}: {rel}: {exc}") from None
             if kind == "L" and not _fd_link(parts):
                 links.append((number, rel))
-    except OSError as exc:
-        raise InputError(f"cannot load the host fixture into {target}: {exc.strerror or exc}") from None
-    finally:
-        os.close(top_fd)
+    except GpuvfioError as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"cannot load the host fixture into {target}: {exc}") from None
     for number, rel in links:  # now that every link exists: chains resolved as the kernel would
         real = os.path.realpath(os.path.join(top, rel))
         if real != top and not real.startswith(top + "/"):
@@ -317,51 +311,17 @@ def load_fixture(text: str, target: str) -> str:
     return target
 
 
-def _open_parent(top_fd: int, parts: list[str], number: int, rel: str) -> int:
-    """A descriptor of the record's parent directory, created as needed, never through a link."""
-    fd = os.dup(top_fd)
-    try:
-        for part in parts:
-            try:
-                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise InputError(f"fixture line {number}: {rel} passes through {part!r}, which is a link "
-                                     "or a file") from None
-                raise
-            os.close(fd)
-            fd = next_fd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _record(kind: str, parent: int, parts: list[str], payload: str, number: int, rel: str, top: str) -> None:
-    name = parts[-1]
+def _record(tree: Tree, kind: str, parts: list[str], payload: str, number: int, rel: str, top: str) -> None:
     if kind == "D":
-        try:
-            os.mkdir(name, 0o755, dir_fd=parent)
-        except FileExistsError:
-            os.close(os.open(name, _DIR_FLAGS, dir_fd=parent))  # a directory, not a link or a file
+        tree.make_dir(rel)
     elif kind in ("F", "B"):
         try:
             data = _unesc(payload).encode("utf-8") if kind == "F" else bytes.fromhex(payload)
         except (ValueError, UnicodeError):
             raise InputError(f"fixture line {number}: bad {'text' if kind == 'F' else 'hex'} data") from None
-        try:
-            fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EISDIR):
-                raise InputError(f"fixture line {number}: {rel} is a link or a directory already") from None
-            raise
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        if tree.lstat(rel) is not None and not stat.S_ISREG(tree.lstat(rel).st_mode):
+            raise InputError(f"fixture line {number}: {rel} is a link or a directory already")
+        tree.write(rel, data, durable=False)
     elif kind == "L":
         try:
             link_target = _unesc(payload)
@@ -374,15 +334,41 @@ def _record(kind: str, parent: int, parts: list[str], payload: str, number: int,
             resolved = os.path.normpath(os.path.join(where, link_target))
             if os.path.isabs(link_target) or not resolved.startswith(top + "/"):
                 raise InputError(f"fixture line {number}: link {rel} leaves the root")
-        try:
-            os.unlink(name, dir_fd=parent)
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            raise InputError(f"fixture line {number}: {rel} is a directory already") from None
-        os.symlink(link_target, name, dir_fd=parent)
+        current = tree.lstat(rel)
+        if current is not None and stat.S_ISDIR(current.st_mode):
+            raise InputError(f"fixture line {number}: {rel} is a directory already")
+        tree.symlink(rel, link_target)
     else:
         raise InputError(f"fixture line {number}: unknown record {kind!r}")
+
+
+def _read_fixture(path: str) -> str:
+    """A recording's text: a regular file (no FIFO waited on), its header checked before the
+    rest is read, at most FIXTURE_LIMIT bytes, UTF-8."""
+    try:
+        head = read_regular(path, len(HEADER) + 1, head=True)
+    except InputError as exc:
+        raise HostReadError(f"cannot read host fixture {path}: {exc}") from None
+    if head is None or not head.startswith(HEADER.encode()):
+        raise InputError(f"{path}: not a gpuvfio host fixture (missing header line)")
+    try:
+        data = read_regular(path, FIXTURE_LIMIT)
+    except InputError as exc:
+        raise HostReadError(f"cannot read host fixture {path}: {exc}") from None
+    try:
+        return (data or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a gpuvfio host fixture (not UTF-8)") from None
+
+
+@contextlib.contextmanager
+def host_from_record(text: str):
+    """A HostRoot over a recording's text, loaded into a private scratch directory."""
+    with scratch_dir("gpuvfio-host-") as tmp:
+        load_fixture(text, tmp)
+        host = HostRoot(tmp)
+        host.recorded = True
+        yield host
 
 
 @contextlib.contextmanager
@@ -393,22 +379,14 @@ def open_host(root: str | None):
     string is bad input (``--root "$UNSET"`` must not mean the live host).
     """
     if root is None:
-        root = os.environ.get(ROOT_ENV) or "/"
-    if not root:
+        root = os.environ.get(ROOT_ENV)
+        if root is not None and not root.strip():
+            raise InputError(f"{ROOT_ENV} is empty (give a directory, a host fixture file, or unset it for /)")
+        root = root or "/"
+    if not root or not root.strip() or "\0" in root:
         raise InputError("--root is empty (give a directory, a host fixture file, or leave it out for /)")
-    if os.path.isfile(root):
-        try:
-            with open(root, encoding="utf-8") as handle:
-                text = handle.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise HostReadError(f"cannot read host fixture {root}: {exc}") from None
-        # A recorded host is thousands of small files: memory-backed /dev/shm makes loading
-        # it several times faster than a disk-backed /tmp.
-        scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.environ.get("TMPDIR") else None
-        with tempfile.TemporaryDirectory(prefix="gpuvfio-host-", dir=scratch) as tmp:
-            load_fixture(text, tmp)
-            host = HostRoot(tmp)
-            host.recorded = True
+    if os.path.exists(root) and not os.path.isdir(root):
+        with host_from_record(_read_fixture(root)) as host:
             yield host, os.path.basename(root)
         return
     yield HostRoot(root), root

@@ -65,7 +65,7 @@ def parse_config(data: bytes | None) -> tuple[bool | None, bool | None]:
 
 def read_health(host: HostRoot, device_dir: str, reset_method: list[str] | None) -> Health:
     """Health of the function whose (resolved) sysfs directory is ``device_dir``."""
-    alive, flr = parse_config(host.read_bytes(os.path.join(device_dir, "config"), 256))
+    alive, flr = parse_config(host.read_head(os.path.join(device_dir, "config"), 256))
     d3cold = host.read(os.path.join(device_dir, "d3cold_allowed"))
     return Health(alive=alive, flr=flr, reset_method=reset_method,
                   power_state=host.read(os.path.join(device_dir, "power_state")),
@@ -76,7 +76,7 @@ def read_health(host: HostRoot, device_dir: str, reset_method: list[str] | None)
 def device_alive(host: HostRoot, address) -> bool | None:
     """Does the function answer its config space now?"""
     device = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
-    return parse_config(host.read_bytes(os.path.join(device, "config"), 64))[0]
+    return parse_config(host.read_head(os.path.join(device, "config"), 64))[0]
 
 
 # include/linux/ioport.h: a memory BAR the kernel could not place is flagged IORESOURCE_UNSET and
@@ -105,7 +105,7 @@ def return_problem(host: HostRoot, address) -> str | None:
     """Why a function back from a guest is not fit for a host driver (None: it is): config space
     reading 0xffff, or BARs the kernel no longer has placed."""
     device = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
-    alive = parse_config(host.read_bytes(os.path.join(device, "config"), 64))[0]
+    alive = parse_config(host.read_head(os.path.join(device, "config"), 64))[0]
     if alive is False:
         return "config space reads 0xffff: the device did not come back"
     missing = unassigned_bars(host, device)

@@ -122,10 +122,7 @@ def read_ids(host: HostRoot, address: PciAddress) -> tuple[str, str, str]:
 
 
 def _read_function(host: HostRoot, address: PciAddress, real_dir: str, dir_fd: int, names) -> PciFunction:
-    try:
-        entries = set(os.listdir(dir_fd))
-    except OSError as exc:
-        raise HostReadError(f"cannot list {real_dir}: {exc.strerror}") from None
+    entries = set(host.list_fd(dir_fd, real_dir))
     read_at, link_at = host.read_at, host.link_name_at
 
     def attr(name: str) -> str | None:
@@ -202,7 +199,7 @@ def _mdev_types(host: HostRoot, types_dir: str) -> list[MdevType]:
 
 def list_addresses(host: HostRoot) -> list[PciAddress]:
     devices_dir = host.require_dir(*PCI_DEVICES)
-    addresses = [_address(name) for name in os.listdir(devices_dir)]
+    addresses = [_address(name) for name in host.listdir(devices_dir)]
     return sorted(a for a in addresses if a is not None)
 
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import HostReadError
+from gpuvfio.errors import GpuvfioError, HostReadError
 from gpuvfio.host.root import HostRoot
 from gpuvfio.numbers import shown, uint
 
@@ -67,16 +67,13 @@ def nvidia_holders(host: HostRoot) -> list[Holder]:
             continue
         fd_dir = os.path.join(proc, pid, "fd")
         try:
-            fds = os.listdir(fd_dir)
-        except OSError:
+            fds = host.listdir(fd_dir)
+        except GpuvfioError:
             continue  # the process exited, or is not ours to see
         nodes = set()
         for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if NVIDIA_DEVICE_NODE.match(target):
+            target = host.raw_link(os.path.join(fd_dir, fd))  # read as data, never followed
+            if target is not None and NVIDIA_DEVICE_NODE.match(target):
                 nodes.add(target)
         if nodes:
             comm = host.read(os.path.join(proc, pid, "comm")) or "?"

@@ -272,7 +272,7 @@ def _module_id(nvml, handle, absent) -> int | None:
 def read_recording(host: HostRoot) -> NvLinkReading | None:
     """The recording under the root, checked against the host; None when there is none."""
     path = host.config_path(*RECORD)
-    data = host.read_bytes(path, MAX_BYTES + 1)
+    data = host.read_head(path, MAX_BYTES + 1)
     if data is None:
         if os.path.isdir(path):
             raise HostReadError(f"cannot read the NVLink recording {RECORD_PATH}: it is a directory")

@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 import re
 
+from gpuvfio.files import HOST_TEXT_LIMIT, read_regular
+from gpuvfio.host.root import HostRoot
+
 PCI_IDS_ENV = "GPUVFIO_PCI_IDS"
+PCI_IDS_LIMIT = HOST_TEXT_LIMIT  # pci.ids was 1.4 MB in 2024
 _CANDIDATES = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 _TOP_LEVEL = re.compile(rb"\n(?:[0-9a-f]{4}|C [0-9a-f]{2})  ")
 
@@ -24,19 +28,23 @@ class PciIds:
         self._device_cache: dict[tuple[str, str], str | None] = {}
 
     @classmethod
-    def load(cls, root: str = "/") -> "PciIds":
-        candidates = []
-        if os.environ.get(PCI_IDS_ENV):
-            candidates.append(os.environ[PCI_IDS_ENV])
-        candidates += [os.path.join(root, c) for c in _CANDIDATES]
-        if root != "/":
-            candidates += [os.path.join("/", c) for c in _CANDIDATES]
-        for path in candidates:
-            try:
-                with open(path, "rb") as handle:
-                    return cls(b"\n" + handle.read())
-            except OSError:
-                continue
+    def load(cls, host: HostRoot | None = None) -> "PciIds":
+        """The first database found: GPUVFIO_PCI_IDS (a regular file), the host root's (links
+        followed as the host follows them, inside the root), this system's. A FIFO, a device or
+        a file over PCI_IDS_LIMIT where one is expected is an error, never waited on or read whole."""
+        named = os.environ.get(PCI_IDS_ENV)
+        if named:
+            data = read_regular(named, PCI_IDS_LIMIT)
+            if data is not None:
+                return cls(b"\n" + data)
+        hosts = [host or HostRoot("/")]
+        if hosts[0].root != "/":
+            hosts.append(HostRoot("/"))
+        for where in hosts:
+            for candidate in _CANDIDATES:
+                data = where.read_head(where.config_path(candidate), PCI_IDS_LIMIT, head=False)
+                if data is not None:
+                    return cls(b"\n" + data)
         return cls(None)
 
     @property

@@ -18,11 +18,12 @@ import errno
 import os
 import stat
 
+from gpuvfio import files
 from gpuvfio.errors import HostReadError, InputError, UnsafePathError
 
 ROOT_ENV = "GPUVFIO_ROOT"
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-
+MAX_COMPONENTS = 128  # deeper than any sysfs device path (a switch tree of 30 levels is ~100)
+MAX_LINK_HOPS = 40  # the kernel's own limit on links in one lookup (MAXSYMLINKS)
 
 
 class HostRoot:
@@ -30,13 +31,17 @@ class HostRoot:
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         if root is None:
-            root = os.environ.get(ROOT_ENV) or "/"
+            root = os.environ.get(ROOT_ENV)
+            if root is not None and not root.strip():
+                raise InputError(f"{ROOT_ENV} is empty (give a directory, or unset it for /)")
+            root = root or "/"
         root = os.fspath(root)
-        if not root:
+        if not root or not root.strip() or "\0" in root:
             raise InputError("the host root is empty (give a directory, or leave --root out for /)")
         if not os.path.isdir(root):
             raise HostReadError(f"host root is not a directory: {root}")
         self.root = os.path.realpath(root)
+        self.tree = files.Tree(self.root)
         # realpath of <root>/sys must stay inside the root: a fixture whose sys is a
         # symlink to the live /sys would silently inspect (and later change) this host.
         sys_dir = os.path.realpath(os.path.join(self.root, "sys"))
@@ -73,131 +78,140 @@ class HostRoot:
     def require_dir(self, *parts: str) -> str:
         """A sysfs directory that must exist (a missing subtree is bad input: exit 2)."""
         path = self.sys_path(*parts)
-        if not os.path.isdir(path):
+        if not self.is_dir(path):
             raise HostReadError(f"missing {path} (is {self.root} a host root with /sys?)")
         return path
+
+    def _resolve(self, path: str, top: str, *, host_links: bool) -> str:
+        """``path`` with every link in it resolved, one component at a time (no recursion: input
+        drives the depth), never leaving ``top``. sysfs's links are relative; an absolute one in
+        a root would point at the live host, so it is refused (``host_links`` False). A host's
+        /etc links are followed as the host follows them: absolute targets under the root."""
+        path = os.path.normpath(path)
+        if not self._inside(path, top):
+            raise UnsafePathError(f"{path} is outside {top}")
+        todo = [part for part in path[len(top):].split("/") if part][::-1]
+        if len(todo) > MAX_COMPONENTS:
+            raise UnsafePathError(f"{path[:120]}...: too many path components")
+        current, hops = top, 0
+        while todo:
+            candidate = os.path.join(current, todo.pop())
+            cached = self._resolved.get(candidate)
+            if cached is not None:
+                current = cached
+                continue
+            try:
+                mode = os.lstat(candidate).st_mode
+            except FileNotFoundError:
+                if host_links:  # a missing file is the reader's answer (None), not an error here
+                    return os.path.join(candidate, *todo[::-1])
+                raise HostReadError(f"missing {candidate}") from None
+            except OSError as exc:
+                raise HostReadError(f"cannot read {candidate}: {exc.strerror}") from None
+            if not stat.S_ISLNK(mode):
+                self._resolved[candidate] = candidate
+                current = candidate
+                continue
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise UnsafePathError(f"too many symlinks at {path}")
+            target = os.readlink(candidate)
+            if os.path.isabs(target):
+                if not host_links:
+                    raise UnsafePathError(f"{candidate} links to absolute path {target}")
+                target_path = os.path.normpath(os.path.join(self.root, target.lstrip("/")))
+            else:
+                target_path = os.path.normpath(os.path.join(current, target))
+            if not self._inside(target_path, top):
+                if host_links:
+                    raise UnsafePathError(f"{path} leads outside the root {self.root} ({candidate} links to {target})")
+                raise UnsafePathError(f"{candidate} links outside {top} (to {target})")
+            parts = [part for part in target_path[len(top):].split("/") if part]
+            if len(parts) + len(todo) > MAX_COMPONENTS:
+                raise UnsafePathError(f"{candidate}: too many path components")
+            todo.extend(parts[::-1])
+            current = top
+        return current
 
     def resolve_in_sys(self, path: str) -> str:
         """Resolve symlinks in ``path`` component by component, refusing any escape from sys.
 
-        Resolved directory prefixes are cached: an inventory of 600 functions shares
-        a handful of bridge directories, so most devices cost one lstat.
-        """
+        Resolved directories are cached: an inventory of 600 functions shares a handful of
+        bridge directories, so most devices cost one lstat."""
         path = os.path.normpath(path)
-        if not self._inside(path, self.sys):
-            raise UnsafePathError(f"{path} is outside {self.sys}")
         cached = self._resolved.get(path)
         if cached is not None:
             return cached
-        parent, name = os.path.split(path)
-        base = self.resolve_in_sys(parent)
-        candidate = os.path.join(base, name)
-        hops = 0
-        while True:
-            try:
-                st = os.lstat(candidate)
-            except FileNotFoundError:
-                raise HostReadError(f"missing {candidate}") from None
-            except OSError as exc:
-                raise HostReadError(f"cannot read {candidate}: {exc.strerror}") from None
-            if not stat.S_ISLNK(st.st_mode):
-                break
-            hops += 1
-            if hops > 16:
-                raise UnsafePathError(f"too many symlinks at {path}")
-            target = os.readlink(candidate)
-            if os.path.isabs(target):
-                # Real sysfs links are relative; an absolute one in a root would point
-                # at the live host (or anywhere): refuse it.
-                raise UnsafePathError(f"{candidate} links to absolute path {target}")
-            target_path = os.path.normpath(os.path.join(os.path.dirname(candidate), target))
-            if not self._inside(target_path, self.sys):
-                raise UnsafePathError(f"{candidate} links outside {self.sys} (to {target})")
-            candidate = self.resolve_in_sys(target_path) if target_path != path else target_path
-        self._resolved[path] = candidate
-        return candidate
+        resolved = self._resolve(path, self.sys, host_links=False)
+        self._resolved[path] = resolved
+        return resolved
 
     def config_path(self, *parts: str) -> str:
         """A configuration file of the host (``etc/os-release``), its symlinks followed the way
         the host would follow them: absolute targets are taken under the root, and the result
         must stay inside the root (/etc/os-release -> ../usr/lib/os-release on systemd hosts)."""
-        candidate = self.path(*parts)
-        for _hop in range(16):
-            try:
-                target = os.readlink(candidate)
-            except OSError:  # not a symlink (EINVAL), missing, or unreadable: read() reports it
-                break
-            if os.path.isabs(target):
-                candidate = os.path.join(self.root, target.lstrip("/"))
-            else:
-                candidate = os.path.join(os.path.dirname(candidate), target)
-            candidate = os.path.normpath(candidate)
-        else:
-            raise UnsafePathError(f"too many symlinks at {self.path(*parts)}")
-        real = os.path.realpath(candidate)
-        if not self._inside(real, self.root):
-            raise UnsafePathError(f"{self.path(*parts)} leads outside the root {self.root}")
-        return candidate
+        return self._resolve(self.path(*parts), self.root, host_links=True)
 
-    # -- reading -----------------------------------------------------------------------
-    def read(self, path: str) -> str | None:
-        """Text of one attribute file, stripped; None when absent or the kernel has no value.
+    def _beneath(self, path: str) -> str:
+        """``path`` relative to the root, with the links in its directories resolved: sysfs's own
+        inside ``<root>/sys`` only, the host's elsewhere inside the root; the last component is
+        never followed (a link there is refused by the file layer)."""
+        path = os.path.normpath(path)
+        if self._inside(path, self.sys) and path != self.sys:
+            path = os.path.join(self.resolve_in_sys(os.path.dirname(path)), os.path.basename(path))
+        elif path != self.root and self._inside(path, self.root):
+            # The host's own directory links (merged /usr: /lib -> usr/lib), followed as the host
+            # follows them and never out of the root; the file itself is not followed.
+            path = os.path.join(self._resolve(os.path.dirname(path), self.root, host_links=True),
+                                os.path.basename(path))
+        if not self._inside(path, self.root):
+            raise UnsafePathError(f"{path} is outside the root {self.root}")
+        return os.path.relpath(path, self.root) if path != self.root else ""
 
-        A symlink in place of the file, a directory, or a permission error is an error:
-        those mean the tree is not what it claims to be, or we are not root.
-        """
+    # -- reading (all of it through gpuvfio.files) -------------------------------------------
+    def read(self, path: str, limit: int = files.ATTRIBUTE_LIMIT) -> str | None:
+        """Text of one attribute or host file, stripped; None when absent or the kernel has no
+        value. A link in its place, a FIFO, a device, a directory, a file over ``limit`` bytes or
+        a permission error is an error: the tree is not what it claims to be, or we are not root."""
         try:
-            fd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return self._open_error(exc, path)
+            rel = self._beneath(path)
+        except HostReadError as exc:
+            if str(exc).startswith("missing "):
+                return None
+            raise
+        data = self.tree.read(rel, limit)
+        return None if data is None else data.decode("utf-8", "replace").strip()
+
+    def read_head(self, path: str, limit: int = 4096, *, head: bool = True) -> bytes | None:
+        """At most ``limit`` bytes of a regular file (a binary attribute such as ``config`` is
+        read in part: its size is the device's config space, not ours to refuse); with ``head``
+        False, a larger file is an error."""
         try:
-            chunks = []
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except OSError as exc:
-            if exc.errno == errno.EISDIR:
-                raise HostReadError(f"cannot read {path}: is a directory") from None
-            # sysfs answers EIO/EINVAL/ENODEV/ENXIO for attributes a device does not
-            # implement (e.g. link speed on a device without a PCIe capability).
-            return None
-        finally:
-            os.close(fd)
-        return b"".join(chunks).decode("utf-8", "replace").strip()
+            rel = self._beneath(path)
+        except HostReadError as exc:
+            if str(exc).startswith("missing "):
+                return None
+            raise
+        return self.tree.read(rel, limit, head=head)
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return self.tree.is_dir(self._beneath(path))
+        except HostReadError:
+            return False
 
     def open_dir(self, path: str) -> int:
         """A directory fd for ``read_at``; ``path`` must already be resolved (resolve_in_sys)."""
-        try:
-            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise HostReadError(f"cannot open {path}: {exc.strerror}") from None
+        fd = self.tree.open_dir(files.split(self._beneath(path)))
+        if fd is None:
+            raise HostReadError(f"cannot open {path}: missing")
+        return fd
 
     def read_at(self, dir_fd: int, name: str, where: str) -> str | None:
-        """``read`` for a file in an open directory: one open and one read per attribute.
-
-        sysfs returns a whole attribute (at most a page) in one read(), and the regular
-        files of a recorded tree are small, so a single 64 KiB read is the whole file.
-        This is the inventory's hot path (hundreds of functions, a dozen files each).
-        """
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return self._open_error(exc, f"{where}/{name}")
-        try:
-            data = os.read(fd, 65536)
-        except OSError as exc:
-            if exc.errno == errno.EISDIR:
-                raise HostReadError(f"cannot read {where}/{name}: is a directory") from None
-            return None
-        finally:
-            os.close(fd)
-        return data.decode("utf-8", "replace").strip()
+        """``read`` for a file in an open directory: the inventory's hot path (hundreds of
+        functions, a dozen files each)."""
+        data = files.read_at(dir_fd, name, files.ATTRIBUTE_LIMIT, f"{where}/{name}")
+        return None if data is None else data.decode("utf-8", "replace").strip()
 
     def link_name_at(self, dir_fd: int, name: str, where: str) -> str | None:
         """``link_name`` for a link in an open directory ``where``."""
@@ -219,55 +233,63 @@ class HostRoot:
             raise UnsafePathError(f"{path} links outside {self.sys} (to {target})")
         return os.path.basename(resolved)
 
-    @staticmethod
-    def _open_error(exc: OSError, path: str):
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(f"refusing to follow symlink {path}") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise HostReadError(f"cannot read {path}: permission denied (run as root?)") from None
-        if exc.errno == errno.ENOTDIR:
+    def raw_link(self, path: str) -> str | None:
+        """A link's target as written (never followed; None when there is no link there): for
+        recording links as data (sysfs's, /proc/PID/fd's)."""
+        try:
+            rel = self._beneath(path)
+        except HostReadError:
             return None
-        raise HostReadError(f"cannot read {path}: {exc.strerror}") from None
+        return self.tree.readlink(rel)
 
-    def read_bytes(self, path: str, limit: int = 4096) -> bytes | None:
+    def exists(self, path: str) -> bool:
+        """Is there anything at ``path`` (a link included), reached without following links
+        other than sysfs's own?"""
         try:
-            fd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafePathError(f"refusing to follow symlink {path}") from None
-            raise HostReadError(f"cannot read {path}: {exc.strerror}") from None
-        try:
-            return os.read(fd, limit)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
+            return self.tree.exists(self._beneath(path))
+        except HostReadError:
+            return False
 
     def link_name(self, path: str) -> str | None:
         """The last component of a symlink's target, without following it.
 
         Used for ``driver`` and ``iommu_group`` links. The target is checked lexically:
-        a link that would lead outside ``<root>/sys`` is refused.
-        """
+        a link that would lead outside ``<root>/sys`` is refused."""
         try:
-            target = os.readlink(path)
-        except FileNotFoundError:
+            rel = self._beneath(path)
+        except HostReadError as exc:
+            if str(exc).startswith("missing "):
+                return None
+            raise
+        parts = files.split(rel)
+        if not parts:
+            raise UnsafePathError(f"{path} is not a symlink")
+        dir_fd = self.tree.open_dir(parts[:-1])
+        if dir_fd is None:
             return None
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # not a symlink
-                raise UnsafePathError(f"{path} is not a symlink") from None
-            raise HostReadError(f"cannot read link {path}: {exc.strerror}") from None
-        return self._checked_link(path, os.path.dirname(path), target)
+        try:
+            return self.link_name_at(dir_fd, parts[-1], os.path.join(self.root, *parts[:-1]))
+        finally:
+            os.close(dir_fd)
+
+    @staticmethod
+    def list_fd(dir_fd: int, where: str) -> list[str]:
+        """Names in an open directory (``open_dir``)."""
+        return files.list_fd(dir_fd, where)
 
     def listdir(self, path: str) -> list[str]:
         """Names in a directory, sorted; empty when the directory does not exist."""
         try:
-            return sorted(os.listdir(path))
-        except FileNotFoundError:
-            return []
-        except NotADirectoryError:
-            return []
-        except OSError as exc:
-            raise HostReadError(f"cannot list {path}: {exc.strerror}") from None
+            rel = os.path.join(self._beneath(path))
+            if self._inside(os.path.normpath(path), self.sys):
+                rel = os.path.relpath(self.resolve_in_sys(path), self.root)
+        except HostReadError as exc:
+            if str(exc).startswith("missing "):
+                return []
+            raise
+        try:
+            return self.tree.listdir(rel)
+        except UnsafePathError as exc:
+            if "is not a directory" in str(exc):
+                return []
+            raise

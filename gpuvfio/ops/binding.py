@@ -15,7 +15,6 @@ device and domain modules all call these. Two policies live here and nowhere els
 
 from __future__ import annotations
 
-import os
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
@@ -71,7 +70,7 @@ def libvirt_not_asked(ctx: Context, uri: str | None) -> str | None:
 def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
          exclude: str | None = None) -> tuple[BindPlan, dict]:
     """The plan and its report ({"devices", "steps", "checks", "moving", "refused"[, "result"]})."""
-    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     for address in addresses:
         assignable.endpoint(inventory, address)
     # An HGX baseboard's rules hold for a bind as for a guest: in full-passthrough mode all its
@@ -128,8 +127,7 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         raise InputError("no PCI address given")
     directory = state_dir(ctx.host)
     if dry_run:
-        if os.path.exists(os.path.join(directory, "journal.json")):
-            Journal.load(directory)  # a corrupt journal is reported even on a dry run
+        Journal.load(directory)  # a corrupt journal is reported even on a dry run (reading writes nothing)
         _plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
         _check_nothing_to_do(report, require_unused)
         if "result" in report:
@@ -308,7 +306,7 @@ def status(ctx: Context) -> dict:
         pending = {"kind": operation.get("kind"), "pid": operation.get("pid"),
                    "steps": [{"description": s.get("description"), "state": s.get("state")}
                              for s in operation.get("steps", [])]}
-    return {"state_dir": directory, "devices": devices, "services_stopped": journal.data["services_stopped"],
+    return {"state_dir": directory.path(), "devices": devices, "services_stopped": journal.data["services_stopped"],
             "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
             "schedulers": journal.data.get("schedulers", {}), "broken": journal.data["broken"],
             "partitions": {key: {"state": record.get("state"), "modules": record.get("modules", []),
@@ -318,7 +316,7 @@ def status(ctx: Context) -> dict:
 
 
 def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,
-            force: bool = False, rename=os.replace) -> dict:
+            force: bool = False, fault=None) -> dict:
     """gpuvfio persist / unpersist: the whole IOMMU group of each address, by address; the same
     group policy as bind (a group with a foreign device is refused unless forced)."""
     host = ctx.host
@@ -336,7 +334,7 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
     with RunLock(state_dir(host), ctx.lock_timeout):
         report, changes = _persist_changes(host, endpoints, remove, dry_run)
         if changes:
-            store.commit(changes, rename=rename)
+            store.commit(host, changes, fault=fault)
     return report
 
 

@@ -74,7 +74,7 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
     if ask_libvirt:
         qemu, lib = connection_versions(ctx.libvirt(uri))
         request = dataclasses.replace(request, qemu_version=request.qemu_version or qemu, libvirt_version=lib)
-    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     held = pages_held(replacing.xml) if replacing is not None and replacing.active else None
     fabric = None if request.mdev or request.vgpu else fabric_ops.decide(ctx, inventory, addresses).check()
     if fabric is not None and fabric.kind == "none":

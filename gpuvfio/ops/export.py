@@ -66,7 +66,7 @@ def _chosen(inventory: Inventory, addresses: list[PciAddress]) -> list[PciFuncti
 def kubevirt(ctx: Context, addresses: list[PciAddress]) -> dict:
     """``gpuvfio export kubevirt``: the permittedHostDevices entries for the vendor:device pairs
     of ``addresses`` (default: the NVIDIA GPUs on vfio-pci), and what KubeVirt will make of them."""
-    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     chosen = _chosen(inventory, addresses)
     notes = ["KubeVirt selects every vfio-bound device of a vendor:device pair (pciVendorSelector): a subset of "
              "identical GPUs on one node cannot be expressed there"]
@@ -119,7 +119,7 @@ def kubevirt_yaml(report: dict) -> str:
 def attributes(ctx: Context, addresses: list[PciAddress]) -> dict:
     """``gpuvfio export attributes``: per device, its facts as DRA device attributes (typed values
     as in a ResourceSlice), under the standard names where they exist."""
-    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     chosen = _chosen(inventory, addresses) if addresses else [
         f for _a, f in sorted(inventory.functions.items()) if f.is_nvidia_gpu]
     cliques = p2p_cliques([f for f in chosen if f.is_nvidia_gpu],

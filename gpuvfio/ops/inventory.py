@@ -8,11 +8,11 @@ import platform
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import journal_check
 from gpuvfio.domain.versions import version_text
-from gpuvfio.files import check_output_path, write_output
+from gpuvfio.files import HOST_TEXT_LIMIT, check_output_path, write_output
 from gpuvfio.errors import InputError
 from gpuvfio.host.doctor import run_doctor
 from gpuvfio.host.fixture import dump_host as record
-from gpuvfio.host.fixture import open_host
+from gpuvfio.host.fixture import host_from_record, open_host
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.numa import read_numa
@@ -20,12 +20,12 @@ from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
 from gpuvfio.virt.connection import connection_versions
 
-__all__ = ["list_report", "inventory_report", "doctor_report", "dump_host", "host_identity", "open_host"]
+__all__ = ["list_report", "inventory_report", "doctor_report", "dump_host", "host_identity", "open_host", "host_from_record"]
 
 
 def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = ()) -> dict:
     """The ``gpuvfio list --json`` object: devices and the groups that hold them."""
-    inventory = read_inventory(host, names=PciIds.load(host.root))
+    inventory = read_inventory(host, names=PciIds.load(host))
     return inventory_report(inventory, show_all=show_all, only=only)
 
 
@@ -49,7 +49,7 @@ def inventory_report(inventory: Inventory, *, show_all: bool, only: list[PciAddr
 
 
 def doctor_report(host: HostRoot) -> dict:
-    inventory = read_inventory(host, names=PciIds.load(host.root))
+    inventory = read_inventory(host, names=PciIds.load(host))
     kernel = read_kernel(host)
     nodes = read_numa(host)
     checks = run_doctor(host, inventory, kernel, nodes) + [journal_check(host)]
@@ -74,7 +74,7 @@ def dump_host(host: HostRoot, out: str) -> str:
 def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
     """The system description every testbed result is read against (MLPerf's system-description
     fields where they apply to a hypervisor, plus the IOMMU and hugepage facts)."""
-    cpuinfo = host.read(host.path("proc", "cpuinfo")) or ""
+    cpuinfo = host.read(host.path("proc", "cpuinfo"), HOST_TEXT_LIMIT) or ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                  None)
     sockets = {line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("physical id")}
@@ -86,7 +86,7 @@ def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
     driver = (host.read(host.sys_path("module", "nvidia", "version")) or "").strip() or None
     accelerators = []
     if gpus:
-        inventory = read_inventory(host, names=PciIds.load(host.root))
+        inventory = read_inventory(host, names=PciIds.load(host))
         for gpu in gpus:
             fn = inventory.functions.get(gpu)
             if fn is not None and fn.is_gpu:  # a slot's audio function is selected, not an accelerator

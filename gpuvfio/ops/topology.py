@@ -33,7 +33,7 @@ def is_nic(fn: PciFunction) -> bool:
 
 def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> dict:
     """The ``gpuvfio topo --json`` object. ``only``: these functions (each a GPU or a NIC)."""
-    inventory = read_inventory(host, names=PciIds.load(host.root))
+    inventory = read_inventory(host, names=PciIds.load(host))
     devices, left_out = _chosen(inventory, only)
     nodes = read_numa(host)
     single_node = len(nodes) <= 1

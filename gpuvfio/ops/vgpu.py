@@ -53,7 +53,7 @@ def create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None =
 def create_for_domain(ctx: Context, domain_name: str, address: PciAddress, profile: str) -> dict:
     """The vGPU instance a domain will use: a legacy mdev gets the UUID the domain XML names
     (the same derivation as gpuvfio xml), an SR-IOV vGPU a free VF set to the type."""
-    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host.root))
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     fn = inventory.functions.get(address)
     if fn is None:
         raise InputError(f"no such PCI function on this host: {address}")

@@ -22,19 +22,19 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import tarfile
-import tempfile
 
+from gpuvfio import strictjson
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.files import atomic_write, read_regular
+from gpuvfio.files import read_regular, user_dir
 from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.inventory import host_from_record
 from gpuvfio.ops.targets import configured
 from gpuvfio.testbed.plan import plan
-from gpuvfio.testbed.run import REP, recorded_results
-from gpuvfio.testbed.spec import NAME, RemoteHost, Spec
+from gpuvfio.testbed.report import REP, RESULT_LIMIT, out_tree
+from gpuvfio.testbed.run import recorded_results
+from gpuvfio.testbed.spec import NAME, SPEC_LIMIT, RemoteHost, Spec
 
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
 
@@ -69,13 +69,9 @@ def plan_remote(spec: Spec, default_known_hosts: str | None, *, yes: bool = Fals
     there is not asked: the run asks it)."""
     with session_for(spec.host, default_known_hosts) as session:
         record = fetch_host_record(session, spec.host)
-    with tempfile.TemporaryDirectory(prefix="gpuvfio-remote-") as scratch:
-        path = os.path.join(scratch, "host.fixture")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(record)
-        with open_host(path) as (host, _label):
-            host.files_checked_by_run = True  # the ROM and UEFI files a spec names are there, not here
-            report = plan(Context(host=host), spec, yes=yes)
+    with host_from_record(record) as host:
+        host.files_checked_by_run = True  # the ROM and UEFI files a spec names are there, not here
+        report = plan(Context(host=host), spec, yes=yes)
     report["host"] = spec.host.label()
     return report
 
@@ -86,14 +82,17 @@ def pack_results(spec_path: str, out: str) -> bytes:
     files only: root on the hypervisor unpacks it, and a symlink there would be written through)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        with open(spec_path, "rb") as handle:
-            _add(tar, "spec.toml", handle.read())
+        spec_text = read_regular(spec_path, SPEC_LIMIT)
+        if spec_text is None:
+            raise InputError(f"{spec_path}: no such file")
+        _add(tar, "spec.toml", spec_text)
         results = recorded_results(out)
-        identity = read_regular(os.path.join(out, "identity.json")) if results else None
+        tree = out_tree(out)
+        identity = read_regular(tree.path("identity.json")) if results else None
         if identity is not None:
             _add(tar, "out/identity.json", identity)
         for relative in results:
-            data = read_regular(os.path.join(out, relative))
+            data = tree.read(relative, RESULT_LIMIT)
             if data is not None:  # gone since it was listed: not sent
                 _add(tar, f"out/{relative}", data)
     return buffer.getvalue()
@@ -128,13 +127,15 @@ def unpack_results(data: bytes, out: str) -> list[str]:
                 if not _wanted(name) or not (member.isfile() or member.isdir()):
                     raise GpuvfioError(f"refusing a result archive entry from the hypervisor: {member.name!r}")
                 members.append((name, member))
+            tree = out_tree(out)
             for name, member in members:
-                target = os.path.join(out, name)
                 if member.isdir():
-                    os.makedirs(target, exist_ok=True)
+                    tree.make_dir(name)
                     continue
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                atomic_write(target, tar.extractfile(member).read().decode("utf-8"))
+                if member.size > RESULT_LIMIT:
+                    raise GpuvfioError(f"refusing a result archive entry from the hypervisor: {name} is "
+                                       f"{member.size} bytes")
+                tree.write(name, tar.extractfile(member).read().decode("utf-8"))
                 names.append(name)
     except (tarfile.TarError, UnicodeDecodeError) as exc:
         raise GpuvfioError(f"the result archive from the hypervisor is damaged: {exc}") from None
@@ -173,7 +174,8 @@ class _Scratch:
 
     def __init__(self, session, remote: RemoteHost, out: str, progress) -> None:
         self.session, self.remote, self.out, self.progress = session, remote, out, progress
-        self.record = os.path.join(out, "remote.json")
+        self.tree = out_tree(out)
+        self.record = self.tree.path("remote.json")
         self.label = session.target.label()
         self.path: str | None = None
 
@@ -188,7 +190,7 @@ class _Scratch:
         if not self._valid(path):
             raise GpuvfioError(f"mktemp on {self.label} answered an unexpected path: {path!r}")
         self.path = path
-        atomic_write(self.record, json.dumps({"host": self.label, "scratch": path}))
+        self.tree.write("remote.json", json.dumps({"host": self.label, "scratch": path}))
         self.progress(f"{self.label}: scratch directory {path}")
         return path
 
@@ -205,17 +207,17 @@ class _Scratch:
         if status:
             self.progress(f"{self.label}: could not remove {self.path} ({err.strip()}); the next run retries")
             return
-        os.unlink(self.record)
+        self.tree.remove("remote.json")
 
     def pick_up_earlier(self) -> None:
         """An earlier run from this OUT whose scratch is still there: refuse while it runs,
         else fetch what it measured and remove it."""
         try:
-            with open(self.record, encoding="utf-8") as handle:
-                earlier = json.load(handle)
-        except FileNotFoundError:
-            return
-        except ValueError:
+            data = self.tree.read("remote.json", 4096)
+            if data is None:
+                return
+            earlier = strictjson.strict_loads(data)
+        except (ValueError, GpuvfioError):
             raise GpuvfioError(f"{self.record} is damaged; remove it (it names an earlier run's scratch "
                                "directory on the hypervisor)") from None
         if not isinstance(earlier, dict):
@@ -234,13 +236,13 @@ class _Scratch:
             self.fetch()
             self.remove()
         else:
-            os.unlink(self.record)
+            self.tree.remove("remote.json")
 
 
 def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect: str | None = None,
                yes: bool = False, progress=lambda line: None) -> dict:
     remote = spec.host
-    os.makedirs(out, exist_ok=True)
+    user_dir(out, create=True)
     interrupted = False
     with session_for(remote, default_known_hosts) as session:
         scratch = _Scratch(session, remote, out, progress)

@@ -9,42 +9,73 @@ writes the Markdown and the HTML from one document, so both show the same sectio
 
 from __future__ import annotations
 
-import glob
 import json
-import os
+import re
+import stat
 
 from gpuvfio import strictjson
-from gpuvfio.errors import InputError
-from gpuvfio.files import atomic_write, read_regular
+from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.files import Tree
 from gpuvfio.testbed.render import document, html_page, markdown, method_paragraphs, plots, report_title
+from gpuvfio.testbed.spec import NAME
 from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N, ratio_ci, summarize, welch_test
 
 
 def read_identity(out: str, advice: str = "remove it and rerun") -> dict | None:
     """OUT/identity.json, the system a run's results were measured on (None: there is none);
     a regular file of strict JSON holding an object, else bad input with ``advice``."""
-    path = os.path.join(out, "identity.json")
+    tree = out_tree(out)
+    path = tree.path("identity.json")
     try:
-        data = read_regular(path)
+        data = tree.read("identity.json")
         identity = strictjson.strict_loads(data) if data is not None else None
-    except ValueError as exc:
+    except (ValueError, GpuvfioError) as exc:
         raise InputError(f"{path} is unreadable ({exc}); {advice}") from None
     if identity is not None and not isinstance(identity, dict):
         raise InputError(f"{path}: not a testbed identity (a JSON object); {advice}")
     return identity
 
 
+REP = re.compile(r"rep-[0-9]{1,6}\.json")
+RESULT_LIMIT = 1 << 20
+
+
+def out_tree(out: str) -> Tree:
+    """A testbed's OUT directory: the directory the user named (followed), and everything in it
+    read and written beneath it, never through a link (gpuvfio.files)."""
+    if not out or not out.strip() or "\0" in out:
+        raise InputError("the testbed output directory is empty")
+    return Tree(out)
+
+
+def result_files(tree: Tree) -> list[str]:
+    """results/<variant>/rep-N.json beneath OUT, sorted: regular files of the expected names only
+    (a link there is not a result gpuvfio recorded: never read, never sent); a link or a file
+    where a results directory should be is bad input (gpuvfio.files refuses it)."""
+    try:
+        return [rel for variant in tree.listdir("results") if NAME.fullmatch(variant)
+                for name in tree.listdir(f"results/{variant}") if REP.fullmatch(name)
+                for rel in [f"results/{variant}/{name}"] if _regular(tree.lstat(rel))]
+    except GpuvfioError as exc:
+        raise InputError(f"cannot read the results under {tree.path('results')}: {exc}") from None
+
+
+def _regular(st) -> bool:
+    return st is not None and stat.S_ISREG(st.st_mode)
+
+
 def collect(out: str) -> dict:
-    files = sorted(glob.glob(os.path.join(out, "results", "*", "rep-*.json")))
+    tree = out_tree(out)
+    files = result_files(tree)
     if not files:
         raise InputError(f"no results under {out}/results (run gpuvfio testbed run first)")
     variants: dict[str, dict] = {}
-    for path in files:
+    for rel in files:
+        path = tree.path(rel)
         try:
-            with open(path, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except ValueError:
-            raise InputError(f"{path} is not valid JSON (a damaged result: remove it and rerun)") from None
+            record = strictjson.strict_loads(tree.read(rel, RESULT_LIMIT) or b"")
+        except (ValueError, GpuvfioError) as exc:
+            raise InputError(f"{path} is not a readable result ({exc}): a damaged result: remove it and rerun") from None
         problem = result_problem(record)
         if problem:
             raise InputError(f"{path}: not a testbed result ({problem}); remove it and rerun")
@@ -153,9 +184,9 @@ def write_report(out: str) -> dict:
     results = collect(out)
     metric_tables = tables(results)
     images = plots(results, metric_tables)
+    tree = out_tree(out)
     for name, data in images.items():
-        with open(os.path.join(out, name), "wb") as handle:
-            handle.write(data)
+        tree.write(name, data)
     doc = document(results, metric_tables, images)
     machine = {"title": report_title(results), "synthetic": results["identity"].get("synthetic") is True,
                "identity": results["identity"], "baseline": results["baseline"],
@@ -167,8 +198,8 @@ def write_report(out: str) -> dict:
                             for name, v in results["variants"].items()},
                "tables": metric_tables,
                "not_measured": [key for key in METRICS if key not in {t["metric"] for t in metric_tables}]}
-    atomic_write(os.path.join(out, "results.json"), json.dumps(machine, indent=2, allow_nan=False))
-    atomic_write(os.path.join(out, "report.md"), markdown(doc, images))
-    atomic_write(os.path.join(out, "report.html"), html_page(doc, images))
+    tree.write("results.json", json.dumps(machine, indent=2, allow_nan=False))
+    tree.write("report.md", markdown(doc, images))
+    tree.write("report.html", html_page(doc, images))
     return {"out": out, "files": ["results.json", "report.md", "report.html", *sorted(images)],
             "variants": list(results["variants"]), "baseline": results["baseline"]}

@@ -13,20 +13,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import threading
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.files import atomic_write
 from gpuvfio.ops import guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.ops.targets import ssh_options
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for
-from gpuvfio.testbed.report import read_identity
-from gpuvfio.testbed.spec import NAME, Spec, Variant
+from gpuvfio.testbed.report import out_tree, read_identity, result_files
+from gpuvfio.testbed.spec import Spec, Variant
 
 
 def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
@@ -134,9 +132,10 @@ def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None, y
     for variant in spec.variants:  # a selection a later variant cannot take is bad input now, not hours in
         addresses_for(ctx, gpus, variant)
     _same_gpus_as_before(out, gpus)
-    os.makedirs(os.path.join(out, "results"), exist_ok=True)
+    tree = out_tree(out)
+    tree.make_dir("results")
     identity = {**host_identity(ctx.host, gpus, ctx.libvirt(uri)), "gpus": [str(g) for g in gpus]}
-    atomic_write(os.path.join(out, "identity.json"), json.dumps(identity, indent=2))
+    tree.write("identity.json", json.dumps(identity, indent=2))
     signals = SignalGuard()
     signals.install()
     summary = {}
@@ -150,24 +149,9 @@ def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None, y
     return summary
 
 
-REP = re.compile(r"rep-[0-9]{1,4}\.json")
-
-
 def recorded_results(out: str) -> list[str]:
-    """The results recorded in OUT, as relative paths: regular files of the expected names only."""
-    found = []
-    results = os.path.join(out, "results")
-    if os.path.islink(results):
-        raise InputError(f"{results} is a link: not results gpuvfio recorded")
-    for variant in sorted(os.listdir(results)) if os.path.isdir(results) else []:
-        directory = os.path.join(results, variant)
-        if not NAME.fullmatch(variant) or os.path.islink(directory) or not os.path.isdir(directory):
-            continue
-        for name in sorted(os.listdir(directory)):
-            path = os.path.join(directory, name)
-            if REP.fullmatch(name) and not os.path.islink(path) and os.path.isfile(path):
-                found.append(f"results/{variant}/{name}")
-    return found
+    """The results recorded in OUT, as relative paths (gpuvfio.testbed.report.result_files)."""
+    return result_files(out_tree(out))
 
 
 def _same_gpus_as_before(out: str, gpus: list[PciAddress]) -> None:
@@ -189,12 +173,11 @@ def _same_gpus_as_before(out: str, gpus: list[PciAddress]) -> None:
                       "selection")
 
 
-def _rep_path(out: str, variant: Variant, rep: int) -> str:
-    return os.path.join(out, "results", variant.name, f"rep-{rep}.json")
+def _rep_path(variant: Variant, rep: int) -> str:
+    return f"results/{variant.name}/rep-{rep}.json"
 
 
 def write_rep(out, variant, rep, report, extra, gpus: list[PciAddress] = ()) -> None:
-    os.makedirs(os.path.join(out, "results", variant.name), exist_ok=True)
     extra = dict(extra)
     metrics = {**_metrics(report, list(gpus)), **extra.pop("metrics", {})}
     provisioning = {k: v for k, v in (("hugepages", variant.hugepages), ("numa", variant.numa),
@@ -203,12 +186,13 @@ def write_rep(out, variant, rep, report, extra, gpus: list[PciAddress] = ()) -> 
     record = {"variant": variant.name, "kind": variant.kind, "rep": rep, "metrics": metrics,
               "provisioning": provisioning,
               "guest": _guest_facts(report), "verify": report, **extra}
-    atomic_write(_rep_path(out, variant, rep), json.dumps(record, indent=2))
+    out_tree(out).write(_rep_path(variant, rep), json.dumps(record, indent=2))
 
 
 def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], out: str, uri: str | None,
                  signals) -> dict:
-    todo = [r for r in range(spec.repetitions) if not os.path.exists(_rep_path(out, variant, r))]
+    tree = out_tree(out)
+    todo = [r for r in range(spec.repetitions) if not tree.exists(_rep_path(variant, r))]
     if not todo:
         ctx.progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
         return {"ran": 0}

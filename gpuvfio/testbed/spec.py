@@ -65,6 +65,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from gpuvfio.errors import InputError
+from gpuvfio.files import read_regular
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
 from gpuvfio.ops.context import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
@@ -146,17 +147,25 @@ class _Lines:
         return self.where.get((table, index, key)) or self.where.get((table, index, None))
 
 
+SPEC_LIMIT = 1 << 20  # a spec of hundreds of variants is a few dozen KiB
+
+
 def load_spec(path: str) -> Spec:
+    raw = read_regular(path, SPEC_LIMIT)  # a regular file: no FIFO waited on, no /dev/zero read whole
+    if raw is None:
+        raise InputError(f"cannot read testbed spec {path}: no such file")
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise InputError(f"cannot read testbed spec {path}: {exc.strerror}") from None
-    text = raw.decode("utf-8", "replace")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text (TOML is UTF-8)") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise InputError(f"{path}: nested too deeply") from None
+    except ValueError:  # int() past Python's digit limit (sys.int_info.default_max_str_digits)
+        raise InputError(f"{path}: a number with more digits than any setting takes") from None
     lines = _Lines(text)
 
     def fail(message: str, table: str = "", index: int = 0, key: str | None = None):

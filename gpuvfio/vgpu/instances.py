@@ -16,7 +16,6 @@ import uuid as uuidlib
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
-from gpuvfio.files import atomic_write
 from gpuvfio.bind.sysfs_write import SysfsWriter
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import Inventory, read_inventory
@@ -52,26 +51,28 @@ def types(inventory: Inventory, address: PciAddress) -> dict:
             "sriov_in_use": in_use}
 
 
+def mdevctl_rel(parent: str, uuid: str) -> str:
+    """mdevctl's store for persistent mdevs: /etc/mdevctl.d/<parent>/<uuid>, JSON (beneath the root)."""
+    return "/".join(("etc", "mdevctl.d", parent, uuid))
+
+
 def mdevctl_path(host: HostRoot, parent: str, uuid: str) -> str:
-    """mdevctl's store for persistent mdevs: /etc/mdevctl.d/<parent>/<uuid>, JSON."""
-    return host.path("etc", "mdevctl.d", parent, uuid)
+    return host.tree.path(mdevctl_rel(parent, uuid))
 
 
 def persist_mdev(host: HostRoot, parent: str, uuid: str, type_id: str) -> str:
     """Define the mdev the way ``mdevctl define --auto`` does (same file, same JSON), so
     mdevctl's udev/systemd integration recreates it at boot; atomic write."""
-    path = mdevctl_path(host, parent, uuid)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     body = json.dumps({"mdev_type": type_id, "start": "auto", "attrs": []}, indent=2)
-    atomic_write(path, body)
-    return path
+    host.tree.write(mdevctl_rel(parent, uuid), body)
+    return mdevctl_path(host, parent, uuid)
 
 
 def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, uuid: str | None = None,
            persist: bool = False, lock_timeout: float = 30.0) -> dict:
     with RunLock(state_dir(host), lock_timeout):
         journal = Journal.load(state_dir(host))
-        inventory = read_inventory(host, names=PciIds.load(host.root))
+        inventory = read_inventory(host, names=PciIds.load(host))
         fn = inventory.functions.get(address)
         if fn is None:
             raise InputError(f"no such PCI function on this host: {address}")
@@ -160,9 +161,7 @@ def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: Sys
         raise InputError(f"mdev {uuid} was not created by gpuvfio (see gpuvfio status)")
     if os.path.lexists(mdev_dir(host, uuid)):
         writer.write(os.path.join(host.resolve_in_sys(mdev_dir(host, uuid)), "remove"), "1")
-    stored = mdevctl_path(host, mdevs[uuid].get("parent", "-"), uuid)
-    if os.path.exists(stored):
-        os.unlink(stored)
+    host.tree.remove(mdevctl_rel(mdevs[uuid].get("parent", "-"), uuid))
     del mdevs[uuid]
     journal.save()
     return {"kind": "mdev", "uuid": uuid, "result": "removed"}

@@ -27,7 +27,7 @@ import shutil
 import statistics
 import sys
 
-from gpuvfio.files import atomic_write
+from gpuvfio.files import Tree
 from gpuvfio.guest.verify import VerifyError, evaluate, parse_probe, parse_verifier
 from gpuvfio.testbed.run import write_rep
 from gpuvfio.testbed.spec import Variant
@@ -252,7 +252,7 @@ def convert(raw: str, out: str) -> dict:
                 "host_nvidia_driver": smi.get("driver"), "cuda_version": smi.get("cuda"),
                 "virtualization_mode": smi.get("virtualization_mode"),
                 "guest_kernel": kernel[0] if kernel else None, "lane": lane.get("params")}
-    atomic_write(os.path.join(out, "identity.json"), json.dumps(identity, indent=2))
+    Tree(out).write("identity.json", json.dumps(identity, indent=2))
     problems, written, verifiers = [], [], []
     for rep in sorted(runs):
         run = runs[rep]
@@ -292,7 +292,7 @@ def convert(raw: str, out: str) -> dict:
                        "verifier_method": (verifiers[0].get("method") if verifiers else None),
                        "gpu_bench_method": (bench or {}).get("method"), "torch_method": (torch or {}).get("method")})
     comparison_path = os.path.join(out, "comparison.json")
-    atomic_write(comparison_path, json.dumps(comparison, indent=2))
+    Tree(out).write("comparison.json", json.dumps(comparison, indent=2))
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
     for name in RAW_FILES:
         if os.path.exists(os.path.join(raw, name)):
