@@ -4,6 +4,8 @@ import errno
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,6 +17,7 @@ from gpuvfio.bind.sysfs_write import kernel_write
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.binding import BindPolicy, bind, release, restore, status, unbind
+from tests.conftest import REPO
 from tests.contexts import Services, sim_context, libvirt_test_uri
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
 from tests.simkernel import SimKernel
@@ -336,15 +339,45 @@ def _bind_in_child(h):
     h.bind(GPU)
 
 
+def _hold_lock(directory: str) -> subprocess.Popen:
+    """Another gpuvfio process holding the run lock (as an attach does for its whole run)."""
+    code = ("import sys, time\nfrom gpuvfio.bind.journal import RunLock\n"
+            "with RunLock(sys.argv[1], command='gpuvfio attach lab-vm 01:00'):\n"
+            "    print('held', flush=True)\n    time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, directory], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": REPO})
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
 def test_concurrent_runs(h):
     directory = state_dir(h.host).path()
-    with RunLock(directory, 1):
+    child = _hold_lock(directory)
+    try:
         started = time.monotonic()
         with pytest.raises(LockTimeout) as info:
             h.bind(GPU, lock_timeout=0.5)
         assert time.monotonic() - started >= 0.5
-    assert f"pid {os.getpid()}" in str(info.value)
-    assert h.bind(GPU, lock_timeout=0.5)["result"] == "applied"  # free again
+    finally:
+        child.kill()
+        child.wait()
+    message = str(info.value)
+    assert f"pid {child.pid}" in message and "gpuvfio attach lab-vm 01:00" in message and "since 20" in message
+    assert h.bind(GPU, lock_timeout=0.5)["result"] == "applied"  # free again: flock went with the process
+
+
+def test_the_lock_is_reentrant_in_one_process_and_a_dead_holder_is_taken_over(h):
+    directory = state_dir(h.host).path()
+    with RunLock(directory, 1):  # attach holds it; its bind takes it again without waiting
+        assert h.bind(GPU, lock_timeout=0.5)["result"] == "applied"
+    h.restore()
+    with open(os.path.join(directory, "lock"), "w") as handle:
+        handle.write("4194303 2026-12-01T10:00:00+0000 gpuvfio attach killed-vm 01:00\n")  # no such pid
+    said = []
+    with RunLock(directory, 1, progress=said.append) as lock:
+        assert lock.taken_over == said[0]
+    assert "pid 4194303, gpuvfio attach killed-vm 01:00, since 2026-12-01T10:00:00+0000" in said[0]
+    assert "is gone" in said[0]
 
 
 def test_corrupt_journal_refused_and_kept(h):

@@ -116,3 +116,40 @@ def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, ssh_lane, m
     written = result.nccl_topology
     assert written["written"] is False and "switch" in written["error"], written
     assert not os.path.exists(os.path.join(flat.root, GUEST_FILE))
+
+
+def test_an_attach_while_another_run_holds_the_lock_is_refused_naming_it(tmp_path, monkeypatch):
+    """attach holds the run lock from its first change to its verdict; a second attach of the
+    same GPUs meanwhile waits lock_timeout, then is refused naming the first (pid, command,
+    since), before it changes anything (on main the lock was taken per step: a second attach
+    between the first one's bind and define went through)."""
+    import subprocess
+    import sys
+
+    from gpuvfio.bind.journal import LockTimeout
+    from tests.conftest import REPO
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    host = _gpu_tree(str(tmp_path / "host"), switch=True)
+    kernel = SimKernel(host.root)
+    shared = SharedConnection()
+    ctx = sim_context(host.root, kernel, connect=lambda uri: shared)
+    ctx.lock_timeout = 0.5
+    code = ("import sys, time\nfrom gpuvfio.bind.journal import RunLock\n"
+            "with RunLock(sys.argv[1], command='gpuvfio attach first-vm 01:00'):\n"
+            "    print('held', flush=True)\n    time.sleep(60)\n")
+    first = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": REPO})
+    try:
+        assert first.stdout.readline().strip() == "held"
+        request = domain_request("second-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios")
+        ssh = SshOptions(host="127.0.0.1", port=22, timeout=1)
+        with pytest.raises(LockTimeout, match=f"pid {first.pid}, gpuvfio attach first-vm 01:00, since "):
+            guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",
+                          verify=None)
+        assert kernel.writes() == [] and shared.conn.listDefinedDomains() == []
+    finally:
+        first.kill()
+        first.wait()
+        shared.conn.close()

@@ -27,6 +27,7 @@ def spec_file(tmp_path, image, port, known):
     text = tiny_guest_toml(image, port, known) + """
 [run]
 repetitions = 2
+size_mib = 64
 
 [[variant]]
 name = "tiny-4k"
@@ -78,6 +79,9 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
             run_testbed(ctx, spec, out, uri=daemon.uri)
         assert "tiny-4k: done already (2 repetitions)" in seen
         assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "rep-1.json"]
+        for rep in ("rep-0.json", "rep-1.json"):  # the attach's repetition measured with [run]'s settings too
+            with open(os.path.join(out, "results", "tiny-4k", rep)) as handle:
+                assert json.load(handle)["verify_settings"]["size_mib"] == 64, rep
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
     finally:
         conn.close()

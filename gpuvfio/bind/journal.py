@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 import time
 
 from gpuvfio.address import PciAddress
@@ -250,16 +251,62 @@ class Journal:
         self.save()
 
 
-class RunLock:
-    """``flock`` on ``<state>/lock``; waits up to ``timeout`` seconds, then names the holder."""
+_HELD: dict[str, list] = {}  # lock path -> [fd, depth]: the locks this process holds
 
-    def __init__(self, directory: str | Tree, timeout: float = 30.0) -> None:
+
+def _holder_line(command: str | None) -> str:
+    """What the lock file says of its holder: pid, when it took the lock, the command."""
+    words = command if command is not None else " ".join(os.path.basename(a) if i == 0 else a
+                                                        for i, a in enumerate(sys.argv))
+    words = "".join(c if c.isprintable() else "?" for c in words)[:200]
+    return f"{os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {words}\n"
+
+
+def _holder(text: str) -> tuple[int | None, str]:
+    """(pid, description) of what a lock file says; pid None when it says nothing usable."""
+    pid_text, _, rest = text.strip().partition(" ")
+    pid = int(pid_text) if pid_text.isascii() and pid_text.isdigit() and len(pid_text) <= 8 else None
+    since, _, command = rest.partition(" ")
+    words = "".join(c if c.isprintable() else "?" for c in command)[:200]
+    return pid, (f"pid {pid if pid is not None else 'unknown'}" + (f", {words}" if words else "")
+                 + (f", since {since}" if since else ""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """``flock`` on ``<state>/lock``, held for a whole operation: an attach from its first change
+    to its verdict (or the end of its undo), a testbed variant from provision to teardown.
+    Waits up to ``timeout`` seconds, then refuses, naming the holder (pid, command, since).
+
+    Re-entrant within one process: attach's bind takes the lock attach already holds. A lock
+    file naming a process that is gone (killed mid-run: flock went with it) is taken over, and
+    ``progress`` says so; the journal tells what that run did."""
+
+    def __init__(self, directory: str | Tree, timeout: float = 30.0, *, progress=None,
+                 command: str | None = None) -> None:
         self.directory = state_tree(directory)
         self.path = self.directory.path("lock")
         self.timeout = timeout
+        self.progress = progress
+        self.command = command
         self.fd: int | None = None
+        self.taken_over: str | None = None
 
     def __enter__(self) -> "RunLock":
+        held = _HELD.get(self.path)
+        if held is not None:
+            held[1] += 1
+            self.fd = held[0]
+            return self
         make_state_dir(self.directory)
         try:
             fd = self.directory.open_lock("lock")
@@ -277,22 +324,33 @@ class RunLock:
                     os.close(fd)
                     raise
             if time.monotonic() >= deadline:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                _pid, holder = _holder(os.pread(fd, 512, 0).decode("utf-8", "replace"))
                 os.close(fd)
-                raise LockTimeout(f"another gpuvfio run holds {self.path} (pid {holder}); "
-                                  f"waited {self.timeout:g}s")
+                raise LockTimeout(f"another gpuvfio run holds {self.path} ({holder}); waited {self.timeout:g}s")
             time.sleep(0.05)
+        pid, earlier = _holder(os.pread(fd, 512, 0).decode("utf-8", "replace"))
+        if pid is not None and pid != os.getpid() and not _alive(pid):
+            self.taken_over = f"took over the lock {self.path} left by {earlier}, which is gone (gpuvfio status " \
+                              "shows what it did)"
+            if self.progress is not None:
+                self.progress(self.taken_over)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, _holder_line(self.command).encode(), 0)
         self.fd = fd
+        _HELD[self.path] = [fd, 1]
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.fd is not None:
+        held = _HELD.get(self.path)
+        if held is None or self.fd is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[self.path]
             os.ftruncate(self.fd, 0)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
-            self.fd = None
+        self.fd = None
 
 
 def journal_check(host: HostRoot) -> Check:

@@ -117,6 +117,12 @@ def _refusal(report: dict) -> Refused:
     return Refused("refused: " + "; ".join(c["message"] for c in report["refused"]), report)
 
 
+def operation_lock(ctx: Context) -> RunLock:
+    """The run lock for an operation of many steps (attach, a testbed variant): held from its
+    first change to its verdict, re-entrant for the binds and vGPU steps inside it."""
+    return RunLock(state_dir(ctx.host), ctx.lock_timeout, progress=ctx.progress)
+
+
 def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
          exclude: str | None = None, dry_run: bool = False, require_unused: bool = False) -> dict:
     """Move the IOMMU groups of ``addresses`` to vfio-pci. A dry run raises Refused exactly when

@@ -109,8 +109,11 @@ def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEO
 def attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
            uri: str | None = None, policy: BindPolicy = BindPolicy(),
            verify: VerifyOptions | None = VerifyOptions(), keep_on_failure: bool = False) -> AttachResult:
-    """Bind, define, start, wait for SSH, verify (``verify=None``: wait for SSH only)."""
-    return _attach(ctx, ctx.libvirt(uri), uri, addresses, request, ssh, policy, verify, keep_on_failure)
+    """Bind, define, start, wait for SSH, verify (``verify=None``: wait for SSH only), holding the
+    run lock from the first change to the verdict or the end of the undo: a bind, attach or vGPU
+    create meanwhile waits, then is refused naming this run."""
+    with binding.operation_lock(ctx):
+        return _attach(ctx, ctx.libvirt(uri), uri, addresses, request, ssh, policy, verify, keep_on_failure)
 
 
 def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_failure) -> AttachResult:

@@ -18,7 +18,7 @@ import threading
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.ops import guests, vgpu
+from gpuvfio.ops import binding, guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.ops.targets import ssh_options
@@ -200,7 +200,8 @@ def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
         options = guests.verify_options(**spec.verify)
         for rep in todo:
             ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions} on this host")
-            write_rep(out, variant, rep, guests.verify_here(ctx, gpus, options), {}, gpus)
+            write_rep(out, variant, rep, guests.verify_here(ctx, gpus, options),
+                      {"verify_settings": dict(spec.verify)}, gpus)
         return {"ran": len(todo)}
     return _run_guest_variant(ctx, spec, variant, gpus, out, uri, todo, signals)
 
@@ -245,8 +246,17 @@ def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[Pc
         ctx.progress(f"{variant.name}: detaching {request.name} left from an interrupted run")
         guests.detach(ctx, request.name, uri=uri, timeout=10)
     addresses = addresses_for(ctx, gpus, variant)
-    instance, vgpu_record, scheduled = None, {}, None
     boot_timeout = spec.ssh.get("boot_timeout", 300)
+    options = guests.verify_options(**spec.verify)  # every repetition, the first included, measured alike
+    # The run lock from provision to teardown: no other gpuvfio run moves these GPUs meanwhile.
+    with binding.operation_lock(ctx):
+        return _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri, todo, signals,
+                                           options, boot_timeout)
+
+
+def _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri, todo, signals, options,
+                                boot_timeout) -> dict:
+    instance, vgpu_record, scheduled = None, {}, None
     try:
         if variant.kind == "vgpu":
             if variant.scheduler:
@@ -262,10 +272,11 @@ def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[Pc
             vgpu_record.update({"profile": variant.profile, "kind": made["kind"], "type": made["type"],
                                 "mig_backed": vgpu.mig_backed(variant.profile)})
         extra = {"vgpu": vgpu_record} if vgpu_record else {}
+        extra["verify_settings"] = dict(spec.verify)  # [run]'s, the same for every repetition
         ctx.progress(f"{variant.name}: attach")
         started = ctx.clock.monotonic()
         result = guests.attach(ctx, addresses, request, uri=uri, ssh=_ssh(spec, boot_timeout),
-                               policy=policy_for(variant))
+                               policy=policy_for(variant), verify=options)
         took = ctx.clock.monotonic() - started
         first, rest = todo[0], todo[1:]
         extra["placement"] = placement(result.xml)
@@ -274,8 +285,7 @@ def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[Pc
                                                       "attach_steps": result.steps, **extra}, measured)
         for rep in rest:
             ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
-            report = guests.verify(ctx, ssh=_ssh(spec, 60.0), domain=request.name, uri=uri,
-                                   options=guests.verify_options(**spec.verify))
+            report = guests.verify(ctx, ssh=_ssh(spec, 60.0), domain=request.name, uri=uri, options=options)
             write_rep(out, variant, rep, report, extra, measured)
     finally:
         with signals.deferred():
