@@ -21,8 +21,8 @@ from tests.lanes import nested
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# What `qemu-system-x86_64 -accel kvm -cpu host` printed on this project's machines
-# (Firecracker VM, kvm_pvm) before aborting.
+# What `qemu-system-x86_64 -accel kvm -cpu host` prints before aborting on a host whose KVM
+# cannot set the MSRs QEMU asks for (seen inside a Firecracker microVM with a nested KVM).
 ABORT_OUTPUT = (
     "qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69\n"
     "qemu-system-x86_64: ../../target/i386/kvm/kvm.c:3183: kvm_buf_set_msrs: "
