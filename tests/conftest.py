@@ -40,6 +40,53 @@ def run_gpuvfio(*args: str, env: dict | None = None) -> CliResult:
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_on_pty(args: list[str], env: dict, columns: int | None = None) -> bytes:
+    """gpuvfio ARGS with stdin, stdout and stderr on a pty (``columns`` x 50 when given): every
+    byte the terminal received."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    if columns is not None:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvfio", *args], stdin=slave, stdout=slave, stderr=slave,
+                            cwd=REPO, env=env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    proc.wait(timeout=120)
+    return b"".join(chunks)
+
+
+# Runs an Ansible module file as Ansible does (module_utils on its path, the arguments handed in):
+# argv REPO MODULE ARGS-JSON. ansible-core 2.19 reads arguments through patch_module_args only.
+ANSIBLE_MODULE_DRIVER = r"""
+import json, runpy, sys
+import ansible.module_utils
+ansible.module_utils.__path__.append(sys.argv[1] + "/playbooks/module_utils")
+from ansible.module_utils import basic
+try:
+    from ansible.module_utils.testing import patch_module_args  # ansible-core >= 2.19
+except ImportError:
+    import contextlib
+
+    @contextlib.contextmanager
+    def patch_module_args(args):
+        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+        yield
+"""
+
+
 def gpu_workstation(root) -> HostBuilder:
     """A small host: root port -> GPU + audio (one group), a chipset group shared with a NIC."""
     b = HostBuilder(str(root))

@@ -15,7 +15,7 @@ import pytest
 
 from gpuvfio.files import Tree
 from gpuvfio.errors import UnsafePathError
-from tests.conftest import REPO, gpu_workstation
+from tests.conftest import ANSIBLE_MODULE_DRIVER, REPO, gpu_workstation
 
 GPU = "0000:01:00.0"
 TIMEOUT = 60
@@ -303,24 +303,10 @@ def test_the_layer_walks_beneath_its_top_without_links(tmp_path, outside):
     assert json.loads(json.dumps(tree.listdir("a"))) == ["file", "linked"]
 
 
-ANSIBLE_DRIVER = r"""
-import json, runpy, sys
-import ansible.module_utils
-ansible.module_utils.__path__.append(sys.argv[1] + "/playbooks/module_utils")
-from ansible.module_utils import basic
-try:
-    from ansible.module_utils.testing import patch_module_args  # ansible-core >= 2.19
-except ImportError:
-    import contextlib
-
-    @contextlib.contextmanager
-    def patch_module_args(args):
-        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-        yield
+ANSIBLE_DRIVER = ANSIBLE_MODULE_DRIVER + """
 with patch_module_args(json.loads(sys.argv[3])):
     runpy.run_path(sys.argv[1] + "/playbooks/library/" + sys.argv[2] + ".py", run_name="__main__")
 """
-
 
 @pytest.mark.parametrize("check", [False, True])
 def test_the_ansible_device_module_never_persists_through_a_linked_etc(ws, outside, check):

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import REPO, gpu_workstation
+from tests.conftest import ANSIBLE_MODULE_DRIVER, REPO, gpu_workstation
 
 SEED = int(os.environ.get("GPUVFIO_HOSTILE_SEED", "20261201"))
 CASES = int(os.environ.get("GPUVFIO_HOSTILE_CASES", "48"))
@@ -191,20 +191,8 @@ class Case:
 # start-up instead of one per command); each under SIGALRM, which interrupts a blocking open or
 # read, so a hang is reported as one and the next command still runs.
 DRIVER = r"""
-import io, json, runpy, signal, sys, time, traceback
+import io, signal, time, traceback
 sys.path.insert(0, REPO)
-import ansible.module_utils
-ansible.module_utils.__path__.append(REPO + "/playbooks/module_utils")
-from ansible.module_utils import basic
-try:
-    from ansible.module_utils.testing import patch_module_args  # ansible-core >= 2.19
-except ImportError:
-    import contextlib
-
-    @contextlib.contextmanager
-    def patch_module_args(args):
-        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-        yield
 from gpuvfio.cli import main
 
 class Hung(BaseException):
@@ -214,7 +202,7 @@ def alarm(*_):
     raise Hung()
 
 signal.signal(signal.SIGALRM, alarm)
-for name, argv in json.loads(sys.argv[1]):
+for name, argv in json.loads(sys.argv[2]):
     out, err = io.StringIO(), io.StringIO()
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
@@ -267,9 +255,9 @@ def _run_case(case: Case, picks) -> list[str]:
                 for name, args in picks]
     env = {k: v for k, v in os.environ.items() if k not in ("GPUVFIO_STATE_DIR", "GPUVFIO_ROOT")}
     env["COLUMNS"] = "120"
-    driver = DRIVER.replace("REPO", repr(REPO)).replace("TIMEOUT", str(TIMEOUT))
+    driver = ANSIBLE_MODULE_DRIVER + DRIVER.replace("REPO", repr(REPO)).replace("TIMEOUT", str(TIMEOUT))
     try:
-        proc = subprocess.run([sys.executable, "-c", driver, json.dumps(commands)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", driver, REPO, json.dumps(commands)], capture_output=True,
                               timeout=TIMEOUT * (len(commands) + 1), cwd=case.dir, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return ["the case's process hung past every command's alarm"]

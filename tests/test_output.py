@@ -5,19 +5,16 @@ address or a fix command; a pipe gets plain aligned lines; --format csv|plain|ta
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 
 import pytest
 
+from tests.conftest import run_on_pty
 from tests.make_samples import sample_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,25 +24,9 @@ BOX = set("│┃┏┓┗┛┡┩└┘┌┐━─╇┼┳┻┬┴╈╋")
 
 def in_terminal(args: list[str], columns: int) -> str:
     """gpuvfio ARGS with its output on a pty of ``columns`` x 50; what the terminal received."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
     env["TERM"] = "xterm-256color"
-    proc = subprocess.Popen([sys.executable, "-m", "gpuvfio", *args], stdin=slave, stdout=slave, stderr=slave,
-                            cwd=REPO, env=env, close_fds=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    proc.wait(timeout=120)
-    return ANSI.sub("", b"".join(chunks).decode("utf-8", "replace")).replace("\r\n", "\n")
+    return ANSI.sub("", run_on_pty(args, env, columns).decode("utf-8", "replace")).replace("\r\n", "\n")
 
 
 def piped(args: list[str]) -> subprocess.CompletedProcess:

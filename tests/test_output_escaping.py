@@ -12,13 +12,11 @@ import csv
 import io
 import json
 import os
-import pty
 import re
-import subprocess
-import sys
 
 import pytest
 
+from tests.conftest import run_on_pty
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,24 +158,9 @@ def test_status_escapes_the_journal(cli, hostile, json_flag):
 def in_terminal(args: list[str]) -> str:
     """gpuvfio ARGS on a pty, colours on: every byte the terminal received, undecodable bytes kept
     as surrogates."""
-    master, slave = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "GPUVFIO_PCI_IDS", "GPUVFIO_STATE_DIR")}
     env.update(TERM="xterm-256color", COLUMNS="200", PYTHONPATH=REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "gpuvfio", *args], stdin=slave, stdout=slave, stderr=slave,
-                            cwd=REPO, env=env, close_fds=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    proc.wait(timeout=120)
-    return b"".join(chunks).decode("utf-8", "surrogateescape")
+    return run_on_pty(args, env).decode("utf-8", "surrogateescape")
 
 
 def test_a_terminal_gets_no_hyperlink_and_no_sequence_from_the_journal(hostile):
