@@ -23,6 +23,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
@@ -549,6 +550,18 @@ def user_dir(path: str, *, create: bool = False) -> Tree:
         except UnsafePathError as exc:
             raise InputError(f"cannot make {path}: {exc}") from None
     return Tree(full)
+
+
+def silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: its reader is gone (a closed pipe), and what is
+    still buffered must not raise BrokenPipeError again when the interpreter flushes at exit
+    (Python's documented way: docs.python.org/3/library/signal.html, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real descriptor (captured by a test): nothing to silence
 
 
 @contextlib.contextmanager

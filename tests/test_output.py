@@ -134,3 +134,76 @@ def test_control_characters_from_a_host_are_shown_not_obeyed():
         assert "\x1b" not in text and "\x07" not in text, fmt
         assert not any(line.lstrip("│ ").startswith("fake-row") for line in text.splitlines()), fmt
         assert "evil\\x1b[31m\\nfake-row" in text, fmt
+
+
+def _pipeline(args: list[str], reader: list[str]) -> tuple[int, str, str]:
+    """gpuvfio ARGS | READER through a real pipe: gpuvfio's exit status, READER's output and
+    gpuvfio's stderr."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    writer = subprocess.Popen([sys.executable, "-m", "gpuvfio", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              cwd=REPO, env=env)
+    read = subprocess.run(reader, stdin=writer.stdout, capture_output=True, text=True, timeout=60)
+    writer.stdout.close()
+    err = writer.stderr.read().decode("utf-8", "replace")
+    return writer.wait(timeout=60), read.stdout, err
+
+
+@pytest.mark.parametrize("args", [["list", "--all"], ["list", "--all", "--json"], ["doctor"], ["dump-host", "-"]])
+def test_a_closed_pipe_ends_quietly_with_exit_0(args):
+    """gpuvfio list | head -1 exited 1 (click's EPIPE handling); lspci ends quietly."""
+    code, out, err = _pipeline(["--root", sample_path("dgx-h100"), *args], ["head", "-c", "20"])
+    assert code == 0 and err == "" and len(out) == 20, (code, err)
+
+
+def test_plain_output_in_a_pipe_is_data_lines_only_notes_on_stderr():
+    """Plain (the default in a pipe) carries one header line and rows; "group 6 not viable" and
+    such notes go to stderr, as lspci's warnings do."""
+    code, out, err = _pipeline(["--root", WORKSTATION, "list"], ["cat"])
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("Address") and all(line.startswith("0000:") for line in lines[1:])
+    assert "not viable" not in out and "group 6 not viable: shares IOMMU group 6 with 0000:03:00.0" in err
+
+
+@pytest.mark.parametrize("fmt", ["plain", "csv", "json"])
+def test_status_takes_format_and_a_recording(fmt, tmp_path):
+    """status answered only --json, and a recording (--root X.host) was "not a directory"."""
+    result = piped(["--root", WORKSTATION, "status", "--format", fmt])
+    assert result.returncode == 0, result.stderr
+    if fmt == "json":
+        assert json.loads(result.stdout)["devices"] == []
+    elif fmt == "csv":
+        assert next(csv.reader(io.StringIO(result.stdout))) == ["Address", "Group", "Driver now", "Override now",
+                                                                 "Original driver", "Original override"]
+    else:
+        assert result.stdout.splitlines()[0].split()[:2] == ["Address", "Group"]
+
+
+def test_dry_runs_take_a_recording_and_show_the_plan_before_a_missing_yes():
+    """bind/persist --dry-run on a recording exited 2 ("host root is not a directory"); a dry run
+    of a selector that expands to two devices refused for --yes and showed nothing."""
+    result = piped(["--root", sample_path("epyc-mixed"), "bind", "0000:81:00.0", "--dry-run"])
+    assert result.returncode in (0, 1) and "not a directory" not in result.stderr
+    assert "Devices that end on vfio-pci" in result.stdout
+    result = piped(["--root", sample_path("epyc-mixed"), "persist", "0000:81:00.0", "--dry-run"])
+    assert result.returncode in (0, 1) and "not a directory" not in result.stderr, result.stderr
+
+
+
+def test_a_dry_run_shows_the_plan_then_says_the_run_needs_yes(tmp_path):
+    """A selector that expands to two GPUs: the dry run shows the plan and exits as the run would
+    without --yes (refused, saying so); with --yes it is the plan alone."""
+    from tests.conftest import BAR64_PREF, GiB, HostBuilder
+
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("intel", 1)
+    rb = b.root_bus(numa=0)
+    for n, bus in enumerate((1, 2)):
+        port = b.bridge(rb, f"0000:00:0{n + 1}.0", "8086", "a70d", secondary_bus=bus, link=(4, 16))
+        b.function(port, f"0000:0{bus}:00.0", "10de", "2684", "030000", driver="nvidia", link=(4, 16),
+                   bars=[(1, 32 * GiB, BAR64_PREF)], boot_vga=False)
+    b.modules(["nvidia", "vfio_pci"])
+    result = piped(["--root", b.root, "bind", "-d", "10de:", "--dry-run"])
+    assert result.returncode == 1 and "Devices that end on vfio-pci: 0000:01:00.0, 0000:02:00.0" in result.stdout
+    assert "add --yes" in result.stderr, result.stderr
+    result = piped(["--root", b.root, "bind", "-d", "10de:", "--dry-run", "--yes"])
+    assert result.returncode == 0 and "--yes" not in result.stderr and "Devices that end on vfio-pci" in result.stdout

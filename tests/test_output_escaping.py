@@ -144,15 +144,17 @@ def test_vgpu_types_escapes_type_names(cli, hostile, device, json_flag):
         assert SHOWN.split("\\x85")[0] in result.out
 
 
-@pytest.mark.parametrize("json_flag", [False, True])
-def test_status_escapes_the_journal(cli, hostile, json_flag):
-    result = cli("--root", hostile, "status", *(["--json"] if json_flag else []))
+@pytest.mark.parametrize("fmt", ["table", "plain", "csv", "json"])
+def test_status_escapes_the_journal(cli, hostile, fmt):
+    result = cli("--root", hostile, "status", "--format", fmt)
     assert result.code == 0, result.err
-    data = check_run(result, "json" if json_flag else "table", "status")
-    if json_flag:
+    data = check_run(result, fmt, "status")
+    if fmt == "json":
         assert data["broken"][GPU]["reason"] == EVIL and data["unfinished_operation"]["kind"] == EVIL
-    else:  # shown, markup and all, not obeyed
+    elif fmt == "table":  # shown, markup and all, not obeyed
         assert result.out.count(SHOWN) >= 4 and result.out.count(LINK) >= 4 and "<script>" in result.out
+    else:  # rows on stdout, the journal's other records as notes on stderr (plain) or not at all (CSV)
+        assert "nv\\x1b[2J\\x9b31m" in result.out and (fmt == "csv" or (SHOWN in result.err and LINK in result.err))
 
 
 def in_terminal(args: list[str]) -> str:

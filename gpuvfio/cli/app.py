@@ -21,6 +21,7 @@ import typer
 from gpuvfio import __version__
 from gpuvfio.cli.output import printable, rich_console
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.files import silence_stdout
 from gpuvfio.ops.context import ROOT_ENV
 
 SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, binding, domains, verification."
@@ -144,12 +145,20 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except SystemExit as exc:  # shell completion answers, then exits (typer.core shell_complete)
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            # click met EPIPE (the reader of a pipe went away), wrapped stdout and exited 1
+            # (click.core.BaseCommand.main); for gpuvfio that is done, as for lspci | head.
+            silence_stdout()
+            return 0
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (typer.Abort, KeyboardInterrupt):
         _error("interrupted")
         return 130
     except BrokenPipeError:
-        return 1
+        # The reader went away (gpuvfio list | head -1): quietly done, as lspci is. What is
+        # still buffered goes nowhere, so the interpreter's own flush at exit cannot fail.
+        silence_stdout()
+        return 0
     except Exception as exc:  # noqa: BLE001 - click's usage errors, below
         # typer vendors click privately (typer._click): its usage errors are recognised by
         # their interface, not by a class imported from a private module.
@@ -164,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         stop_progress()
         try:
             sys.stdout.flush()
-        except (BrokenPipeError, ValueError):
+        except BrokenPipeError:
+            silence_stdout()
+        except ValueError:
             pass
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Optional
 
 import typer
@@ -57,10 +58,22 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
     check_devices(addresses, device_ids, required=True)
     policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host)
     try:
-        with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
-                          lock_timeout=lock_timeout) as ctx:
-            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-            report = binding.bind(ctx, wanted, policy, uri=connect, dry_run=dry_run)
+        with _context(root_of(root), dry_run, progress=progress_for(as_json), write_timeout=timeout,
+                      lock_timeout=lock_timeout) as ctx:
+            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
+                             tell=progress_for(as_json))
+            needs_yes = _needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
+            try:
+                report = binding.bind(ctx, wanted, policy, uri=connect, dry_run=dry_run)
+            except Refused as exc:
+                if needs_yes is None:
+                    raise
+                if exc.report is not None:  # the plan, then the refusal the run meets first
+                    emit_json(exc.report) if as_json else render.print_plan(exc.report)
+                raise needs_yes from None
+            if needs_yes is not None:
+                emit_json(report) if as_json else render.print_plan(report)
+                raise needs_yes
     except Refused as exc:
         if exc.report is not None:
             emit_json(exc.report) if as_json else render.print_plan(exc.report)
@@ -135,21 +148,55 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
 
 
 @app.command("status")
-def status_cmd(as_json: JsonOption = False, root: RootOption = None) -> None:
+def status_cmd(output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Show the devices gpuvfio holds, their original drivers and any unfinished operation."""
-    report = binding.status(live_context(root_of(root)))
-    if as_json:
+    fmt = chosen_format(output_format, as_json)
+    with _context(root_of(root), True) as ctx:
+        report = binding.status(ctx)
+    if fmt == "json":
         emit_json(report)
-    else:
+    elif fmt == "table":
         render.print_status(report)
+    else:
+        print_listing(render.status_listing(report), fmt)
+
+
+def _needs_yes(ctx, addresses, device_ids) -> Refused | None:
+    """The refusal a run without --yes meets (a selector that reached more than one device), for
+    a dry run to show its plan first and then exit as that run would."""
+    try:
+        resolve(ctx.host, addresses, device_ids, changes=True, yes=False)
+    except Refused as exc:
+        return exc
+    return None
+
+
+@contextlib.contextmanager
+def _context(root: str | None, read_only: bool, **kwargs):
+    """The Context of a command: a read-only one (status, a dry run) takes a recording (.host)
+    as it takes a directory; a command that changes the host takes the host itself."""
+    if read_only:
+        with open_host(root) as (host, _label), host_context(host, **kwargs) as ctx:
+            yield ctx
+    else:
+        with live_context(root, **kwargs) as ctx:
+            yield ctx
 
 
 def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, force: bool, as_json: bool,
              lock_timeout: float, root: str | None) -> None:
     check_devices(addresses, device_ids, required=True)
-    ctx = live_context(root_of(root), lock_timeout=lock_timeout)
-    wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-    report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force)
+    with _context(root_of(root), dry_run, lock_timeout=lock_timeout) as ctx:
+        wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
+                         tell=progress_for(as_json))
+        needs_yes = _needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
+        report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force)
+        _persist_output(report, remove, dry_run, as_json)
+        if needs_yes is not None:  # the diff shown; then refused, as the run is without --yes
+            raise needs_yes
+
+
+def _persist_output(report: dict, remove: bool, dry_run: bool, as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return

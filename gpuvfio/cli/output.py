@@ -142,7 +142,10 @@ def _widths(listing: Listing, shown: list[int], width: int) -> list[int]:
     return widths
 
 
-def print_listing(listing: Listing, fmt: str, out=None) -> None:
+def print_listing(listing: Listing, fmt: str, out=None, notes=None) -> None:
+    """``listing`` in ``fmt``. As lspci does in a pipe, plain and CSV carry data lines only (one
+    header line): plain's notes ("group 6 not viable: ...") go to ``notes`` (stderr), CSV has
+    none; a table, for a person at a terminal, shows them below it."""
     out = out or sys.stdout
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
@@ -156,7 +159,7 @@ def print_listing(listing: Listing, fmt: str, out=None) -> None:
         for row in table:
             out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
         for note in listing.notes:
-            out.write(printable(note) + "\n")
+            (notes or sys.stderr).write(printable(note) + "\n")
         return
     _print_table(listing, rich_console(file=out) if out is sys.stdout else rich_console(file=out, width=160))
 

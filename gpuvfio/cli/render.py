@@ -130,6 +130,32 @@ def print_status(report: dict, console=None) -> None:
             console.print(f"  {step['state'] or '':11} {step['description'] or ''}")
 
 
+def status_listing(report: dict) -> Listing:
+    """status as lspci-like rows (plain, CSV): one row a device gpuvfio holds; the rest of the
+    journal (services, vGPUs, broken marks, partitions, an unfinished operation) as notes."""
+    listing = Listing("Devices held by gpuvfio", [Column(title, keep=True) for title in (
+        "Address", "Group", "Driver now", "Override now", "Original driver", "Original override")])
+    for dev in report["devices"]:
+        listing.add(dev["address"], str(dev["group"]), dev["driver"] or "none", dev["driver_override"] or "-",
+                    dev["original_driver"] or "none", dev["original_override"] or "-")
+    if report["services_stopped"]:
+        listing.notes.append("services stopped by gpuvfio (restore restarts them): "
+                             + ", ".join(report["services_stopped"]))
+    for uuid, mdev in sorted((report.get("mdevs") or {}).items()):
+        listing.notes.append(f"mdev {uuid}: type {mdev.get('type')} on {mdev.get('parent')}")
+    for vf, vgpu in sorted((report.get("vgpus") or {}).items()):
+        listing.notes.append(f"SR-IOV vGPU on VF {vf}: type {vgpu.get('type')} (parent {vgpu.get('parent')})")
+    for address, mark in sorted((report.get("broken") or {}).items()):
+        listing.notes.append(f"{address} came back broken: {mark.get('reason')} (gpuvfio reset {address})")
+    for key, partition in (report.get("partitions") or {}).items():
+        listing.notes.append(f"Fabric Manager partition {key} ({partition['state']}): "
+                             f"{', '.join(partition['devices'])}")
+    op = report["unfinished_operation"]
+    if op:
+        listing.notes.append(f"unfinished {op['kind']} (pid {op['pid']}); run gpuvfio restore")
+    return listing
+
+
 PLAN_STYLE = {"ok": "green", "refuse": "bold red", "warn": "yellow", "skip": "dim"}
 
 
