@@ -71,9 +71,9 @@ def run_on_pty(args: list[str], env: dict, columns: int | None = None) -> bytes:
 # Runs an Ansible module file as Ansible does (module_utils on its path, the arguments handed in):
 # argv REPO MODULE ARGS-JSON. ansible-core 2.19 reads arguments through patch_module_args only.
 ANSIBLE_MODULE_DRIVER = r"""
-import json, runpy, sys
+import json, os, runpy, sys
 import ansible.module_utils
-ansible.module_utils.__path__.append(sys.argv[1] + "/playbooks/module_utils")
+ansible.module_utils.__path__.append(os.path.join(sys.argv[1], "playbooks", "module_utils"))
 from ansible.module_utils import basic
 try:
     from ansible.module_utils.testing import patch_module_args  # ansible-core >= 2.19

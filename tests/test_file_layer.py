@@ -23,8 +23,10 @@ TIMEOUT = 60
 
 def gpuvfio(*args: str, env: dict | None = None, timeout: float = TIMEOUT):
     """The CLI as a real process; also prints its peak memory (KiB) as the last stderr line."""
-    code = ("import resource, sys\nfrom gpuvfio.cli import main\ncode = main(sys.argv[1:])\n"
-            "sys.stderr.write(f'maxrss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')\nsys.exit(code)\n")
+    # VmHWM, not ru_maxrss: ru_maxrss survives execve, so a child of a large pytest starts at its size.
+    code = ("import sys\nfrom gpuvfio.cli import main\ncode = main(sys.argv[1:])\n"
+            "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
+            "sys.stderr.write(f'maxrss={hwm[0]}\\n')\nsys.exit(code)\n")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, **(env or {})}, stdin=subprocess.DEVNULL)
     lines = proc.stderr.splitlines()
@@ -305,7 +307,7 @@ def test_the_layer_walks_beneath_its_top_without_links(tmp_path, outside):
 
 ANSIBLE_DRIVER = ANSIBLE_MODULE_DRIVER + """
 with patch_module_args(json.loads(sys.argv[3])):
-    runpy.run_path(sys.argv[1] + "/playbooks/library/" + sys.argv[2] + ".py", run_name="__main__")
+    runpy.run_path(os.path.join(sys.argv[1], "playbooks", "library", sys.argv[2] + ".py"), run_name="__main__")
 """
 
 @pytest.mark.parametrize("check", [False, True])

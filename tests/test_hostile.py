@@ -213,7 +213,8 @@ for name, argv in json.loads(sys.argv[2]):
         if name.startswith("ansible:"):
             try:
                 with patch_module_args(argv):
-                    runpy.run_path(REPO + "/playbooks/library/" + name.split(":")[1] + ".py", run_name="__main__")
+                    runpy.run_path(os.path.join(REPO, "playbooks", "library", name.split(":")[1] + ".py"),
+                                   run_name="__main__")
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 0
         else:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 
 from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
-from gpuvfio.files import HOST_TEXT_LIMIT
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.root import HostRoot
 
@@ -39,7 +38,7 @@ SECURE_PARAMS = (("kvm_amd", "sev", "AMD SEV"), ("kvm_intel", "tdx", "Intel TDX"
 
 def cpu_flags(host: HostRoot) -> set[str] | None:
     """The first processor's flags (None: /proc/cpuinfo has no flags line)."""
-    text = host.read(host.path("proc", "cpuinfo"), HOST_TEXT_LIMIT) or ""
+    text = host.read(host.path("proc", "cpuinfo")) or ""
     for line in text.split("\n\n", 1)[0].splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "flags":

@@ -169,16 +169,21 @@ class HostRoot:
         return os.path.relpath(path, self.root) if path != self.root else ""
 
     # -- reading (all of it through gpuvfio.files) -------------------------------------------
-    def read(self, path: str, limit: int = files.ATTRIBUTE_LIMIT) -> str | None:
+    def read(self, path: str, limit: int | None = None) -> str | None:
         """Text of one attribute or host file, stripped; None when absent or the kernel has no
         value. A link in its place, a FIFO, a device, a directory, a file over ``limit`` bytes or
-        a permission error is an error: the tree is not what it claims to be, or we are not root."""
+        a permission error is an error: the tree is not what it claims to be, or we are not root.
+        The bound by default: a sysfs attribute is at most a page (ATTRIBUTE_LIMIT); the host's
+        other files (modules.dep, /proc/interrupts of a many-CPU host) HOST_TEXT_LIMIT."""
         try:
             rel = self._beneath(path)
         except HostReadError as exc:
             if str(exc).startswith("missing "):
                 return None
             raise
+        if limit is None:
+            limit = files.ATTRIBUTE_LIMIT if self._inside(os.path.join(self.root, rel), self.sys) \
+                else files.HOST_TEXT_LIMIT
         data = self.tree.read(rel, limit)
         return None if data is None else data.decode("utf-8", "replace").strip()
 

@@ -8,7 +8,7 @@ import platform
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import journal_check
 from gpuvfio.domain.versions import version_text
-from gpuvfio.files import HOST_TEXT_LIMIT, check_output_path, write_output
+from gpuvfio.files import check_output_path, write_output
 from gpuvfio.errors import InputError
 from gpuvfio.host.doctor import run_doctor
 from gpuvfio.host.fixture import dump_host as record
@@ -74,7 +74,7 @@ def dump_host(host: HostRoot, out: str) -> str:
 def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
     """The system description every testbed result is read against (MLPerf's system-description
     fields where they apply to a hypervisor, plus the IOMMU and hugepage facts)."""
-    cpuinfo = host.read(host.path("proc", "cpuinfo"), HOST_TEXT_LIMIT) or ""
+    cpuinfo = host.read(host.path("proc", "cpuinfo")) or ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                  None)
     sockets = {line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("physical id")}
