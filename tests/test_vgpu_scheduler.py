@@ -85,7 +85,7 @@ def test_scheduler_set_journaled_and_restored(nvml, tmp_path):
     status = run_gpuvfio("status", "--json", env=env)
     assert H100 in status.json()["schedulers"]
     assert f"vGPU scheduler of {H100} changed by gpuvfio; restore puts back best-effort" in run_gpuvfio(
-        "status", env=env).out
+        "status", env=env).err  # plain in a pipe: the journal's records as notes on stderr
     restored = run_gpuvfio("restore", env=env)
     assert restored.code == 0 and "back to best-effort" in restored.err + restored.out, restored.err
     assert sched.read_text().split() == ["1", "1", "2000"]

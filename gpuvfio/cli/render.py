@@ -145,6 +145,8 @@ def status_listing(report: dict) -> Listing:
         listing.notes.append(f"mdev {uuid}: type {mdev.get('type')} on {mdev.get('parent')}")
     for vf, vgpu in sorted((report.get("vgpus") or {}).items()):
         listing.notes.append(f"SR-IOV vGPU on VF {vf}: type {vgpu.get('type')} (parent {vgpu.get('parent')})")
+    for gpu, previous in sorted((report.get("schedulers") or {}).items()):
+        listing.notes.append(f"vGPU scheduler of {gpu} changed by gpuvfio; restore puts back {previous['policy']}")
     for address, mark in sorted((report.get("broken") or {}).items()):
         listing.notes.append(f"{address} came back broken: {mark.get('reason')} (gpuvfio reset {address})")
     for key, partition in (report.get("partitions") or {}).items():
