@@ -44,15 +44,16 @@ demo: deps
 	@echo; echo "=== end to end: passthrough on an emulated GPU host (kernel + nested lanes, ~4-10 min) ==="
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m tests.lanes.demo
 
-# The command reference and the man page, from the command tree (tests/test_docs.py checks them).
+# The command reference and the man page, from the command tree (tests/unit/test_docs.py checks them).
 docs: deps
 	$(PY) -m gpuvfio.cli.manpage docs
 
 test: deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(BASETEMP) $(PYTEST_ARGS)
 
+# The unit lane (tests/unit) alone: no daemons, no guests, no wheel build.
 test-fast: deps
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -m "not kernel and not daemon" $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: deps
 	$(PY) benchmarks/bench_startup.py

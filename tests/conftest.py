@@ -121,15 +121,58 @@ def workstation(tmp_path):
     return builder
 
 
+# Each folder of tests/ is a lane, and its marker: `pytest -m unit` is `make test-fast`. A lane
+# other than unit needs more than Python (libvirtd, QEMU, a kernel to boot, a wheel build).
+LANES = ("unit", "daemon", "kernel", "nested", "package")
+REQUIRED_LANES = ("daemon", "kernel", "nested", "package")
+TESTS = os.path.join(REPO, "tests")
+
+
+def lane_of(path) -> str | None:
+    """The lane folder a test file sits in (tests/<lane>/...), or None."""
+    rel = os.path.relpath(str(path), TESTS).split(os.sep)
+    return rel[0] if len(rel) > 1 and rel[0] in LANES else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The folder's marker on every test in it; a lane marker written on a test must be its folder's."""
+    for item in items:
+        lane = lane_of(item.path)
+        stray = sorted({m.name for m in item.iter_markers() if m.name in LANES} - {lane})
+        if stray:
+            raise pytest.UsageError(f"{item.nodeid}: marked {', '.join(stray)} but in the "
+                                    f"{lane or 'no'} lane folder: move the file or drop the mark")
+        if lane:
+            item.add_marker(lane)
+
+
+def _required(path) -> bool:
+    return os.environ.get("GPUVFIO_REQUIRE_LANES") == "1" and lane_of(path) in REQUIRED_LANES
+
+
+def _lane_required(path) -> str:
+    return f"{lane_of(path)} lane required (GPUVFIO_REQUIRE_LANES=1)"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """With GPUVFIO_REQUIRE_LANES=1 (set by `make test`), a skipped kernel- or daemon-lane test fails:
-    CI must not go green because the lane quietly could not run."""
+    """With GPUVFIO_REQUIRE_LANES=1 (set by `make test`), a skipped test of a lane other than unit
+    fails: CI must not go green because the lane quietly could not run."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("GPUVFIO_REQUIRE_LANES") == "1" and (item.get_closest_marker("kernel") or item.get_closest_marker("daemon")):
+    if report.skipped and _required(item.path):
         report.outcome = "failed"
-        report.longrepr = f"kernel lane required (GPUVFIO_REQUIRE_LANES=1) but skipped: {report.longrepr}"
+        report.longrepr = f"{_lane_required(item.path)} but skipped: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped at import (``pytest.skip(allow_module_level=True)``)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _required(collector.path):
+        report.outcome = "failed"
+        report.longrepr = f"{_lane_required(collector.path)} but skipped: {report.longrepr}"
 
 
 def pytest_addoption(parser):

@@ -24,7 +24,7 @@ twice that when other jobs load it.  With three devices, two guest cells and 2 v
 (2026-12, other test jobs loading the machine, load average 4-6): the whole run 645 s,
 of which preload 114 s, attach 383 s (the second-level guest to SSH 328 s: its init
 ran 208 s after its kernel started), the second-level tree 12 s.  ``shared_run()`` caches one run per test
-process, so tests/test_kernel_domain.py and tests/test_nested_lane.py share a boot.
+process, so tests/nested/test_kernel_domain.py and tests/nested/test_nested_lane.py share a boot.
 
 What the second-level guest needed, found on this machine (Debian 12, libvirt 9.0,
 QEMU 7.2, kernel 6.1): nothing in qemu.conf.  The guest's libvirtd runs QEMU as

@@ -34,7 +34,7 @@ skips the ~20 s probe.
 
 Commands run as forked children of this process, which imported the CLI once:
 under TCG a fresh ``python -m gpuvfio`` costs 10-35 s of imports over 9p (see
-tests/test_kernel_binding.py).  attach and detach run with ``--json -v``: the JSON
+tests/kernel/test_kernel_binding.py).  attach and detach run with ``--json -v``: the JSON
 report on stdout, gpuvfio's progress (each step, each command in the guest with its
 duration) on stderr, streamed live; attach gets ``--probe-timeout`` (PROBE_TIMEOUT)
 for the guest probe, whose forks are slow under two layers of emulation, and

@@ -1,0 +1,271 @@
+"""libvirt URIs by gpuvfio's policy (issue 22 item 3): libvirt runs programs some URIs name
+(the ext transport's command=, the SSH transports, netcat=), even for a dry run or a plan, so
+every URI is checked where it comes in (--connect, LIBVIRT_DEFAULT_URI, a testbed spec, the
+Ansible modules) and again by open_connection. A refused URI is bad input (exit 2), and the
+program it names never runs: each command test hands libvirt a script that would leave a file.
+libvirt is real throughout (its test driver where a connection is opened)."""
+
+import os
+
+import pytest
+
+from gpuvfio.errors import InputError
+from gpuvfio.testbed.spec import load_spec
+from gpuvfio.virt.connection import SYSTEM_URI, URI_ENV, default_uri, open_connection
+from gpuvfio.virt.uri import UNSAFE_ENV, check_uri
+from tests.conftest import gpu_workstation
+from tests.make_samples import sample_path
+from tests.unit.test_fleet import modules, run_module  # noqa: F401  (the Ansible module fixtures)
+from tests.unit.test_testbed import GOOD
+
+ALLOWED = [
+    "qemu:///system",
+    "qemu:///session",
+    "QEMU:///system",
+    "test:///default",
+    "test:///var/tmp/pytest-of-root/host.xml",  # the test driver on a node file, as the tests use it
+    "test+unix:///default",
+    "qemu+unix:///system",
+    "qemu+unix:///system?socket=/nonexistent/libvirt-sock",
+    "qemu:///system?socket=/tmp/lane/libvirt-sock",  # the daemon lane's private libvirtd
+    "qemu://hv1.example.org/system",  # a host and no transport: TLS
+    "qemu+tls://hv1.example.org/system",
+    "qemu+tls://[fd00::5]/system?pkipath=/etc/pki/hv1",
+    "qemu+tcp://admin@10.0.0.5:16509/system",
+    "qemu:///system?mode=direct",
+    "qemu:///system?mode=legacy&socket=/run/libvirt/libvirt-sock",
+]
+
+REFUSED = [
+    ("qemu+ext:///system?command=/bin/true", "transport 'ext'"),
+    ("qemu+EXT:///system", "transport 'ext'"),
+    ("qemu+ssh://hv1/system", "transport 'ssh'"),
+    ("qemu+ssh://hv1/system?command=/bin/true", "transport 'ssh'"),
+    ("qemu+libssh://hv1/system", "no policy"),
+    ("qemu+libssh2://hv1/system?known_hosts=/dev/null", "no policy"),
+    ("qemu+magic:///system", "transport 'magic'"),
+    ("qemu+unix:///system?command=/bin/true", "parameter 'command'"),
+    ("qemu:///system?netcat=/bin/true", "parameter 'netcat'"),
+    ("qemu:///system?proxy=netcat", "parameter 'proxy'"),
+    ("qemu+tls://hv1/system?no_verify=1", "parameter 'no_verify'"),
+    ("qemu:///system?no_tty=1", "parameter 'no_tty'"),
+    ("qemu:///system?keyfile=/root/.ssh/id_ed25519", "parameter 'keyfile'"),
+    ("qemu:///system?no_sanity=1", "parameter 'no_sanity'"),
+    ("qemu:///system?name=qemu%2Bext:///system", "parameter 'name'"),
+    ("qemu:///system?tls_priority=NORMAL", "parameter 'tls_priority'"),
+    ("qemu:///system?colour=red", "parameter 'colour'"),
+    ("qemu:///system?COMM%41ND=/bin/true", "parameter 'command'"),  # libvirt decodes names, ignores case
+    ("qemu:///system?mode=direct;command=/bin/true", "parameter 'command'"),  # ';' separates without '&'
+    ("qemu+tls://hv1/system?socket=/run/x", "parameter 'socket'"),  # remote: the netcat command line
+    ("qemu:///system?socket=libvirt-sock", "absolute path"),
+    ("qemu:///system?socket=/run/%0Asock", "decodes to a control"),
+    ("qemu:///system?mode=fast", "parameter 'mode'"),
+    ("lxc:///", "driver 'lxc'"),
+    ("remote:///system", "driver 'remote'"),
+    ("hv1", "not of the form"),  # a libvirt.conf alias: whatever URI it names
+    ("qemu:/system", "not of the form"),
+    ("qemu:///system#x", "fragment"),
+    ("qemu://-oProxyCommand=x/system", "not [user@]host[:port]"),
+    ("qemu://hv1", "no path"),
+]
+
+BAD = [
+    ("", "cannot be empty"),
+    ("qemu:///sys tem", "whitespace"),
+    ("qemu:///system\n", "whitespace"),
+    ("\tqemu:///system", "whitespace"),
+    ("qemu:///sys\x07tem", "control character"),
+    ("qemu:///sys\x00tem", "control character"),
+    ("qemu:///syst\u00e9m", "non-ASCII"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _policy_on(monkeypatch):
+    monkeypatch.delenv(UNSAFE_ENV, raising=False)
+    monkeypatch.delenv(URI_ENV, raising=False)
+
+
+@pytest.fixture
+def program(tmp_path):
+    """A program a URI could name: it leaves ``canary`` when something runs it."""
+    canary = tmp_path / "canary"
+    prog = tmp_path / "prog"
+    prog.write_text(f"#!/bin/sh\ntouch '{canary}'\n")
+    prog.chmod(0o755)
+    return prog, canary
+
+
+@pytest.mark.parametrize("uri", ALLOWED)
+def test_allowed_uris_pass_unchanged(uri):
+    assert check_uri(uri, source="--connect") == uri
+
+
+@pytest.mark.parametrize("uri, part", REFUSED)
+def test_refused_uris_are_bad_input_naming_the_part(uri, part):
+    with pytest.raises(InputError) as info:
+        check_uri(uri, source="--connect")
+    message = str(info.value)
+    assert info.value.exit_code == 2
+    assert part in message and message.startswith("--connect ") and f"{UNSAFE_ENV}=1" in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("uri, part", BAD)
+@pytest.mark.parametrize("opt_out", ["", "1"])
+def test_malformed_uris_are_bad_input_even_with_the_opt_out(monkeypatch, uri, part, opt_out):
+    monkeypatch.setenv(UNSAFE_ENV, opt_out)
+    with pytest.raises(InputError) as info:
+        check_uri(uri, source="--connect")
+    assert part in str(info.value) and "\n" not in str(info.value) and UNSAFE_ENV not in str(info.value)
+
+
+def test_none_and_the_keywords_are_not_uris():
+    assert check_uri(None) is None
+    assert check_uri("none", keywords=("none",)) == "none"
+    with pytest.raises(InputError, match="not of the form"):
+        check_uri("none")
+
+
+def test_the_opt_out_lets_a_refused_uri_through_with_one_warning(monkeypatch, tmp_path):
+    uri = f"qemu+ext:///system?command={tmp_path}/prog"
+    monkeypatch.setenv(UNSAFE_ENV, "yes")  # only 1 lifts the policy
+    with pytest.raises(InputError):
+        check_uri(uri)
+    monkeypatch.setenv(UNSAFE_ENV, "1")
+    told: list[str] = []
+    assert check_uri(uri, source="--connect", warn=told.append) == uri
+    assert check_uri(uri, source="--connect", warn=told.append) == uri
+    assert len(told) == 1 and told[0].startswith(f"warning: {UNSAFE_ENV}=1: --connect ") and "'ext'" in told[0]
+
+
+def test_open_connection_is_the_last_guard(program):
+    prog, canary = program
+    with pytest.raises(InputError, match="transport 'ext'"):
+        open_connection(f"qemu+ext:///system?command={prog}")
+    with pytest.raises(InputError, match="parameter 'netcat'"):
+        open_connection(f"qemu:///system?netcat={prog}", read_only=True)
+    assert not canary.exists()
+    conn = open_connection("test:///default")  # libvirt's real test driver
+    try:
+        assert conn.getType().upper() == "TEST"
+    finally:
+        conn.close()
+
+
+def test_libvirt_default_uri_is_checked(monkeypatch, program):
+    prog, canary = program
+    monkeypatch.setenv(URI_ENV, f"qemu+ext:///system?command={prog}")
+    with pytest.raises(InputError) as info:
+        default_uri()
+    assert str(info.value).startswith(f"{URI_ENV} ") and "transport 'ext'" in str(info.value)
+    monkeypatch.setenv(URI_ENV, "")
+    assert default_uri() == SYSTEM_URI
+    monkeypatch.setenv(URI_ENV, "test:///default")
+    assert default_uri() == "test:///default"
+    assert not canary.exists()
+
+
+def _commands(tmp_path, uri):
+    """Every command that takes a libvirt URI, given ``uri`` (the dry and read-only ones first)."""
+    ws = gpu_workstation(tmp_path / "host")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(GOOD)
+    dgx = sample_path("dgx-h100")
+    return {
+        "bind --dry-run": ["--root", ws.root, "bind", "0000:01:00.0", "--dry-run", "--connect", uri],
+        "bind": ["--root", ws.root, "bind", "0000:01:00.0", "--connect", uri],
+        "reset": ["--root", ws.root, "reset", "0000:01:00.0", "--connect", uri],
+        "xml": ["--root", ws.root, "xml", "0000:01:00.0", "--name", "g", "--connect", uri],
+        "xml --define": ["--root", ws.root, "xml", "0000:01:00.0", "--name", "g", "--define", "--connect", uri],
+        "vgpu list": ["--root", ws.root, "vgpu", "list", "--connect", uri],
+        "verify": ["--root", ws.root, "verify", "g", "--no-bandwidth", "--connect", uri],
+        "attach": ["--root", ws.root, "attach", "0000:01:00.0", "--name", "g", "--connect", uri],
+        "detach": ["--root", ws.root, "detach", "g", "--connect", uri],
+        "testbed plan": ["--root", dgx, "testbed", "plan", str(spec), "--connect", uri],
+        "testbed run": ["--root", dgx, "testbed", "run", str(spec), "--out", str(tmp_path / "out"), "--connect",
+                        uri],
+    }
+
+
+@pytest.mark.parametrize("command", ["bind --dry-run", "bind", "reset", "xml", "xml --define", "vgpu list", "verify",
+                                     "attach", "detach", "testbed plan", "testbed run"])
+def test_commands_refuse_an_ext_uri_before_anything_runs(cli, tmp_path, program, command):
+    prog, canary = program
+    result = cli(*_commands(tmp_path, f"qemu+ext:///system?command={prog}")[command])
+    assert result.code == 2, (result.out, result.err)
+    assert result.err.startswith("gpuvfio: error: --connect ") and "transport 'ext'" in result.err, result.err
+    assert len(result.err.splitlines()) == 1
+    assert not canary.exists() and not (tmp_path / "out").exists()
+
+
+def test_the_canary_is_real_libvirt_runs_the_program_when_let_through(cli, tmp_path, program, monkeypatch):
+    """What the refusals above prevent: with the loud opt-out, a dry run's libvirt question runs
+    the URI's program (it answers no RPC, so the dry run is refused: libvirt did not answer)."""
+    prog, canary = program
+    monkeypatch.setenv(UNSAFE_ENV, "1")
+    result = cli(*_commands(tmp_path, f"qemu+ext:///system?command={prog}")["bind --dry-run"])
+    assert canary.exists()
+    assert f"warning: {UNSAFE_ENV}=1: --connect " in result.err and result.code == 1, result.err
+
+
+def test_commands_refuse_a_netcat_uri_and_take_none_where_it_means_do_not_ask(cli, tmp_path, program):
+    prog, canary = program
+    commands = _commands(tmp_path, f"qemu:///system?netcat={prog}")
+    result = cli(*commands["vgpu list"])
+    assert result.code == 2 and "parameter 'netcat'" in result.err, result.err
+    result = cli(*_commands(tmp_path, "none")["bind --dry-run"])
+    assert result.code == 0, result.err
+    result = cli(*_commands(tmp_path, "none")["xml"])
+    assert result.code == 2 and "not of the form" in result.err, result.err  # xml has no 'none'
+    assert not canary.exists()
+
+
+def test_libvirt_default_uri_is_refused_at_the_command(cli, tmp_path, program, monkeypatch):
+    prog, canary = program
+    monkeypatch.setenv(URI_ENV, f"qemu+ext:///system?command={prog}")
+    ws = gpu_workstation(tmp_path / "host")
+    result = cli("--root", ws.root, "xml", "0000:01:00.0", "--name", "g", "--define")
+    assert result.code == 2 and result.err.startswith(f"gpuvfio: error: {URI_ENV} "), result.err
+    assert not canary.exists()
+
+
+def test_the_testbed_spec_refuses_the_uri_at_its_line(cli, tmp_path, program):
+    prog, canary = program
+    spec = tmp_path / "spec.toml"
+    spec.write_text(GOOD.replace("repetitions = 3", f'repetitions = 3\nconnect = "qemu+ext:///system?command={prog}"'))
+    with pytest.raises(InputError) as info:
+        load_spec(str(spec))
+    assert "spec.toml:10: connect " in str(info.value) and "transport 'ext'" in str(info.value), str(info.value)
+    result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", str(spec))
+    assert result.code == 2 and "transport 'ext'" in result.err, result.err
+    assert not canary.exists()
+    spec.write_text(GOOD.replace("repetitions = 3", 'repetitions = 3\nconnect = "test:///default"'))
+    assert load_spec(str(spec)).connect == "test:///default"
+
+
+def test_completion_opens_nothing_the_policy_refuses(cli, monkeypatch, tmp_path, program):
+    from tests.unit.test_cli import _complete
+
+    prog, canary = program
+    assert _complete(cli, monkeypatch, f"gpuvfio detach --connect qemu+ext:///system?command={prog} tr") == []
+    monkeypatch.setenv(UNSAFE_ENV, "1")  # a Tab never runs it, and writes no warning into the shell
+    assert _complete(cli, monkeypatch, f"gpuvfio detach --connect qemu+ext:///system?command={prog} tr") == []
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("name, args", [
+    ("gpuvfio_device", {"devices": ["0000:01:00.0"], "libvirt_uri": "qemu+ext:///system?command=PROG"}),
+    ("gpuvfio_domain", {"name": "g", "devices": ["0000:01:00.0"], "uri": "qemu+ext:///system?command=PROG"}),
+    ("gpuvfio_domain", {"name": "g", "state": "absent", "uri": "qemu+ssh://hv1/system"}),
+    ("gpuvfio_verify", {"domain": "g", "uri": "qemu:///system?netcat=PROG"}),
+])
+@pytest.mark.parametrize("check", [True, False])
+def test_ansible_modules_refuse_the_uri_in_check_mode_too(run_module, tmp_path, program, name, args, check):
+    prog, canary = program
+    ws = gpu_workstation(tmp_path / "host")
+    args = {key: value.replace("PROG", str(prog)) if isinstance(value, str) else value for key, value in args.items()}
+    failed, result = run_module(name, dict(args, root=ws.root, state_dir=str(tmp_path / "s")), check=check)
+    key = "libvirt_uri" if name == "gpuvfio_device" else "uri"
+    assert failed and result["exit_code"] == 2 and result["msg"].startswith(f"{key} "), result
+    assert not canary.exists() and not os.path.exists(tmp_path / "s" / "journal.json")

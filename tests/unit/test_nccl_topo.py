@@ -1,0 +1,128 @@
+"""NCCL topology files (issue 14 item 3): guest bus ids numbered as firmware numbers them, the
+host's link speeds in place of the emulated ports' made-up ones, and the mapping of what a
+guest really shows onto the plan (fail closed when it does not line up)."""
+
+from __future__ import annotations
+
+import os
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from gpuvfio.domain import nccl_topo
+from gpuvfio.host.root import HostRoot
+from gpuvfio.ops.context import Context
+from gpuvfio.ops.domains import nccl_topology_file, provision_xml
+from gpuvfio.domain.request import domain_request
+from gpuvfio.address import PciAddress
+from tests.unit.test_layout import switch_host
+
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuvfio", "samples")
+
+
+def provisioned(root, addresses, **options):
+    ctx = Context(host=HostRoot(str(root)))
+    request = domain_request("nccl", vcpus=8, memory="16G", qemu_version="8.2", **options)
+    return ctx, provision_xml(ctx, [PciAddress.parse(a) for a in addresses], request)
+
+
+def test_buses_numbered_depth_first_from_each_busnr(tmp_path):
+    switch_host(tmp_path)
+    _ctx, p = provisioned(tmp_path, ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "0000:9a:00.0",
+                                     "0000:9b:00.0"])
+    predicted = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
+    pxbs = sorted(c.bus_nr for c in p.spec.controllers if c.model == "pcie-expander-bus")
+    first, second = pxbs
+    # pxb N: root port N+1 holds the upstream port (bus N+1, slot 0), whose bus N+2 holds the
+    # downstream ports; their buses N+3.. hold the devices, in host order.
+    assert [(d.address, d.switch) for d in predicted] == [
+        (f"0000:{first + 3:02x}:00.0", f"0000:{first + 1:02x}:00.0"),
+        (f"0000:{first + 4:02x}:00.0", f"0000:{first + 1:02x}:00.0"),
+        (f"0000:{first + 5:02x}:00.0", f"0000:{first + 1:02x}:00.0"),
+        (f"0000:{second + 3:02x}:00.0", f"0000:{second + 1:02x}:00.0"),
+        (f"0000:{second + 4:02x}:00.0", f"0000:{second + 1:02x}:00.0")]
+    assert [str(d.port.functions[0].address) for d in predicted] == [
+        "0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "0000:9a:00.0", "0000:9b:00.0"]
+
+
+def test_file_carries_host_links_and_numa(tmp_path):
+    switch_host(tmp_path)
+    ctx, p = provisioned(tmp_path, ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "0000:9a:00.0"])
+    system = ET.fromstring(nccl_topology_file(ctx, p))
+    cpus = system.findall("cpu")
+    assert [(c.get("numaid"), c.get("affinity"), c.get("vendor")) for c in cpus] == [
+        ("0", "0000000f", "GenuineIntel"), ("1", "000000f0", "GenuineIntel")]
+    # Under TCG the guest's CPU is QEMU's -cpu max, an AMD one whatever the host: NCCL is told so.
+    ctx, tcg = provisioned(tmp_path, ["0000:18:00.0", "0000:19:00.0"], virt_type="qemu", firmware="bios")
+    assert {c.get("vendor") for c in ET.fromstring(nccl_topology_file(ctx, tcg)).findall("cpu")} == {"AuthenticAMD"}
+    switch = cpus[0].find("pci")
+    assert switch.get("class") == "0x060400"
+    assert (switch.get("link_speed"), switch.get("link_width")) == ("32.0 GT/s PCIe", "16")  # the host's uplink
+    devices = switch.findall("pci")
+    assert [(d.get("vendor"), d.get("device"), d.get("class")) for d in devices] == [
+        ("0x10de", "0x26b9", "0x030200"), ("0x10de", "0x26b9", "0x030200"), ("0x15b3", "0x1021", "0x020000")]
+    assert {(d.get("link_speed"), d.get("link_width")) for d in devices} == {("16.0 GT/s PCIe", "16")}
+    lone = cpus[1].find("pci")  # one GPU of socket 1: on its own root port, no switch node
+    assert lone.get("class") == "0x030200" and lone.find("pci") is None
+
+
+def guest_view(predicted, shift: int = 0) -> list[dict]:
+    """What the probe would report for a guest whose firmware numbered buses ``shift`` higher."""
+    out = []
+    for d in predicted:
+        fn = d.port.functions[0]
+        bus = int(d.address[5:7], 16) + shift
+        down = f"0000:{bus - 1:02x}:{len(out):02x}.0"
+        switch = f"0000:{int(d.switch[5:7], 16) + shift:02x}:00.0" if d.switch else None
+        out.append({"address": f"0000:{bus:02x}:00.0", "vendor_id": fn.vendor_id, "device_id": fn.device_id,
+                    "upstream": down})
+        out.append({"address": down, "vendor_id": "1b36", "device_id": "000e", "upstream": switch})
+    out.append({"address": "0000:00:1f.0", "vendor_id": "8086", "device_id": "2918", "upstream": None})
+    return out
+
+
+def test_guest_bus_ids_win_over_the_prediction(tmp_path):
+    switch_host(tmp_path)
+    ctx, p = provisioned(tmp_path, ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0"])
+    predicted = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
+    mapped = nccl_topo.map_guest(p.spec.controllers, p.spec.ports, guest_view(predicted, shift=2))
+    assert [d.address for d in mapped] == [f"0000:{int(d.address[5:7], 16) + 2:02x}:00.0" for d in predicted]
+    assert {d.switch for d in mapped} == {f"0000:{int(predicted[0].switch[5:7], 16) + 2:02x}:00.0"}
+    text = nccl_topology_file(ctx, p, guest_view(predicted, shift=2))
+    assert [e.get("busid") for e in ET.fromstring(text).iter("pci")] == [mapped[0].switch] + [d.address for d in mapped]
+
+
+@pytest.mark.parametrize("spoil, why", [
+    (lambda view: [v for v in view if v["vendor_id"] != "15b3"], "shows 2 of the 3 planned devices"),
+    (lambda view: [dict(v, device_id="2330") if v["device_id"] == "1021" else v for v in view],
+     "shows 2 of the 3 planned devices"),
+    (lambda view: [dict(v, upstream=None) if v["vendor_id"] == "1b36" else v for v in view],
+     "does not show the switch above it"),
+])
+def test_a_guest_unlike_the_plan_gets_no_file(tmp_path, spoil, why):
+    switch_host(tmp_path)
+    ctx, p = provisioned(tmp_path, ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0"])
+    predicted = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
+    with pytest.raises(nccl_topo.TopologyMismatch, match=why):
+        nccl_topology_file(ctx, p, spoil(guest_view(predicted)))
+
+
+def test_xml_writes_the_prediction_and_says_so(cli, tmp_path):
+    out = tmp_path / "topo.xml"
+    result = cli("--root", os.path.join(SAMPLES, "pcie-switch.host"), "xml", "0000:18:00.0", "0000:19:00.0",
+                 "0000:1a:00.0", "--name", "n", "--vcpus", "8", "--memory", "64G", "--nccl-topo", str(out))
+    assert result.code == 0, result.err
+    assert "PREDICTION" in result.err
+    system = ET.fromstring(out.read_text())
+    assert len(system.findall("cpu")) == 1 and len(list(system.iter("pci"))) == 4  # switch: GPU, GPU, NIC
+
+
+def test_xml_nccl_topo_refuses_a_link(cli, tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    link = tmp_path / "topo.xml"
+    link.symlink_to(target)
+    result = cli("--root", os.path.join(SAMPLES, "dgx-h100.host"), "xml", "0000:1b:00.0", "0000:43:00.0",
+                 "--name", "n", "--nccl-topo", str(link))
+    assert result.code == 2 and "it is a link" in result.err
+    assert target.read_text() == "keep" and result.out == ""

@@ -1,0 +1,220 @@
+"""The architecture, checked on the source: one direction of imports between the layers, no
+cycles, no private names across modules, the package's own modules imported at the top of a
+module (not in functions), interfaces that only reach gpuvfio through its services."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(REPO, "gpuvfio")
+FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.strictjson",
+              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text"}
+# What each layer may import besides itself and the foundation (README "Layout").
+ALLOWED = {
+    "host": set(),
+    "bind": {"host"},
+    "vgpu": {"host", "bind"},
+    "domain": {"host", "vgpu"},
+    "virt": {"domain"},
+    "guest": {"host"},
+    "ops": {"host", "bind", "vgpu", "domain", "virt", "guest"},
+    "testbed": {"ops", "guest"},  # guest: the SSH transport to a remote hypervisor
+    "cli": {"ops", "testbed"},
+}
+
+
+def _modules() -> dict[str, str]:
+    found = {}
+    for directory, _dirs, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                rel = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                found[rel.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or module in (f"gpuvfio.{k}" for k in ALLOWED) else None
+
+
+def _imports(path: str) -> list[tuple[str, list[str], bool]]:
+    """(module imported, names taken from it, inside a function) for every gpuvfio import."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, [], in_function) for a in child.names if a.name.split(".")[0] == "gpuvfio")
+            elif isinstance(child, ast.ImportFrom) and child.module and child.module.split(".")[0] == "gpuvfio":
+                names = [a.name for a in child.names]
+                submodules = [f"{child.module}.{n}" for n in names if f"{child.module}.{n}" in MODULES]
+                found.append((child.module, [n for n in names if f"{child.module}.{n}" not in MODULES], in_function))
+                found.extend((m, [], in_function) for m in submodules)
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+def test_every_package_is_in_pyproject():
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as handle:
+        listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in MODULES.items() if p.endswith("__init__.py")} | {"gpuvfio.domain.templates"}
+    assert listed == packages
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_layers_import_one_way(module):
+    layer = _layer(module)
+    if layer is None:
+        return
+    for imported, _names, _local in _imports(MODULES[module]):
+        if imported in FOUNDATION:
+            continue
+        other = _layer(imported)
+        assert other == layer or other in ALLOWED[layer], f"{module} (layer {layer}) imports {imported}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_private_names_across_modules_and_no_local_imports_of_our_own(module):
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    aliases = set()
+    for imported, names, local in _imports(MODULES[module]):
+        assert not local, f"{module} imports {imported} inside a function (import it at the top)"
+        private = [n for n in names if n.startswith("_") and n != "__version__"]
+        assert not private, f"{module} takes private name(s) {private} from {imported}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name.startswith("gpuvfio")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpuvfio"):
+            aliases |= {a.asname or a.name for a in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            assert False, f"{module} uses {node.value.id}.{node.attr}, another module's private name"
+
+
+def test_no_import_cycles():
+    graph = {m: {i for i, _n, _l in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+    # A module imports its package's __init__ implicitly: that edge is the language's, not a cycle.
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if node.startswith(nxt + "."):
+                continue
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_modules_stay_small():
+    sizes = {m: sum(1 for _ in open(p, encoding="utf-8")) for m, p in MODULES.items()}
+    assert {m: n for m, n in sizes.items() if n > 600} == {}
+
+
+def test_interfaces_reach_gpuvfio_only_through_its_services():
+    """The Ansible modules (and their module_utils) parse, call gpuvfio.ops and map results."""
+    allowed = FOUNDATION | {m for m in MODULES if m.startswith("gpuvfio.ops")}
+    for directory in ("library", "module_utils"):
+        base = os.path.join(REPO, "playbooks", directory)
+        for name in sorted(os.listdir(base)):
+            if name.endswith(".py"):
+                for imported, _names, _local in _imports(os.path.join(base, name)):
+                    assert imported in allowed, f"playbooks/{directory}/{name} imports {imported}"
+
+
+def test_no_process_exit_that_skips_teardown():
+    """Only a forked sysfs writer leaves with os._exit (it must not run the parent's cleanup)."""
+    users = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Attribute) and node.attr == "_exit":
+                users.append(module)
+    assert users == ["gpuvfio.bind.sysfs_write"]
+
+
+# Every read and write of a file goes through gpuvfio.files (issue 22): a new raw open elsewhere
+# would step around its rules (no link followed beneath a root, regular files only, bounded reads,
+# atomic writes). The in-guest payload runs in the guest, stdlib only, and is not held to it.
+FILE_CALLS = {"open", "io.open", "os.open", "os.fdopen", "os.listdir", "os.scandir", "os.walk", "os.makedirs",
+              "os.mkdir", "os.unlink", "os.remove", "os.rmdir", "os.replace", "os.rename", "os.symlink", "os.link",
+              "os.readlink", "os.truncate", "os.mkfifo", "os.mknod", "tempfile.*", "shutil.*", "glob.*",
+              "tarfile.open", "*.read_text", "*.write_text", "*.read_bytes", "*.write_bytes", "*.load_host_keys"}
+FILE_CALL_ALLOWED = {
+    "gpuvfio.files": {"*"},
+    # sysfs's own links, resolved inside <root>/sys (and a host's /etc links inside the root).
+    "gpuvfio.host.root": {"os.readlink"},
+    # SSH: which ssh binary runs (a lookup on PATH, no file read); tarfile and the TOML/JSON
+    # readers work on bytes already read through the layer.
+    "gpuvfio.guest.ssh_config": {"shutil.*"},
+    "gpuvfio.testbed.remote": {"tarfile.open"},  # tarfile.open(fileobj=...) over bytes in memory
+}
+
+
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        if isinstance(base, ast.Name):
+            return f"{base.id}.{func.attr}"
+        return f"*.{func.attr}"
+    return None
+
+
+def _forbidden(name: str) -> bool:
+    module = name.split(".")[0]
+    return name in FILE_CALLS or f"{module}.*" in FILE_CALLS or f"*.{name.rsplit('.', 1)[-1]}" in FILE_CALLS \
+        and "." in name
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if ".payload" not in m))
+def test_files_are_reached_only_through_the_file_layer(module):
+    allowed = FILE_CALL_ALLOWED.get(module, set())
+    if "*" in allowed:
+        return
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    raw = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _call_name(node)
+            if name is None or not _forbidden(name):
+                continue
+            general = f"{name.split('.')[0]}.*" if not name.startswith("*.") else name
+            wildcard = f"*.{name.rsplit('.', 1)[-1]}"
+            if name in allowed or general in allowed or wildcard in allowed:
+                continue
+            raw.append(f"line {node.lineno}: {name}(...)")
+    assert not raw, f"{module} opens files itself; use gpuvfio.files: {raw}"
+
+
+def test_the_file_layer_check_sees_raw_opens(tmp_path):
+    """The check above is not vacuous: each form it forbids is found in a sample."""
+    sample = ("import os, shutil, tempfile\nopen('x')\nos.open('x', 0)\nos.listdir('.')\n"
+              "shutil.copy('a', 'b')\ntempfile.mkdtemp()\npath.read_text()\n")
+    found = [(_call_name(n), _forbidden(_call_name(n))) for n in ast.walk(ast.parse(sample))
+             if isinstance(n, ast.Call)]
+    assert [name for name, bad in found if bad] == ["open", "os.open", "os.listdir", "shutil.copy", "tempfile.mkdtemp",
+                                                    "path.read_text"]
