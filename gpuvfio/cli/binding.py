@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated, Optional
 
 import typer
@@ -10,6 +9,7 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes
+from gpuvfio.cli.plans import DryRun, command_context, needs_yes, show_plan
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
@@ -23,8 +23,6 @@ WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                              help="Give up on a sysfs write the kernel does not return from.")]
 LockTimeout = Annotated[float, typer.Option("--lock-timeout", metavar="SECONDS",
                                             help="Wait this long for another gpuvfio run to finish.")]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing (exit as the "
-                                                        "real run would).")]
 Force = Annotated[bool, typer.Option("--force", help="Override the checks marked overridable "
                                                      "(a foreign device in the group, boot VGA).")]
 StopServices = Annotated[bool, typer.Option("--stop-services", help="Stop nvidia-persistenced, fabricmanager, DCGM "
@@ -58,22 +56,22 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
     check_devices(addresses, device_ids, required=True)
     policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host)
     try:
-        with _context(root_of(root), dry_run, progress=progress_for(as_json), write_timeout=timeout,
+        with command_context(root_of(root), dry_run, progress=progress_for(as_json), write_timeout=timeout,
                       lock_timeout=lock_timeout) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
                              tell=progress_for(as_json))
-            needs_yes = _needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
+            unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
             try:
                 report = binding.bind(ctx, wanted, policy, uri=connect, dry_run=dry_run)
             except Refused as exc:
-                if needs_yes is None:
+                if unconfirmed is None:
                     raise
                 if exc.report is not None:  # the plan, then the refusal the run meets first
                     emit_json(exc.report) if as_json else render.print_plan(exc.report)
-                raise needs_yes from None
-            if needs_yes is not None:
+                raise unconfirmed from None
+            if unconfirmed is not None:
                 emit_json(report) if as_json else render.print_plan(report)
-                raise needs_yes
+                raise unconfirmed
     except Refused as exc:
         if exc.report is not None:
             emit_json(exc.report) if as_json else render.print_plan(exc.report)
@@ -151,7 +149,7 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
 def status_cmd(output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Show the devices gpuvfio holds, their original drivers and any unfinished operation."""
     fmt = chosen_format(output_format, as_json)
-    with _context(root_of(root), True) as ctx:
+    with command_context(root_of(root), True) as ctx:
         report = binding.status(ctx)
     if fmt == "json":
         emit_json(report)
@@ -161,39 +159,17 @@ def status_cmd(output_format: FormatOption = None, as_json: JsonOption = False, 
         print_listing(render.status_listing(report), fmt)
 
 
-def _needs_yes(ctx, addresses, device_ids) -> Refused | None:
-    """The refusal a run without --yes meets (a selector that reached more than one device), for
-    a dry run to show its plan first and then exit as that run would."""
-    try:
-        resolve(ctx.host, addresses, device_ids, changes=True, yes=False)
-    except Refused as exc:
-        return exc
-    return None
-
-
-@contextlib.contextmanager
-def _context(root: str | None, read_only: bool, **kwargs):
-    """The Context of a command: a read-only one (status, a dry run) takes a recording (.host)
-    as it takes a directory; a command that changes the host takes the host itself."""
-    if read_only:
-        with open_host(root) as (host, _label), host_context(host, **kwargs) as ctx:
-            yield ctx
-    else:
-        with live_context(root, **kwargs) as ctx:
-            yield ctx
-
-
 def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, force: bool, as_json: bool,
              lock_timeout: float, root: str | None) -> None:
     check_devices(addresses, device_ids, required=True)
-    with _context(root_of(root), dry_run, lock_timeout=lock_timeout) as ctx:
+    with command_context(root_of(root), dry_run, lock_timeout=lock_timeout) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
                          tell=progress_for(as_json))
-        needs_yes = _needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
+        unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
         report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force)
         _persist_output(report, remove, dry_run, as_json)
-        if needs_yes is not None:  # the diff shown; then refused, as the run is without --yes
-            raise needs_yes
+        if unconfirmed is not None:  # the diff shown; then refused, as the run is without --yes
+            raise unconfirmed
 
 
 def _persist_output(report: dict, remove: bool, dry_run: bool, as_json: bool) -> None:

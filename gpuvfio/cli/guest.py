@@ -12,9 +12,11 @@ from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.domain import (ConsoleLog, DomainArgs, Firmware, ForwardPort, Hugepages, Loader, Memory, Name, Numa,
                                 NvramTemplate, P2p, Path, QemuVersion, RomBar, RomFile, Text, Topology, Vcpus,
                                 VirtType)
+from gpuvfio.cli.plans import DryRun, command_context, needs_yes, show_plan
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
 from gpuvfio.ops.context import check_uri, default_uri, live_context
+from gpuvfio.ops.attach_plan import plan_attach
 from gpuvfio.ops.domains import complete_domains
 from gpuvfio.ops.guests import (PROBE_TIMEOUT, VERIFY_TIMEOUT, AttachFailed, attach, detach, parse_expect, verify,
                                 verify_options)
@@ -131,7 +133,7 @@ def attach_cmd(
     boot_timeout: Annotated[float, typer.Option("--boot-timeout", help="Seconds from start until SSH answers.")]
     = 300.0,
     probe_timeout: ProbeTimeout = PROBE_TIMEOUT, verify_timeout: VerifyTimeout = VERIFY_TIMEOUT,
-    as_json: JsonOption = False, root: RootOption = None,
+    dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
     check_uri(connect, source="--connect")
@@ -146,12 +148,20 @@ def attach_cmd(
                             samples=samples)  # checked even with --no-verify: bad input is bad input
     if no_verify:
         checks = None
+    policy = BindPolicy(force=force, stop_services=stop_services)
+    if dry_run:
+        with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
+            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=progress_for(as_json))
+            unconfirmed = None if yes else needs_yes(ctx, addresses, device_ids)
+            plan = plan_attach(ctx, wanted, request, uri=connect, ssh=ssh, verify=checks, policy=policy,
+                               ask_libvirt=libvirt_not_asked(ctx, connect) is None)
+            show_plan(plan, as_json, unconfirmed=unconfirmed)
+        return
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
             result = attach(ctx, wanted, request, uri=connect, ssh=ssh, verify=checks,
-                            keep_on_failure=keep_on_failure,
-                            policy=BindPolicy(force=force, stop_services=stop_services))
+                            keep_on_failure=keep_on_failure, policy=policy)
     except AttachFailed as exc:
         if as_json:
             emit_json(exc.result.to_json())

@@ -193,3 +193,26 @@ def print_verify(report: dict, console=None) -> None:
                       f"{where + detail}")
     for bus, rates in report["bandwidth_gbps"].items():
         console.print(f"  bandwidth {bus}: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))
+
+
+def print_operation_plan(report: dict, console=None) -> None:
+    """An operation's plan (gpuvfio.ops.plans.Plan as JSON): its checks (refusals in red), its
+    steps in the order the run takes them, the notes, and the domain's differences against
+    libvirt's definition."""
+    console = console or make_console()
+    report = printable_report(report, "markup")  # messages quote the host's drivers and domain names
+    verdict = {"refused": "[bold red]refused[/]", "nothing_to_do": "nothing to do", "planned": "planned"}
+    console.print(f"[bold]{report['operation']} {report['target']}:[/] {verdict.get(report['result'], '')}")
+    for check in report["checks"]:
+        console.print(f"  [{PLAN_STYLE.get(check['status'], '')}]{check['status']:6}[/] {check['id']}: "
+                      f"{check['message']}")
+    if report["steps"]:
+        console.print("[bold]Steps:[/]")
+        for number, step in enumerate(report["steps"], start=1):
+            console.print(f"  {number}. {step['step']}" + (f": {step['detail']}" if step["detail"] else ""))
+    for note in report["notes"]:
+        console.print(f"  note: {note}")
+    if report.get("changes"):
+        console.print("[bold]Differences against libvirt's definition:[/]")
+        for line in report["changes"]:
+            console.print(f"  {line}")

@@ -15,6 +15,7 @@ device and domain modules all call these. Two policies live here and nowhere els
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
@@ -35,7 +36,8 @@ from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
-__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "restore", "held",
+__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "BindOperation",
+           "plan_operation", "apply_operation", "restore", "held",
            "release", "unbind", "status", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
@@ -113,14 +115,58 @@ def addresses_in_groups(inventory: Inventory, addresses: list[PciAddress]) -> li
     return sorted(found)
 
 
-def _refusal(report: dict) -> Refused:
-    return Refused("refused: " + "; ".join(c["message"] for c in report["refused"]), report)
-
-
 def operation_lock(ctx: Context) -> RunLock:
     """The run lock for an operation of many steps (attach, a testbed variant): held from its
     first change to its verdict, re-entrant for the binds and vGPU steps inside it."""
     return RunLock(state_dir(ctx.host), ctx.lock_timeout, progress=ctx.progress)
+
+
+@dataclass
+class BindOperation:
+    """A bind decided: the plan, its report, and the refusals that stop this bind (devices
+    already on vfio-pci are refused only when broken, or used by a domain with ``require_unused``)."""
+
+    plan: BindPlan
+    report: dict
+    refusals: list[str]
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.plan.nothing_to_do
+
+    def refusal(self) -> Refused:
+        return Refused("refused: " + "; ".join(self.refusals), self.report)
+
+
+def plan_operation(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
+                   exclude: str | None = None, require_unused: bool = False) -> BindOperation:
+    """The bind of ``addresses`` as the run will carry it out (bind, attach's bind step, a dry
+    run, Ansible check mode and testbed plan all take this one decision)."""
+    if not addresses:
+        raise InputError("no PCI address given")
+    bind_plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
+    if bind_plan.nothing_to_do:
+        # Devices already on vfio-pci: still refused when broken (always), or used by a domain
+        # (when one is about to get them).
+        refusing = [c["message"] for c in report["refused"]
+                    if c["id"] == "health" or (require_unused and c["id"] == "libvirt")]
+    else:
+        refusing = [c["message"] for c in report["refused"]]
+    if refusing:
+        report["result"] = "refused"
+    return BindOperation(bind_plan, report, refusing)
+
+
+def apply_operation(ctx: Context, operation: BindOperation, journal: Journal) -> dict:
+    """Carry out a planned bind; the caller holds the run lock and made the plan under it."""
+    if operation.refusals:
+        raise operation.refusal()
+    report = operation.report
+    if operation.nothing_to_do:
+        return report
+    result = apply_bind(ctx.host, operation.plan, journal, ctx.writer(), ctx.host_actions(), ctx.progress)
+    report["result"] = result.status
+    return report
 
 
 def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
@@ -134,38 +180,16 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     directory = state_dir(ctx.host)
     if dry_run:
         Journal.load(directory)  # a corrupt journal is reported even on a dry run (reading writes nothing)
-        _plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
-        _check_nothing_to_do(report, require_unused)
-        if "result" in report:
-            return report
-        if report["refused"]:
-            report["result"] = "refused"
-            raise _refusal(report)
-        report["result"] = "dry_run"
-        return report
+        operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
+        if operation.refusals:
+            raise operation.refusal()
+        if not operation.nothing_to_do:
+            operation.report["result"] = "dry_run"
+        return operation.report
     with RunLock(directory, ctx.lock_timeout):
         journal = Journal.load(directory)
-        bind_plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
-        _check_nothing_to_do(report, require_unused)
-        if bind_plan.nothing_to_do:
-            return report
-        if report["refused"]:
-            report["result"] = "refused"
-            raise _refusal(report)
-        result = apply_bind(ctx.host, bind_plan, journal, ctx.writer(), ctx.host_actions(), ctx.progress)
-        report["result"] = result.status
-        return report
-
-
-def _check_nothing_to_do(report: dict, require_unused: bool) -> None:
-    """Devices already on vfio-pci: still refused when broken (always), or used by a domain
-    (when one is about to get them)."""
-    if report.get("result") != "nothing_to_do":
-        return
-    in_use = [c for c in report["refused"] if c["id"] == "health" or (require_unused and c["id"] == "libvirt")]
-    if in_use:
-        report["result"] = "refused"
-        raise Refused("refused: " + "; ".join(c["message"] for c in in_use), report)
+        operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
+        return apply_operation(ctx, operation, journal)
 
 
 def restore(ctx: Context, addresses: list[PciAddress]) -> dict:

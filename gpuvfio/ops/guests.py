@@ -27,23 +27,22 @@ from gpuvfio.domain.nccl_topo import GUEST_FILE
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.guest.checks import evaluate
-from gpuvfio.guest.expect import (LINK_EFFICIENCY, Expected, Gates, expectations, gates,  # noqa: F401
-                                  parse_expect)  # parse_expect: for the CLI
+from gpuvfio.guest.expect import Expected, expectations, parse_expect  # noqa: F401 - parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
 from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.fabric import read_fabric
+from gpuvfio.bind.journal import Journal, state_dir
 from gpuvfio.ops import binding, fabric
+from gpuvfio.ops.attach_plan import (STEP_BIND, STEP_DEFINE, STEP_FIND, STEP_NCCL, STEP_PARTITION, STEP_SSH,
+                                     STEP_START, STEP_VERIFY, AttachPlan, plan_attach)
 from gpuvfio.ops.context import Context, checked_seconds, run_output
-from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file, provision_xml
+from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file
+from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VERIFY_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
 from gpuvfio.virt import lifecycle
-from gpuvfio.virt.connection import call, default_uri
-
-PROBE_TIMEOUT = 120.0  # the probe's forks: seconds on hardware, more under emulation
-VERIFY_TIMEOUT = 600.0  # the verifier with its bandwidth runs
-
+from gpuvfio.virt.connection import call
 
 @dataclass
 class AttachResult:
@@ -58,11 +57,13 @@ class AttachResult:
     start_to_ssh_s: float | None = None  # from libvirt's start until the guest's SSH answered
     nccl_topology: dict | None = None  # the NCCL topology file written in the guest, or why not
     notes: list[str] = field(default_factory=list)  # what the plan decided (layout, P2P cliques)
+    placement: dict | None = None  # NUMA cells, CPUs, pages and the guest PCIe layout (attach_plan.placement_json)
 
     def to_json(self) -> dict:
         return {"name": self.name, "ok": self.ok, "steps": self.steps, "define": self.define,
                 "verify": self.report, "ssh": self.ssh, "rolled_back": self.rolled_back, "xml": self.xml,
-                "start_to_ssh_s": self.start_to_ssh_s, "nccl_topology": self.nccl_topology, "notes": self.notes}
+                "start_to_ssh_s": self.start_to_ssh_s, "nccl_topology": self.nccl_topology, "notes": self.notes,
+                "placement": self.placement}
 
 
 class AttachFailed(GpuvfioError):
@@ -74,124 +75,85 @@ class AttachFailed(GpuvfioError):
         self.exit_code = exit_code
 
 
-@dataclass(frozen=True)
-class VerifyOptions:
-    bandwidth: bool = True
-    probe_timeout: float = PROBE_TIMEOUT
-    timeout: float = VERIFY_TIMEOUT
-    gates: Gates = Gates()
-    size_mib: int | None = None  # None: the verifier's own defaults (nvbandwidth's)
-    copies: int | None = None
-    samples: int | None = None
-
-    @property
-    def verifier_args(self) -> tuple[str, ...]:
-        out: list[str] = []
-        for flag, value in (("--size-mib", self.size_mib), ("--copies", self.copies), ("--samples", self.samples)):
-            if value is not None:
-                out += [flag, str(value)]
-        return tuple(out)
-
-
-def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEOUT,
-                   timeout: float = VERIFY_TIMEOUT, link_efficiency: float | None = None,
-                   min_gbps: float | None = None, size_mib: int | None = None, copies: int | None = None,
-                   samples: int | None = None) -> VerifyOptions:
-    for name, value, top in (("--size-mib", size_mib, 64 * 1024), ("--copies", copies, 1000),
-                             ("--samples", samples, 1000)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
-            raise InputError(f"{name} must be a whole number from 1 to {top}")
-    chosen = gates(link_efficiency=LINK_EFFICIENCY if link_efficiency is None else link_efficiency, min_gbps=min_gbps)
-    return VerifyOptions(bool(bandwidth), checked_seconds(probe_timeout, "probe timeout", upper=24 * 3600),
-                         checked_seconds(timeout, "verify timeout", upper=24 * 3600), chosen, size_mib, copies, samples)
-
-
 def attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
            uri: str | None = None, policy: BindPolicy = BindPolicy(),
            verify: VerifyOptions | None = VerifyOptions(), keep_on_failure: bool = False) -> AttachResult:
-    """Bind, define, start, wait for SSH, verify (``verify=None``: wait for SSH only), holding the
-    run lock from the first change to the verdict or the end of the undo: a bind, attach or vGPU
-    create meanwhile waits, then is refused naming this run."""
+    """Plan (gpuvfio.ops.attach_plan), then carry out the plan's steps in order: bind, define,
+    start, wait for SSH, verify (``verify=None``: wait for SSH only). The run lock is held from
+    the plan to the verdict or the end of the undo: a bind, attach or vGPU create meanwhile
+    waits, then is refused naming this run. A refused plan is the run's refusal, in its words."""
     with binding.operation_lock(ctx):
-        return _attach(ctx, ctx.libvirt(uri), uri, addresses, request, ssh, policy, verify, keep_on_failure)
+        plan = plan_attach(ctx, addresses, request, ssh=ssh, uri=uri, policy=policy, verify=verify)
+        plan.raise_if_refused()
+        return run_attach(ctx, plan, keep_on_failure=keep_on_failure)
 
 
-def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_failure) -> AttachResult:
-    result = AttachResult(request.name)
+def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False) -> AttachResult:
+    """Execute ``plan`` (made under the run lock the caller holds), step by step as planned."""
+    name, uri, provisioned, ssh, verify = plan.target, plan.uri, plan.provisioned, plan.ssh, plan.verify
+    conn = ctx.libvirt(uri)
+    result = AttachResult(name, xml=plan.xml, notes=list(plan.notes),
+                          placement=plan.details.get("placement"))
     undo: list[tuple[str, Callable[[], None]]] = []
+    state: dict = {}
 
-    def step(name: str, func: Callable, *args):
-        started = ctx.clock.monotonic()
-        ctx.progress(f"{name} ...")
-        try:
-            value = func(*args)
-        except BaseException as exc:
-            result.steps.append({"step": name, "ok": False, "seconds": round(ctx.clock.monotonic() - started, 3),
-                                 "error": str(exc) or type(exc).__name__})
-            raise
-        seconds = ctx.clock.monotonic() - started
-        result.steps.append({"step": name, "ok": True, "seconds": round(seconds, 3)})
-        ctx.progress(f"{name}: done ({seconds:.1f}s)")
-        return value
+    def bind() -> None:
+        bound = binding.apply_operation(ctx, plan.bind, Journal.load(state_dir(ctx.host)))
+        moved = [PciAddress.parse(a) for a in bound.get("moving", [])] if bound["result"] == "applied" else []
+        if moved:  # the undo gives back only what this bind moved
+            undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
 
-    existing = lifecycle.lookup(conn, request.name)
-    if existing is not None and not lifecycle.made_by_gpuvfio(existing):
-        raise Refused(f"domain {request.name} exists and was not created by gpuvfio; pick another --name")
-    if existing is not None and lifecycle.is_active(existing):
-        raise Refused(f"domain {request.name} is running; gpuvfio detach {request.name} first")
-    try:
-        provisioned = provision_xml(ctx, addresses, request, uri=uri, ask_libvirt=True)
-        result.xml = provisioned.xml
-        result.notes = list(provisioned.spec.notes)
-        if provisioned.passthrough:
-            # The domain-use check asks the connection this attach defines on, leaving its own
-            # domain out (it is about to be redefined); devices already on vfio-pci must not be
-            # in use by another domain either. The undo gives back only what this bind moved.
-            bound = step("bind", lambda: binding.bind(ctx, provisioned.passthrough, policy, uri=uri or default_uri(),
-                                                      exclude=request.name, require_unused=True))
-            moved = [PciAddress.parse(a) for a in bound.get("moving", [])] if bound["result"] == "applied" else []
-            if moved:
-                undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
-        if provisioned.spec.fabric is not None and provisioned.spec.fabric.partition is not None:
-            # HGX shared NVSwitch: bind, then activate the partition, then start (its undo runs
-            # after the guest is stopped and before the devices go back).
-            activated = step("activate partition", fabric.activate, ctx, provisioned.spec.fabric)
-            undo.append(("deactivate partition", lambda: fabric.deactivate(ctx, partition_ids=activated)))
-        defined = step("define", lambda: define_domain(ctx, provisioned.xml, uri=uri, update=True))
+    def activate() -> None:
+        # HGX shared NVSwitch: bind, then activate the partition, then start (its undo runs
+        # after the guest is stopped and before the devices go back).
+        activated = fabric.activate(ctx, provisioned.spec.fabric)
+        undo.append(("deactivate partition", lambda: fabric.deactivate(ctx, partition_ids=activated)))
+
+    def define() -> None:
+        defined = define_domain(ctx, provisioned.xml, uri=uri, update=True)
         result.define = defined.to_json()
-        dom = lifecycle.lookup(conn, request.name)
+        state["dom"] = dom = lifecycle.lookup(conn, name)
         if defined.created:
             undo.append(("undefine", lambda: lifecycle.undefine(dom)))
         elif defined.previous_xml is not None:
             undo.append(("put back the previous definition",
-                         lambda: call(f"redefining {request.name}", conn.defineXML, defined.previous_xml)))
-        started = ctx.clock.monotonic()
-        step("start", lifecycle.start, dom)
-        undo.append(("destroy", lambda: lifecycle.stop(dom, timeout=0)))
-        if ssh.host is None:
-            target = step("find address", _discover, ctx, ssh, conn, dom)
-        else:
-            target = guest_target(ssh)
-        result.ssh = {"host": target.host, "port": target.port, "user": target.user}
-        session = step("wait for ssh", Session(target, recorded_known_hosts(ctx)).connect)
+                         lambda: call(f"redefining {name}", conn.defineXML, defined.previous_xml)))
+
+    def start() -> None:
+        state["started"] = ctx.clock.monotonic()
+        lifecycle.start(state["dom"])
+        undo.append(("destroy", lambda: lifecycle.stop(state["dom"], timeout=0)))
+
+    def find() -> None:
+        state["target"] = _discover(ctx, ssh, conn, state["dom"])
+
+    def wait_for_ssh() -> None:
+        target = state.get("target") or guest_target(ssh)
+        result.ssh = {"host": target.host, "port": target.port, "user": target.user, "notes": list(target.notes)}
+        state["session"] = Session(target, recorded_known_hosts(ctx)).connect()
         # Big-BAR guests took minutes to start before kernel huge-pfnmap and QEMU 9.2: say how long.
-        result.start_to_ssh_s = round(ctx.clock.monotonic() - started, 3)
+        result.start_to_ssh_s = round(ctx.clock.monotonic() - state["started"], 3)
+
+    def check_guest() -> None:
+        expected = planned_expectations(provisioned, expectations(provisioned.inventory, provisioned.assigned))
+        result.report = verify_guest(
+            state["session"], expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
+            probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
+            progress=ctx.progress)
+
+    def nccl() -> None:
+        result.nccl_topology = write_nccl_topology(ctx, state["session"], provisioned,
+                                                   verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
+
+    actions = {STEP_BIND: bind, STEP_PARTITION: activate, STEP_DEFINE: define, STEP_START: start, STEP_FIND: find,
+               STEP_SSH: wait_for_ssh, STEP_VERIFY: check_guest, STEP_NCCL: nccl}
+    try:
         try:
-            result.ssh["notes"] = list(target.notes)
-            if verify is not None:
-                expected = expectations(provisioned.inventory, provisioned.assigned)
-                expected = planned_expectations(provisioned, expected)
-                result.report = step("verify", lambda: verify_guest(
-                    session, expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
-                    probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
-                    progress=ctx.progress))
-            gpus = [a for a in provisioned.passthrough
-                    if provisioned.inventory.functions[a].is_nvidia_gpu and a.function == 0]
-            if len(gpus) >= 2:  # NCCL's topology matters where there are GPUs to talk to each other
-                result.nccl_topology = step("nccl topology", write_nccl_topology, ctx, session, provisioned,
-                                            verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
+            for planned in plan.steps:
+                _timed_step(ctx, result, planned.action, actions[planned.action])
         finally:
-            session.close()
+            if "session" in state:
+                state["session"].close()
     except BaseException as exc:
         # Any failure -- also a libvirt error gpuvfio did not expect, Ctrl-C, a testbed's
         # SIGTERM -- undoes what this run did before it goes on.
@@ -204,12 +166,27 @@ def _attach(ctx, conn, uri, addresses, request, ssh, policy, verify, keep_on_fai
                     result.rolled_back.append(f"{what} FAILED: {undo_exc}")
         if not isinstance(exc, GpuvfioError):
             raise
-        raise AttachFailed(f"attach {request.name} failed: {exc}"
+        raise AttachFailed(f"attach {name} failed: {exc}"
                            + (f"; rolled back: {', '.join(result.rolled_back)}" if result.rolled_back else
                               ("; kept as it is (--keep-on-failure)" if keep_on_failure and undo else "")),
                            result, exit_code=getattr(exc, "exit_code", 1)) from None
     result.ok = result.report is None or result.report["ok"]
     return result
+
+
+def _timed_step(ctx: Context, result: AttachResult, name: str, func: Callable[[], None]) -> None:
+    """One step of the run, recorded under the plan's name with its time and outcome."""
+    started = ctx.clock.monotonic()
+    ctx.progress(f"{name} ...")
+    try:
+        func()
+    except BaseException as exc:
+        result.steps.append({"step": name, "ok": False, "seconds": round(ctx.clock.monotonic() - started, 3),
+                             "error": str(exc) or type(exc).__name__})
+        raise
+    seconds = ctx.clock.monotonic() - started
+    result.steps.append({"step": name, "ok": True, "seconds": round(seconds, 3)})
+    ctx.progress(f"{name}: done ({seconds:.1f}s)")
 
 
 def with_cliques(expected: list[Expected], cliques: dict[PciAddress, int]) -> list[Expected]:

@@ -15,7 +15,11 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops import binding, domains, vgpu
 from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.attach_plan import plan_attach
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.plans import PlannedStep
+from gpuvfio.ops.targets import SshOptions, ssh_options
+from gpuvfio.ops.verify_options import verify_options
 from gpuvfio.ops.selection import resolve, the_gpu
 from gpuvfio.testbed.spec import Spec, Variant, guest_request_args
 
@@ -61,6 +65,16 @@ def addresses_for(ctx: Context, gpus: list[PciAddress], variant: Variant) -> lis
         raise InputError(f"variant {variant.name}: {exc}") from None
 
 
+def ssh_for(spec: Spec, timeout: float | None = None) -> SshOptions:
+    """The guest's SSH target as [ssh] names it (``timeout``: until SSH answers; the boot
+    timeout of the spec by default)."""
+    ssh = spec.ssh
+    return ssh_options(host=ssh.get("host", "127.0.0.1" if "port" in ssh else None), port=ssh.get("port"),
+                       user=ssh.get("user", "root"), key=ssh.get("key"), known_hosts=ssh.get("known_hosts"),
+                       trust_on_first_use=ssh.get("trust_on_first_use", False),
+                       timeout=ssh.get("boot_timeout", 300) if timeout is None else timeout)
+
+
 def policy_for(variant: Variant) -> BindPolicy:
     return BindPolicy(force=variant.force, stop_services=variant.stop_services)
 
@@ -82,7 +96,6 @@ def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False)
         addresses = addresses_for(ctx, gpus, variant)
         try:
             request = request_for(ctx, spec, variant, gpus)
-            provisioned = domains.provision_xml(ctx, addresses, request)
         except GpuvfioError as exc:
             if isinstance(exc, InputError):
                 raise InputError(f"variant {variant.name}: {exc}") from None
@@ -90,21 +103,39 @@ def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False)
             out["refused"].append(variant.name)
             out["variants"].append(entry)
             continue
+        # The run's own plan: the same libvirt, the same bind checks, the same steps.
+        try:
+            attach = plan_attach(ctx, addresses, request, ssh=ssh_for(spec), uri=uri, policy=policy_for(variant),
+                                 verify=verify_options(**spec.verify),
+                                 ask_libvirt=binding.libvirt_not_asked(ctx, uri) is None)
+        except InputError as exc:
+            raise InputError(f"variant {variant.name}: {exc}") from None
+        if variant.kind == "vgpu":
+            # Before the attach, as the run: the scheduler (NVML changes it only with no vGPU
+            # VM running), then the instance the domain names.
+            before = [PlannedStep("vgpu scheduler", f"{variant.scheduler} through NVML, put back after")] \
+                if variant.scheduler else []
+            attach.steps[:0] = before + [PlannedStep("vgpu create", f"a {variant.profile} instance on "
+                                                                    f"{addresses[0]}")]
+        entry["plan"] = attach.to_json()
+        entry["refused"] = [c.message for c in attach.refusals]
+        if attach.provisioned is None:
+            out["refused"].append(variant.name)
+            out["variants"].append(entry)
+            continue
+        provisioned = attach.provisioned
         spec_ = provisioned.spec
         entry.update({"domain": request.name, "hugepages_kib": spec_.hugepage_kib,
                       "numa_nodes": [c.node for c in spec_.cells], "warnings": spec_.warnings,
-                      "xml": provisioned.xml, "refused": []})
+                      "xml": provisioned.xml})
         if variant.kind == "vgpu":
             entry["vgpu"] = {"profile": variant.profile, "mig_backed": vgpu.mig_backed(variant.profile),
                              "scheduler": variant.scheduler,
                              "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the "
                                                 "previous policy put back after" if variant.scheduler else
                                                 "left as the host driver has it")}
-        if provisioned.passthrough:
-            _bind_plan, report = binding.plan(ctx, provisioned.passthrough, policy_for(variant), uri=uri,
-                                              exclude=request.name)
-            entry["bind"] = report
-            entry["refused"] = [c["message"] for c in report["refused"]] if "result" not in report else []
+        if attach.bind is not None:
+            entry["bind"] = attach.bind.report
         if entry["refused"]:
             out["refused"].append(variant.name)
         if first_xml is None:

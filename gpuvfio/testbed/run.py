@@ -21,8 +21,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding, guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
-from gpuvfio.ops.targets import ssh_options
-from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for
+from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for, ssh_for
 from gpuvfio.testbed.report import out_tree, read_identity, result_files
 from gpuvfio.testbed.spec import Spec, Variant
 
@@ -206,13 +205,6 @@ def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
     return _run_guest_variant(ctx, spec, variant, gpus, out, uri, todo, signals)
 
 
-def _ssh(spec: Spec, timeout: float):
-    ssh = spec.ssh
-    return ssh_options(host=ssh.get("host", "127.0.0.1" if "port" in ssh else None), port=ssh.get("port"),
-                       user=ssh.get("user", "root"), key=ssh.get("key"), known_hosts=ssh.get("known_hosts"),
-                       trust_on_first_use=ssh.get("trust_on_first_use", False), timeout=timeout)
-
-
 def _teardown(ctx: Context, variant: Variant, name: str, uri: str | None, instance: str | None, scheduled) -> None:
     """Guest, then vGPU, then scheduler policy (NVML changes it only with no vGPU VM running);
     every step is tried even when one before it failed."""
@@ -275,7 +267,7 @@ def _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri
         extra["verify_settings"] = dict(spec.verify)  # [run]'s, the same for every repetition
         ctx.progress(f"{variant.name}: attach")
         started = ctx.clock.monotonic()
-        result = guests.attach(ctx, addresses, request, uri=uri, ssh=_ssh(spec, boot_timeout),
+        result = guests.attach(ctx, addresses, request, uri=uri, ssh=ssh_for(spec, boot_timeout),
                                policy=policy_for(variant), verify=options)
         took = ctx.clock.monotonic() - started
         first, rest = todo[0], todo[1:]
@@ -285,7 +277,7 @@ def _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri
                                                       "attach_steps": result.steps, **extra}, measured)
         for rep in rest:
             ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
-            report = guests.verify(ctx, ssh=_ssh(spec, 60.0), domain=request.name, uri=uri, options=options)
+            report = guests.verify(ctx, ssh=ssh_for(spec, 60.0), domain=request.name, uri=uri, options=options)
             write_rep(out, variant, rep, report, extra, measured)
     finally:
         with signals.deferred():

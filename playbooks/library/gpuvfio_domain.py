@@ -284,7 +284,7 @@ from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, GUEST
 
 if HAS_GPUVFIO:
     from gpuvfio.errors import Refused
-    from gpuvfio.ops import binding, domains, guests
+    from gpuvfio.ops import attach_plan, binding, domains, guests
 
 
 def domain_request(params):
@@ -352,12 +352,14 @@ def running(module, ctx, uri, addresses) -> dict:
         return {"changed": False, "xml": provisioned.xml, "state": "running"}
     result = {"changed": True, "xml": provisioned.xml, "diff": xml_diff(before, provisioned.xml, name)}
     if module.check_mode:
-        plan = {"define": domains.define_domain(ctx, provisioned.xml, uri=uri, update=True, dry_run=True).result,
-                "start": True, "wait_for_ssh": True, "verify": params["verify"]}
-        if provisioned.passthrough:  # the plan of the real run: a refusal fails the task here too
-            plan["bind"] = binding.bind(ctx, provisioned.passthrough, policy(params), uri=uri, exclude=name,
-                                        dry_run=True, require_unused=True)
-        result["plan"] = plan
+        # attach's own plan (gpuvfio.ops.attach_plan), as attach --dry-run prints it: a refusal
+        # in it fails the task here as the run would, in the run's words. The key is not
+        # written out for a plan (ssh_private_key stays in memory).
+        ssh = guest_ssh(module, params["ssh_key"], params["boot_timeout"])
+        plan = attach_plan.plan_attach(ctx, addresses, domain_request(params), ssh=ssh, uri=uri,
+                                       policy=policy(params), verify=checks)
+        result["plan"] = plan.to_json()
+        plan.raise_if_refused()
         return result
     with private_key_file(module) as key_file:
         ssh = guest_ssh(module, key_file, params["boot_timeout"])

@@ -1,0 +1,64 @@
+"""Dry runs as every command that changes the host takes them: the plan shown, then the exit
+the run would have (gpuvfio.ops.plans)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated
+
+import typer
+
+from gpuvfio.cli import render
+from gpuvfio.cli.app import emit_json, say
+from gpuvfio.errors import Refused
+from gpuvfio.ops.context import host_context, live_context
+from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.plans import Plan
+from gpuvfio.ops.selection import resolve
+
+__all__ = ["DryRun", "command_context", "needs_yes", "show_plan"]
+
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Show the plan; change nothing (no --yes needed); exit as "
+                                                        "the run would.")]
+
+
+@contextlib.contextmanager
+def command_context(root: str | None, read_only: bool, **kwargs):
+    """The Context of a command: a read-only one (status, a dry run) takes a recording (.host)
+    as it takes a directory and has no way to run modprobe or systemctl; a command that
+    changes the host takes the host itself."""
+    if read_only:
+        with open_host(root) as (host, _label), host_context(host, **kwargs) as ctx:
+            yield ctx
+    else:
+        with live_context(root, **kwargs) as ctx:
+            yield ctx
+
+
+def needs_yes(ctx, addresses, device_ids) -> Refused | None:
+    """The refusal a run without --yes meets (a selector that reached more than one device), for
+    a dry run to show its plan first and then exit as that run would."""
+    try:
+        resolve(ctx.host, addresses, device_ids, changes=True, yes=False)
+    except Refused as exc:
+        return exc
+    return None
+
+
+def show_plan(plan: Plan, as_json: bool, *, unconfirmed: Refused | None = None) -> None:
+    """Print ``plan`` (text, or JSON with --json) and exit as its run would: a run without the
+    --yes it needs is refused first, in its own words; a refused plan is refused with the
+    plan's words; otherwise exit 0, nothing changed."""
+    if unconfirmed is not None:
+        plan.refuse("confirm", str(unconfirmed))
+    if as_json:
+        emit_json(plan.to_json())
+    else:
+        render.print_operation_plan(plan.to_json())
+    if unconfirmed is not None:
+        raise unconfirmed
+    if plan.refused:
+        raise plan.refusal()
+    if not as_json:
+        say(f"dry run: nothing changed; the run takes {len(plan.steps)} step{'s' if len(plan.steps) != 1 else ''}"
+            if plan.steps else "dry run: nothing to do")

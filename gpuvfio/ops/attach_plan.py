@@ -1,0 +1,171 @@
+"""attach's plan: everything attach decides, before it changes anything.
+
+One function decides, for ``attach --dry-run``, Ansible's check mode, ``testbed plan`` and
+the run itself (which makes it under the run lock and then executes its steps in order):
+
+* the domain of that name: none (defined new), gpuvfio's and stopped (redefined, keeping its
+  UUID), gpuvfio's and running, or someone else's (both refused);
+* the domain, built from the same libvirt the run uses: the QEMU version from that
+  connection, the other domains' vCPU pins (gpuvfio.ops.domains.provision_xml);
+* the bind, with the run's checks (``require_unused``: a domain using the devices refuses,
+  a broken device refuses) -- the very BindOperation the run applies;
+* the define (new, unchanged, or the differences against libvirt's definition), the start,
+  the SSH target, the verification and the NCCL topology file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuvfio.address import PciAddress
+from gpuvfio.bind.plan import BindPolicy
+from gpuvfio.domain.request import DomainRequest
+from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.ops import binding
+from gpuvfio.ops.binding import BindOperation
+from gpuvfio.ops.context import Context
+from gpuvfio.ops.domains import Existing, Provisioned, define_domain, existing_domain, provision_xml
+from gpuvfio.ops.plans import Plan, Verdict
+from gpuvfio.ops.targets import SshOptions
+from gpuvfio.ops.verify_options import VerifyOptions
+from gpuvfio.virt.connection import default_uri
+
+__all__ = ["AttachPlan", "plan_attach", "placement_json", "STEP_BIND", "STEP_PARTITION", "STEP_DEFINE",
+           "STEP_START", "STEP_FIND", "STEP_SSH", "STEP_VERIFY", "STEP_NCCL"]
+
+# The steps of an attach, by the names the run records them under.
+STEP_BIND, STEP_PARTITION, STEP_DEFINE, STEP_START = "bind", "activate partition", "define", "start"
+STEP_FIND, STEP_SSH, STEP_VERIFY, STEP_NCCL = "find address", "wait for ssh", "verify", "nccl topology"
+
+
+@dataclass
+class AttachPlan(Plan):
+    provisioned: Provisioned | None = None
+    bind: BindOperation | None = None
+    existing: Existing | None = None
+    uri: str | None = None
+    ssh: SshOptions | None = None
+    verify: VerifyOptions | None = None
+
+    @property
+    def gpus(self) -> list[PciAddress]:
+        """The GPUs passed through whole (function 0 of each NVIDIA GPU): NCCL's devices."""
+        if self.provisioned is None:
+            return []
+        functions = self.provisioned.inventory.functions
+        return [a for a in self.provisioned.passthrough if functions[a].is_nvidia_gpu and a.function == 0]
+
+
+def plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
+                uri: str | None = None, policy: BindPolicy = BindPolicy(),
+                verify: VerifyOptions | None = None, ask_libvirt: bool = True) -> AttachPlan:
+    """What ``attach`` will do and every refusal it will meet; reads only (bad input raises).
+    ``ask_libvirt=False`` (a preview of a recorded host without --connect): the plan says
+    what it could not ask (an existing domain, the QEMU version, the other domains' pins)."""
+    plan = AttachPlan("attach", request.name, uri=uri, ssh=ssh, verify=verify)
+    name = request.name
+    existing = None
+    if not ask_libvirt:
+        plan.check("libvirt", Verdict.WARN, binding.libvirt_not_asked(ctx, uri) or "libvirt not asked")
+        return _plan_build(ctx, plan, addresses, request, policy, ssh, verify, asked=False)
+    try:
+        existing = existing_domain(ctx, name, uri=uri, ours_only=False)
+    except InputError:
+        raise
+    except GpuvfioError as exc:  # libvirt did not answer: the run would stop at the same place
+        plan.refuse("libvirt", str(exc))
+        return plan
+    if existing is not None and not existing.ours:
+        plan.refuse("domain", f"domain {name} exists and was not created by gpuvfio; pick another --name")
+    elif existing is not None and existing.active:
+        plan.refuse("domain", f"domain {name} is running; gpuvfio detach {name} first")
+    else:
+        plan.check("domain", Verdict.OK, f"gpuvfio's domain {name} exists, stopped: redefined with its UUID"
+                   if existing is not None else f"no domain {name} yet: defined new")
+    plan.existing = existing
+    return _plan_build(ctx, plan, addresses, request, policy, ssh, verify, asked=True)
+
+
+def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], request: DomainRequest,
+                policy: BindPolicy, ssh: SshOptions, verify: VerifyOptions | None, *, asked: bool) -> AttachPlan:
+    name, uri, existing = request.name, plan.uri, plan.existing
+    try:
+        provisioned = provision_xml(ctx, addresses, request, uri=uri, ask_libvirt=asked)
+    except InputError:
+        raise
+    except GpuvfioError as exc:  # the domain cannot be built here (pages, NUMA, address space, fabric)
+        plan.refuse("domain_spec", str(exc))
+        return plan
+    plan.provisioned = provisioned
+    spec = provisioned.spec
+    plan.xml = provisioned.xml
+    plan.notes = list(spec.notes)
+    for warning in spec.warnings:
+        plan.check("domain_spec", Verdict.WARN, warning)
+    plan.details["placement"] = placement_json(provisioned)
+    plan.details["versions"] = [{"feature": r.feature, "needed": r.needed, "have": r.have, "status": r.status}
+                                for r in spec.versions]
+    if provisioned.passthrough:
+        _plan_bind(ctx, plan, provisioned, policy, (uri or default_uri()) if asked else binding.NO_LIBVIRT, name)
+    if spec.fabric is not None and spec.fabric.partition is not None:
+        plan.step(STEP_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
+    if existing is not None and existing.ours:
+        defined = define_domain(ctx, provisioned.xml, uri=uri, update=True, dry_run=True)
+        plan.changes = list(defined.changes)
+        plan.step(STEP_DEFINE, f"redefine {name} ({len(defined.changes)} differences)" if defined.changes
+                  else f"{name} is defined so already (unchanged)")
+    elif asked:
+        plan.changes = []
+        plan.step(STEP_DEFINE, f"define {name} on {uri or default_uri()}")
+    else:
+        plan.step(STEP_DEFINE, f"define {name} (new, or redefined if gpuvfio's; libvirt not asked)")
+    plan.step(STEP_START, f"start {name}")
+    if ssh.host is None:
+        plan.step(STEP_FIND, "the guest's address from libvirt (DHCP lease, guest agent, ARP), until "
+                             f"{ssh.timeout:g}s")
+        where = "the address found"
+    else:
+        where = f"{ssh.host}:{ssh.port or 22}"
+    plan.step(STEP_SSH, f"{where} as {ssh.user or 'the SSH config User, else root'}, host key "
+                        f"{'trusted on first use' if ssh.trust_on_first_use else 'pinned'}, until {ssh.timeout:g}s")
+    if verify is not None:
+        plan.step(STEP_VERIFY, "in the guest: devices, driver, CUDA, PCIe link"
+                  + (", copy bandwidth" if verify.bandwidth else " (no bandwidth)")
+                  + (", P2P" if len(plan.gpus) >= 2 else ""))
+    if len(plan.gpus) >= 2:  # NCCL's topology matters where there are GPUs to talk to each other
+        plan.step(STEP_NCCL, "write NCCL's topology file in the guest from the devices it shows")
+    return plan
+
+
+def _plan_bind(ctx: Context, plan: AttachPlan, provisioned: Provisioned, policy: BindPolicy, uri: str | None,
+               name: str) -> None:
+    # The domain-use check asks the connection this attach defines on, leaving its own domain
+    # out (it is about to be redefined); devices already on vfio-pci must not be in use by
+    # another domain either (require_unused).
+    operation = binding.plan_operation(ctx, provisioned.passthrough, policy, uri=uri, exclude=name,
+                                       require_unused=True)
+    plan.bind = operation
+    plan.details["bind"] = operation.report
+    refusing = set(operation.refusals)
+    for check in operation.plan.checks:
+        if check.message in refusing:
+            verdict = Verdict.REFUSE
+        elif check.status == "ok":
+            verdict = Verdict.OK
+        else:  # a warning, a refusal --force overrides, or one that does not hold for devices already there
+            verdict = Verdict.WARN
+        plan.check(f"bind.{check.check_id}", verdict, check.message)
+    moving = [str(a) for a in operation.plan.moving]
+    plan.step(STEP_BIND, f"move {', '.join(moving)} to vfio-pci (with their IOMMU groups)" if moving
+              else f"nothing to move: {', '.join(map(str, provisioned.passthrough))} already on vfio-pci")
+
+
+def placement_json(provisioned: Provisioned) -> dict:
+    """Where the guest sits on the host: per NUMA cell its vCPUs, host CPUs, emulator CPUs and
+    memory, the hugepage size, and the guest's PCIe layout (attach's result carries it)."""
+    spec = provisioned.spec
+    return {"cells": [{"node": c.node, "vcpus": list(c.vcpus), "host_cpus": list(c.host_cpus),
+                       "emulator_cpus": list(c.emulator_cpus), "memory_kib": c.memory_kib,
+                       "avoided": list(c.avoided)} for c in spec.cells],
+            "hugepage_kib": spec.hugepage_kib, "guest_numa": spec.guest_cells,
+            "layout": provisioned.layout_json()}
