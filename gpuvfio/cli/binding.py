@@ -9,11 +9,11 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes
-from gpuvfio.cli.plans import DryRun, command_context, needs_yes, show_plan
+from gpuvfio.cli.plans import DryRun, command_context, needs_yes, preview
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
-from gpuvfio.ops.reset import reset
+from gpuvfio.ops.reset import plan_reset, reset
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
@@ -88,14 +88,20 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
 
 
 @app.command("unbind")
-def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
+               connect: Connect = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                root: RootOption = None) -> None:
     """Give devices back to the host: clear driver_override, leave vfio-pci, reprobe (no journal)."""
+    check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
+    if dry_run:
+        preview(root_of(root), addresses, device_ids, yes, as_json,
+                lambda ctx, wanted: binding.plan_unbind(ctx, wanted, uri=connect))
+        return
     ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-    report = binding.unbind(ctx, wanted)
+    report = reporting_failure(as_json, lambda: binding.unbind(ctx, wanted, uri=connect))
     if as_json:
         emit_json(report)
         return
@@ -104,12 +110,16 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
 
 
 @app.command("restore")
-def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
+                timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
                 lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
                 root: RootOption = None) -> None:
     """Return devices gpuvfio bound to exactly their recorded drivers (all, when none is named); works
     after a crash."""
     check_devices(addresses, device_ids, required=False)
+    if dry_run:
+        preview(root_of(root), addresses, device_ids, yes, as_json, binding.plan_restore)
+        return
     ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                        lock_timeout=lock_timeout)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
@@ -126,13 +136,19 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
                                 "device below it is gpuvfio's.")] = False,
               forget: Annotated[bool, typer.Option(
                   "--forget", help="Clear the broken mark without a reset, once the device answers again.")] = False,
-              connect: Connect = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
+              connect: Connect = None, dry_run: DryRun = False, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
               lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
               root: RootOption = None) -> None:
     """Reset devices gpuvfio holds through the kernel (a device that came back broken from a guest);
     one that answers again may be bound or restored."""
     check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
+    if bus and forget:
+        raise InputError("--bus and --forget exclude each other")
+    if dry_run:
+        preview(root_of(root), addresses, device_ids, yes, as_json,
+                lambda ctx, wanted: plan_reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
+        return
     with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                       lock_timeout=lock_timeout) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))

@@ -9,14 +9,14 @@ from typing import Annotated
 import typer
 
 from gpuvfio.cli import render
-from gpuvfio.cli.app import emit_json, say
+from gpuvfio.cli.app import emit_json, progress_for, say
 from gpuvfio.errors import Refused
 from gpuvfio.ops.context import host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.plans import Plan
 from gpuvfio.ops.selection import resolve
 
-__all__ = ["DryRun", "command_context", "needs_yes", "show_plan"]
+__all__ = ["DryRun", "command_context", "needs_yes", "show_plan", "preview"]
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Show the plan; change nothing (no --yes needed); exit as "
                                                         "the run would.")]
@@ -62,3 +62,13 @@ def show_plan(plan: Plan, as_json: bool, *, unconfirmed: Refused | None = None) 
     if not as_json:
         say(f"dry run: nothing changed; the run takes {len(plan.steps)} step{'s' if len(plan.steps) != 1 else ''}"
             if plan.steps else "dry run: nothing to do")
+
+
+def preview(root: str | None, addresses, device_ids, yes: bool, as_json: bool, make_plan) -> None:
+    """A command's --dry-run over device arguments: resolve them on a read-only Context (a
+    recording too), make the plan with ``make_plan(ctx, addresses)``, show it, exit as the run."""
+    tell = progress_for(as_json)
+    with command_context(root, True, progress=tell) as ctx:
+        wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=tell)
+        unconfirmed = None if yes else needs_yes(ctx, addresses, device_ids)
+        show_plan(make_plan(ctx, wanted), as_json, unconfirmed=unconfirmed)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.cli.plans import DryRun, command_context, show_plan
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, printable, printable_report
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
@@ -82,11 +83,16 @@ def create_cmd(address: Address,
                uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: random).")] = None,
                persist: Annotated[bool, typer.Option("--persist", help="Recreate it at boot (mdevctl's store, "
                                                                        "/etc/mdevctl.d).")] = False,
-               as_json: JsonOption = False, root: RootOption = None) -> None:
+               dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Create a vGPU instance (legacy: an mdev; SR-IOV: a type on a free VF), journaled."""
     Selector.parse(address)
     if uuid is not None:
         uuid = parse_uuid(uuid)
+    if dry_run:
+        with command_context(root_of(root), True) as ctx:
+            show_plan(vgpu.plan_create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist),
+                      as_json)
+        return
     ctx = live_context(root_of(root))
     report = vgpu.create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist)
     if as_json:
@@ -98,9 +104,13 @@ def create_cmd(address: Address,
 
 
 @vgpu_app.command("remove")
-def remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], as_json: JsonOption = False,
-               root: RootOption = None) -> None:
+def remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], dry_run: DryRun = False,
+               as_json: JsonOption = False, root: RootOption = None) -> None:
     """Remove a vGPU instance gpuvfio created (an mdev UUID, or the VF address of an SR-IOV vGPU)."""
+    if dry_run:
+        with command_context(root_of(root), True) as ctx:
+            show_plan(vgpu.plan_remove(ctx, instance), as_json)
+        return
     report = vgpu.remove(live_context(root_of(root)), instance)
     emit_json(report) if as_json else sys.stdout.write(f"removed {printable(instance)}\n")
 
@@ -110,11 +120,15 @@ def scheduler_cmd(address: Address,
                   policy: Annotated[Optional[str], typer.Option(
                       "--set", metavar="POLICY", help="best-effort, equal-share or fixed-share (journaled; gpuvfio "
                                                       "restore puts the previous one back).")] = None,
-                  as_json: JsonOption = False, root: RootOption = None) -> None:
+                  dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Show (or set) a GPU's vGPU scheduler policy, where the driver exposes it through NVML."""
     Selector.parse(address)
     if policy is not None:
         vgpu.parse_policy(policy)
+    if dry_run and policy is not None:
+        with command_context(root_of(root), True) as ctx:
+            show_plan(vgpu.plan_scheduler(ctx, resolve_one(ctx.host, address), policy), as_json)
+        return
     ctx = live_context(root_of(root))
     wanted = resolve_one(ctx.host, address)
     report = vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)

@@ -31,6 +31,7 @@ from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.plans import Plan, Verdict
 from gpuvfio.vgpu.instances import remove_all
 from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
@@ -38,7 +39,7 @@ from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "BindOperation",
            "plan_operation", "apply_operation", "restore", "held",
-           "release", "unbind", "status", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
+           "release", "unbind", "status", "plan_unbind", "plan_restore", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
 
@@ -192,19 +193,48 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         return apply_operation(ctx, operation, journal)
 
 
+def plan_restore(ctx: Context, addresses: list[PciAddress]) -> Plan:
+    """What ``restore`` will give back, from the journal: the partitions to deactivate, on a full
+    restore the vGPU instances and scheduler policies gpuvfio made, each device's recorded driver
+    and the services to restart; reads only."""
+    journal = Journal.load(state_dir(ctx.host))
+    wanted = [str(a) for a in addresses]
+    unknown = [a for a in wanted if a not in journal.devices]
+    if unknown:
+        raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
+    if wanted:
+        wanted = _with_companions(ctx, read_inventory(ctx.host), journal, wanted)
+    plan = Plan("restore", ", ".join(wanted) if wanted else "everything gpuvfio holds")
+    for step in plan_detach(journal, [PciAddress.parse(a) for a in wanted] if wanted else None):
+        plan.step("deactivate partition", f"Fabric Manager partition {step.partition_id} (devices "
+                                          f"{', '.join(step.devices)})")
+    if not wanted:
+        for instance in list(journal.data.get("mdevs", {})) + list(journal.data.get("vgpus", {})):
+            plan.step("remove vGPU", instance)
+        for address in journal.data.get("schedulers", {}):
+            plan.step("put back vGPU scheduler", address)
+    targets = wanted or sorted(journal.devices)
+    for address in targets:
+        record = journal.devices[address]
+        override = record.get("original_override")
+        plan.step("restore", f"{address}: back to {record.get('original_driver') or 'no driver'}"
+                  + (f" (driver_override {override})" if override else ""))
+    if not set(journal.devices) - set(targets):  # services are restarted with the last device
+        for service in journal.data["services_stopped"]:
+            plan.step("start service", service)
+    plan.details = {"devices": targets, "wanted": wanted}
+    return plan
+
+
 def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
     """Return devices gpuvfio holds to their recorded drivers (all of them, and the vGPU
-    instances and scheduler policies it changed, when no address is given)."""
+    instances and scheduler policies it changed, when no address is given): the plan, made
+    under the run lock, carried out."""
     directory = state_dir(ctx.host)
     with RunLock(directory, ctx.lock_timeout):
         journal = Journal.load(directory)
-        wanted = [str(a) for a in addresses]
-        unknown = [a for a in wanted if a not in journal.devices]
-        if unknown:
-            raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
-        if wanted:
-            wanted = _with_companions(ctx, read_inventory(ctx.host), journal, wanted)
-        return _restore_locked(ctx, journal, wanted)
+        plan = plan_restore(ctx, addresses)
+        return _restore_locked(ctx, journal, plan.details["wanted"])
 
 
 def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
@@ -305,16 +335,52 @@ def release(ctx: Context, addresses: list[PciAddress]) -> dict:
         return _restore_locked(ctx, journal, held)
 
 
-def unbind(ctx: Context, addresses: list[PciAddress]) -> dict:
-    """Give devices back to the host without the journal (gpuvfio unbind)."""
+def plan_unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> Plan:
+    """What ``unbind`` will write: per device, clear driver_override, leave vfio-pci, reprobe. A
+    device a domain uses is refused (vfio-pci's release waits for the guest to let go: the write
+    would hang), and so is one when libvirt cannot be asked (fail closed; --connect none)."""
     if not addresses:
         raise InputError("no PCI address given")
     inventory = read_inventory(ctx.host)
     for address in addresses:
         if address not in inventory.functions:
             raise InputError(f"no such PCI function on this host: {address}")
+    targets = sorted(set(addresses))
+    plan = Plan("unbind", ", ".join(map(str, targets)))
+    view = libvirt_view(ctx, targets, uri=uri)
+    used = {str(a): names for a, names in (view.users or {}).items() if names}
+    if view.error:
+        plan.refuse("libvirt", f"cannot tell whether a domain uses them: {view.error}")
+    elif used:
+        plan.refuse("libvirt", "in use by " + "; ".join(f"{a}: {', '.join(n)}" for a, n in sorted(used.items())))
+    else:
+        plan.check("libvirt", Verdict.WARN if view.not_asked else Verdict.OK,
+                   view.not_asked or "no libvirt domain uses these devices")
+    journal = Journal.load(state_dir(ctx.host))
+    held = [str(a) for a in targets if str(a) in journal.devices]
+    if held:
+        plan.check("journal", Verdict.WARN, f"gpuvfio holds {', '.join(held)}: unbind leaves its record; gpuvfio "
+                                            "restore gives back exactly the recorded drivers")
+    for address in targets:
+        driver = current_driver(ctx.host, address)
+        if current_override(ctx.host, address) is not None:
+            plan.step("clear override", f"{address}: driver_override <- (none)")
+        if driver == "vfio-pci":
+            plan.step("unbind", f"{address}: unbind from vfio-pci")
+        if driver in (None, "vfio-pci"):
+            plan.step("probe", f"{address}: drivers_probe (the host's driver takes it)")
+    plan.details = {"devices": [str(a) for a in targets]}
+    return plan
+
+
+def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> dict:
+    """Give devices back to the host without the journal (gpuvfio unbind): its plan, made under
+    the run lock, carried out."""
     with RunLock(state_dir(ctx.host), ctx.lock_timeout):
-        return {"drivers": give_back(ctx.host, sorted(set(addresses)), ctx.writer())}
+        plan = plan_unbind(ctx, addresses, uri=uri)
+        plan.raise_if_refused()
+        return {"drivers": give_back(ctx.host, [PciAddress.parse(a) for a in plan.details["devices"]],
+                                     ctx.writer())}
 
 
 def status(ctx: Context) -> dict:

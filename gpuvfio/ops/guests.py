@@ -25,7 +25,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.bind.plan import BindPolicy
 from gpuvfio.domain.nccl_topo import GUEST_FILE
 from gpuvfio.domain.request import DomainRequest
-from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.guest.checks import evaluate
 from gpuvfio.guest.expect import Expected, expectations, parse_expect  # noqa: F401 - parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
@@ -37,9 +37,14 @@ from gpuvfio.bind.journal import Journal, state_dir
 from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.attach_plan import (STEP_BIND, STEP_DEFINE, STEP_FIND, STEP_NCCL, STEP_PARTITION, STEP_SSH,
                                      STEP_START, STEP_VERIFY, AttachPlan, plan_attach)
+from gpuvfio.bind.fabric_manager import plan_detach as plan_partitions
 from gpuvfio.ops.context import Context, checked_seconds, run_output
+from gpuvfio.ops.plans import Plan, Verdict
 from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VERIFY_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
+
+# The steps of a detach, by the names its plan gives them.
+STEP_STOP, STEP_UNDEFINE, STEP_DEACTIVATE, STEP_RESTORE = "stop", "undefine", "deactivate partition", "restore devices"
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
@@ -263,24 +268,55 @@ def exists(ctx: Context, name: str, *, uri: str | None = None) -> bool:
     return lifecycle.lookup(ctx.libvirt(uri), name) is not None
 
 
-def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0, restore: bool = True) -> dict:
-    """Stop the guest, undefine it, give its devices back (by the one release policy). A domain
-    gpuvfio did not define is not touched."""
+def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
+                restore: bool = True) -> Plan:
+    """What ``detach`` will do: stop, undefine, deactivate the Fabric Manager partitions gpuvfio
+    activated for the domain's devices, and give back what gpuvfio holds in their groups (by
+    the one release policy). A domain gpuvfio did not define is refused; none is bad input."""
     timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600, allow_zero=True)
+    plan = Plan("detach", name)
     dom = lifecycle.lookup(ctx.libvirt(uri), name)
     if dom is None:
         raise InputError(f"no domain named {name}")
     if not lifecycle.made_by_gpuvfio(dom):
-        raise Refused(f"domain {name} was not created by gpuvfio; stop it with virsh")
+        plan.refuse("domain", f"domain {name} was not created by gpuvfio; stop it with virsh")
+        return plan
+    plan.check("domain", Verdict.OK, f"gpuvfio defined {name}")
     devices = lifecycle.recorded_devices(dom)
-    how = lifecycle.stop(dom, timeout=timeout, monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
+    running = lifecycle.is_active(dom)
+    plan.step(STEP_STOP, (f"ACPI shutdown, destroyed after {timeout:g}s" if timeout > 0 else "destroy")
+              if running else "not running: nothing to stop")
+    plan.step(STEP_UNDEFINE, f"undefine {name}")
+    journal = Journal.load(state_dir(ctx.host))
+    partitions = [step.partition_id for step in plan_partitions(journal, devices)] if devices else []
+    if partitions:
+        plan.step(STEP_DEACTIVATE, "Fabric Manager partition " + ", ".join(map(str, partitions)))
+    held = binding.held(ctx, devices) if devices and restore else {}
+    if held:
+        plan.step(STEP_RESTORE, ", ".join(f"{a} -> {r.get('original_driver') or 'no driver'}"
+                                          for a, r in sorted(held.items())))
+    elif devices and restore:
+        plan.notes.append("gpuvfio holds none of its devices: nothing to give back")
+    plan.details = {"devices": [str(d) for d in devices], "running": running, "timeout": timeout,
+                    "partitions": partitions, "restore": sorted(held)}
+    return plan
+
+
+def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0, restore: bool = True) -> dict:
+    """Stop the guest, undefine it, give its devices back: the steps of its plan, in order. A
+    domain gpuvfio did not define is not touched."""
+    plan = plan_detach(ctx, name, uri=uri, timeout=timeout, restore=restore)
+    plan.raise_if_refused()
+    dom = lifecycle.lookup(ctx.libvirt(uri), name)
+    devices = [PciAddress.parse(a) for a in plan.details["devices"]]
+    how = lifecycle.stop(dom, timeout=plan.details["timeout"], monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
     ctx.progress(f"{name}: {how}")
     lifecycle.undefine(dom)
     ctx.progress(f"{name}: undefined")
     partitions = fabric.deactivate(ctx, devices=devices) if devices else []  # stop, deactivate, restore
     restored = binding.release(ctx, devices) if devices and restore else None
     return {"name": name, "stopped": how, "undefined": True, "devices": [str(d) for d in devices],
-            "partitions": partitions, "restored": restored}
+            "partitions": partitions, "restored": restored, "steps": plan.step_names}
 
 
 def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,

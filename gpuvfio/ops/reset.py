@@ -28,15 +28,14 @@ from gpuvfio.host.health import return_problem
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.ops.binding import libvirt_view
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.plans import Plan
 
-__all__ = ["reset"]
+__all__ = ["reset", "plan_reset"]
 
 
-def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
-          uri: str | None = None) -> dict:
-    """Reset gpuvfio's devices by the kernel's function reset (or, with ``bus``, the secondary
-    bus reset of their bridge); a device that answers afterwards loses its broken mark.
-    Returns {"method", "reset", "devices": {address: problem or None}, "cleared"}."""
+def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
+               uri: str | None = None) -> Plan:
+    """What ``reset`` will write and every refusal it will meet; reads only."""
     if not addresses:
         raise InputError("no PCI address given")
     if bus and forget:
@@ -45,17 +44,25 @@ def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forge
     unknown = [str(a) for a in addresses if a not in inventory.functions]
     if unknown:
         raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
-    directory = state_dir(ctx.host)
-    with RunLock(directory, ctx.lock_timeout):
-        journal = Journal.load(directory)
+    plan = Plan("reset", ", ".join(map(str, addresses)))
+    journal = Journal.load(state_dir(ctx.host))
+    try:
         bridge = _bridge(inventory, addresses) if bus else None
-        below = [f.address for f in inventory.functions.values() if bridge in f.parents and not f.is_bridge]
-        affected = sorted(set(below) if bridge else set(addresses))
-        _check_ours(ctx, journal, affected, bridge)
-        _check_unused(ctx, affected, uri)
-        targets: list[str] = []
+    except Refused as exc:
+        plan.refuse("bridge", _words(exc))
+        return plan
+    below = [f.address for f in inventory.functions.values() if bridge in f.parents and not f.is_bridge]
+    affected = sorted(set(below) if bridge else set(addresses))
+    method, targets = "none", []
+    for check_id, check in (("ours", lambda: _check_ours(ctx, journal, affected, bridge)),
+                            ("libvirt", lambda: _check_unused(ctx, affected, uri))):
+        try:
+            check()
+        except Refused as exc:
+            plan.refuse(check_id, _words(exc))
+    try:
         if forget:
-            method = "none"
+            pass
         elif bridge:
             method, targets = "bus", [_kernel_file(ctx, bridge, "reset_subordinate", "its bridge has no "
                                                    "reset_subordinate (older kernel)")]
@@ -67,10 +74,41 @@ def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forge
                     raise Refused(f"refused: {address} has no reset method the kernel offers (reset_method is "
                                   "empty); --bus resets the bus below its bridge")
                 targets.append(_kernel_file(ctx, address, "reset", "the kernel offers no reset for it"))
+    except Refused as exc:
+        plan.refuse("reset_method", _words(exc))
+    for path in targets:
+        plan.step("reset", f"write 1 to {'/' + os.path.relpath(path, ctx.host.root)}")
+    broken = [str(a) for a in affected if str(a) in journal.data["broken"]]
+    plan.step("settle", "read each device back; clear the broken mark of "
+                        + (", ".join(broken) if broken else "none (none is marked)") + " if it answers")
+    plan.details = {"method": method, "devices": [str(a) for a in affected],
+                    "reset": [os.path.relpath(p, ctx.host.root) for p in targets]}
+    return plan
+
+
+def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
+          uri: str | None = None) -> dict:
+    """Reset gpuvfio's devices by the kernel's function reset (or, with ``bus``, the secondary
+    bus reset of their bridge); a device that answers afterwards loses its broken mark. The plan
+    is made under the run lock and its writes carried out.
+    Returns {"method", "reset", "devices": {address: problem or None}, "cleared"}."""
+    directory = state_dir(ctx.host)
+    with RunLock(directory, ctx.lock_timeout):
+        plan = plan_reset(ctx, addresses, bus=bus, forget=forget, uri=uri)
+        plan.raise_if_refused()
+        journal = Journal.load(directory)
+        targets = [os.path.join(ctx.host.root, rel) for rel in plan.details["reset"]]
         for path in targets:
             ctx.progress(f"reset: {os.path.relpath(path, ctx.host.root)}")
             ctx.writer().write(path, "1\n")
-        return _settle(ctx, journal, affected, method, targets)
+        affected = [PciAddress.parse(a) for a in plan.details["devices"]]
+        return _settle(ctx, journal, affected, plan.details["method"], targets)
+
+
+def _words(exc: Refused) -> str:
+    """A refusal's reason, without the "refused: " its plan puts in front of all of them."""
+    text = str(exc)
+    return text[len("refused: "):] if text.startswith("refused: ") else text
 
 
 def _bridge(inventory: Inventory, addresses: list[PciAddress]) -> PciAddress:

@@ -8,16 +8,18 @@ from __future__ import annotations
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.spec import mdev_uuid
 from gpuvfio.bind.journal import Journal, state_dir
-from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.domain.request import parse_uuid
+from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.plans import Plan, Verdict
 from gpuvfio.vgpu import instances, scheduler
 from gpuvfio.vgpu.types import mig_backed, pick_mdev
 from gpuvfio.virt.usage import assignments
 
-__all__ = ["types", "instances_list", "create", "remove", "scheduler_state", "set_scheduler", "undo_scheduler", "create_for_domain",
+__all__ = ["types", "instances_list", "create", "remove", "plan_create", "plan_remove", "plan_scheduler", "scheduler_state", "set_scheduler", "undo_scheduler", "create_for_domain",
            "mig_backed", "parse_policy", "POLICIES"]
 POLICIES = scheduler.POLICIES
 parse_policy = scheduler.parse_policy
@@ -44,6 +46,29 @@ def instances_list(ctx: Context, *, uri: str | None = None) -> dict:
     return {"instances": found, "libvirt": libvirt_note or "asked"}
 
 
+def plan_create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
+                persist: bool = False) -> Plan:
+    """What ``vgpu create`` will make (gpuvfio.vgpu.instances.decide_create, the run's decision);
+    reads only. A type the GPU does not offer, or with no instance left, is refused."""
+    plan = Plan("vgpu create", f"{wanted} on {address}")
+    inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
+    try:
+        creation = instances.decide_create(ctx.host, inventory, address, wanted, uuid)
+    except Refused as exc:
+        plan.refuse("vgpu_type", str(exc))
+        return plan
+    plan.check("vgpu_type", Verdict.OK, f"{address} offers {creation.type_id}")
+    if creation.exists:
+        plan.notes.append(f"{creation.instance} exists with type {creation.type_id}: nothing to do")
+    else:
+        plan.step("create", creation.describe())
+        if persist and creation.kind == "mdev":
+            plan.step("persist", "define it in mdevctl's store (/etc/mdevctl.d), started at boot")
+    plan.details = {"kind": creation.kind, "parent": str(address), "type": creation.type_id,
+                    "instance": creation.instance}
+    return plan
+
+
 def create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
            persist: bool = False) -> dict:
     return instances.create(ctx.host, address, wanted, writer=ctx.writer(), uuid=uuid, persist=persist,
@@ -62,6 +87,30 @@ def create_for_domain(ctx: Context, domain_name: str, address: PciAddress, profi
     return create(ctx, address, profile, uuid=uuid)
 
 
+def plan_remove(ctx: Context, instance: str) -> Plan:
+    """What ``vgpu remove`` will undo, from the journal (an instance gpuvfio did not create is
+    bad input, as the run says); reads only."""
+    journal = Journal.load(state_dir(ctx.host))
+    plan = Plan("vgpu remove", instance)
+    address = PciAddress.try_parse(instance)
+    if address is not None:
+        record = journal.data.get("vgpus", {}).get(str(address))
+        if record is None:
+            raise InputError(f"{address} has no vGPU type set by gpuvfio (see gpuvfio status)")
+        plan.step("remove", f"{address}: nvidia/current_vgpu_type <- {record.get('previous', 0)}")
+        return plan
+    try:
+        uuid = parse_uuid(instance)
+    except InputError:
+        raise InputError(f"not an mdev UUID or a VF address: {instance!r}") from None
+    record = journal.data.get("mdevs", {}).get(uuid)
+    if record is None:
+        raise InputError(f"mdev {uuid} was not created by gpuvfio (see gpuvfio status)")
+    plan.step("remove", f"write 1 to /sys/bus/mdev/devices/{uuid}/remove")
+    plan.step("forget", f"its mdevctl definition under {record.get('parent', '-')}, if any")
+    return plan
+
+
 def remove(ctx: Context, instance: str) -> dict:
     return instances.remove(ctx.host, instance, writer=ctx.writer(), lock_timeout=ctx.lock_timeout)
 
@@ -69,6 +118,28 @@ def remove(ctx: Context, instance: str) -> dict:
 def scheduler_state(ctx: Context, address: PciAddress) -> dict:
     with ctx.nvml() as nvml:
         return nvml.read(address)
+
+
+def plan_scheduler(ctx: Context, address: PciAddress, policy: str) -> Plan:
+    """What ``vgpu scheduler --set`` will change, read from NVML (the run's checks: a policy the
+    GPU supports, a current one that can be put back); reads only."""
+    scheduler.parse_policy(policy)
+    plan = Plan("vgpu scheduler", f"{address} -> {policy}")
+    with ctx.nvml() as nvml:
+        current = nvml.read(address)
+    if policy not in current["supported"]:
+        plan.refuse("policy", f"{address} supports the vGPU scheduler policies {', '.join(current['supported'])}, "
+                              f"not {policy}")
+    elif current["policy"] == policy:
+        plan.notes.append(f"{address} runs {policy} already: nothing to do")
+    elif current["policy"] not in POLICIES:
+        plan.refuse("policy", f"{address}: the current vGPU scheduler policy ({current['policy']}) could not be "
+                              "put back afterwards; not changing it")
+    else:
+        plan.step("set", f"{current['policy']} -> {policy} through NVML (ARR mode and timeslice kept; journaled, "
+                         "gpuvfio restore puts it back)")
+    plan.details = {"current": current["policy"], "supported": list(current["supported"])}
+    return plan
 
 
 def set_scheduler(ctx: Context, address: PciAddress, policy: str) -> dict:

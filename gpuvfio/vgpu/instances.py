@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import uuid as uuidlib
+from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
@@ -68,44 +69,76 @@ def persist_mdev(host: HostRoot, parent: str, uuid: str, type_id: str) -> str:
     return mdevctl_path(host, parent, uuid)
 
 
+@dataclass(frozen=True)
+class Creation:
+    """A vGPU instance decided, before anything is written (gpuvfio vgpu create, its --dry-run,
+    a testbed's vGPU variant)."""
+
+    kind: str  # "mdev" (legacy) | "sriov" (a type on a VF)
+    parent: PciAddress
+    type_id: str | int
+    instance: str | None  # the mdev UUID (None: a random one at creation) or the VF address
+    exists: bool = False  # already there with that type: nothing to do
+
+    def describe(self) -> str:
+        if self.kind == "mdev":
+            return (f"write {self.instance or 'a new random UUID'} to {self.parent}'s mdev_supported_types/"
+                    f"{self.type_id}/create")
+        return f"{self.instance}: nvidia/current_vgpu_type <- {self.type_id}"
+
+
+def decide_create(host: HostRoot, inventory: Inventory, address: PciAddress, wanted: str,
+                  uuid: str | None = None) -> Creation:
+    """Which instance ``create`` makes (a type and availability checked; an mdev UUID in use with
+    another type refused); reads only."""
+    fn = inventory.functions.get(address)
+    if fn is None:
+        raise InputError(f"no such PCI function on this host: {address}")
+    if fn.mdev_types:
+        uuid = str(uuidlib.UUID(uuid)) if uuid else None
+        if uuid is not None and os.path.lexists(mdev_dir(host, uuid)):
+            current = host.link_name(os.path.join(host.resolve_in_sys(mdev_dir(host, uuid)), "mdev_type"))
+            named = next((m.type_id for m in fn.mdev_types if wanted in (m.type_id, m.name)), None)
+            if named is not None and current == named:
+                return Creation("mdev", address, named, uuid, exists=True)
+            raise Refused(f"mdev {uuid} already exists with type {current}")
+        return Creation("mdev", address, pick_mdev(inventory, address, wanted), uuid)  # type and availability
+    if fn.vfs:
+        vf = pick_vf(inventory, address, wanted, reuse=False)
+        vf_fn = inventory.functions[vf]
+        type_id = next((t.type_id for t in vf_fn.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)),
+                       vf_fn.vgpu_current)
+        return Creation("sriov", address, type_id, str(vf), exists=vf_fn.vgpu_current == type_id)
+    raise Refused(f"{address} offers no vGPU types (no mdev_supported_types, no SR-IOV VFs)")
+
+
 def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, uuid: str | None = None,
            persist: bool = False, lock_timeout: float = 30.0) -> dict:
+    """Decide the instance under the run lock (decide_create), then make it, journaled."""
     with RunLock(state_dir(host), lock_timeout):
         journal = Journal.load(state_dir(host))
         inventory = read_inventory(host, names=PciIds.load(host))
-        fn = inventory.functions.get(address)
-        if fn is None:
-            raise InputError(f"no such PCI function on this host: {address}")
-        if fn.mdev_types:
-            report = _create_mdev(host, inventory, address, wanted, uuid, writer, journal)
+        creation = decide_create(host, inventory, address, wanted, uuid)
+        if creation.kind == "mdev":
+            report = _create_mdev(host, creation, writer, journal)
             if persist:
                 report["persisted"] = persist_mdev(host, report["parent"], report["uuid"], report["type"])
                 journal.data["mdevs"].setdefault(report["uuid"], {})["persisted"] = report["persisted"]
                 journal.save()
             return report
-        if fn.vfs:
-            report = _create_sriov(host, inventory, address, wanted, writer, journal)
-            if persist:
-                report["persisted"] = None
-                report["note"] = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
-                                  "again at boot, e.g. from a unit running gpuvfio vgpu create")
-            return report
-        raise Refused(f"{address} offers no vGPU types (no mdev_supported_types, no SR-IOV VFs)")
+        report = _create_sriov(host, inventory, creation, writer, journal)
+        if persist:
+            report["persisted"] = None
+            report["note"] = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
+                              "again at boot, e.g. from a unit running gpuvfio vgpu create")
+        return report
 
 
-def _create_mdev(host, inventory, address, wanted, uuid, writer, journal) -> dict:
-    type_id = None
-    for mdev in inventory.functions[address].mdev_types:
-        if wanted in (mdev.type_id, mdev.name):
-            type_id = mdev.type_id
-    uuid = str(uuidlib.UUID(uuid)) if uuid else str(uuidlib.uuid4())
-    existing = mdev_dir(host, uuid)
-    if os.path.lexists(existing):
-        current = host.link_name(os.path.join(host.resolve_in_sys(existing), "mdev_type"))
-        if type_id is not None and current == type_id:
-            return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "exists"}
-        raise Refused(f"mdev {uuid} already exists with type {current}")
-    type_id = pick_mdev(inventory, address, wanted)  # checks the type and available_instances
+def _create_mdev(host, creation: Creation, writer, journal) -> dict:
+    address, type_id = creation.parent, creation.type_id
+    uuid = creation.instance or str(uuidlib.uuid4())
+    if creation.exists:
+        return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "exists"}
     journal.data.setdefault("mdevs", {})[uuid] = {"parent": str(address), "type": type_id, "state": "creating"}
     journal.save()
     writer.write(host.sys_path("bus", "pci", "devices", str(address), "mdev_supported_types", type_id, "create"),
@@ -117,15 +150,12 @@ def _create_mdev(host, inventory, address, wanted, uuid, writer, journal) -> dic
     return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "created"}
 
 
-def _create_sriov(host, inventory, address, wanted, writer, journal) -> dict:
-    vf = pick_vf(inventory, address, wanted, reuse=False)
-    fn = inventory.functions[vf]
-    type_id = next((t.type_id for t in fn.vgpu_creatable or [] if wanted in (str(t.type_id), t.name)),
-                   fn.vgpu_current)
-    if fn.vgpu_current == type_id:
+def _create_sriov(host, inventory, creation: Creation, writer, journal) -> dict:
+    vf, type_id, address = PciAddress.parse(creation.instance), creation.type_id, creation.parent
+    if creation.exists:
         return {"kind": "sriov", "vf": str(vf), "type": type_id, "parent": str(address), "result": "exists"}
     journal.data.setdefault("vgpus", {})[str(vf)] = {"parent": str(address), "type": type_id,
-                                                     "previous": fn.vgpu_current or 0}
+                                                     "previous": inventory.functions[vf].vgpu_current or 0}
     journal.save()
     path = host.sys_path("bus", "pci", "devices", str(vf), "nvidia", "current_vgpu_type")
     writer.write(path, str(type_id))

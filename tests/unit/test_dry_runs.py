@@ -1,0 +1,239 @@
+"""Every command that changes the host has a dry run that is the run's own plan (issue 23 item 1):
+detach, unbind, restore, reset, vgpu create/remove, xml --define.
+
+Each dry run: the host tree, the state dir and libvirt's domains are as they were (a digest of
+every name, link and byte); the exit is the run's (0, 1 refused, 2 bad input) with the run's
+error line; and the run then does the plan's steps (a simulated kernel answers its writes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError, Refused
+from gpuvfio.ops import binding, vgpu
+from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.reset import plan_reset, reset
+from tests.conftest import gpu_workstation
+from tests.contexts import sim_context
+from tests.hostbuilder import HostBuilder
+from tests.simkernel import SimKernel
+from tests.unit.test_plan_attach import tree_digest
+
+libvirt = pytest.importorskip("libvirt")
+
+GPU, AUDIO, NIC = "0000:01:00.0", "0000:01:00.1", "0000:03:00.0"
+A = PciAddress.parse
+
+
+def _errors(result) -> list[str]:
+    return [line for line in result.err.splitlines() if "error:" in line]
+
+
+@pytest.fixture
+def bound(tmp_path, monkeypatch):
+    """The workstation with its RTX 4090 slot bound to vfio-pci by gpuvfio (journaled), through
+    a simulated kernel: (builder, kernel, state dir)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    host = gpu_workstation(tmp_path / "host")
+    kernel = SimKernel(host.root)
+    with sim_context(host.root, kernel) as ctx:
+        binding.bind(ctx, [A(GPU), A(AUDIO)], BindPolicy())
+    assert kernel.driver_of(GPU) == "vfio-pci"
+    return host, kernel, state
+
+
+@pytest.fixture
+def test_driver():
+    """libvirt's process-wide test driver, kept alive for the test (its domains live while a
+    connection is open)."""
+    conn = libvirt.open("test:///default")
+    yield conn
+    conn.close()
+
+
+def _domains(conn) -> list[str]:
+    return sorted(d.name() for d in conn.listAllDomains(0))
+
+
+def test_restore_dry_run_lists_the_recorded_drivers_and_the_run_restores_them(cli, bound):
+    host, kernel, state = bound
+    before = tree_digest(host.root), tree_digest(str(state))
+    dry = cli("--root", host.root, "restore", "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    plan = dry.json()
+    assert plan["operation"] == "restore" and plan["target"] == "everything gpuvfio holds"
+    assert [s["detail"] for s in plan["steps"]] == [f"{GPU}: back to nvidia", f"{AUDIO}: back to snd_hda_intel"]
+    assert (tree_digest(host.root), tree_digest(str(state))) == before
+    with sim_context(host.root, kernel) as ctx:
+        done = binding.restore(ctx, [])
+    assert sorted(done["restored"]) == plan["devices"] == [GPU, AUDIO]
+    assert kernel.driver_of(GPU) == "nvidia" and kernel.driver_of(AUDIO) == "snd_hda_intel"
+    # Nothing held now: the dry run says so and exits 0.
+    again = cli("--root", host.root, "restore", "--dry-run")
+    assert again.code == 0 and "dry run: nothing to do" in again.err
+
+
+def test_restore_of_a_device_gpuvfio_does_not_hold_is_bad_input_in_the_dry_run_as_in_the_run(cli, bound):
+    host, _kernel, state = bound
+    before = tree_digest(host.root), tree_digest(str(state))
+    dry = cli("--root", host.root, "restore", NIC, "--dry-run")
+    run = cli("--root", host.root, "restore", NIC)
+    assert dry.code == run.code == 2
+    assert _errors(dry) == _errors(run) == [f"gpuvfio: error: not held by gpuvfio: {NIC} (see gpuvfio status)"]
+    assert (tree_digest(host.root), tree_digest(str(state))) == before
+
+
+def test_unbind_dry_run_shows_each_write_and_the_run_makes_them(cli, bound):
+    host, kernel, state = bound
+    before = tree_digest(host.root), tree_digest(str(state))
+    dry = cli("--root", host.root, "unbind", "01:00", "--dry-run", "--json", "--connect", "none")
+    assert dry.code == 0, dry.err
+    plan = dry.json()
+    assert [s["step"] for s in plan["steps"]] == ["clear override", "unbind", "probe"] * 2
+    assert {c["id"]: c["status"] for c in plan["checks"]} == {"libvirt": "warn", "journal": "warn"}
+    assert (tree_digest(host.root), tree_digest(str(state))) == before
+    with sim_context(host.root, kernel) as ctx:
+        assert binding.unbind(ctx, [A(GPU), A(AUDIO)], uri="none")["drivers"] == {GPU: "nvidia",
+                                                                                  AUDIO: "snd_hda_intel"}
+
+
+def test_unbind_of_a_device_a_domain_uses_is_refused_in_the_plans_words(bound, test_driver):
+    """vfio-pci's release waits for the guest to let the device go: unbinding under a domain
+    would hang the write, so the plan refuses it, and the run with the same words."""
+    host, kernel, _state = bound
+    test_driver.defineXML(
+        "<domain type='test'><name>holds-gpu</name><memory>1048576</memory><os><type>hvm</type></os><devices>"
+        "<hostdev mode='subsystem' type='pci' managed='no'><source><address domain='0' bus='1' slot='0' "
+        "function='0'/></source></hostdev></devices></domain>")
+    try:
+        with sim_context(host.root, kernel) as ctx:
+            plan = binding.plan_unbind(ctx, [A(GPU)], uri="test:///default")
+            assert plan.refused and plan.refusals[0].message == f"in use by {GPU}: holds-gpu"
+            with pytest.raises(Refused) as refused:
+                binding.unbind(ctx, [A(GPU)], uri="test:///default")
+            assert str(refused.value) == str(plan.refusal())
+        assert kernel.driver_of(GPU) == "vfio-pci"
+    finally:
+        test_driver.lookupByName("holds-gpu").undefine()
+
+
+def test_reset_dry_run_refuses_a_device_gpuvfio_does_not_hold_as_the_run(cli, bound):
+    host, _kernel, state = bound
+    before = tree_digest(host.root), tree_digest(str(state))
+    dry = cli("--root", host.root, "reset", NIC, "--dry-run", "--json", "--connect", "none")
+    run = cli("--root", host.root, "reset", NIC, "--connect", "none")
+    assert dry.code == run.code == 1
+    assert dry.json()["refused"][0].startswith("gpuvfio resets only devices it holds; not held: " + NIC)
+    assert _errors(dry) == _errors(run)
+    assert (tree_digest(host.root), tree_digest(str(state))) == before
+
+
+def test_reset_plans_the_kernels_reset_files_and_the_run_writes_them(bound):
+    host, kernel, _state = bound
+    with sim_context(host.root, kernel) as ctx:
+        plan = plan_reset(ctx, [A(GPU)], uri="none")
+        if plan.refused:  # the built host offers no reset file: then the run is refused alike
+            with pytest.raises(Refused) as refused:
+                reset(ctx, [A(GPU)], uri="none")
+            assert str(refused.value) == str(plan.refusal())
+            return
+        report = reset(ctx, [A(GPU)], uri="none")
+    assert report["reset"] == plan.details["reset"] and report["method"] == plan.details["method"]
+
+
+def test_detach_dry_run_and_xml_define_dry_run_leave_libvirt_as_it_is(cli, workstation, tmp_path, monkeypatch,
+                                                                      test_driver):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    args = ["--root", workstation.root, "xml", GPU, "--name", "dry-vm", "--firmware", "bios",
+            "--connect", "test:///default", "--json"]
+    domains = _domains(test_driver)
+    would = cli(*args, "--define", "--dry-run")
+    assert would.code == 0 and would.json()["define"]["result"] == "would_define", would.err
+    assert _domains(test_driver) == domains
+    assert cli(*args, "--define").json()["define"]["result"] == "defined"
+    try:
+        changed = args + ["--vcpus", "2"]
+        differs = cli(*changed, "--define", "--dry-run")
+        run_differs = cli(*changed, "--define")
+        assert differs.code == run_differs.code == 1  # differs without --update: exit 1, as the run
+        assert differs.json()["define"]["result"] == run_differs.json()["define"]["result"] == "differs"
+        update = cli(*changed, "--define", "--update", "--dry-run")
+        assert update.code == 0 and update.json()["define"]["result"] == "would_update"
+        xml = test_driver.lookupByName("dry-vm").XMLDesc(0)
+        assert "<vcpu placement='static'>4</vcpu>" in xml or ">4</vcpu>" in xml  # not redefined
+        # detach: stop (not running), undefine; no devices held: nothing to give back.
+        dry = cli("--root", workstation.root, "detach", "dry-vm", "--connect", "test:///default", "--dry-run",
+                  "--json")
+        assert dry.code == 0, dry.err
+        plan = dry.json()
+        assert [s["step"] for s in plan["steps"]] == ["stop", "undefine"]
+        assert plan["steps"][0]["detail"] == "not running: nothing to stop"
+        assert "dry-vm" in _domains(test_driver)
+    finally:
+        test_driver.lookupByName("dry-vm").undefine()
+    gone = cli("--root", workstation.root, "detach", "dry-vm", "--connect", "test:///default", "--dry-run")
+    assert gone.code == 2 and _errors(gone) == ["gpuvfio: error: no domain named dry-vm"]
+
+
+def test_detach_dry_run_refuses_a_domain_gpuvfio_did_not_define_as_the_run(cli, workstation, tmp_path,
+                                                                           monkeypatch, test_driver):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    args = ["--root", workstation.root, "detach", "test", "--connect", "test:///default"]  # the driver's own
+    dry, run = cli(*args, "--dry-run"), cli(*args)
+    assert dry.code == run.code == 1
+    assert _errors(dry) == _errors(run) == [
+        "gpuvfio: error: refused: domain test was not created by gpuvfio; stop it with virsh"]
+    assert "test" in _domains(test_driver)
+
+
+@pytest.fixture
+def vgpu_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("amd")
+    b.numa_node(0, list(range(8)), 64)
+    rb = b.root_bus(numa=0)
+    t4 = b.function(rb, "0000:82:00.0", "10de", "1eb8", "030200", driver="nvidia")
+    b.mdev_types(t4, [("nvidia-222", "GRID T4-1B", 2, "1 GB"), ("nvidia-230", "GRID T4-16Q", 0, "16 GB")])
+    return b, SimKernel(b.root), tmp_path / "state"
+
+
+def test_vgpu_create_and_remove_dry_runs_are_the_runs_decisions(cli, vgpu_host):
+    host, kernel, state = vgpu_host
+    uuid = "0d2f9b9e-7a2f-4c35-9c4e-3f1a2b3c4d5e"
+    before = tree_digest(host.root)
+    dry = cli("--root", host.root, "vgpu", "create", "0000:82:00.0", "GRID T4-1B", "--uuid", uuid, "--dry-run",
+              "--json")
+    assert dry.code == 0, dry.err
+    plan = dry.json()
+    assert plan["steps"] == [{"step": "create", "detail": f"write {uuid} to 0000:82:00.0's mdev_supported_types/"
+                                                          "nvidia-222/create"}]
+    # No instance of GRID T4-16Q is left: refused in the dry run, as in the run.
+    full = cli("--root", host.root, "vgpu", "create", "0000:82:00.0", "GRID T4-16Q", "--dry-run")
+    assert full.code == 1
+    assert tree_digest(host.root) == before and not state.exists()
+    with sim_context(host.root, kernel) as ctx:
+        with pytest.raises(Refused) as refused:
+            vgpu.create(ctx, A("0000:82:00.0"), "GRID T4-16Q")
+        assert _errors(full) == [f"gpuvfio: error: refused: {refused.value}"]
+        made = vgpu.create(ctx, A("0000:82:00.0"), "GRID T4-1B", uuid=uuid)
+        assert (made["uuid"], made["type"]) == (uuid, plan["type"])
+    gone = cli("--root", host.root, "vgpu", "remove", uuid, "--dry-run", "--json")
+    assert gone.code == 0 and [s["step"] for s in gone.json()["steps"]] == ["remove", "forget"]
+    unknown = cli("--root", host.root, "vgpu", "remove", "11111111-2222-3333-4444-555555555555", "--dry-run")
+    assert unknown.code == 2 and "was not created by gpuvfio" in unknown.err
+    assert os.path.lexists(os.path.join(host.root, "sys", "bus", "mdev", "devices", uuid))
+
+
+def test_a_dry_run_plan_raises_bad_input_not_a_plan(bound):
+    host, kernel, _state = bound
+    with sim_context(host.root, kernel) as ctx:
+        with pytest.raises(InputError):
+            binding.plan_unbind(ctx, [])
+        with pytest.raises(InputError):
+            plan_reset(ctx, [A(GPU)], bus=True, forget=True)
