@@ -9,13 +9,14 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
 from gpuvfio.cli.devices import Yes
+from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
 from gpuvfio.errors import Refused
 from gpuvfio.files import user_dir
 from gpuvfio.ops.context import Context, check_uri, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.targets import recorded_known_hosts
-from gpuvfio.testbed.plan import plan
+from gpuvfio.testbed.plan import gpus_on, plan
 from gpuvfio.testbed.remote import plan_remote, run_remote
 from gpuvfio.testbed.report import out_tree, result_files, write_report
 from gpuvfio.testbed.run import run_testbed
@@ -43,7 +44,11 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_j
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
     Exit 1 when the run would refuse a variant (a selection beyond one device without --yes too)."""
     check_uri(connect, source="--connect")
-    spec = load_spec(spec_path)
+    _show_plan(load_spec(spec_path), connect, yes, as_json, here, root)
+
+
+def _show_plan(spec: Spec, connect: str | None, yes: bool, as_json: bool, here: bool, root: str | None) -> None:
+    """testbed plan, and testbed run --dry-run: each variant's plan, the exit the run would have."""
     if spec.host is not None and not here:
         report = plan_remote(spec, _local_known_hosts(), yes=yes)
     else:
@@ -91,15 +96,35 @@ def _print_plan(raw: dict) -> None:
                              + f"; scheduler {vgpu['scheduler_note']}\n")
         for warning in variant["warnings"]:
             sys.stdout.write(f"   warning: {warning}\n")
+        if "plan" in variant:  # attach's own plan (gpuvfio.ops.attach_plan), steps in the run's order
+            sys.stdout.write(f"   steps: {', '.join(step['step'] for step in variant['plan']['steps'])}\n")
         write_text(diff)
 
 
 @testbed_app.command("run")
 def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")], connect: Connect = None,
-            yes: Yes = False, here: HereOption = False, as_json: JsonOption = False, root: RootOption = None) -> None:
+            yes: Yes = False, here: HereOption = False, dry_run: DryRun = False, as_json: JsonOption = False,
+            root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
     check_uri(connect, source="--connect")
     spec = load_spec(spec_path)
+    if dry_run:  # the plan testbed plan prints; --out is neither made nor read
+        local = spec.host is None or here
+        unconfirmed = None
+        if local and not yes:  # the run's first refusal: a selection beyond one device without --yes
+            with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
+                try:
+                    gpus_on(ctx, spec, yes=False)
+                except Refused as exc:
+                    unconfirmed = exc
+        try:
+            _show_plan(spec, connect, True if local else yes, as_json, here, root)
+        except Refused:
+            if unconfirmed is None:
+                raise
+        if unconfirmed is not None:  # shown, then refused as the run without --yes is, in its words
+            raise unconfirmed
+        return
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:
         remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect, yes=yes,
