@@ -21,7 +21,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
 from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
 from gpuvfio.bind.fabric_manager import deactivate_journaled, plan_checks, plan_detach
-from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.journal import Journal, RunLock
 from gpuvfio.bind.plan import WARN, BindPlan, BindPolicy, LibvirtView, PlanCheck, plan_bind
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host import assignable
@@ -82,7 +82,7 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     if decision.kind == "full_passthrough":
         addresses = sorted(set(addresses) | set(decision.add_devices))
     view = libvirt_view(ctx, addresses_in_groups(inventory, addresses), uri=uri, exclude=exclude)
-    broken = Journal.load(state_dir(ctx.host)).data["broken"]
+    broken = ctx.journal().data["broken"]
     bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, broken)
     if decision.kind != "none":
         bind_plan.checks += plan_checks(decision)
@@ -119,7 +119,7 @@ def addresses_in_groups(inventory: Inventory, addresses: list[PciAddress]) -> li
 def operation_lock(ctx: Context) -> RunLock:
     """The run lock for an operation of many steps (attach, a testbed variant): held from its
     first change to its verdict, re-entrant for the binds and vGPU steps inside it."""
-    return RunLock(state_dir(ctx.host), ctx.lock_timeout, progress=ctx.progress)
+    return ctx.lock()
 
 
 @dataclass
@@ -178,17 +178,16 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     them) a domain using them still refuses."""
     if not addresses:
         raise InputError("no PCI address given")
-    directory = state_dir(ctx.host)
     if dry_run:
-        Journal.load(directory)  # a corrupt journal is reported even on a dry run (reading writes nothing)
+        ctx.journal()  # a corrupt journal is reported even on a dry run (reading writes nothing)
         operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
         if operation.refusals:
             raise operation.refusal()
         if not operation.nothing_to_do:
             operation.report["result"] = "dry_run"
         return operation.report
-    with RunLock(directory, ctx.lock_timeout):
-        journal = Journal.load(directory)
+    with ctx.lock():
+        journal = ctx.journal()
         operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
         return apply_operation(ctx, operation, journal)
 
@@ -197,7 +196,7 @@ def plan_restore(ctx: Context, addresses: list[PciAddress]) -> Plan:
     """What ``restore`` will give back, from the journal: the partitions to deactivate, on a full
     restore the vGPU instances and scheduler policies gpuvfio made, each device's recorded driver
     and the services to restart; reads only."""
-    journal = Journal.load(state_dir(ctx.host))
+    journal = ctx.journal()
     wanted = [str(a) for a in addresses]
     unknown = [a for a in wanted if a not in journal.devices]
     if unknown:
@@ -230,9 +229,8 @@ def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
     """Return devices gpuvfio holds to their recorded drivers (all of them, and the vGPU
     instances and scheduler policies it changed, when no address is given): the plan, made
     under the run lock, carried out."""
-    directory = state_dir(ctx.host)
-    with RunLock(directory, ctx.lock_timeout):
-        journal = Journal.load(directory)
+    with ctx.lock():
+        journal = ctx.journal()
         plan = plan_restore(ctx, addresses)
         return _restore_locked(ctx, journal, plan.details["wanted"])
 
@@ -314,7 +312,7 @@ def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, dict]:
     unknown = [str(a) for a in addresses if a not in inventory.functions]
     if unknown:
         raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
-    journal = Journal.load(state_dir(ctx.host))
+    journal = ctx.journal()
     return {a: dict(journal.devices[a]) for a in held_in_groups(ctx, journal, addresses)}
 
 
@@ -326,9 +324,8 @@ def current_drivers(ctx: Context, addresses) -> dict[str, str | None]:
 def release(ctx: Context, addresses: list[PciAddress]) -> dict:
     """Give back what gpuvfio holds in the IOMMU groups of ``addresses`` (detach, attach's
     rollback, a testbed variant's teardown, the Ansible device module's state=host)."""
-    directory = state_dir(ctx.host)
-    with RunLock(directory, ctx.lock_timeout):
-        journal = Journal.load(directory)
+    with ctx.lock():
+        journal = ctx.journal()
         held = held_in_groups(ctx, journal, addresses)
         if not held:
             return {"restored": {}, "failed": {}, "kept": {}, "services_not_restarted": [], "vgpu": []}
@@ -356,7 +353,7 @@ def plan_unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = 
     else:
         plan.check("libvirt", Verdict.WARN if view.not_asked else Verdict.OK,
                    view.not_asked or "no libvirt domain uses these devices")
-    journal = Journal.load(state_dir(ctx.host))
+    journal = ctx.journal()
     held = [str(a) for a in targets if str(a) in journal.devices]
     if held:
         plan.check("journal", Verdict.WARN, f"gpuvfio holds {', '.join(held)}: unbind leaves its record; gpuvfio "
@@ -376,7 +373,7 @@ def plan_unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = 
 def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> dict:
     """Give devices back to the host without the journal (gpuvfio unbind): its plan, made under
     the run lock, carried out."""
-    with RunLock(state_dir(ctx.host), ctx.lock_timeout):
+    with ctx.lock():
         plan = plan_unbind(ctx, addresses, uri=uri)
         plan.raise_if_refused()
         return {"drivers": give_back(ctx.host, [PciAddress.parse(a) for a in plan.details["devices"]],
@@ -384,8 +381,8 @@ def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None)
 
 
 def status(ctx: Context) -> dict:
-    directory = state_dir(ctx.host)
-    journal = Journal.load(directory)
+    directory = ctx.state
+    journal = ctx.journal()
     devices = []
     for address, record in sorted(journal.devices.items()):
         try:
@@ -425,10 +422,10 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
     else:  # what a bind of them would move (the group policy judges what was asked for)
         endpoints = set(_check_persistable(ctx, asked, force))
     if dry_run:
-        return _persist_changes(host, endpoints, remove, dry_run)[0]
+        return _persist_changes(ctx, endpoints, remove, dry_run)[0]
     # Planned and written under the lock: two persists at once must not lose each other's devices.
-    with RunLock(state_dir(host), ctx.lock_timeout):
-        report, changes = _persist_changes(host, endpoints, remove, dry_run)
+    with ctx.lock():
+        report, changes = _persist_changes(ctx, endpoints, remove, dry_run)
         if changes:
             store.commit(host, changes, fault=fault)
     return report
@@ -463,9 +460,10 @@ def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -
     return bind_plan.devices
 
 
-def _persist_changes(host, endpoints: set[PciAddress], remove: bool, dry_run: bool):
+def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool, dry_run: bool):
+    host = ctx.host
     inventory = read_inventory(host)
-    journal = Journal.load(state_dir(host))
+    journal = ctx.journal()
     modules = set()
     for address in endpoints:
         driver = inventory.functions[address].driver

@@ -15,8 +15,10 @@ from typing import Callable
 
 from gpuvfio.bind.apply import Actions
 from gpuvfio.bind.fabric_manager import FabricManagerClient
+from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
 from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
 from gpuvfio.host.root import ROOT_ENV, HostRoot
 from gpuvfio.virt.connection import default_uri, open_connection
 from gpuvfio.virt.uri import check_uri
@@ -54,6 +56,34 @@ class Context:
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     connections: dict = field(default_factory=dict)
+    # gpuvfio's state dir (journal, lock, known hosts): decided once, when the Context is built
+    # (GPUVFIO_STATE_DIR, else <root>/var/lib/gpuvfio); nothing below reads the environment for it.
+    state: Tree | None = None
+    # Local commands (argument lists, no shell): the one way gpuvfio.ops starts a process.
+    run: Callable[..., str] = None  # type: ignore[assignment]  # run_output, set below
+    # A Context that only reads (a dry run, a recording): its state dir refuses every write, its
+    # sysfs writer and modprobe/systemctl refuse, it takes no lock. By construction, not by care.
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = state_dir(self.host)
+        if self.run is None:
+            self.run = run_output
+        if self.read_only:
+            self.state = ReadOnlyTree(self.state.top, "/".join(self.state.base))
+            self.actions = None
+            self.fabric_manager = None
+
+    def journal(self) -> Journal:
+        """The journal as it is now (reading writes nothing; a damaged one raises)."""
+        return Journal.load(self.state)
+
+    def lock(self) -> RunLock:
+        """The run lock, held for an operation (re-entrant within this process)."""
+        if self.read_only:
+            raise ReadOnly(f"the run lock under {self.state.path()} refused: this context only reads")
+        return RunLock(self.state, self.lock_timeout, progress=self.progress)
 
     def libvirt(self, uri: str | None = None):
         """One connection per URI for the whole command (default: libvirt's default URI), so a
@@ -78,6 +108,9 @@ class Context:
         self.close()
 
     def writer(self) -> SysfsWriter:
+        if self.read_only:
+            raise ReadOnly(f"sysfs writes under {self.host.root} refused: this context only reads (a dry run, a "
+                           "recording)")
         return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend)
 
     def host_actions(self) -> Actions:
@@ -140,11 +173,12 @@ def refusing_nvml(host: HostRoot) -> Callable[[], Nvml]:
 
 
 def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progress,
-                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Context:
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 read_only: bool = False) -> Context:
     """The real thing around a host root: write(2), libvirt, and modprobe/systemctl and NVML when
-    the root is this machine (``/``)."""
+    the root is this machine (``/``). ``read_only``: a dry run's or a recording's (see Context)."""
     live = host.root == "/"
-    return Context(host=host, actions=live_actions() if live else None, progress=progress,
+    return Context(host=host, actions=live_actions() if live else None, progress=progress, read_only=read_only,
                    nvml=Nvml if live else refusing_nvml(host),
                    fabric_manager=FabricManagerClient if live else None,
                    write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),

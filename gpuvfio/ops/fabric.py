@@ -12,7 +12,6 @@ from __future__ import annotations
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.fabric_manager import (FabricManagerClient, apply_partition_steps, deactivate_journaled, plan_attach,
                                          plan_detach)
-from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.fabric import FULL_PASSTHROUGH, SHARED_NVSWITCH, Decision, fabric_decision, read_fabric
 from gpuvfio.host.inventory import Inventory
@@ -63,9 +62,8 @@ def activate(ctx: Context, decision: Decision | None) -> list[int]:
     steps = plan_attach(decision) if decision is not None else []
     if not steps:
         return []
-    directory = state_dir(ctx.host)
-    with RunLock(directory, ctx.lock_timeout):
-        apply_partition_steps(Journal.load(directory), client(ctx), steps, ctx.progress)
+    with ctx.lock():
+        apply_partition_steps(ctx.journal(), client(ctx), steps, ctx.progress)
     return [step.partition_id for step in steps]
 
 
@@ -73,9 +71,8 @@ def deactivate(ctx: Context, *, devices: list[PciAddress] | None = None,
                partition_ids: list[int] | None = None) -> list[str]:
     """Deactivate the journaled partitions holding ``devices`` (or the ones named; all with
     neither). Nothing journaled: nothing asked of the Fabric Manager."""
-    directory = state_dir(ctx.host)
-    with RunLock(directory, ctx.lock_timeout):
-        journal = Journal.load(directory)
+    with ctx.lock():
+        journal = ctx.journal()
         if not journal.data["partitions"]:
             return []
         if partition_ids is not None:

@@ -33,12 +33,11 @@ from gpuvfio.guest.ssh import Session
 from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.fabric import read_fabric
-from gpuvfio.bind.journal import Journal, state_dir
 from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.attach_plan import (STEP_BIND, STEP_DEFINE, STEP_FIND, STEP_NCCL, STEP_PARTITION, STEP_SSH,
                                      STEP_START, STEP_VERIFY, AttachPlan, plan_attach)
 from gpuvfio.bind.fabric_manager import plan_detach as plan_partitions
-from gpuvfio.ops.context import Context, checked_seconds, run_output
+from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.ops.plans import Plan, Verdict
 from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VERIFY_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
@@ -103,7 +102,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
     state: dict = {}
 
     def bind() -> None:
-        bound = binding.apply_operation(ctx, plan.bind, Journal.load(state_dir(ctx.host)))
+        bound = binding.apply_operation(ctx, plan.bind, ctx.journal())
         moved = [PciAddress.parse(a) for a in bound.get("moving", [])] if bound["result"] == "applied" else []
         if moved:  # the undo gives back only what this bind moved
             undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
@@ -287,7 +286,7 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
     plan.step(STEP_STOP, (f"ACPI shutdown, destroyed after {timeout:g}s" if timeout > 0 else "destroy")
               if running else "not running: nothing to stop")
     plan.step(STEP_UNDEFINE, f"undefine {name}")
-    journal = Journal.load(state_dir(ctx.host))
+    journal = ctx.journal()
     partitions = [step.partition_id for step in plan_partitions(journal, devices)] if devices else []
     if partitions:
         plan.step(STEP_DEACTIVATE, "Fabric Manager partition " + ", ".join(map(str, partitions)))
@@ -353,14 +352,14 @@ def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = V
     verifier talks to the CUDA and NVML libraries of the machine it runs on."""
     expected = expectations(read_inventory(ctx.host), gpus)
     env = dict(os.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
-    probe = parse_probe(run_output(["sh", PROBE], options.probe_timeout, env=env))
+    probe = parse_probe(ctx.run(["sh", PROBE], options.probe_timeout, env=env))
     argv = [sys.executable, VERIFIER, *options.verifier_args, "--root", ctx.host.root] + (
         ["--devices", ",".join(str(g) for g in gpus)] if gpus else [])
     if not options.bandwidth:
         argv.append("--no-bandwidth")
     verifier = problem = None
     try:
-        verifier = parse_verifier(run_output(argv, options.timeout))
+        verifier = parse_verifier(ctx.run(argv, options.timeout))
     except GpuvfioError as exc:  # VerifyError among them
         problem = str(exc)
     report = evaluate(probe, verifier, expected, gates=options.gates, bandwidth=options.bandwidth,

@@ -21,7 +21,7 @@ import os
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.apply import current_driver
-from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.plan import VFIO_DRIVER
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.health import return_problem
@@ -45,7 +45,7 @@ def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, 
     if unknown:
         raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
     plan = Plan("reset", ", ".join(map(str, addresses)))
-    journal = Journal.load(state_dir(ctx.host))
+    journal = ctx.journal()
     try:
         bridge = _bridge(inventory, addresses) if bus else None
     except Refused as exc:
@@ -92,11 +92,10 @@ def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forge
     bus reset of their bridge); a device that answers afterwards loses its broken mark. The plan
     is made under the run lock and its writes carried out.
     Returns {"method", "reset", "devices": {address: problem or None}, "cleared"}."""
-    directory = state_dir(ctx.host)
-    with RunLock(directory, ctx.lock_timeout):
+    with ctx.lock():
         plan = plan_reset(ctx, addresses, bus=bus, forget=forget, uri=uri)
         plan.raise_if_refused()
-        journal = Journal.load(directory)
+        journal = ctx.journal()
         targets = [os.path.join(ctx.host.root, rel) for rel in plan.details["reset"]]
         for path in targets:
             ctx.progress(f"reset: {os.path.relpath(path, ctx.host.root)}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.spec import mdev_uuid
-from gpuvfio.bind.journal import Journal, state_dir
 from gpuvfio.domain.request import parse_uuid
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import read_inventory
@@ -33,7 +32,7 @@ def instances_list(ctx: Context, *, uri: str | None = None) -> dict:
     """``gpuvfio vgpu list``: every vGPU instance with its type, parent, the domains using it
     (libvirt asked by the one policy of ops.binding), persisted or not."""
     inventory = read_inventory(ctx.host)
-    found = instances.existing_instances(ctx.host, inventory, Journal.load(state_dir(ctx.host)))
+    found = instances.existing_instances(ctx.host, inventory, ctx.journal())
     used: dict[str, list[str]] = {}
     libvirt_note = binding.libvirt_not_asked(ctx, uri)
     if libvirt_note is None:
@@ -71,7 +70,7 @@ def plan_create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | N
 
 def create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
            persist: bool = False) -> dict:
-    return instances.create(ctx.host, address, wanted, writer=ctx.writer(), uuid=uuid, persist=persist,
+    return instances.create(ctx.host, address, wanted, writer=ctx.writer(), state=ctx.state, uuid=uuid, persist=persist,
                             lock_timeout=ctx.lock_timeout)
 
 
@@ -90,7 +89,7 @@ def create_for_domain(ctx: Context, domain_name: str, address: PciAddress, profi
 def plan_remove(ctx: Context, instance: str) -> Plan:
     """What ``vgpu remove`` will undo, from the journal (an instance gpuvfio did not create is
     bad input, as the run says); reads only."""
-    journal = Journal.load(state_dir(ctx.host))
+    journal = ctx.journal()
     plan = Plan("vgpu remove", instance)
     address = PciAddress.try_parse(instance)
     if address is not None:
@@ -112,7 +111,7 @@ def plan_remove(ctx: Context, instance: str) -> Plan:
 
 
 def remove(ctx: Context, instance: str) -> dict:
-    return instances.remove(ctx.host, instance, writer=ctx.writer(), lock_timeout=ctx.lock_timeout)
+    return instances.remove(ctx.host, instance, writer=ctx.writer(), state=ctx.state, lock_timeout=ctx.lock_timeout)
 
 
 def scheduler_state(ctx: Context, address: PciAddress) -> dict:
@@ -145,9 +144,9 @@ def plan_scheduler(ctx: Context, address: PciAddress, policy: str) -> Plan:
 def set_scheduler(ctx: Context, address: PciAddress, policy: str) -> dict:
     scheduler.parse_policy(policy)
     with ctx.nvml() as nvml:
-        return scheduler.set_policy(ctx.host, nvml, address, policy, lock_timeout=ctx.lock_timeout)
+        return scheduler.set_policy(ctx.host, nvml, address, policy, state=ctx.state, lock_timeout=ctx.lock_timeout)
 
 
 def undo_scheduler(ctx: Context, address: PciAddress, before: dict, journaled: bool) -> list[str]:
-    return scheduler.undo_set(ctx.host, address, before, journaled, nvml_factory=ctx.nvml,
+    return scheduler.undo_set(ctx.host, address, before, journaled, state=ctx.state, nvml_factory=ctx.nvml,
                               lock_timeout=ctx.lock_timeout)

@@ -16,11 +16,12 @@ import uuid as uuidlib
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.journal import Journal, RunLock
 from gpuvfio.bind.sysfs_write import SysfsWriter
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.pciids import PciIds
+from gpuvfio.files import Tree
 from gpuvfio.host.root import HostRoot
 from gpuvfio.vgpu.types import existing_mdev, mdev_dir, mig_backed, pick_mdev, pick_vf
 
@@ -112,11 +113,12 @@ def decide_create(host: HostRoot, inventory: Inventory, address: PciAddress, wan
     raise Refused(f"{address} offers no vGPU types (no mdev_supported_types, no SR-IOV VFs)")
 
 
-def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, uuid: str | None = None,
-           persist: bool = False, lock_timeout: float = 30.0) -> dict:
-    """Decide the instance under the run lock (decide_create), then make it, journaled."""
-    with RunLock(state_dir(host), lock_timeout):
-        journal = Journal.load(state_dir(host))
+def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, state: Tree,
+           uuid: str | None = None, persist: bool = False, lock_timeout: float = 30.0) -> dict:
+    """Decide the instance under the run lock (decide_create), then make it, journaled in the
+    state dir ``state``."""
+    with RunLock(state, lock_timeout):
+        journal = Journal.load(state)
         inventory = read_inventory(host, names=PciIds.load(host))
         creation = decide_create(host, inventory, address, wanted, uuid)
         if creation.kind == "mdev":
@@ -164,10 +166,10 @@ def _create_sriov(host, inventory, creation: Creation, writer, journal) -> dict:
     return {"kind": "sriov", "vf": str(vf), "type": type_id, "parent": str(address), "result": "created"}
 
 
-def remove(host: HostRoot, instance: str, *, writer: SysfsWriter, lock_timeout: float = 30.0) -> dict:
+def remove(host: HostRoot, instance: str, *, writer: SysfsWriter, state: Tree, lock_timeout: float = 30.0) -> dict:
     """Remove an mdev (by UUID) or clear an SR-IOV vGPU (by VF address) that gpuvfio created."""
-    with RunLock(state_dir(host), lock_timeout):
-        journal = Journal.load(state_dir(host))
+    with RunLock(state, lock_timeout):
+        journal = Journal.load(state)
         return remove_instance(host, journal, instance, writer)
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import HostRoot
-from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.journal import Journal, RunLock
+from gpuvfio.files import Tree
 
 POLICIES = {"best-effort": 1, "equal-share": 2, "fixed-share": 3}
 NAMES = {value: name for name, value in POLICIES.items()}
@@ -125,7 +126,8 @@ def _write_back(nvml: Nvml, address: PciAddress, record: dict) -> None:
                avg_factor=record.get("avg_factor", 0))
 
 
-def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, lock_timeout: float = 30.0) -> dict:
+def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, state: Tree,
+               lock_timeout: float = 30.0) -> dict:
     """Set ``policy`` on the GPU (its ARR mode and timeslice kept), journaling the original.
 
     Returns the state after, with ``before`` (what to write back to undo this call) and
@@ -133,8 +135,8 @@ def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, 
     keeps the first original for ``gpuvfio restore``). A no-op when the policy is set already.
     """
     parse_policy(policy)
-    with RunLock(state_dir(host), lock_timeout):
-        journal = Journal.load(state_dir(host))
+    with RunLock(state, lock_timeout):
+        journal = Journal.load(state)
         current = nvml.read(address)
         if policy not in current["supported"]:
             raise Refused(f"{address} supports the vGPU scheduler policies {', '.join(current['supported'])}, "
@@ -162,12 +164,12 @@ def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, 
         return {**after, "result": "set", "previous": current["policy"], "before": before, "journaled": added}
 
 
-def undo_set(host: HostRoot, address: PciAddress, before: dict, journaled: bool, *, nvml_factory=Nvml,
+def undo_set(host: HostRoot, address: PciAddress, before: dict, journaled: bool, *, state: Tree, nvml_factory=Nvml,
              lock_timeout: float = 30.0) -> list[str]:
     """Undo one ``set_policy`` (a testbed variant's): write ``before`` back; drop the journal
     entry only if that call made it. Returns failures (the journal then still holds it)."""
-    with RunLock(state_dir(host), lock_timeout):
-        journal = Journal.load(state_dir(host))
+    with RunLock(state, lock_timeout):
+        journal = Journal.load(state)
         try:
             with nvml_factory() as nvml:
                 _write_back(nvml, address, before)

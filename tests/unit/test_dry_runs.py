@@ -237,3 +237,53 @@ def test_a_dry_run_plan_raises_bad_input_not_a_plan(bound):
             binding.plan_unbind(ctx, [])
         with pytest.raises(InputError):
             plan_reset(ctx, [A(GPU)], bus=True, forget=True)
+
+
+def test_testbed_run_dry_run_is_testbed_plan_and_writes_no_out_dir(cli, workstation, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[guest]\ndisk = "/var/lib/libvirt/images/g.qcow2"\nvcpus = 2\nmemory = "2G"\n'
+                    'firmware = "bios"\n[guest.ssh]\nport = 2222\n\n[run]\ngpus = ["01:00"]\n\n[[variant]]\n'
+                    'name = "pt"\nkind = "passthrough"\nhugepages = "none"\n')
+    out = tmp_path / "out"
+    before = tree_digest(workstation.root)
+    plan = cli("--root", workstation.root, "testbed", "plan", str(spec), "--json", "--yes")
+    dry = cli("--root", workstation.root, "testbed", "run", str(spec), "--out", str(out), "--dry-run", "--json",
+              "--yes")
+    assert plan.code == dry.code == 0, dry.err
+    assert dry.json() == plan.json()
+    text = cli("--root", workstation.root, "testbed", "run", str(spec), "--out", str(out), "--dry-run", "--yes")
+    assert "   steps: bind, define, start, wait for ssh, verify" in text.out
+    # 01:00 is two functions of one device: no --yes needed; -d 10de: reaches two GPUs.
+    spec.write_text(spec.read_text().replace('gpus = ["01:00"]', 'gpu_ids = ["10de::0300"]'))
+    unconfirmed = cli("--root", workstation.root, "testbed", "run", str(spec), "--out", str(out), "--dry-run")
+    assert unconfirmed.code == 1 and "add --yes" in unconfirmed.err and "== pt (passthrough)" in unconfirmed.out
+    assert not out.exists() and tree_digest(workstation.root) == before and not (tmp_path / "state").exists()
+
+
+def test_a_read_only_context_cannot_write_by_construction(bound, tmp_path, monkeypatch):
+    """A dry run's Context (and a recording's): its state dir refuses every write, its sysfs
+    writer and modprobe/systemctl refuse, it takes no lock. So a run carried out on it by
+    mistake stops at its first change, with nothing changed."""
+    from gpuvfio.files import ReadOnly, ReadOnlyTree
+    from gpuvfio.host.root import HostRoot
+    from gpuvfio.ops.context import Context
+
+    host, _kernel, state = bound
+    ctx = Context(host=HostRoot(host.root), read_only=True)
+    assert isinstance(ctx.state, ReadOnlyTree) and ctx.state.path() == str(state)
+    assert ctx.journal().devices  # reading works
+    before = tree_digest(host.root), tree_digest(str(state))
+    for attempt in (lambda: ctx.state.write("journal.json", "{}"), lambda: ctx.state.make_dir("x"),
+                    lambda: ctx.state.remove("journal.json"), lambda: ctx.state.open_lock("lock"),
+                    lambda: ctx.state.sub("a").write("b", "c"), ctx.lock,
+                    lambda: ctx.writer().write(os.path.join(host.root, "sys", "bus", "pci", "drivers_probe"), GPU),
+                    lambda: binding.restore(ctx, []), lambda: binding.unbind(ctx, [A(GPU)], uri="none")):
+        with pytest.raises(ReadOnly):
+            attempt()
+    with pytest.raises(Exception, match="not the live host"):
+        ctx.host_actions().modprobe("vfio-pci")
+    assert (tree_digest(host.root), tree_digest(str(state))) == before
+    # The state dir is decided when the Context is built, not read from the environment later.
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "elsewhere"))
+    assert ctx.state.path() == str(state) and ctx.journal().devices
