@@ -6,7 +6,6 @@ build their domains here.
 from __future__ import annotations
 
 import dataclasses
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
@@ -28,9 +27,10 @@ from gpuvfio.numbers import uint
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
+from gpuvfio.virt.defined import DefinedDomain, read_defined
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
-__all__ = ["Provisioned", "provision_xml", "complete_domains", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "defined", "DefinedDomain", "complete_domains", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -127,22 +127,23 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
                                    switch_links=links)
 
 
+def defined(xml: str) -> DefinedDomain:
+    """A domain's definition as gpuvfio reads it (gpuvfio.virt.defined: the one reader)."""
+    return read_defined(xml)
+
+
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:
     """node -> page KiB -> pages a running domain's definition holds (its memory in hugepages,
     split over its memnode nodes, else its numatune nodeset, else host node 0)."""
-    root = ET.fromstring(xml)
-    page = root.find("memoryBacking/hugepages/page")
-    size = uint(page.get("size")) if page is not None else None
-    kib = uint(root.findtext("memory"))
-    if not size or kib is None:
+    domain = read_defined(xml)
+    if not domain.hugepage_kib or not domain.memory_kib:
         return None
-    nodes = [n for n in (uint(m.get("nodeset"), MAX_NODE) for m in root.iterfind("numatune/memnode")) if n is not None]
+    nodes = [n for n in domain.memnodes if n <= MAX_NODE]
     if not nodes:
-        memory = root.find("numatune/memory")
-        nodeset = (memory.get("nodeset") if memory is not None else None) or ""
-        nodes = [n for n in (uint(part, MAX_NODE) for part in nodeset.split(",")) if n is not None] or [0]
-    per_node = -(-kib // size) // len(nodes)
-    return {node: {size: per_node} for node in nodes}
+        nodes = [n for n in (uint(part, MAX_NODE) for part in (domain.numa_nodeset or "").split(","))
+                 if n is not None] or [0]
+    per_node = -(-domain.memory_kib // domain.hugepage_kib) // len(nodes)
+    return {node: {domain.hugepage_kib: per_node} for node in nodes}
 
 
 def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False,
@@ -150,7 +151,7 @@ def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: boo
     """Define ``xml`` on libvirt at ``uri`` (default: libvirt's default), idempotently. A domain of
     that name gpuvfio did not define is refused, not taken over."""
     conn = ctx.libvirt(uri)
-    name = ET.fromstring(xml).findtext("name")
+    name = read_defined(xml).name
     dom = lifecycle.lookup(conn, name)
     if dom is not None and not lifecycle.made_by_gpuvfio(dom):
         raise Refused(f"domain {name} exists and was not created by gpuvfio; pick another name")

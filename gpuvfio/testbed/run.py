@@ -18,7 +18,7 @@ import threading
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.ops import binding, guests, vgpu
+from gpuvfio.ops import binding, domains, guests, vgpu
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for, ssh_for
@@ -55,20 +55,9 @@ def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
 
 
 def placement(xml: str | None) -> dict | None:
-    """What the variant's domain really got (auto choices resolved), read from its XML."""
-    if not xml:
-        return None
-    from lxml import etree  # lxml: loaded when a result is written, not when gpuvfio starts
-
-    root = etree.fromstring(xml.encode())
-    page = root.find("memoryBacking/hugepages/page")
-    pins = sorted({cpu for pin in root.iterfind("cputune/vcpupin") for cpu in (pin.get("cpuset") or "").split(",")
-                   if cpu}, key=lambda c: int(c.split("-")[0]))
-    return {"vcpus": int(root.findtext("vcpu") or 0), "memory_kib": int(root.findtext("memory") or 0),
-            "hugepage_kib": int(page.get("size")) if page is not None else None,
-            "numa_nodeset": root.find("numatune/memory").get("nodeset") if root.find("numatune/memory") is not None
-            else None,
-            "vcpu_pins": ",".join(pins) or None, "machine": root.find("os/type").get("machine")}
+    """What the variant's domain really got (auto choices resolved), read from its XML by the one
+    reader of a defined domain (gpuvfio.ops.domains.defined)."""
+    return domains.defined(xml).placement_json() if xml else None
 
 
 def _guest_facts(report: dict) -> dict:

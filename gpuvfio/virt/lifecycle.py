@@ -9,23 +9,18 @@ libvirt network, the QEMU guest agent, or the ARP table.
 
 from __future__ import annotations
 
-import re
 import time
-import xml.etree.ElementTree as ET
 from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.render import METADATA_NS
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
-from gpuvfio.virt.usage import hostdev_address
-
-QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+from gpuvfio.virt.defined import DefinedDomain, read_defined
 
 
 class AddressUnknown(GpuvfioError):
     """libvirt knows no address for the guest (yet): no forward, lease, agent or ARP entry."""
-_HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>\d+)-[0-9.]*:22\b")
 
 
 def lookup(conn, name: str):
@@ -94,47 +89,32 @@ def recorded_devices(dom) -> list[PciAddress]:
 
 
 def recorded(dom) -> tuple[list[PciAddress], dict[PciAddress, int]]:
-    """From one read of the definition: the host devices gpuvfio recorded in its metadata, and
-    the P2P clique it gave each GPU (QEMU's x-nv-gpudirect-clique in <qemu:override>, on the
-    hostdev of that user alias): what verify checks a running guest against, as attach does
-    from its plan."""
-    root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
-    devices = [a for a in (PciAddress.try_parse(e.get("address", "")) for e in root.iter(f"{{{METADATA_NS}}}device"))
-               if a]
-    by_alias = {device.get("alias"): int(prop.get("value"))
-                for device in root.iter(f"{QEMU_NS}device") for prop in device.iter(f"{QEMU_NS}property")
-                if prop.get("name") == "x-nv-gpudirect-clique" and prop.get("value", "").isdigit()}
-    cliques = {}
-    for hostdev in root.iter("hostdev"):
-        alias, address = hostdev.find("alias"), hostdev_address(hostdev)
-        if alias is not None and address is not None and alias.get("name") in by_alias:
-            cliques[address] = by_alias[alias.get("name")]
-    return devices, cliques
+    """From one read of the definition (gpuvfio.virt.defined): the host devices gpuvfio recorded
+    in its metadata, and the P2P clique it gave each GPU: what verify checks a running guest
+    against, as attach does from its plan."""
+    defined = defined_of(dom)
+    return list(defined.recorded), dict(defined.cliques)
+
+
+def defined_of(dom) -> DefinedDomain:
+    """The domain's live definition, read once."""
+    return read_defined(call("reading the domain's definition", dom.XMLDesc, 0))
 
 
 def ssh_address(conn, dom) -> tuple[str, int]:
     """Where the guest's SSH answers, from the sources libvirt knows, in that order."""
     libvirt = libvirt_module()
-    root = ET.fromstring(call("reading the domain's definition", dom.XMLDesc, 0))
-    for element in root.iter(f"{{{METADATA_NS}}}ssh"):
-        port = element.get("port", "")
-        if port.isdigit() and 0 < int(port) < 65536:
-            return element.get("host") or "127.0.0.1", int(port)
-    for arg in root.iter(f"{QEMU_NS}arg"):
-        match = _HOSTFWD.search(arg.get("value", ""))
-        if match:
-            return match.group("host") or "127.0.0.1", int(match.group("port"))
-    macs = {m.get("address") for m in root.iter("mac")}
-    for iface in root.iter("interface"):
-        source = iface.find("source")
-        if iface.get("type") == "network" and source is not None:
-            try:
-                leases = conn.networkLookupByName(source.get("network")).DHCPLeases()
-            except libvirt.libvirtError:
-                leases = []
-            for lease in leases:
-                if lease.get("mac") in macs and lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
-                    return lease["ipaddr"], 22
+    defined = defined_of(dom)
+    if defined.ssh is not None:  # gpuvfio's record of the forward, else a user-networking hostfwd
+        return defined.ssh
+    for network in defined.networks:
+        try:
+            leases = conn.networkLookupByName(network).DHCPLeases()
+        except libvirt.libvirtError:
+            leases = []
+        for lease in leases:
+            if lease.get("mac") in defined.macs and lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
+                return lease["ipaddr"], 22
     for source in (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP):
         try:
             addresses = dom.interfaceAddresses(source)

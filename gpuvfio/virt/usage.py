@@ -1,43 +1,22 @@
 """Which libvirt domains (running or only defined) use given PCI functions.
 
-Stdlib XML parsing (lxml is not needed to read hostdev addresses). The caller passes the
+Each definition is read by gpuvfio.virt.defined (one reader of a defined domain). The caller passes the
 connection it has open; how that connection is chosen, and what happens when libvirt does
 not answer, is one policy in gpuvfio.ops.
 """
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from typing import Callable
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError
 from gpuvfio.virt.connection import LibvirtError, libvirt_module
-
-
-def hostdev_address(hostdev: ET.Element) -> PciAddress | None:
-    """The host function of one ``<hostdev mode='subsystem' type='pci'>`` element, or None."""
-    addr = hostdev.find("./source/address") if hostdev.get("type") == "pci" else None
-    if addr is None:
-        return None
-    try:
-        return PciAddress(int(addr.get("domain", "0"), 16), int(addr.get("bus"), 16), int(addr.get("slot"), 16),
-                          int(addr.get("function"), 16))
-    except (TypeError, ValueError, GpuvfioError):  # not hex, or out of range
-        return None
+from gpuvfio.virt.defined import read_defined
 
 
 def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
     """Source addresses of ``<hostdev mode='subsystem' type='pci'>`` in a domain's XML."""
-    found = {hostdev_address(hostdev) for hostdev in ET.fromstring(domain_xml).iter("hostdev")}
-    return found - {None}
-
-
-def mdev_uuids(domain_xml: str) -> set[str]:
-    """UUIDs of ``<hostdev mode='subsystem' type='mdev'>`` in a domain's XML."""
-    root = ET.fromstring(domain_xml)
-    return {a.get("uuid") for h in root.iter("hostdev") if h.get("type") == "mdev"
-            for a in h.iterfind("source/address") if a.get("uuid")}
+    return set(read_defined(domain_xml).hostdevs)
 
 
 def assignments(conn, *, exclude: str | None = None) -> dict[str, list[str]]:
@@ -52,7 +31,8 @@ def assignments(conn, *, exclude: str | None = None) -> dict[str, list[str]]:
             xmls = [dom.XMLDesc(0)]
             if dom.isActive() and dom.isPersistent():
                 xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-            keys = {str(a) for x in xmls for a in hostdev_addresses(x)} | {u for x in xmls for u in mdev_uuids(x)}
+            defined = [read_defined(x) for x in xmls]
+            keys = {str(a) for d in defined for a in d.hostdevs} | {u for d in defined for u in d.mdevs}
             for key in keys:
                 found.setdefault(key, []).append(dom.name())
     except libvirt.libvirtError as exc:
