@@ -42,6 +42,10 @@ COMMANDS = [
     ("vgpu-types", ["vgpu", "types", GPU]), ("xml", ["xml", "--name", "hostile", GPU]),
     ("export", ["export", "kubevirt"]), ("vgpu-list", ["vgpu", "list", "--connect", "none"]),
     ("ansible:gpuvfio_facts", {}), ("ansible:gpuvfio_host_info", {}),
+    # The dry runs of the commands that change the host: a plan read from a hostile tree.
+    ("attach-dry", ["attach", GPU, "--name", "hostile", "--firmware", "bios", "--ssh-host", "192.0.2.1", "--dry-run"]),
+    ("restore-dry", ["restore", "--dry-run"]), ("unbind-dry", ["unbind", GPU, "--dry-run", "--connect", "none"]),
+    ("reset-dry", ["reset", GPU, "--dry-run", "--connect", "none"]),
 ]
 # Names gpuvfio reads that a built tree may not hold yet: mutated all the same.
 EXTRA_TARGETS = ["var", "var/lib", "var/lib/gpuvfio", "var/lib/gpuvfio/journal.json", "var/lib/gpuvfio/lock",
