@@ -66,7 +66,7 @@ def main() -> int:
                 handle.write(f"[127.0.0.1]:{port} {image.host_key_line}\n")
             request = domain_request("gpuvfio-byhand", vcpus=1, memory="256M", hugepages="none", numa="none",
                                      firmware="bios", virt_type="qemu", kernel=image.kernel, initrd=image.initrd,
-                                     cmdline=gl.KERNEL_CMDLINE, ssh_forward_port=port)
+                                     cmdline=gl.KERNEL_CMDLINE, user_net_ssh_port=port)
             xml_path = os.path.join(tmp, "byhand.xml")
             with open(xml_path, "w") as handle:
                 handle.write(provision_xml(live_context("/"), [], request).xml)

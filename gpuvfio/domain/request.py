@@ -17,13 +17,14 @@ from gpuvfio.domain.address_space import FIRMWARES, VIRT_TYPES
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import InputError
 from gpuvfio.numbers import shown, uint
+from gpuvfio.options import DOMAIN
 from gpuvfio.sizes import MAX_KIB, format_kib, parse_size_kib
 
 HUGEPAGE_CHOICES = ("auto", "none", "2M", "1G")
 NUMA_WORDS = ("auto", "none", "remote")
-TOPOLOGY_CHOICES = ("auto", "mirror", "flat")  # auto: mirror the host for two or more devices
-P2P_CHOICES = ("auto", "off")
-MAX_VCPUS = 4096
+TOPOLOGY_CHOICES = DOMAIN["topology"].choices  # auto: mirror the host for two or more devices
+P2P_CHOICES = DOMAIN["p2p"].choices
+MAX_VCPUS = int(DOMAIN["vcpus"].maximum)
 MAX_NUMA_NODE = 1023  # CONFIG_NODES_SHIFT is at most 10 on x86-64
 
 
@@ -45,7 +46,7 @@ class DomainRequest:
     cmdline: str | None = None
     network: str | None = None
     virt_type: str = "kvm"  # kvm | qemu (TCG, for hosts without KVM such as the test lanes)
-    ssh_forward_port: int | None = None  # QEMU user networking, host 127.0.0.1:PORT -> guest:22
+    user_net_ssh_port: int | None = None  # QEMU user networking, host 127.0.0.1:PORT -> guest:22
     console_log: str | None = None  # the guest's serial console, also written to this host file
     force: bool = False
     topology: str = "auto"  # auto | mirror | flat
@@ -130,7 +131,7 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
                    numa: str | int = "auto", firmware: str = "efi", virt_type: str = "kvm", hide_kvm: bool = False,
                    mdev: str | None = None, vgpu: str | None = None, uuid: str | None = None,
                    disk: str | None = None, kernel: str | None = None, initrd: str | None = None,
-                   cmdline: str | None = None, network: str | None = None, ssh_forward_port: int | None = None,
+                   cmdline: str | None = None, network: str | None = None, user_net_ssh_port: int | None = None,
                    console_log: str | None = None, force: bool = False, topology: str = "auto",
                    p2p: str = "auto", qemu_version: str | tuple[int, ...] | None = None,
                    loader: str | None = None, nvram_template: str | None = None, rom_bar: str | None = None,
@@ -153,9 +154,9 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         raise InputError("--cmdline must be one line")
     if uuid is not None:
         uuid = parse_uuid(uuid)
-    if ssh_forward_port is not None and (isinstance(ssh_forward_port, bool) or not isinstance(ssh_forward_port, int)
-                                         or not 0 < ssh_forward_port < 65536):
-        raise InputError(f"SSH forward port must be 1-65535, not {ssh_forward_port!r}")
+    port = user_net_ssh_port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise InputError(f"user-net SSH port must be 1-65535, not {port!r}")
     if network is not None and (not network or any(c in network for c in "/\n\0")):
         raise InputError(f"not a libvirt network name: {network!r}")
     if (loader is None) != (nvram_template is None):
@@ -174,7 +175,7 @@ def domain_request(name: str, *, vcpus: int = 4, memory: str | int = "8G", hugep
         numa=parse_numa(numa), firmware=_choice(firmware, FIRMWARES, "firmware"), hide_kvm=bool(hide_kvm),
         mdev=mdev, vgpu=vgpu, uuid=uuid, disk=_absolute(disk, "--disk"), kernel=_absolute(kernel, "--kernel"),
         initrd=_absolute(initrd, "--initrd"), cmdline=cmdline, network=network,
-        virt_type=_choice(virt_type, VIRT_TYPES, "virt type"), ssh_forward_port=ssh_forward_port,
+        virt_type=_choice(virt_type, VIRT_TYPES, "virt type"), user_net_ssh_port=user_net_ssh_port,
         console_log=_absolute(console_log, "--console-log"), force=bool(force),
         topology=_choice(topology, TOPOLOGY_CHOICES, "topology"), p2p=_choice(p2p, P2P_CHOICES, "p2p"),
         qemu_version=qemu_version if isinstance(qemu_version, tuple) or qemu_version is None

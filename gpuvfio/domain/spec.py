@@ -199,7 +199,7 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
                       hugepage_kib=hugepage, mdevs=mdevs, vf_hostdevs=vfs, hide_kvm=request.hide_kvm,
                       disk=request.disk, kernel=request.kernel, initrd=request.initrd, cmdline=request.cmdline,
                       network=request.network, virt_type=request.virt_type,
-                      ssh_forward_port=request.ssh_forward_port, console_log=request.console_log,
+                      ssh_forward_port=request.user_net_ssh_port, console_log=request.console_log,
                       warnings=warnings, firmware_auto=firmware_auto, rom_bar=request.rom_bar,
                       rom_file=request.rom_file)
     if spec.disk and spec.disk.endswith((".qcow2", ".qcow")):

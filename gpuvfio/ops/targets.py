@@ -18,12 +18,13 @@ from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.guest.ssh_config import check_config_file, parse_jump, resolve
 from gpuvfio.ops.context import Context, checked_seconds
+from gpuvfio.options import SSH, USER
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
-__all__ = ["SshOptions", "ssh_options", "valid_host", "guest_target", "configured", "recorded_known_hosts",
-           "AddressUnknown"]
+__all__ = ["SshOptions", "ssh_options", "ssh_from_table", "valid_host", "guest_target", "configured",
+           "recorded_known_hosts", "AddressUnknown"]
 
-_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_USER = USER  # the one user-name pattern (gpuvfio.options), for guests and a testbed's hypervisor
 # A DNS name (labels of 1-63 characters, RFC 1123) or an IPv4/IPv6 address.
 _HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
                    r"[A-Za-z0-9])?)*\.?|[0-9A-Fa-f:.]{2,45}")
@@ -37,7 +38,7 @@ class SshOptions:
     key: str | None = None
     known_hosts: str | None = None
     trust_on_first_use: bool = False
-    timeout: float = 60.0  # seconds until SSH must answer
+    timeout: float = SSH["timeout"].default  # seconds until SSH must answer
     ssh_config: str | None = None  # an ssh_config file instead of ~/.ssh/config
 
 
@@ -48,7 +49,7 @@ def valid_host(text) -> bool:
 
 def ssh_options(*, host: str | None = None, port: int | None = None, user: str | None = None, key: str | None = None,
                 known_hosts: str | None = None, trust_on_first_use: bool = False,
-                timeout: float = 60.0, ssh_config: str | None = None) -> SshOptions:
+                timeout: float = SSH["timeout"].default, ssh_config: str | None = None) -> SshOptions:
     """Validated SSH options (bad input: InputError, exit 2)."""
     if host is not None and not valid_host(host):
         raise InputError(f"not a host name or IP address: {host!r}")
@@ -65,6 +66,16 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
         raise InputError(f"known_hosts file not found: {known_hosts}")
     return SshOptions(host, port, user, key, known_hosts, bool(trust_on_first_use),
                       checked_seconds(timeout, "SSH timeout", upper=24 * 3600), check_config_file(ssh_config))
+
+
+def ssh_from_table(values: dict, *, timeout: float) -> SshOptions:
+    """``ssh_options`` from the SSH set's values by their declared names (gpuvfio.options.SSH:
+    ``ssh_host`` is ``host`` here), as the command and the Ansible modules collect them;
+    ``timeout``: the wait that applies (verify's ``timeout``, attach's ``boot_timeout``)."""
+    # the waits are the caller's to choose; the key content is Ansible's, written to ssh_key first
+    apart = {"timeout", "boot_timeout", "ssh_private_key"}
+    return ssh_options(**{SSH[name].spec_key: value for name, value in values.items() if name not in apart},
+                       timeout=timeout)
 
 
 def guest_target(options: SshOptions, conn=None, dom=None) -> SshTarget:

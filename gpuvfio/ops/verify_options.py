@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from gpuvfio.errors import InputError
 from gpuvfio.guest.expect import LINK_EFFICIENCY, Gates, gates
 from gpuvfio.ops.context import checked_seconds
+from gpuvfio.options import VERIFY
 
 __all__ = ["PROBE_TIMEOUT", "VERIFY_TIMEOUT", "VerifyOptions", "verify_options"]
 
-PROBE_TIMEOUT = 120.0  # the probe's forks: seconds on hardware, more under emulation
-VERIFY_TIMEOUT = 600.0  # the verifier with its bandwidth runs
-
-
+PROBE_TIMEOUT = VERIFY["probe_timeout"].default  # the probe's forks: seconds on hardware, more under emulation
+VERIFY_TIMEOUT = VERIFY["verify_timeout"].default  # the verifier with its bandwidth runs
 
 
 @dataclass(frozen=True)
@@ -37,13 +36,17 @@ class VerifyOptions:
 
 
 def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEOUT,
-                   timeout: float = VERIFY_TIMEOUT, link_efficiency: float | None = None,
+                   verify_timeout: float = VERIFY_TIMEOUT, link_efficiency: float | None = None,
                    min_gbps: float | None = None, size_mib: int | None = None, copies: int | None = None,
                    samples: int | None = None) -> VerifyOptions:
-    for name, value, top in (("--size-mib", size_mib, 64 * 1024), ("--copies", copies, 1000),
-                             ("--samples", samples, 1000)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top):
-            raise InputError(f"{name} must be a whole number from 1 to {top}")
+    """The one validation of the verify options (gpuvfio.options.VERIFY names them and sets
+    their bounds; bad input: InputError, exit 2)."""
+    for name, value in (("size_mib", size_mib), ("copies", copies), ("samples", samples)):
+        low, top = VERIFY[name].minimum, VERIFY[name].maximum
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top):
+            raise InputError(f"{VERIFY[name].flag} must be a whole number from {low} to {top}")
     chosen = gates(link_efficiency=LINK_EFFICIENCY if link_efficiency is None else link_efficiency, min_gbps=min_gbps)
-    return VerifyOptions(bool(bandwidth), checked_seconds(probe_timeout, "probe timeout", upper=24 * 3600),
-                         checked_seconds(timeout, "verify timeout", upper=24 * 3600), chosen, size_mib, copies, samples)
+    return VerifyOptions(bool(bandwidth),
+                         checked_seconds(probe_timeout, "probe timeout", upper=VERIFY["probe_timeout"].maximum),
+                         checked_seconds(verify_timeout, "verify timeout", upper=VERIFY["verify_timeout"].maximum),
+                         chosen, size_mib, copies, samples)

@@ -21,7 +21,7 @@ from gpuvfio.ops.plans import PlannedStep
 from gpuvfio.ops.targets import SshOptions, ssh_options
 from gpuvfio.ops.verify_options import verify_options
 from gpuvfio.ops.selection import resolve, the_gpu
-from gpuvfio.testbed.spec import Spec, Variant, guest_request_args
+from gpuvfio.testbed.spec import Spec, Variant, boot_timeout, guest_request_args
 
 DOMAIN_PREFIX = "gpuvfio-tb-"
 DIGEST = re.compile(r"digest='sha256:[0-9a-f]{64}'")
@@ -40,15 +40,15 @@ def gpus_on(ctx: Context, spec: Spec, *, yes: bool = False, tell: Callable[[str]
 
 
 def request_for(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress]) -> domains.DomainRequest:
-    """The variant's domain request: the spec's guest, the variant's pages, NUMA and profile
+    """The variant's domain request: the spec's guest (every domain option [guest] declares,
+    topology, p2p, hide_kvm and console_log among them), the variant's pages, NUMA and profile
     (a legacy mdev type or an SR-IOV vGPU type, as the GPU offers them)."""
-    guest = spec.guest
     profile = {}
     if variant.kind == "vgpu":
         legacy = vgpu.types(ctx, addresses_for(ctx, gpus, variant)[0])["kind"] == "mdev"
         profile = {"mdev": variant.profile} if legacy else {"vgpu": variant.profile}
     return domains.domain_request(domain_name(variant.name), hugepages=variant.hugepages, numa=variant.numa,
-                                  **guest_request_args(guest, spec.ssh), **profile)
+                                  **guest_request_args(spec.guest, spec.ssh), **profile)
 
 
 def addresses_for(ctx: Context, gpus: list[PciAddress], variant: Variant) -> list[PciAddress]:
@@ -72,7 +72,7 @@ def ssh_for(spec: Spec, timeout: float | None = None) -> SshOptions:
     return ssh_options(host=ssh.get("host", "127.0.0.1" if "port" in ssh else None), port=ssh.get("port"),
                        user=ssh.get("user", "root"), key=ssh.get("key"), known_hosts=ssh.get("known_hosts"),
                        trust_on_first_use=ssh.get("trust_on_first_use", False),
-                       timeout=ssh.get("boot_timeout", 300) if timeout is None else timeout)
+                       timeout=boot_timeout(spec) if timeout is None else timeout)
 
 
 def policy_for(variant: Variant) -> BindPolicy:

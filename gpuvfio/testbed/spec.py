@@ -9,6 +9,8 @@
     virt_type = "kvm"            # qemu for hosts without KVM
     firmware = "efi"             # libvirt picks the UEFI build (or loader + nvram_template by path)
     rom_bar = "off"              # optional: on | off, the GPUs' ROM BAR (or rom_file = "/path/clean.rom")
+    topology = "auto"            # auto | mirror | flat; p2p = "auto" | "off"; hide_kvm = false
+    console_log = "/var/log/gpuvfio-guest.log"   # optional: the serial console, also on the host
     [guest.ssh]
     user = "root"
     key = "/root/.ssh/testbed"
@@ -71,6 +73,7 @@ from gpuvfio.ops.context import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
+from gpuvfio.options import DOMAIN, RUN, SSH, USER, VERIFY, Option
 from gpuvfio.selector import IdFilter, Selector
 from gpuvfio.sizes import parse_size_kib
 
@@ -172,19 +175,23 @@ def load_spec(path: str) -> Spec:
         number = lines.line(table, index, key)
         raise InputError(f"{path}:{number}: {message}" if number else f"{path}: {message}")
 
-    def integer(value, low: int, high: int) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
     def boolean(table: str, index: int, raw: dict, key: str, default: bool) -> bool:
         value = raw.get(key, default)
         if not isinstance(value, bool):
             fail(f"{key} must be true or false, not {value!r}", table, index, key)
         return value
 
-    def path_value(table: str, raw: dict, key: str) -> None:
-        value = raw.get(key)
-        if value is not None and (not isinstance(value, str) or not value.startswith("/") or "\0" in value):
-            fail(f"{key} must be an absolute path", table, 0, key)
+    def section(table: str, raw: dict, declared: tuple[Option, ...], extra: set[str], label: str = "") -> None:
+        """Only the keys gpuvfio.options declares for ``table`` (and ``extra``), each of its shape."""
+        allowed = {o.spec_key for o in declared} | extra
+        for key in raw:
+            if key not in allowed:
+                fail(f"unknown key {key!r} in [{table}] (allowed: {', '.join(sorted(allowed))})", table, 0, key)
+        for option in declared:
+            if option.spec_key in raw and option.name != "memory":  # memory: a size, parsed below
+                wrong = shape(option, raw[option.spec_key])
+                if wrong:
+                    fail(f"{label}{option.spec_key} must be {wrong}", table, 0, option.spec_key)
 
     unknown = set(data) - {"guest", "run", "variant", "host"}
     if unknown:
@@ -192,20 +199,9 @@ def load_spec(path: str) -> Spec:
     guest = data.get("guest")
     if not isinstance(guest, dict):
         fail("missing [guest] section")
-    allowed = {"kernel", "initrd", "cmdline", "disk", "vcpus", "memory", "virt_type", "firmware", "ssh", "network",
-               "loader", "nvram_template", "rom_bar", "rom_file"}
-    for key in guest:
-        if key not in allowed:
-            fail(f"unknown key {key!r} in [guest] (allowed: {', '.join(sorted(allowed))})", "guest", 0, key)
+    section("guest", guest, DOMAIN.in_section("guest"), {"ssh"})
     if not guest.get("kernel") and not guest.get("disk"):
         fail("[guest] needs kernel (+ initrd) or disk", "guest")
-    for key in ("kernel", "initrd", "disk", "loader", "nvram_template", "rom_file"):
-        path_value("guest", guest, key)
-    for key in ("cmdline", "network", "virt_type", "firmware"):
-        if key in guest and not isinstance(guest[key], str):
-            fail(f"{key} must be a string", "guest", 0, key)
-    if not integer(guest.get("vcpus", 4), 1, 4096):
-        fail("vcpus must be an integer between 1 and 4096", "guest", 0, "vcpus")
     if "memory" in guest:
         try:
             parse_size_kib(str(guest["memory"]) if not isinstance(guest["memory"], bool) else "")
@@ -214,21 +210,7 @@ def load_spec(path: str) -> Spec:
     ssh = guest.get("ssh", {})
     if not isinstance(ssh, dict) or "port" not in ssh and "host" not in ssh:
         fail("[guest.ssh] needs port (user-net forward) or host", "guest.ssh")
-    ssh_keys = {"host", "port", "user", "key", "known_hosts", "trust_on_first_use", "boot_timeout"}
-    for key in ssh:
-        if key not in ssh_keys:
-            fail(f"unknown key {key!r} in [guest.ssh] (allowed: {', '.join(sorted(ssh_keys))})", "guest.ssh", 0, key)
-    if "port" in ssh and not integer(ssh["port"], 1, 65535):
-        fail("ssh port must be an integer 1-65535", "guest.ssh", 0, "port")
-    for key in ("host", "user"):
-        if key in ssh and (not isinstance(ssh[key], str) or not ssh[key]):
-            fail(f"ssh {key} must be a non-empty string", "guest.ssh", 0, key)
-    for key in ("key", "known_hosts"):
-        path_value("guest.ssh", ssh, key)
-    boolean("guest.ssh", 0, ssh, "trust_on_first_use", False)
-    timeout = ssh.get("boot_timeout", 300)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 86400:
-        fail("boot_timeout must be a number of seconds, 1-86400", "guest.ssh", 0, "boot_timeout")
+    section("guest.ssh", ssh, SSH.in_section("guest.ssh"), set(), "ssh ")
     try:  # what the run asks libvirt for, validated now (not after the first variant ran)
         domain_request("gpuvfio-tb-spec", **guest_request_args(guest, ssh))
     except InputError as exc:
@@ -236,40 +218,23 @@ def load_spec(path: str) -> Spec:
     run = data.get("run", {})
     if not isinstance(run, dict):
         fail("[run] must be a table", "run")
-    run_keys = {"repetitions", "gpus", "gpu_ids", "connect", "stop_services", "force", *VERIFY_KEYS}
-    for key in run:
-        if key not in run_keys:
-            fail(f"unknown key {key!r} in [run] (allowed: {', '.join(sorted(run_keys))})", "run", 0, key)
-    reps = run.get("repetitions", 3)
-    if not integer(reps, 1, 1000):
-        fail("repetitions must be an integer between 1 and 1000", "run", 0, "repetitions")
-    gpus, gpu_ids = run.get("gpus", []), run.get("gpu_ids", [])
+    section("run", run, RUN.in_section("run") + VERIFY.in_section("run"), set())
+    reps = run.get("repetitions", RUN["repetitions"].default)
+    gpus, gpu_ids = run.get("gpus", RUN["gpus"].default), run.get("gpu_ids", RUN["gpu_ids"].default)
     for key, values, parse in (("gpus", gpus, Selector.parse), ("gpu_ids", gpu_ids, IdFilter.parse)):
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            fail(f"{key} must be a list of strings", "run", 0, key)
         for value in values:
             try:
                 parse(value)
             except InputError as exc:
                 fail(str(exc), "run", 0, key)
-    if "connect" in run and (not isinstance(run["connect"], str) or not run["connect"]):
-        fail("connect must be a libvirt URI", "run", 0, "connect")
     if "connect" in run:  # even a plan opens it, and libvirt may run programs a URI names
         try:
             check_uri(run["connect"], source="connect")
         except InputError as exc:
             fail(str(exc), "run", 0, "connect")
-    verify = {}
-    for key, (low, high, kind) in VERIFY_KEYS.items():
-        if key in run:
-            value = run[key]
-            whole = isinstance(value, int) and not isinstance(value, bool)
-            if not (whole if kind is int else (whole or isinstance(value, float))) or not low <= value <= high:
-                fail(f"{key} must be {'an integer' if kind is int else 'a number'} from {low} to {high}", "run", 0,
-                     key)
-            verify[key] = value
-    stop_services = boolean("run", 0, run, "stop_services", False)
-    force = boolean("run", 0, run, "force", False)
+    verify = {o.name: run[o.name] for o in VERIFY.in_section("run") if o.name in run}
+    stop_services = run.get("stop_services", RUN["stop_services"].default)
+    force = run.get("force", RUN["force"].default)
     variants_raw = data.get("variant")
     if not isinstance(variants_raw, list) or not variants_raw:
         fail("no [[variant]] tables: a testbed compares at least one variant")
@@ -286,17 +251,17 @@ def load_spec(path: str) -> Spec:
         kind = raw.get("kind")
         if kind not in KINDS:
             fail(f"variant kind must be one of {', '.join(KINDS)}, not {kind!r}", "variant", index, "kind")
-        extra = set(raw) - {"name", "kind", "hugepages", "numa", "profile", "scheduler", "stop_services", "force"}
+        extra = set(raw) - {"name", "kind", "profile", "scheduler"} - VARIANT_KEYS
         if extra:
             fail(f"unknown key(s) {', '.join(sorted(extra))} in variant {name}", "variant", index, sorted(extra)[0])
         try:
-            if not isinstance(raw.get("hugepages", "auto"), str):
+            if not isinstance(raw.get("hugepages", DOMAIN["hugepages"].default), str):
                 raise InputError(f"hugepages must be auto, none, 4K, 2M or 1G (a string), not {raw['hugepages']!r}")
-            hugepages = parse_hugepages(raw.get("hugepages", "auto"))
+            hugepages = parse_hugepages(raw.get("hugepages", DOMAIN["hugepages"].default))
         except InputError as exc:
             fail(str(exc), "variant", index, "hugepages")
         try:
-            numa = parse_numa(raw.get("numa", "auto"))
+            numa = parse_numa(raw.get("numa", DOMAIN["numa"].default))
         except InputError as exc:
             fail(str(exc), "variant", index, "numa")
         profile = raw.get("profile")
@@ -324,19 +289,48 @@ def load_spec(path: str) -> Spec:
 
 def guest_request_args(guest: dict, ssh: dict) -> dict:
     """The domain request's arguments from ``[guest]`` (testbed.plan adds each variant's pages,
-    NUMA and profile): one mapping for the spec's validation and for the run."""
-    return {"vcpus": guest.get("vcpus", 4), "memory": str(guest.get("memory", "8G")),
-            "firmware": guest.get("firmware", "efi"), "virt_type": guest.get("virt_type", "kvm"),
-            "disk": guest.get("disk"), "kernel": guest.get("kernel"), "initrd": guest.get("initrd"),
-            "cmdline": guest.get("cmdline"), "network": guest.get("network"), "ssh_forward_port": ssh.get("port"),
-            "loader": guest.get("loader"), "nvram_template": guest.get("nvram_template"),
-            "rom_bar": guest.get("rom_bar"), "rom_file": guest.get("rom_file")}
+    NUMA and profile): one mapping for the spec's validation and for the run. Every domain
+    option the spec's [guest] declares (gpuvfio.options.DOMAIN), by the same name; the
+    [guest.ssh] port is the user-net forward."""
+    args = {o.name: guest.get(o.name, o.default) for o in DOMAIN.in_section("guest")}
+    args["memory"] = str(args["memory"])
+    args["user_net_ssh_port"] = ssh.get(SSH["ssh_port"].spec_key)
+    return args
 
 
-# [run] keys that go to the verifier: (lowest, highest, type); ops.guests.verify_options checks them again.
-VERIFY_KEYS = {"size_mib": (1, 65536, int), "copies": (1, 1000, int), "samples": (1, 1000, int),
-               "link_efficiency": (0.01, 1.0, float), "min_gbps": (0.001, 10000.0, float)}
-_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+def boot_timeout(spec: Spec) -> float:
+    """Seconds from the guest's start until SSH must answer: [guest.ssh] boot_timeout."""
+    return spec.ssh.get("boot_timeout", SSH["boot_timeout"].default)
+
+
+VARIANT_KEYS = {o.name for o in DOMAIN.in_section("variant") + RUN.in_section("variant")}
+
+
+def shape(option: Option, value) -> str | None:
+    """What ``value`` must be for ``option`` when its type or range is wrong, else None: the
+    shapes TOML gives; what the value means the services check (domain_request at load)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if option.kind == "bool":
+        return None if isinstance(value, bool) else "true or false"
+    if option.kind in ("int", "float"):
+        number = whole or (option.kind == "float" and isinstance(value, float))
+        low_ok = number and (value > option.above if option.above is not None else value >= option.minimum)
+        if number and low_ok and value <= option.maximum:
+            return None
+        low = f"above {option.above:g}" if option.above is not None else f"from {option.minimum:g}"
+        return f"{'an integer' if option.kind == 'int' else 'a number'} {low}, at most {option.maximum:g}"
+    if option.kind == "path":
+        ok = isinstance(value, str) and value.startswith("/") and "\0" not in value
+        return None if ok else "an absolute path"
+    if option.kind == "list":
+        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "a list of strings"
+    if not isinstance(value, str):
+        return "a string"
+    if option.choices:
+        return None if value in option.choices else f"one of {', '.join(option.choices)}"
+    if option.pattern is not None:
+        return None if re.fullmatch(option.pattern, value) else f"a string matching {option.pattern}"
+    return None if value else "a non-empty string"
 
 
 def _remote_host(raw, fail) -> RemoteHost | None:
@@ -358,7 +352,7 @@ def _remote_host(raw, fail) -> RemoteHost | None:
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         fail("[host] port must be an integer 1-65535", "host", 0, "port")
     user = raw.get("user", "root")
-    if not isinstance(user, str) or not _USER.fullmatch(user):
+    if not isinstance(user, str) or not USER.fullmatch(user):
         fail("[host] user must be a user name", "host", 0, "user")
     for key in ("key", "known_hosts", "root", "workdir", "ssh_config"):
         value = raw.get(key)

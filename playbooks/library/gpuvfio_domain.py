@@ -28,10 +28,6 @@ options:
   state_dir:
     description: gpuvfio's state directory (journal, lock, known_hosts). Default C(<root>/var/lib/gpuvfio).
     type: path
-  name:
-    description: Domain name.
-    type: str
-    required: true
   state:
     description: Where the guest should be.
     type: str
@@ -66,125 +62,14 @@ options:
     description: Redefine an existing gpuvfio domain that differs (C(state=defined)).
     type: bool
     default: true
-  vcpus:
-    description: Guest vCPUs.
-    type: int
-    default: 4
-  memory:
-    description: Guest memory (C(64G), C(65536M)).
-    type: str
-    default: 8G
-  hugepages:
-    description: Backing pages, C(auto), C(none), C(4K), C(2M) or C(1G), spelled as gpuvfio takes them (C(1g), C(2MiB)).
-    type: str
-    default: auto
-  numa:
-    description: C(auto), C(none), C(remote) (a node without the devices) or a host NUMA node number.
-    type: str
-    default: auto
-  firmware:
-    description: Guest firmware (C(efi) - libvirt picks the UEFI build from its firmware descriptors).
-    type: str
-    choices: [efi, bios]
-    default: efi
-  loader:
-    description: UEFI code image by path instead of libvirt's choice (with C(nvram_template)); a regular file
-      inside C(root).
-    type: path
-  nvram_template:
-    description: UEFI variables template (with C(loader)).
-    type: path
-  rom_bar:
-    description: Show the GPUs' ROM BAR to the guest (C(on)) or hide it (C(off), the usual fix for a GPU that drove
-      the host console). Default libvirt's (shown).
-    type: str
-    choices: ["on", "off"]
-  rom_file:
-    description: A ROM image (a dumped, clean VBIOS, starting 55 AA) the guest sees instead of the GPU's own; a
-      regular file inside C(root).
-    type: path
-  virt_type:
-    description: C(kvm), or C(qemu) (TCG) on hosts without KVM.
-    type: str
-    choices: [kvm, qemu]
-    default: kvm
-  hide_kvm:
-    description: Hide the hypervisor from the guest driver.
-    type: bool
-    default: false
-  mdev:
-    description: Legacy mdev vGPU type instead of the whole GPU.
-    type: str
-  vgpu:
-    description: SR-IOV vGPU type instead of the whole GPU.
-    type: str
-  uuid:
-    description: mdev UUID (default derived from name, GPU and type).
-    type: str
-  disk:
-    description: Boot disk image (absolute path).
-    type: path
-  kernel:
-    description: Direct kernel boot (absolute path).
-    type: path
-  initrd:
-    description: initrd for direct kernel boot.
-    type: path
-  cmdline:
-    description: Kernel command line for direct kernel boot.
-    type: str
-  network:
-    description: libvirt network to attach.
-    type: str
-  ssh_forward_port:
-    description: QEMU user networking with host C(127.0.0.1:PORT) forwarded to the guest's port 22.
-    type: int
-  console_log:
-    description: Also write the guest's serial console to this file on the host (absolute path).
-    type: path
-  topology:
-    description: >-
-      C(mirror) gives the guest the host's PCIe shape (devices under one host switch share an emulated switch,
-      one pxb-pcie per host root complex on its NUMA cell); C(flat) one root port per device; C(auto) mirrors
-      two or more devices.
-    type: str
-    choices: [auto, mirror, flat]
-    default: auto
-  p2p:
-    description: C(auto) sets QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between; C(off) never.
-    type: str
-    choices: [auto, "off"]
-    default: auto
-  qemu_version:
-    description: The QEMU version the domain runs on (default, asked from the libvirt connection).
-    type: str
-  force:
-    description: Share cores or accept short hugepages; with C(state=running) also overridable bind refusals.
-    type: bool
-    default: false
-  stop_services:
-    description: With C(state=running), stop NVIDIA services that hold the GPU while binding.
-    type: bool
-    default: false
   verify:
     description: With C(state=running), run gpuvfio's in-guest checks after SSH answers.
     type: bool
     default: true
-  link_efficiency:
-    description: With C(state=running) and C(verify), the share of the slot's PCIe link each copy must reach (default 0.762, 48 GB/s at Gen5 x16), as
-      C(gpuvfio verify --link-efficiency).
-    type: float
-  min_gbps:
-    description: An absolute bandwidth floor per direction in GB/s instead of C(link_efficiency).
-    type: float
   keep_on_failure:
     description: With C(state=running), keep a failed attach for inspection instead of undoing it.
     type: bool
     default: false
-  boot_timeout:
-    description: Seconds to wait for the guest's SSH.
-    type: float
-    default: 300.0
   stop_timeout:
     description: With C(state=absent), seconds of ACPI shutdown before destroy.
     type: float
@@ -193,31 +78,210 @@ options:
     description: With C(state=absent), give the devices back to their host drivers.
     type: bool
     default: true
-  ssh_host:
-    description: Guest address (default discovered through libvirt).
+  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.
+  name:
+    description: >-
+      Domain name.
     type: str
-  ssh_port:
-    description: Guest SSH port.
+    required: true
+  vcpus:
+    description: >-
+      Guest vCPUs.
     type: int
-  ssh_user:
-    description: Guest user (default the SSH config's User, else root).
+    default: 4
+  memory:
+    description: >-
+      Guest memory: 64G, 64GiB, 65536M (a bare number in the spec: MiB).
     type: str
-  ssh_config:
-    description: An ssh_config file instead of ~/.ssh/config on the managed host (Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump).
-    type: path
-  ssh_key:
-    description: Private key file on the managed host.
-    type: path
-  ssh_private_key:
-    description: Private key content (kept out of logs); written to a mode 0600 temp file for the task.
+    default: "8G"
+  hugepages:
+    description: >-
+      Backing pages: auto | none | 4K | 2M | 1G (also spelled 1g, 2MiB).
     type: str
-  known_hosts:
-    description: Pinned guest host keys.
+    default: "auto"
+  numa:
+    description: >-
+      auto | none | remote (a node without the devices) | a host NUMA node number.
+    type: str
+    default: "auto"
+  firmware:
+    description: >-
+      efi (UEFI: libvirt picks it from QEMU's firmware descriptors) | bios
+    type: str
+    default: "efi"
+    choices: ["efi", "bios"]
+  virt_type:
+    description: >-
+      kvm | qemu (TCG, for hosts without KVM)
+    type: str
+    default: "kvm"
+    choices: ["kvm", "qemu"]
+  loader:
+    description: >-
+      UEFI code image by path instead of libvirt's choice (with C(nvram_template)).
     type: path
-  trust_on_first_use:
-    description: Accept and record an unknown guest host key.
+  nvram_template:
+    description: >-
+      UEFI variables template (with C(loader)).
+    type: path
+  rom_bar:
+    description: >-
+      Show the GPUs' ROM BAR to the guest or hide it (off: the usual fix for a GPU that drove the host
+      console); default libvirt's (shown).
+    type: str
+    choices: ["on", "off"]
+  rom_file:
+    description: >-
+      A ROM image (a dumped, clean VBIOS) the guest sees instead of the GPU's own.
+    type: path
+  hide_kvm:
+    description: >-
+      Hide the hypervisor from the guest driver.
     type: bool
     default: false
+  mdev:
+    description: >-
+      Legacy mdev vGPU type instead of the whole GPU.
+    type: str
+  vgpu:
+    description: >-
+      SR-IOV vGPU type instead of the whole GPU.
+    type: str
+  uuid:
+    description: >-
+      mdev UUID (default: derived from name, GPU and type).
+    type: str
+  disk:
+    description: >-
+      Boot disk image (absolute path).
+    type: path
+  kernel:
+    description: >-
+      Direct kernel boot (absolute path).
+    type: path
+  initrd:
+    description: >-
+      initrd for direct kernel boot (with C(kernel)).
+    type: path
+  cmdline:
+    description: >-
+      Kernel command line for direct kernel boot (one line).
+    type: str
+  network:
+    description: >-
+      libvirt network to attach.
+    type: str
+  user_net_ssh_port:
+    description: >-
+      QEMU user networking, 127.0.0.1:PORT -> guest:22.
+    type: int
+    aliases: ["ssh_forward_port"]
+  console_log:
+    description: >-
+      Also write the guest's serial console to this host file.
+    type: path
+  force:
+    description: >-
+      Share cores / accept short hugepages; an attach also overrides the overridable bind checks.
+    type: bool
+    default: false
+  topology:
+    description: >-
+      auto | mirror | flat: mirror the host's PCIe switches and root complexes in the guest (auto: for two or
+      more devices).
+    type: str
+    default: "auto"
+    choices: ["auto", "mirror", "flat"]
+  p2p:
+    description: >-
+      auto | off: P2P cliques (x-nv-gpudirect-clique) for GPUs the host can route P2P between.
+    type: str
+    default: "auto"
+    choices: ["auto", "off"]
+  qemu_version:
+    description: >-
+      QEMU version the domain will run on (default: asked from libvirt when a connection is used).
+    type: str
+  ssh_host:
+    description: >-
+      Guest address (default: discovered through libvirt).
+    type: str
+  ssh_port:
+    description: >-
+      Guest SSH port (default: discovered, else 22).
+    type: int
+  ssh_user:
+    description: >-
+      Guest user (default: the SSH config's User, else root).
+    type: str
+  ssh_key:
+    description: >-
+      Private key file.
+    type: path
+  ssh_private_key:
+    description: >-
+      Private key content (kept out of logs); written to a mode 0600 temp file for the task.
+    type: str
+  ssh_config:
+    description: >-
+      An ssh_config file instead of ~/.ssh/config (Host aliases, HostName, User, Port, IdentityFile,
+      UserKnownHostsFile, ProxyJump).
+    type: path
+  known_hosts:
+    description: >-
+      Pinned host keys.
+    type: path
+  trust_on_first_use:
+    description: >-
+      Accept and record an unknown host key.
+    type: bool
+    default: false
+  boot_timeout:
+    description: >-
+      Seconds from start until SSH answers.
+    type: float
+    default: 300.0
+  bandwidth:
+    description: >-
+      Measure the copies (host to device, device to host, device to device).
+    type: bool
+    default: true
+  link_efficiency:
+    description: >-
+      Share of the slot's link each copy must reach (default 0.762: 48 GB/s at Gen5 x16).
+    type: float
+  min_gbps:
+    description: >-
+      Absolute bandwidth floor per direction in GB/s, instead of C(link_efficiency).
+    type: float
+  size_mib:
+    description: >-
+      Copy buffer in MiB (default 512, as nvbandwidth).
+    type: int
+  copies:
+    description: >-
+      Copies per sample (default 16).
+    type: int
+  samples:
+    description: >-
+      Samples, median reported (default 3).
+    type: int
+  probe_timeout:
+    description: >-
+      Allow the in-guest probe this long (slow, emulated guests).
+    type: float
+    default: 120.0
+  verify_timeout:
+    description: >-
+      Allow the in-guest verifier (bandwidth runs) this long.
+    type: float
+    default: 600.0
+  stop_services:
+    description: >-
+      Stop NVIDIA services that hold the GPU while binding; restore restarts them.
+    type: bool
+    default: false
+  # End of the generated options.
 requirements:
   - gpuvfio and libvirt-python importable by the module's interpreter
 author:
@@ -277,10 +341,10 @@ plan:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, GUEST_SSH_ARGS, HAS_GPUVFIO,
-                                                 VERIFY_GATE_ARGS, GpuvfioError, check_devices, check_libvirt_uri,
-                                                 fail_gpuvfio, finish, guest_ssh, private_key_file, require_gpuvfio,
-                                                 resolve_devices, task_context)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
+                                                 check_libvirt_uri, fail_gpuvfio, finish, guest_ssh, private_key_file,
+                                                 require_gpuvfio, resolve_devices, table_values, task_context)
+from ansible.module_utils.gpuvfio_options import ARGUMENT_SPECS
 
 if HAS_GPUVFIO:
     from gpuvfio.errors import Refused
@@ -288,15 +352,7 @@ if HAS_GPUVFIO:
 
 
 def domain_request(params):
-    return domains.domain_request(
-        params["name"], vcpus=params["vcpus"], memory=params["memory"], hugepages=params["hugepages"],
-        numa=params["numa"], firmware=params["firmware"], hide_kvm=params["hide_kvm"], mdev=params["mdev"],
-        vgpu=params["vgpu"], uuid=params["uuid"], disk=params["disk"], kernel=params["kernel"],
-        initrd=params["initrd"], cmdline=params["cmdline"], network=params["network"],
-        virt_type=params["virt_type"], ssh_forward_port=params["ssh_forward_port"], console_log=params["console_log"],
-        force=params["force"], topology=params["topology"], p2p=params["p2p"], qemu_version=params["qemu_version"],
-        loader=params["loader"], nvram_template=params["nvram_template"], rom_bar=params["rom_bar"],
-        rom_file=params["rom_file"])
+    return domains.domain_request(**table_values(params, "domain"))
 
 
 def build(module, ctx, addresses, existing, uri):
@@ -339,7 +395,7 @@ def running(module, ctx, uri, addresses) -> dict:
     params = module.params
     name = params["name"]
     # checked first, in check mode too: a bad gate is bad input wherever it would be used
-    checks = guests.verify_options(link_efficiency=params["link_efficiency"], min_gbps=params["min_gbps"])
+    checks = guests.verify_options(**table_values(params, "verify"))
     checks = checks if params["verify"] else None
     existing = domains.existing_domain(ctx, name, uri=uri)
     provisioned = build(module, ctx, addresses, existing, uri)
@@ -392,42 +448,13 @@ def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
-            **GUEST_SSH_ARGS,
-            **VERIFY_GATE_ARGS,
             **DEVICE_ARGS,
-            name=dict(type="str", required=True),
+            **ARGUMENT_SPECS["gpuvfio_domain"],  # the domain, SSH and verify options gpuvfio.options declares
             state=dict(type="str", choices=["defined", "running", "absent"], default="defined"),
             uri=dict(type="str"),
             update=dict(type="bool", default=True),
-            vcpus=dict(type="int", default=4),
-            memory=dict(type="str", default="8G"),
-            hugepages=dict(type="str", default="auto"),
-            numa=dict(type="str", default="auto"),
-            firmware=dict(type="str", choices=["efi", "bios"], default="efi"),
-            loader=dict(type="path"),
-            nvram_template=dict(type="path"),
-            rom_bar=dict(type="str", choices=["on", "off"]),
-            rom_file=dict(type="path"),
-            virt_type=dict(type="str", choices=["kvm", "qemu"], default="kvm"),
-            hide_kvm=dict(type="bool", default=False),
-            mdev=dict(type="str"),
-            vgpu=dict(type="str"),
-            uuid=dict(type="str"),
-            disk=dict(type="path"),
-            kernel=dict(type="path"),
-            initrd=dict(type="path"),
-            cmdline=dict(type="str"),
-            network=dict(type="str"),
-            ssh_forward_port=dict(type="int"),
-            console_log=dict(type="path"),
-            topology=dict(type="str", choices=["auto", "mirror", "flat"], default="auto"),
-            p2p=dict(type="str", choices=["auto", "off"], default="auto"),
-            qemu_version=dict(type="str"),
-            force=dict(type="bool", default=False),
-            stop_services=dict(type="bool", default=False),
             verify=dict(type="bool", default=True),
             keep_on_failure=dict(type="bool", default=False),
-            boot_timeout=dict(type="float", default=300.0),
             stop_timeout=dict(type="float", default=60.0),
             restore_devices=dict(type="bool", default=True),
         ),

@@ -38,46 +38,82 @@ options:
         with C(domain), the devices gpuvfio recorded in the domain (an empty list too).
     type: list
     elements: str
+  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.
+  ssh_host:
+    description: >-
+      Guest address (default: discovered through libvirt).
+    type: str
+  ssh_port:
+    description: >-
+      Guest SSH port (default: discovered, else 22).
+    type: int
+  ssh_user:
+    description: >-
+      Guest user (default: the SSH config's User, else root).
+    type: str
+  ssh_key:
+    description: >-
+      Private key file.
+    type: path
+  ssh_private_key:
+    description: >-
+      Private key content (kept out of logs); written to a mode 0600 temp file for the task.
+    type: str
+  ssh_config:
+    description: >-
+      An ssh_config file instead of ~/.ssh/config (Host aliases, HostName, User, Port, IdentityFile,
+      UserKnownHostsFile, ProxyJump).
+    type: path
+  known_hosts:
+    description: >-
+      Pinned host keys.
+    type: path
+  trust_on_first_use:
+    description: >-
+      Accept and record an unknown host key.
+    type: bool
+    default: false
+  timeout:
+    description: >-
+      Seconds to wait for SSH.
+    type: float
+    default: 60.0
   bandwidth:
-    description: Measure H2D/D2H/D2D copies.
+    description: >-
+      Measure the copies (host to device, device to host, device to device).
     type: bool
     default: true
   link_efficiency:
-    description: Share of the slot's PCIe link each copy must reach (default 0.762, 48 GB/s at Gen5 x16), as
-      C(gpuvfio verify --link-efficiency).
+    description: >-
+      Share of the slot's link each copy must reach (default 0.762: 48 GB/s at Gen5 x16).
     type: float
   min_gbps:
-    description: An absolute bandwidth floor per direction in GB/s instead of C(link_efficiency).
+    description: >-
+      Absolute bandwidth floor per direction in GB/s, instead of C(link_efficiency).
     type: float
-  timeout:
-    description: Seconds to wait for SSH.
-    type: float
-    default: 60.0
-  ssh_host:
-    description: Guest address.
-    type: str
-  ssh_port:
-    description: Guest SSH port.
+  size_mib:
+    description: >-
+      Copy buffer in MiB (default 512, as nvbandwidth).
     type: int
-  ssh_user:
-    description: Guest user (default the SSH config's User, else root).
-    type: str
-  ssh_config:
-    description: An ssh_config file instead of ~/.ssh/config on the managed host (Host aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile, ProxyJump).
-    type: path
-  ssh_key:
-    description: Private key file on the managed host.
-    type: path
-  ssh_private_key:
-    description: Private key content (kept out of logs); written to a mode 0600 temp file for the task.
-    type: str
-  known_hosts:
-    description: Pinned guest host keys.
-    type: path
-  trust_on_first_use:
-    description: Accept and record an unknown guest host key.
-    type: bool
-    default: false
+  copies:
+    description: >-
+      Copies per sample (default 16).
+    type: int
+  samples:
+    description: >-
+      Samples, median reported (default 3).
+    type: int
+  probe_timeout:
+    description: >-
+      Allow the in-guest probe this long (slow, emulated guests).
+    type: float
+    default: 120.0
+  verify_timeout:
+    description: >-
+      Allow the in-guest verifier (bandwidth runs) this long.
+    type: float
+    default: 600.0
+  # End of the generated options.
 requirements:
   - gpuvfio and paramiko importable by the module's interpreter (libvirt-python with C(domain))
 author:
@@ -100,10 +136,10 @@ report:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, GUEST_SSH_ARGS, HAS_GPUVFIO, VERIFY_GATE_ARGS,
-                                                 GpuvfioError, check_devices, check_libvirt_uri, fail_gpuvfio,
-                                                 guest_ssh, private_key_file, require_gpuvfio, resolve_devices,
-                                                 task_context)
+from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
+                                                 check_libvirt_uri, fail_gpuvfio, guest_ssh, private_key_file,
+                                                 require_gpuvfio, resolve_devices, table_values, task_context)
+from ansible.module_utils.gpuvfio_options import ARGUMENT_SPECS
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import guests
@@ -114,13 +150,10 @@ def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
-            **GUEST_SSH_ARGS,
-            **VERIFY_GATE_ARGS,
+            **ARGUMENT_SPECS["gpuvfio_verify"],  # the SSH and verify options gpuvfio.options declares
             domain=dict(type="str"),
             uri=dict(type="str"),
             expect_devices=dict(type="list", elements="str"),
-            bandwidth=dict(type="bool", default=True),
-            timeout=dict(type="float", default=60.0),
         ),
         required_one_of=[("domain", "ssh_host")],
         mutually_exclusive=[("ssh_key", "ssh_private_key")],
@@ -138,9 +171,7 @@ def main(context_factory=None) -> None:
                       if params["expect_devices"] else None)
             ssh = guest_ssh(module, key_file, params["timeout"])
             report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["uri"], expect=expect,
-                                   options=guests.verify_options(bandwidth=params["bandwidth"],
-                                                                 link_efficiency=params["link_efficiency"],
-                                                                 min_gbps=params["min_gbps"]))
+                                   options=guests.verify_options(**table_values(params, "verify")))
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
     if not report["ok"]:

@@ -23,6 +23,8 @@ import re
 import sys
 import traceback
 
+from ansible.module_utils.gpuvfio_options import SETS
+
 STATE_ENV = "GPUVFIO_STATE_DIR"
 
 COMMON_ARGS = dict(
@@ -45,7 +47,7 @@ try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml in
     from gpuvfio.ops import selection
     from gpuvfio.ops.context import check_uri, host_context
     from gpuvfio.ops.inventory import open_host
-    from gpuvfio.ops.targets import ssh_options
+    from gpuvfio.ops.targets import ssh_from_table
     HAS_GPUVFIO = True
     IMPORT_ERROR = None
 except ImportError:  # pragma: no cover - reported through require_gpuvfio()
@@ -103,31 +105,16 @@ def private_key_file(module):
         os.unlink(handle.name)
 
 
-# A guest reached over SSH (gpuvfio_domain state=running, gpuvfio_verify): the command's
-# --ssh-* options, and verify's bandwidth gates.
-GUEST_SSH_ARGS = dict(
-    ssh_host=dict(type="str"),
-    ssh_port=dict(type="int"),
-    ssh_user=dict(type="str"),
-    ssh_config=dict(type="path"),
-    ssh_key=dict(type="path"),
-    ssh_private_key=dict(type="str", no_log=True),
-    known_hosts=dict(type="path"),
-    trust_on_first_use=dict(type="bool", default=False),
-)
-VERIFY_GATE_ARGS = dict(
-    link_efficiency=dict(type="float"),
-    min_gbps=dict(type="float"),
-)
+def table_values(params: dict, name: str) -> dict:
+    """The task's values of one option set gpuvfio declares (gpuvfio.options: "domain", "ssh",
+    "verify"), by their names, for the gpuvfio service that validates them."""
+    return {key: params[key] for key in SETS[name] if key in params}
 
 
 def guest_ssh(module, key_file, timeout: float):
-    """gpuvfio's SSH options for the guest from the task's GUEST_SSH_ARGS (``key_file``: from
+    """gpuvfio's SSH options for the guest from the task's SSH options (``key_file``: from
     private_key_file)."""
-    params = module.params
-    return ssh_options(host=params["ssh_host"], port=params["ssh_port"], user=params["ssh_user"], key=key_file,
-                       known_hosts=params["known_hosts"], ssh_config=params["ssh_config"],
-                       trust_on_first_use=params["trust_on_first_use"], timeout=timeout)
+    return ssh_from_table(dict(table_values(module.params, "ssh"), ssh_key=key_file), timeout=timeout)
 
 
 def finish(module, result: dict, selected: list) -> None:

@@ -622,7 +622,7 @@ def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, 
     server, private_key = guest_server
     args = {"root": root, "state_dir": state, "name": "train-2", "devices": [GPU], "uri": "test:///default",
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
-            "ssh_forward_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
+            "user_net_ssh_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
             "ssh_private_key": private_key, "verify": False}
     failed, result = run_module("gpuvfio_domain", args, context=built_host.context)
     assert not failed, result

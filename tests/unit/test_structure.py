@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.strictjson",
-              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text"}
+              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.options"}
 # What each layer may import besides itself and the foundation (README "Layout").
 ALLOWED = {
     "host": set(),

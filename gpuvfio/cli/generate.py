@@ -1,0 +1,92 @@
+"""Write what gpuvfio.options generates outside the package: the testbed spec's JSON Schema, the
+Ansible modules' argument specs and the options part of their DOCUMENTATION.
+
+    python -m gpuvfio.cli.generate [--check] [REPOSITORY]
+
+``--check`` writes nothing and exits 1 naming the files that differ (tests/unit/
+test_option_table.py does the same). The docs the command's help makes are
+``python -m gpuvfio.cli.manpage docs``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpuvfio.files import user_dir
+from gpuvfio.options import ANSIBLE_MODULES, SETS, ansible_options, argument_spec, documentation_options
+from gpuvfio.testbed.schema import schema_text
+
+__all__ = ["SCHEMA", "ARGUMENT_SPECS", "BEGIN", "END", "generated", "argument_specs_text", "with_documentation"]
+
+SCHEMA = os.path.join("docs", "testbed-spec.schema.json")
+ARGUMENT_SPECS = os.path.join("playbooks", "module_utils", "gpuvfio_options.py")
+# The lines in a module's DOCUMENTATION between which its declared options are written.
+BEGIN = "  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.\n"
+END = "  # End of the generated options.\n"
+
+
+def argument_specs_text() -> str:
+    lines = ["# Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.",
+             "# tests/unit/test_option_table.py fails while this file differs from what it writes.",
+             "# Apache-2.0, like gpuvfio.",
+             '"""The argument specs of the options gpuvfio declares once (gpuvfio.options), by module,',
+             'and the option names of each set, for the modules to hand them to gpuvfio\'s services."""',
+             "", "ARGUMENT_SPECS = {"]
+    for module in ANSIBLE_MODULES:
+        lines.append(f"    {module!r}: {{")
+        lines += [f"        {o.name!r}: {argument_spec(o)!r}," for o in ansible_options(module)]
+        lines.append("    },")
+    lines += ["}", "", "SETS = {"]
+    for option_set in SETS:
+        names = [o.name for o in option_set if o.ansible]
+        lines.append(f"    {option_set.name!r}: (")
+        line = "       "
+        for name in names:
+            if len(line) + len(name) + 4 > 110:
+                lines.append(line.rstrip())
+                line = "       "
+            line += f" {name!r},"
+        lines += [line, "    ),"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def with_documentation(text: str, module: str) -> str:
+    """A module file's text with its generated DOCUMENTATION options replaced by the table's."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"{module}: the generated options' markers are missing or out of order")
+    head, rest = text.split(BEGIN)
+    _old, tail = rest.split(END)
+    return head + BEGIN + documentation_options(module) + END + tail
+
+
+def generated(repository: str) -> dict[str, str]:
+    """Each generated file (a path in ``repository``) and the text it should have."""
+    tree = user_dir(repository)
+    out = {SCHEMA: schema_text(), ARGUMENT_SPECS: argument_specs_text()}
+    for module in ANSIBLE_MODULES:
+        path = os.path.join("playbooks", "library", f"{module}.py")
+        out[path] = with_documentation(tree.text(path) or "", module)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    rest = [a for a in argv if a != "--check"]
+    repository = rest[0] if rest else "."
+    tree = user_dir(repository)
+    stale = []
+    for path, text in generated(repository).items():
+        if tree.text(path) == text:
+            continue
+        stale.append(path)
+        if not check:
+            tree.write(path, text)
+    for path in stale:
+        print(f"{'differs' if check else 'wrote'}: {path}")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

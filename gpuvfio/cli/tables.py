@@ -1,0 +1,82 @@
+"""The command's options generated from gpuvfio.options: one typer option per declared option.
+
+A command names the option sets it takes as parameters whose default is ``options(SET,
+"command")``; ``@from_table`` puts the set's options in that place of the signature typer
+reads (flag, help, metavar and default from the table) and hands the function one dict per
+set, keyed by the options' names (a ``--no-X`` switch given back as ``X``), for the services
+that validate them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Annotated, Optional
+
+import typer
+
+from gpuvfio.options import SETS, Option, OptionSet
+
+__all__ = ["Group", "options", "from_table", "flag_of", "annotation_of"]
+
+_TYPES = {"str": str, "path": str, "int": int, "float": float, "bool": bool}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The options of one set a command takes."""
+
+    options: tuple[Option, ...]
+
+
+def options(option_set: OptionSet, command: str) -> Group:
+    return Group(option_set.for_command(command))
+
+
+def flag_of(name: str) -> str:
+    """How the command spells a declared option (for help texts that name another one)."""
+    for option_set in SETS:
+        if name in option_set.by_name:
+            return option_set[name].flag
+    return "--" + name.replace("_", "-")
+
+
+def annotation_of(option: Option):
+    """The typer annotation for ``option``: its flag, help and metavar."""
+    kind = _TYPES[option.kind]
+    if option.default is None and not option.required and kind is not bool:
+        kind = Optional[kind]
+    text = option.off_help if option.negated else option.text(flag_of)
+    return Annotated[kind, typer.Option(option.flag, help=text, metavar=option.metavar)]
+
+
+def _default(option: Option):
+    if option.required:
+        return ...
+    return False if option.negated else option.default
+
+
+def from_table(func):
+    """``func`` with each ``options(...)`` parameter replaced by that set's typer options."""
+    signature = inspect.signature(func, eval_str=True)
+    groups: dict[str, Group] = {}
+    parameters = []
+    for parameter in signature.parameters.values():
+        if isinstance(parameter.default, Group):
+            groups[parameter.name] = parameter.default
+            parameters += [inspect.Parameter(o.parameter, inspect.Parameter.KEYWORD_ONLY, default=_default(o),
+                                             annotation=annotation_of(o)) for o in parameter.default.options]
+        else:
+            parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(func)
+    def wrapper(**kwargs):
+        for name, group in groups.items():
+            kwargs[name] = {o.name: (not kwargs.pop(o.parameter)) if o.negated else kwargs.pop(o.parameter)
+                            for o in group.options}
+        return func(**kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=parameters)
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    return wrapper

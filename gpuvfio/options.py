@@ -1,0 +1,302 @@
+"""The option sets, each declared once: the domain request, the SSH target, the verify gates and
+measurement options, the testbed run.
+
+Every option has one snake_case name; the interfaces derive theirs from it: the command's
+flag (``user_net_ssh_port`` is ``--user-net-ssh-port``; a switch on by default is ``--no-X``),
+the Ansible option (the name itself), the testbed spec key (``key``: the name inside its
+section, ``[guest.ssh] port`` for ``ssh_port``). ``cli``, ``ansible`` and ``spec`` say which
+commands, modules and spec sections carry it. What is generated from here: the command's
+options (gpuvfio.cli.tables), the Ansible argument specs and the options part of the modules'
+DOCUMENTATION (``python -m gpuvfio.cli.generate``, held by tests/unit/test_option_table.py),
+the testbed spec's key sets and value shapes (gpuvfio.testbed.spec) and its JSON Schema
+(gpuvfio.testbed.schema). The table declares; the services validate the values
+(gpuvfio.domain.request.domain_request, gpuvfio.ops.targets.ssh_options,
+gpuvfio.ops.verify_options.verify_options), taking their bounds from here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Option", "OptionSet", "DOMAIN", "SSH", "VERIFY", "RUN", "SETS", "USER_PATTERN", "USER",
+           "ANSIBLE_MODULES", "CLI_COMMANDS"]
+
+KINDS = ("str", "int", "float", "bool", "path", "list")
+# A login name as useradd(8) takes it (shadow-utils, NAME_REGEX relaxed to upper case as
+# sshd and most directories allow), at most 32 characters: guests and a testbed's hypervisor.
+USER_PATTERN = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
+USER = re.compile(USER_PATTERN)
+CLI_COMMANDS = ("xml", "attach", "verify")
+ANSIBLE_MODULES = ("gpuvfio_domain", "gpuvfio_verify")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: str  # one of KINDS; "path": a file path (absolute where the spec takes it)
+    help: str  # {other_option} is written as each interface names that option
+    default: object = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None  # exclusive minimum
+    pattern: str | None = None  # what the whole value matches (JSON Schema, the spec)
+    metavar: str | None = None
+    cli: tuple[str, ...] = ()  # the commands that take it
+    ansible: tuple[str, ...] = ()  # the modules that take it
+    spec: tuple[str, ...] = ()  # the testbed spec sections that take it
+    key: str | None = None  # its name inside the SSH target and [guest.ssh] (default: name)
+    aliases: tuple[str, ...] = ()  # Ansible aliases: older names playbooks may still use
+    no_log: bool = False
+    off_help: str | None = None  # a switch on by default: the help of its --no-X flag
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS and re.fullmatch(r"[a-z][a-z0-9_]*", self.name), self.name
+
+    @property
+    def spec_key(self) -> str:
+        return self.key or self.name
+
+    @property
+    def negated(self) -> bool:
+        """A switch on by default: the command offers only its --no-X flag."""
+        return self.kind == "bool" and self.default is True
+
+    @property
+    def flag(self) -> str:
+        word = self.name.replace("_", "-")
+        return f"--no-{word}" if self.negated else f"--{word}"
+
+    @property
+    def parameter(self) -> str:
+        """The command function's parameter (no_X for a switch on by default)."""
+        return f"no_{self.name}" if self.negated else self.name
+
+    def text(self, spell) -> str:
+        """The help with each {option} named as ``spell(option_name)`` says."""
+        return re.sub(r"\{([a-z_]+)\}", lambda m: spell(m.group(1)), self.help)
+
+
+class OptionSet:
+    """Options by name, in the order the interfaces list them."""
+
+    def __init__(self, name: str, *options: Option) -> None:
+        self.name = name
+        self.options = options
+        self.by_name = {o.name: o for o in options}
+        assert len(self.by_name) == len(options), name
+
+    def __getitem__(self, name: str) -> Option:
+        return self.by_name[name]
+
+    def __iter__(self):
+        return iter(self.options)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.by_name)
+
+    def for_command(self, command: str) -> tuple[Option, ...]:
+        return tuple(o for o in self.options if command in o.cli)
+
+    def for_module(self, module: str) -> tuple[Option, ...]:
+        return tuple(o for o in self.options if module in o.ansible)
+
+    def in_section(self, section: str) -> tuple[Option, ...]:
+        return tuple(o for o in self.options if section in o.spec)
+
+
+BOTH = ("xml", "attach")
+GUEST_CMDS = ("verify", "attach")
+DOM = ("gpuvfio_domain",)
+MODULES = ANSIBLE_MODULES
+GUEST = ("guest",)
+MAX_VCPUS = 4096  # gpuvfio.domain.request takes its bound from here
+
+DOMAIN = OptionSet(
+    "domain",
+    Option("name", "str", "Domain name.", required=True, cli=BOTH, ansible=DOM),
+    Option("vcpus", "int", "Guest vCPUs.", 4, minimum=1, maximum=MAX_VCPUS, cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("memory", "str", "Guest memory: 64G, 64GiB, 65536M (a bare number in the spec: MiB).", "8G", cli=BOTH,
+           ansible=DOM, spec=GUEST),
+    Option("hugepages", "str", "Backing pages: auto | none | 4K | 2M | 1G (also spelled 1g, 2MiB).", "auto",
+           cli=BOTH, ansible=DOM, spec=("variant",)),
+    Option("numa", "str", "auto | none | remote (a node without the devices) | a host NUMA node number.", "auto",
+           cli=BOTH, ansible=DOM, spec=("variant",)),
+    Option("firmware", "str", "efi (UEFI: libvirt picks it from QEMU's firmware descriptors) | bios", "efi",
+           choices=("efi", "bios"), cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("virt_type", "str", "kvm | qemu (TCG, for hosts without KVM)", "kvm", choices=("kvm", "qemu"), cli=BOTH,
+           ansible=DOM, spec=GUEST),
+    Option("loader", "path", "UEFI code image by path instead of libvirt's choice (with {nvram_template}).",
+           metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("nvram_template", "path", "UEFI variables template (with {loader}).", metavar="PATH", cli=BOTH,
+           ansible=DOM, spec=GUEST),
+    Option("rom_bar", "str", "Show the GPUs' ROM BAR to the guest or hide it (off: the usual fix for a GPU that "
+           "drove the host console); default libvirt's (shown).", choices=("on", "off"), metavar="on|off",
+           cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("rom_file", "path", "A ROM image (a dumped, clean VBIOS) the guest sees instead of the GPU's own.",
+           metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("hide_kvm", "bool", "Hide the hypervisor from the guest driver.", False, cli=BOTH, ansible=DOM,
+           spec=GUEST),
+    Option("mdev", "str", "Legacy mdev vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",),
+           ansible=DOM),
+    Option("vgpu", "str", "SR-IOV vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",), ansible=DOM),
+    Option("uuid", "str", "mdev UUID (default: derived from name, GPU and type).", cli=("xml",), ansible=DOM),
+    Option("disk", "path", "Boot disk image (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("kernel", "path", "Direct kernel boot (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM,
+           spec=GUEST),
+    Option("initrd", "path", "initrd for direct kernel boot (with {kernel}).", metavar="PATH", cli=BOTH,
+           ansible=DOM, spec=GUEST),
+    Option("cmdline", "str", "Kernel command line for direct kernel boot (one line).", pattern=r"[^\n\x00]*",
+           metavar="STR", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("network", "str", "libvirt network to attach.", pattern=r"[^/\n\x00]+", metavar="NAME", cli=BOTH,
+           ansible=DOM, spec=GUEST),
+    # The testbed forwards its [guest.ssh] port: that key is the spec's spelling of this one.
+    Option("user_net_ssh_port", "int", "QEMU user networking, 127.0.0.1:PORT -> guest:22.", minimum=1,
+           maximum=65535, metavar="PORT", cli=BOTH, ansible=DOM, aliases=("ssh_forward_port",)),
+    Option("console_log", "path", "Also write the guest's serial console to this host file.", metavar="FILE",
+           cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("force", "bool", "Share cores / accept short hugepages; an attach also overrides the overridable bind "
+           "checks.", False, cli=BOTH, ansible=DOM),
+    Option("topology", "str", "auto | mirror | flat: mirror the host's PCIe switches and root complexes in the "
+           "guest (auto: for two or more devices).", "auto", choices=("auto", "mirror", "flat"), cli=BOTH,
+           ansible=DOM, spec=GUEST),
+    Option("p2p", "str", "auto | off: P2P cliques (x-nv-gpudirect-clique) for GPUs the host can route P2P "
+           "between.", "auto", choices=("auto", "off"), cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("qemu_version", "str", "QEMU version the domain will run on (default: asked from libvirt when a "
+           "connection is used).", metavar="X.Y", cli=BOTH, ansible=DOM),
+)
+
+GUEST_SSH = ("guest.ssh",)
+SECONDS = 24 * 3600.0  # the longest wait any timeout takes (ops.context.checked_seconds' bound)
+
+SSH = OptionSet(
+    "ssh",
+    Option("ssh_host", "str", "Guest address (default: discovered through libvirt).", cli=GUEST_CMDS,
+           ansible=MODULES, spec=GUEST_SSH, key="host"),
+    Option("ssh_port", "int", "Guest SSH port (default: discovered, else 22).", minimum=1, maximum=65535,
+           cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH, key="port"),
+    Option("ssh_user", "str", "Guest user (default: the SSH config's User, else root).", pattern=USER_PATTERN,
+           cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH, key="user"),
+    Option("ssh_key", "path", "Private key file.", metavar="FILE", cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH,
+           key="key"),
+    Option("ssh_private_key", "str", "Private key content (kept out of logs); written to a mode 0600 temp file "
+           "for the task.", ansible=MODULES, no_log=True),
+    Option("ssh_config", "path", "An ssh_config file instead of ~/.ssh/config (Host aliases, HostName, User, "
+           "Port, IdentityFile, UserKnownHostsFile, ProxyJump).", metavar="FILE", cli=GUEST_CMDS, ansible=MODULES),
+    Option("known_hosts", "path", "Pinned host keys.", metavar="FILE", cli=GUEST_CMDS, ansible=MODULES,
+           spec=GUEST_SSH),
+    Option("trust_on_first_use", "bool", "Accept and record an unknown host key.", False, cli=GUEST_CMDS,
+           ansible=MODULES, spec=GUEST_SSH),
+    Option("timeout", "float", "Seconds to wait for SSH.", 60.0, above=0, maximum=SECONDS, cli=("verify",),
+           ansible=("gpuvfio_verify",)),
+    Option("boot_timeout", "float", "Seconds from start until SSH answers.", 300.0, above=0, maximum=SECONDS,
+           cli=("attach",), ansible=DOM, spec=GUEST_SSH),
+)
+
+RUN_SPEC = ("run",)
+
+VERIFY = OptionSet(
+    "verify",
+    Option("bandwidth", "bool", "Measure the copies (host to device, device to host, device to device).", True,
+           off_help="Skip the copy measurements.", cli=GUEST_CMDS, ansible=MODULES),
+    # The default gate is gpuvfio.guest.expect.LINK_EFFICIENCY (the test holds the help to it).
+    Option("link_efficiency", "float", "Share of the slot's link each copy must reach (default 0.762: 48 GB/s at "
+           "Gen5 x16).", minimum=0.01, maximum=1.0, metavar="FRACTION",
+           cli=GUEST_CMDS, ansible=MODULES, spec=RUN_SPEC),
+    Option("min_gbps", "float", "Absolute bandwidth floor per direction in GB/s, instead of {link_efficiency}.",
+           minimum=0.001, maximum=10000.0, metavar="GBPS", cli=GUEST_CMDS, ansible=MODULES, spec=RUN_SPEC),
+    Option("size_mib", "int", "Copy buffer in MiB (default 512, as nvbandwidth).", minimum=1, maximum=64 * 1024,
+           cli=GUEST_CMDS, ansible=MODULES, spec=RUN_SPEC),
+    Option("copies", "int", "Copies per sample (default 16).", minimum=1, maximum=1000, cli=GUEST_CMDS,
+           ansible=MODULES, spec=RUN_SPEC),
+    Option("samples", "int", "Samples, median reported (default 3).", minimum=1, maximum=1000, cli=GUEST_CMDS,
+           ansible=MODULES, spec=RUN_SPEC),
+    Option("probe_timeout", "float", "Allow the in-guest probe this long (slow, emulated guests).", 120.0, above=0,
+           maximum=SECONDS, metavar="SECONDS", cli=GUEST_CMDS, ansible=MODULES),
+    Option("verify_timeout", "float", "Allow the in-guest verifier (bandwidth runs) this long.", 600.0, above=0,
+           maximum=SECONDS, metavar="SECONDS", cli=GUEST_CMDS, ansible=MODULES),
+)
+
+RUN_VARIANT = ("run", "variant")  # a [[variant]] overrides [run]'s
+
+RUN = OptionSet(
+    "run",
+    Option("repetitions", "int", "Measurements of each variant.", 3, minimum=1, maximum=1000, spec=RUN_SPEC),
+    Option("gpus", "list", "Device arguments (01:00 is every function of the slot), expanded on the hypervisor.",
+           [], spec=RUN_SPEC),
+    Option("gpu_ids", "list", "lspci -d VENDOR:[DEVICE][:CLASS]; with {gpus}, what both select.", [],
+           spec=RUN_SPEC),
+    Option("connect", "str", "A libvirt URI.", spec=RUN_SPEC),
+    Option("stop_services", "bool", "Stop NVIDIA services that hold the GPU while binding; restore restarts "
+           "them.", False, cli=("attach",), ansible=DOM, spec=RUN_VARIANT),
+    Option("force", "bool", "Bind groups with a foreign device or the console GPU anyway.", False,
+           spec=RUN_VARIANT),
+)
+
+SETS = (DOMAIN, SSH, VERIFY, RUN)
+
+
+# The Ansible side: argument specs and the DOCUMENTATION options, generated into playbooks/ by
+# python -m gpuvfio.cli.generate (modules are read by ansible-doc without being run, so the
+# text is committed; tests/unit/test_option_table.py fails while it differs).
+_ANSIBLE_TYPES = {"str": "str", "path": "path", "int": "int", "float": "float", "bool": "bool", "list": "list"}
+
+
+def ansible_options(module: str) -> tuple[Option, ...]:
+    return tuple(o for option_set in SETS for o in option_set.for_module(module))
+
+
+def argument_spec(option: Option) -> dict:
+    """``option``'s AnsibleModule argument_spec entry."""
+    spec: dict = {"type": _ANSIBLE_TYPES[option.kind]}
+    if option.kind == "list":
+        spec["elements"] = "str"
+    if option.required:
+        spec["required"] = True
+    if option.default is not None:
+        spec["default"] = option.default
+    if option.choices:
+        spec["choices"] = list(option.choices)
+    if option.aliases:
+        spec["aliases"] = list(option.aliases)
+    if option.no_log:
+        spec["no_log"] = True
+    return spec
+
+
+def _ansible_name(name: str) -> str:
+    return f"C({name})"
+
+
+def _yaml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def documentation_options(module: str) -> str:
+    """The DOCUMENTATION ``options:`` entries of ``module``'s declared options (YAML, two-space
+    indented under ``options:``), as ansible-doc reads them."""
+    lines = []
+    for option in ansible_options(module):
+        spec = argument_spec(option)
+        lines.append(f"  {option.name}:")
+        words = option.text(_ansible_name).split()
+        line = "      "
+        lines.append("    description: >-")
+        for word in words:  # folded: one paragraph, wrapped at 110 columns
+            if len(line) + len(word) > 110 and line.strip():
+                lines.append(line.rstrip())
+                line = "      "
+            line += word + " "
+        lines.append(line.rstrip())
+        for key in ("type", "elements", "required", "default", "choices", "aliases"):  # no_log: code only
+            if key in spec:
+                lines.append(f"    {key}: {spec[key] if key in ('type', 'elements') else _yaml_value(spec[key])}")
+    return "\n".join(lines) + "\n"

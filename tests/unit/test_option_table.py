@@ -1,0 +1,362 @@
+"""The option table (gpuvfio/options.py) held against every interface that carries its options:
+the command's parameters (xml, attach, verify), the Ansible modules' argument_spec and
+DOCUMENTATION, the testbed spec's validator and JSON Schema, and the services' own defaults.
+Each check is a function listing the differences; the tests assert there are none, and that
+each check finds an option added, renamed or re-defaulted on one side (issue 23 item 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import os
+
+import pytest
+import typer
+
+from gpuvfio.cli import generate
+from gpuvfio.cli.app import app
+from gpuvfio.cli.tables import flag_of
+from gpuvfio.domain.request import domain_request
+from gpuvfio.errors import InputError
+from gpuvfio.guest.expect import LINK_EFFICIENCY
+from gpuvfio.ops.targets import ssh_options
+from gpuvfio.ops.verify_options import verify_options
+from gpuvfio.options import (ANSIBLE_MODULES, CLI_COMMANDS, DOMAIN, RUN, SETS, SSH, VERIFY, Option, OptionSet,
+                             argument_spec)
+from gpuvfio.testbed import schema as spec_schema
+from gpuvfio.testbed.plan import request_for
+from gpuvfio.testbed.spec import guest_request_args, load_spec
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAYBOOKS = os.path.join(REPO, "playbooks")
+
+# What each command and module takes besides the table's options (their own, not shared).
+COMMAND_OWN = {
+    "xml": {"addresses", "device_ids", "define", "update", "connect", "nccl_topo", "dry_run", "as_json", "root"},
+    "attach": {"addresses", "device_ids", "yes", "connect", "no_verify", "keep_on_failure", "dry_run", "as_json",
+               "root"},
+    "verify": {"domain", "expect_device", "expect_ids", "connect", "as_json", "root"},
+}
+MODULE_OWN = {
+    "gpuvfio_domain": {"root", "state_dir", "devices", "device_ids", "all_matched", "state", "uri", "update",
+                       "verify", "keep_on_failure", "stop_timeout", "restore_devices"},
+    "gpuvfio_verify": {"root", "state_dir", "domain", "uri", "expect_devices"},
+}
+
+
+def carried(table, where: str) -> list[Option]:
+    return [o for option_set in table for o in option_set if where in o.cli + o.ansible]
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+def command_params(command: str) -> dict:
+    click_group = typer.main.get_command(app)
+    return {p.name: p for p in click_group.commands[command].params}
+
+
+def cli_differences(table, command: str, params: dict) -> list[str]:
+    out = []
+    declared = carried(table, command)
+    for option in declared:
+        param = params.get(option.parameter)
+        if param is None:
+            out.append(f"{command}: no {option.flag}")
+            continue
+        expected_default = None if option.required else (False if option.negated else option.default)
+        help_text = option.off_help if option.negated else option.text(flag_of)
+        if param.opts != [option.flag]:
+            out.append(f"{command}: {option.name} is {param.opts}, not {option.flag}")
+        if param.default != expected_default:
+            out.append(f"{command}: {option.flag} defaults to {param.default!r}, not {expected_default!r}")
+        if bool(param.required) != option.required:
+            out.append(f"{command}: {option.flag} required={param.required}")
+        if getattr(param, "help", None) != help_text:
+            out.append(f"{command}: {option.flag} help differs")
+        if option.metavar is not None and param.metavar != option.metavar:
+            out.append(f"{command}: {option.flag} metavar {param.metavar}")
+    names = {o.parameter for o in declared}
+    out += [f"{command}: {name} is not in the table" for name in params
+            if name not in names and name not in COMMAND_OWN[command]]
+    return out
+
+
+@pytest.mark.parametrize("command", CLI_COMMANDS)
+def test_the_commands_take_the_tables_options(command):
+    assert cli_differences(SETS, command, command_params(command)) == []
+
+
+# --- Ansible --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def modules():
+    pytest.importorskip("ansible")
+    import ansible.module_utils
+
+    utils = os.path.join(PLAYBOOKS, "module_utils")
+    if utils not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(utils)
+    loaded = {}
+    for name in ANSIBLE_MODULES:
+        spec = importlib.util.spec_from_file_location(f"_options_{name}", os.path.join(PLAYBOOKS, "library",
+                                                                                       f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        loaded[name] = module
+    return loaded
+
+
+def argument_spec_of(module, monkeypatch) -> dict:
+    """The argument_spec ``module.main`` hands AnsibleModule."""
+    from ansible.module_utils import basic
+
+    class Captured(Exception):
+        pass
+
+    def capture(self, argument_spec, **kwargs):
+        raise Captured(argument_spec)
+
+    monkeypatch.setattr(basic.AnsibleModule, "__init__", capture)
+    with pytest.raises(Captured) as caught:
+        module.main()
+    return caught.value.args[0]
+
+
+def ansible_differences(table, name: str, spec: dict) -> list[str]:
+    out = []
+    declared = carried(table, name)
+    for option in declared:
+        if option.name not in spec:
+            out.append(f"{name}: no {option.name}")
+        elif spec[option.name] != argument_spec(option):
+            out.append(f"{name}: {option.name} is {spec[option.name]}, not {argument_spec(option)}")
+    names = {o.name for o in declared}
+    out += [f"{name}: {key} is not in the table" for key in spec if key not in names and key not in MODULE_OWN[name]]
+    return out
+
+
+def documentation_differences(table, name: str, documentation: str) -> list[str]:
+    import yaml
+
+    options = yaml.safe_load(documentation)["options"]
+    out = []
+    declared = carried(table, name)
+    for option in declared:
+        documented = options.get(option.name)
+        if documented is None:
+            out.append(f"{name}: {option.name} not documented")
+            continue
+        wanted = dict(argument_spec(option), description=option.text(lambda n: f"C({n})"))
+        wanted.pop("no_log", None)
+        if documented != wanted:
+            out.append(f"{name}: {option.name} documented as {documented}, not {wanted}")
+    names = {o.name for o in declared}
+    out += [f"{name}: {key} documented, not in the table" for key in options
+            if key not in names and key not in MODULE_OWN[name]]
+    return out
+
+
+@pytest.mark.parametrize("name", ANSIBLE_MODULES)
+def test_the_modules_argument_spec_is_the_tables(modules, monkeypatch, name):
+    assert ansible_differences(SETS, name, argument_spec_of(modules[name], monkeypatch)) == []
+
+
+@pytest.mark.parametrize("name", ANSIBLE_MODULES)
+def test_the_modules_documentation_is_the_tables(modules, name):
+    pytest.importorskip("yaml")
+    assert documentation_differences(SETS, name, modules[name].DOCUMENTATION) == []
+
+
+def test_the_generated_files_are_committed():
+    """docs/testbed-spec.schema.json, playbooks/module_utils/gpuvfio_options.py and the modules'
+    DOCUMENTATION options are what python -m gpuvfio.cli.generate writes."""
+    for path, text in generate.generated(REPO).items():
+        with open(os.path.join(REPO, path), encoding="utf-8") as handle:
+            assert handle.read() == text, f"{path} is stale: run python -m gpuvfio.cli.generate"
+
+
+def test_the_old_port_name_still_works_in_playbooks():
+    assert argument_spec(DOMAIN["user_net_ssh_port"])["aliases"] == ["ssh_forward_port"]
+
+
+# --- the testbed spec -----------------------------------------------------------------------------
+
+BASE = """
+[guest]
+kernel = "/var/lib/gpuvfio/vmlinux"
+[guest.ssh]
+port = 2222
+known_hosts = "/root/.ssh/known_hosts"
+[run]
+gpus = ["0000:1b:00.0"]
+[[variant]]
+name = "p"
+kind = "passthrough"
+"""
+
+
+def sample(option: Option):
+    """A value of the option's shape (the spec's validator may still refuse what it means)."""
+    if option.choices:
+        return option.choices[-1]
+    return {"bool": True, "path": "/var/lib/x", "list": [], "str": "x"}.get(
+        option.kind, option.maximum if option.maximum is not None else 1)
+
+
+def spec_answer(tmp_path, section: str, key: str, value) -> str | None:
+    """None when the spec is accepted, else the validator's message."""
+    text = BASE.replace(f"[{section}]\n", f"[{section}]\n{key} = {json.dumps(value)}\n", 1)
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    try:
+        load_spec(str(path))
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
+def spec_differences(table, tmp_path) -> list[str]:
+    out = []
+    for option_set in table:
+        for option in option_set:
+            for section in option.spec:
+                if section == "variant":
+                    continue  # the variant's keys: by the schema below, and test_spec_schema's mutations
+                answer = spec_answer(tmp_path, section, option.spec_key, sample(option))
+                if answer is not None and "unknown key" in answer:
+                    out.append(f"[{section}] {option.spec_key}: {answer}")
+    return out
+
+
+def test_the_spec_takes_the_tables_keys(tmp_path):
+    assert spec_differences(SETS, tmp_path) == []
+    assert "unknown key 'colour'" in spec_answer(tmp_path, "guest", "colour", "red")
+
+
+def schema_differences(table, schema: dict) -> list[str]:
+    sections = {"guest": schema["properties"]["guest"]["properties"],
+                "guest.ssh": schema["properties"]["guest"]["properties"]["ssh"]["properties"],
+                "run": schema["properties"]["run"]["properties"],
+                "variant": schema["properties"]["variant"]["items"]["properties"]}
+    own = {"guest": {"ssh"}, "guest.ssh": set(), "run": set(), "variant": {"name", "kind", "profile", "scheduler"}}
+    out = []
+    for section, properties in sections.items():
+        declared = {o.spec_key: o for option_set in table for o in option_set if section in o.spec}
+        if set(properties) - own[section] != set(declared):
+            out.append(f"[{section}]: {sorted(set(properties) - own[section])} != {sorted(declared)}")
+        for key, option in declared.items():
+            default = properties.get(key, {}).get("default")
+            if option.default not in (None, []) and default != option.default:
+                out.append(f"[{section}] {key} defaults to {default!r}, not {option.default!r}")
+    return out
+
+
+def test_the_schema_has_the_tables_keys_and_defaults():
+    with open(os.path.join(REPO, "docs", "testbed-spec.schema.json"), encoding="utf-8") as handle:
+        assert schema_differences(SETS, json.load(handle)) == []
+
+
+def test_the_spec_gains_the_domain_options_and_they_reach_the_request(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text(BASE.replace("[guest]\n", '[guest]\ntopology = "flat"\np2p = "off"\nhide_kvm = true\n'
+                                              'console_log = "/var/log/g.log"\n', 1))
+    spec = load_spec(str(path))
+    request = request_for(None, spec, spec.variants[0], [])
+    assert (request.topology, request.p2p, request.hide_kvm, request.console_log) == (
+        "flat", "off", True, "/var/log/g.log")
+    assert request.user_net_ssh_port == 2222
+
+
+# --- the services' defaults -----------------------------------------------------------------------
+
+def service_differences(table) -> list[str]:
+    """Each option's default where a service takes it as a parameter."""
+    out = []
+    services = {"domain": (domain_request, lambda o: o.name), "verify": (verify_options, lambda o: o.name),
+                "ssh": (ssh_options, lambda o: o.spec_key)}
+    for option_set in table:
+        if option_set.name not in services:
+            continue
+        function, named = services[option_set.name]
+        parameters = inspect.signature(function).parameters
+        for option in option_set:
+            parameter = parameters.get(named(option))
+            if parameter is None or option.required or option.name == "boot_timeout":
+                continue  # boot_timeout reaches ssh_options as its timeout: held by the spec's default
+            if parameter.default != option.default:
+                out.append(f"{function.__name__}({named(option)}={parameter.default!r}): the table says "
+                           f"{option.default!r}")
+    domain = next(option_set for option_set in table if option_set.name == "domain")
+    for option in domain:
+        if not option.required and option.name not in parameters_of(domain_request):
+            out.append(f"domain_request takes no {option.name}")
+    return out
+
+
+def parameters_of(function) -> set[str]:
+    return set(inspect.signature(function).parameters)
+
+
+def test_the_services_default_as_the_table_says():
+    assert service_differences(SETS) == []
+    assert VERIFY["link_efficiency"].help.count(f"default {LINK_EFFICIENCY}:") == 1
+    defaults = guest_request_args({}, {})
+    assert {k: v for k, v in defaults.items() if k != "user_net_ssh_port"} == {
+        o.name: o.default for o in DOMAIN.in_section("guest")}
+
+
+# --- each check finds a change on one side --------------------------------------------------------
+
+def changed(option_set: OptionSet, which: str, **fields) -> tuple[OptionSet, ...]:
+    """The table with one option changed (``name=`` renames it)."""
+    options = [dataclasses.replace(o, **fields) if o.name == which else o for o in option_set]
+    edited = OptionSet(option_set.name, *options)
+    return tuple(edited if s is option_set else s for s in SETS)
+
+
+def added(option_set: OptionSet, option: Option) -> tuple[OptionSet, ...]:
+    edited = OptionSet(option_set.name, *option_set.options, option)
+    return tuple(edited if s is option_set else s for s in SETS)
+
+
+EVERYWHERE = dict(cli=("xml", "attach"), ansible=("gpuvfio_domain",), spec=("guest",))
+MUTATIONS = {
+    "added": lambda: added(DOMAIN, Option("balloon", "bool", "A memory balloon.", False, **EVERYWHERE)),
+    "renamed": lambda: changed(DOMAIN, "console_log", name="serial_log"),
+    "re-defaulted": lambda: changed(DOMAIN, "vcpus", default=8),
+    "re-defaulted ssh": lambda: changed(SSH, "boot_timeout", default=120.0),
+    "re-defaulted run": lambda: changed(RUN, "repetitions", default=5),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_each_check_finds_a_change_on_one_side(mutation, modules, monkeypatch, tmp_path):
+    pytest.importorskip("yaml")
+    table = MUTATIONS[mutation]()
+    with open(os.path.join(REPO, "docs", "testbed-spec.schema.json"), encoding="utf-8") as handle:
+        schema = json.load(handle)
+    found = {
+        "cli": [d for c in CLI_COMMANDS for d in cli_differences(table, c, command_params(c))],
+        "ansible": [d for n in ANSIBLE_MODULES
+                    for d in ansible_differences(table, n, argument_spec_of(modules[n], monkeypatch))],
+        "documentation": [d for n in ANSIBLE_MODULES
+                          for d in documentation_differences(table, n, modules[n].DOCUMENTATION)],
+        "schema": schema_differences(table, schema),
+        "services": service_differences(table),
+    }
+    if mutation in ("added", "renamed"):
+        found["spec"] = spec_differences(table, tmp_path)
+    # Where the changed option lives, every check that covers it sees the change.
+    carried_by = {"re-defaulted": ("cli", "ansible", "documentation", "schema", "services"),
+                  "re-defaulted ssh": ("cli", "ansible", "documentation", "schema"),
+                  "re-defaulted run": ("schema",),
+                  "added": ("cli", "ansible", "documentation", "schema", "services", "spec"),
+                  "renamed": ("cli", "ansible", "documentation", "schema", "services", "spec")}[mutation]
+    assert [side for side in carried_by if not found[side]] == []
+
+
+def test_the_schema_is_generated_from_the_table():
+    """Changing the table changes the generated schema (what the committed-file test compares)."""
+    assert "console_log" in spec_schema.schema()["properties"]["guest"]["properties"]
