@@ -101,11 +101,11 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
         return
     ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-    report = reporting_failure(as_json, lambda: binding.unbind(ctx, wanted, uri=connect))
+    result = reporting_failure(as_json, lambda: binding.unbind(ctx, wanted, uri=connect))
     if as_json:
-        emit_json(report)
+        emit_json(result.to_json())
         return
-    for address, driver in report["drivers"].items():
+    for address, driver in result.drivers.items():
         say(f"{address}: now on {driver}")
 
 
@@ -123,10 +123,10 @@ def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
     ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                        lock_timeout=lock_timeout)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-    report = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
+    result = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
     if as_json:
-        emit_json(report)
-    elif not report["restored"] and not report.get("vgpu"):
+        emit_json(result.to_json())
+    elif result.nothing:
         say("nothing to restore")
 
 
@@ -152,12 +152,12 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
     with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
                       lock_timeout=lock_timeout) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-        report = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
+        result = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
     if as_json:
-        emit_json(report)
+        emit_json(result.to_json())
         return
-    for address in report["devices"]:
-        cleared = " (broken mark cleared)" if address in report["cleared"] else ""
+    for address in result.devices:
+        cleared = " (broken mark cleared)" if address in result.cleared else ""
         say(f"{address}: answers{cleared}")
 
 

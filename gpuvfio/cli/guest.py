@@ -141,6 +141,6 @@ def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME", autocompletio
             show_plan(plan_detach(ctx, name, uri=connect, timeout=timeout), as_json)
         return
     with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
-        report = detach(ctx, name, uri=connect, timeout=timeout)
+        result = detach(ctx, name, uri=connect, timeout=timeout)
     if as_json:
-        emit_json(report)
+        emit_json(result.to_json())

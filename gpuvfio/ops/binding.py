@@ -15,7 +15,7 @@ device and domain modules all call these. Two policies live here and nowhere els
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
@@ -38,7 +38,7 @@ from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "BindOperation",
-           "plan_operation", "apply_operation", "restore", "held",
+           "plan_operation", "apply_operation", "RestoreResult", "UnbindResult", "restore", "held",
            "release", "unbind", "status", "plan_unbind", "plan_restore", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
@@ -139,6 +139,37 @@ class BindOperation:
         return Refused("refused: " + "; ".join(self.refusals), self.report)
 
 
+@dataclass
+class RestoreResult:
+    """What a restore (or release) gave back: address -> the driver it is on now, the ones that
+    failed and why, the ones kept on vfio-pci (a Fabric Manager partition still active), the
+    services left stopped, and what happened to gpuvfio's vGPU instances and policies."""
+
+    restored: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, str] = field(default_factory=dict)
+    services_not_restarted: list[str] = field(default_factory=list)
+    vgpu: list[str] = field(default_factory=list)
+
+    @property
+    def nothing(self) -> bool:
+        return not self.restored and not self.vgpu
+
+    def to_json(self) -> dict:
+        return {"restored": dict(self.restored), "failed": dict(self.failed), "kept": dict(self.kept),
+                "services_not_restarted": list(self.services_not_restarted), "vgpu": list(self.vgpu)}
+
+
+@dataclass
+class UnbindResult:
+    """Each device and the driver it is on after gpuvfio unbind ("no driver" when none took it)."""
+
+    drivers: dict[str, str]
+
+    def to_json(self) -> dict:
+        return {"drivers": dict(self.drivers)}
+
+
 def plan_operation(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
                    exclude: str | None = None, require_unused: bool = False) -> BindOperation:
     """The bind of ``addresses`` as the run will carry it out (bind, attach's bind step, a dry
@@ -225,7 +256,7 @@ def plan_restore(ctx: Context, addresses: list[PciAddress]) -> Plan:
     return plan
 
 
-def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
+def restore(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
     """Return devices gpuvfio holds to their recorded drivers (all of them, and the vGPU
     instances and scheduler policies it changed, when no address is given): the plan, made
     under the run lock, carried out."""
@@ -235,7 +266,7 @@ def restore(ctx: Context, addresses: list[PciAddress]) -> dict:
         return _restore_locked(ctx, journal, plan.details["wanted"])
 
 
-def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
+def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> "RestoreResult":
     undone: list[str] = []
 
     def note(line: str) -> None:
@@ -267,17 +298,17 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> dict:
                              "still active)")
     targets = None if not wanted and not kept else [a for a in (wanted or sorted(journal.devices)) if a not in kept]
     results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), targets, ctx.progress)
-    report = {"restored": {a: msg for a, (ok, msg) in results.items() if ok},
-              "failed": {a: msg for a, (ok, msg) in results.items() if not ok}, "kept": kept,
-              "services_not_restarted": list(journal.data["services_stopped"]), "vgpu": undone}
+    result = RestoreResult(restored={a: msg for a, (ok, msg) in results.items() if ok},
+                           failed={a: msg for a, (ok, msg) in results.items() if not ok}, kept=kept,
+                           services_not_restarted=list(journal.data["services_stopped"]), vgpu=undone)
     # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
     # last one): only a restart that should have happened and did not is a failure.
-    unrestarted = report["services_not_restarted"] if not journal.devices else []
-    if report["failed"] or unrestarted or vgpu_failures:
-        problems = vgpu_failures + [f"{a}: {m}" for a, m in report["failed"].items()]
+    unrestarted = result.services_not_restarted if not journal.devices else []
+    if result.failed or unrestarted or vgpu_failures:
+        problems = vgpu_failures + [f"{a}: {m}" for a, m in result.failed.items()]
         problems += [f"service {s} not restarted" for s in unrestarted]
-        raise GpuvfioError("restore incomplete: " + "; ".join(problems), report)
-    return report
+        raise GpuvfioError("restore incomplete: " + "; ".join(problems), result.to_json())
+    return result
 
 
 def _with_group_members(journal: Journal, devices) -> list[str]:
@@ -321,14 +352,14 @@ def current_drivers(ctx: Context, addresses) -> dict[str, str | None]:
     return {str(a): current_driver(ctx.host, a) for a in addresses}
 
 
-def release(ctx: Context, addresses: list[PciAddress]) -> dict:
+def release(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
     """Give back what gpuvfio holds in the IOMMU groups of ``addresses`` (detach, attach's
     rollback, a testbed variant's teardown, the Ansible device module's state=host)."""
     with ctx.lock():
         journal = ctx.journal()
         held = held_in_groups(ctx, journal, addresses)
         if not held:
-            return {"restored": {}, "failed": {}, "kept": {}, "services_not_restarted": [], "vgpu": []}
+            return RestoreResult()
         return _restore_locked(ctx, journal, held)
 
 
@@ -370,14 +401,14 @@ def plan_unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = 
     return plan
 
 
-def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> dict:
+def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> "UnbindResult":
     """Give devices back to the host without the journal (gpuvfio unbind): its plan, made under
     the run lock, carried out."""
     with ctx.lock():
         plan = plan_unbind(ctx, addresses, uri=uri)
         plan.raise_if_refused()
-        return {"drivers": give_back(ctx.host, [PciAddress.parse(a) for a in plan.details["devices"]],
-                                     ctx.writer())}
+        return UnbindResult(give_back(ctx.host, [PciAddress.parse(a) for a in plan.details["devices"]],
+                                      ctx.writer()))
 
 
 def status(ctx: Context) -> dict:

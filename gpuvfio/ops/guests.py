@@ -301,7 +301,24 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
     return plan
 
 
-def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0, restore: bool = True) -> dict:
+@dataclass
+class DetachResult:
+    name: str
+    stopped: str  # how it ended: "not running", "shut down", "destroyed ..." (gpuvfio.virt.lifecycle.stop)
+    devices: list[str]  # the host devices gpuvfio recorded in it
+    partitions: list[str]  # Fabric Manager partitions deactivated
+    restored: binding.RestoreResult | None  # None: devices left as they are (restore=False) or none held
+    steps: list[str]  # the plan's steps, carried out in order
+    undefined: bool = True
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "stopped": self.stopped, "undefined": self.undefined, "devices": self.devices,
+                "partitions": self.partitions, "restored": self.restored.to_json() if self.restored else None,
+                "steps": self.steps}
+
+
+def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
+           restore: bool = True) -> DetachResult:
     """Stop the guest, undefine it, give its devices back: the steps of its plan, in order. A
     domain gpuvfio did not define is not touched."""
     plan = plan_detach(ctx, name, uri=uri, timeout=timeout, restore=restore)
@@ -314,8 +331,7 @@ def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 
     ctx.progress(f"{name}: undefined")
     partitions = fabric.deactivate(ctx, devices=devices) if devices else []  # stop, deactivate, restore
     restored = binding.release(ctx, devices) if devices and restore else None
-    return {"name": name, "stopped": how, "undefined": True, "devices": [str(d) for d in devices],
-            "partitions": partitions, "restored": restored, "steps": plan.step_names}
+    return DetachResult(name, how, [str(d) for d in devices], partitions, restored, plan.step_names)
 
 
 def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,

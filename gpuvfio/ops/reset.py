@@ -18,6 +18,8 @@ answers again (a reboot, a reseated card).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.apply import current_driver
@@ -30,7 +32,7 @@ from gpuvfio.ops.binding import libvirt_view
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Plan
 
-__all__ = ["reset", "plan_reset"]
+__all__ = ["reset", "plan_reset", "ResetResult", "ResetMethod"]
 
 
 def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
@@ -87,11 +89,11 @@ def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, 
 
 
 def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
-          uri: str | None = None) -> dict:
+          uri: str | None = None) -> ResetResult:
     """Reset gpuvfio's devices by the kernel's function reset (or, with ``bus``, the secondary
     bus reset of their bridge); a device that answers afterwards loses its broken mark. The plan
     is made under the run lock and its writes carried out.
-    Returns {"method", "reset", "devices": {address: problem or None}, "cleared"}."""
+    """
     with ctx.lock():
         plan = plan_reset(ctx, addresses, bus=bus, forget=forget, uri=uri)
         plan.raise_if_refused()
@@ -151,17 +153,36 @@ def _kernel_file(ctx: Context, address: PciAddress, name: str, missing: str) -> 
     return path
 
 
-def _settle(ctx: Context, journal: Journal, affected: list[PciAddress], method: str, targets: list[str]) -> dict:
+class ResetMethod(str, Enum):
+    FUNCTION = "function"  # <dev>/reset: the kernel's methods in reset_method, in order
+    BUS = "bus"  # <bridge>/reset_subordinate: a secondary bus reset of everything below it
+    NONE = "none"  # --forget: the mark cleared once the device answers, no reset
+
+
+@dataclass
+class ResetResult:
+    method: ResetMethod
+    reset: list[str]  # the files written, as the host names them
+    devices: dict[str, str | None]  # address -> what is still wrong with it (None: it answers)
+    cleared: list[str]  # the devices whose broken mark went
+
+    def to_json(self) -> dict:
+        return {"method": self.method.value, "reset": list(self.reset), "devices": dict(self.devices),
+                "cleared": list(self.cleared)}
+
+
+def _settle(ctx: Context, journal: Journal, affected: list[PciAddress], method: str,
+            targets: list[str]) -> ResetResult:
     devices = {str(a): return_problem(ctx.host, a) for a in affected}
     cleared = [a for a, problem in devices.items() if problem is None and a in journal.data["broken"]]
     for address in cleared:
         del journal.data["broken"][address]
     if cleared:
         journal.save()
-    report = {"method": method, "reset": [os.path.relpath(p, ctx.host.root) for p in targets],
-              "devices": devices, "cleared": cleared}
+    result = ResetResult(ResetMethod(method), [os.path.relpath(p, ctx.host.root) for p in targets], devices,
+                         cleared)
     still = {a: p for a, p in devices.items() if p}
     if still:
         raise GpuvfioError("still broken: " + "; ".join(f"{a}: {p}" for a, p in sorted(still.items()))
-                           + " (reseat the card or reboot)", report)
-    return report
+                           + " (reseat the card or reboot)", result.to_json())
+    return result

@@ -195,7 +195,7 @@ def to_host(module, ctx, addresses) -> dict:
                   diff=driver_diff(before, after, "devices held by gpuvfio"))
     if module.check_mode:
         return result
-    result["restore"] = binding.release(ctx, addresses)
+    result["restore"] = binding.release(ctx, addresses).to_json()
     result["drivers"]["after"] = binding.current_drivers(ctx, held)
     return result
 

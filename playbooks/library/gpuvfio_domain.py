@@ -439,7 +439,7 @@ def absent(module, ctx, uri) -> dict:
         result["plan"] = {"stop": existing.active, "undefine": True, "restore": sorted(held)}
         return result
     result["detach"] = guests.detach(ctx, name, uri=uri, timeout=module.params["stop_timeout"],
-                                     restore=module.params["restore_devices"])
+                                     restore=module.params["restore_devices"]).to_json()
     return result
 
 

@@ -105,7 +105,7 @@ def test_whole_group_moves_bridge_untouched(h):
 def test_restore_returns_exactly(h):
     before = h.snapshot()
     h.bind(GPU)
-    assert h.restore()["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    assert h.restore().restored == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.snapshot() == before
     assert Journal.load(state_dir(h.host)).devices == {}
     assert status(h.context())["devices"] == []
@@ -170,7 +170,7 @@ def test_unbind_never_returns(h):
     assert not any(GPU in path for path in writes[hung + 1:])  # nothing more for the stuck device
     assert h.drivers()[AUDIO] == "snd_hda_intel"
     assert set(Journal.load(state_dir(h.host)).devices) == {GPU}  # kept for gpuvfio restore
-    assert h.restore()["restored"] == {GPU: "nvidia"}  # once the kernel let go
+    assert h.restore().restored == {GPU: "nvidia"}  # once the kernel let go
     assert h.drivers() == ORIGINAL
 
 
@@ -402,7 +402,7 @@ def test_corrupt_journal_refused_and_kept(h):
 def test_unbind_gives_back_without_journal(h):
     h.bind(GPU)
     result = unbind(h.context(), [A(GPU), A(AUDIO)])
-    assert result["drivers"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    assert result.drivers == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.drivers() == ORIGINAL
 
 
@@ -451,10 +451,10 @@ def test_release_gives_back_the_whole_group_gpuvfio_holds(h):
     h.bind(GPU)
     with h.context() as ctx:
         report = release(ctx, [A(GPU)])
-    assert report["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    assert report.restored == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.drivers() == ORIGINAL
     with h.context() as ctx:
-        assert release(ctx, [A(GPU)])["restored"] == {}  # nothing held: nothing to do
+        assert release(ctx, [A(GPU)]).restored == {}  # nothing held: nothing to do
 
 
 def test_release_leaves_devices_gpuvfio_does_not_hold(h):
@@ -464,7 +464,7 @@ def test_release_leaves_devices_gpuvfio_does_not_hold(h):
     h.kernel.modprobe("vfio-pci")
     h.bind(GPU)
     with h.context() as ctx:
-        assert release(ctx, [A(NIC)])["restored"] == {}
+        assert release(ctx, [A(NIC)]).restored == {}
 
 
 def _fabric_mode(h, mode: int) -> None:
@@ -521,7 +521,7 @@ def test_release_of_one_group_keeps_the_services_stopped_for_the_others(tmp_path
     ctx = sim_context(b.root, services=services)
     bind(ctx, [A("0000:01:00.0"), A("0000:02:00.0")], BindPolicy(stop_services=True))
     first = release(ctx, [A("0000:01:00.0")])
-    assert first["restored"] == {"0000:01:00.0": "nvidia"} and first["services_not_restarted"] == [
+    assert first.restored == {"0000:01:00.0": "nvidia"} and first.services_not_restarted == [
         "nvidia-persistenced"]
     assert services.calls == [("stop", "nvidia-persistenced")]
     release(ctx, [A("0000:02:00.0")])

@@ -71,7 +71,7 @@ def test_restore_dry_run_lists_the_recorded_drivers_and_the_run_restores_them(cl
     assert (tree_digest(host.root), tree_digest(str(state))) == before
     with sim_context(host.root, kernel) as ctx:
         done = binding.restore(ctx, [])
-    assert sorted(done["restored"]) == plan["devices"] == [GPU, AUDIO]
+    assert sorted(done.restored) == plan["devices"] == [GPU, AUDIO]
     assert kernel.driver_of(GPU) == "nvidia" and kernel.driver_of(AUDIO) == "snd_hda_intel"
     # Nothing held now: the dry run says so and exits 0.
     again = cli("--root", host.root, "restore", "--dry-run")
@@ -98,7 +98,7 @@ def test_unbind_dry_run_shows_each_write_and_the_run_makes_them(cli, bound):
     assert {c["id"]: c["status"] for c in plan["checks"]} == {"libvirt": "warn", "journal": "warn"}
     assert (tree_digest(host.root), tree_digest(str(state))) == before
     with sim_context(host.root, kernel) as ctx:
-        assert binding.unbind(ctx, [A(GPU), A(AUDIO)], uri="none")["drivers"] == {GPU: "nvidia",
+        assert binding.unbind(ctx, [A(GPU), A(AUDIO)], uri="none").drivers == {GPU: "nvidia",
                                                                                   AUDIO: "snd_hda_intel"}
 
 
@@ -143,7 +143,7 @@ def test_reset_plans_the_kernels_reset_files_and_the_run_writes_them(bound):
             assert str(refused.value) == str(plan.refusal())
             return
         report = reset(ctx, [A(GPU)], uri="none")
-    assert report["reset"] == plan.details["reset"] and report["method"] == plan.details["method"]
+    assert report.reset == plan.details["reset"] and report.method.value == plan.details["method"]
 
 
 def test_detach_dry_run_and_xml_define_dry_run_leave_libvirt_as_it_is(cli, workstation, tmp_path, monkeypatch,

@@ -83,7 +83,7 @@ def test_restore_deactivates_what_a_crash_left(shared):
     fabric.activate(ctx, plan(ctx, gpus(2, 4)).spec.fabric)
     assert fm.active() == {4}
     report = binding.restore(ctx, [])
-    assert any("partition 4" in line for line in report["vgpu"]), report
+    assert any("partition 4" in line for line in report.vgpu), report
     assert fm.active() == set()
 
 

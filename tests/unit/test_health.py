@@ -14,7 +14,7 @@ from gpuvfio.host.health import parse_config, unassigned_bars
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.binding import status
 from gpuvfio.ops.inventory import doctor_report
-from gpuvfio.ops.reset import reset
+from gpuvfio.ops.reset import ResetMethod, reset
 from tests.unit.test_binding import AUDIO, GPU, NIC, PORT, A, Host
 
 
@@ -56,7 +56,7 @@ def test_dead_gpu_is_kept_marked_and_refused_until_reset(h):
         with pytest.raises(Refused, match="came back broken"):
             h.bind(GPU, dry_run=dry_run)
     report = reset_of(h, GPU)
-    assert report == {"method": "function", "reset": [f"sys/devices/pci0000:00/{PORT}/{GPU}/reset"],
+    assert report.to_json() == {"method": "function", "reset": [f"sys/devices/pci0000:00/{PORT}/{GPU}/reset"],
                       "devices": {GPU: None}, "cleared": [GPU]}
     assert broken(h) == {}
     h.restore()
@@ -86,7 +86,7 @@ def test_a_device_that_does_not_recover_stays_marked(h):
     config = dev(h, GPU, "config")
     with open(config, "r+b") as handle:
         handle.write(bytes.fromhex("de10"))
-    assert reset_of(h, GPU, forget=True)["cleared"] == [GPU]
+    assert reset_of(h, GPU, forget=True).cleared == [GPU]
     assert [w for w in h.kernel.writes() if w[0].endswith("/reset")] == [[f"sys/devices/pci0000:00/{PORT}/{GPU}/reset",
                                                                           "1\n"]]
 
@@ -97,8 +97,8 @@ def test_bus_reset_only_when_the_whole_bus_is_gpuvfios(h):
     with pytest.raises(GpuvfioError):
         h.restore(GPU)  # the audio function stays with gpuvfio
     report = reset_of(h, GPU, bus=True)
-    assert report["method"] == "bus" and report["reset"] == [f"sys/devices/pci0000:00/{PORT}/reset_subordinate"]
-    assert report["devices"] == {GPU: None, AUDIO: None} and report["cleared"] == [GPU]
+    assert report.method == ResetMethod.BUS and report.reset == [f"sys/devices/pci0000:00/{PORT}/reset_subordinate"]
+    assert report.devices == {GPU: None, AUDIO: None} and report.cleared == [GPU]
     h.bind(GPU)
     h.restore(AUDIO)  # the audio function goes back to its host driver: the bus is no longer all ours
     with pytest.raises(Refused, match=f"on the bus below {PORT}, gpuvfio resets only devices it holds"):
