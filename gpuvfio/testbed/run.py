@@ -23,7 +23,7 @@ from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for, ssh_for
 from gpuvfio.testbed.report import out_tree, read_identity, result_files
-from gpuvfio.testbed.spec import Spec, Variant
+from gpuvfio.testbed.spec import Spec, Variant, boot_timeout as spec_boot_timeout
 
 
 def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
@@ -227,7 +227,7 @@ def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[Pc
         ctx.progress(f"{variant.name}: detaching {request.name} left from an interrupted run")
         guests.detach(ctx, request.name, uri=uri, timeout=10)
     addresses = addresses_for(ctx, gpus, variant)
-    boot_timeout = spec.ssh.get("boot_timeout", 300)
+    boot_timeout = spec_boot_timeout(spec)
     options = guests.verify_options(**spec.verify)  # every repetition, the first included, measured alike
     # The run lock from provision to teardown: no other gpuvfio run moves these GPUs meanwhile.
     with binding.operation_lock(ctx):
