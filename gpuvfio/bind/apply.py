@@ -19,10 +19,10 @@ from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, Step
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.health import return_problem
 from gpuvfio.host.root import HostRoot
+from gpuvfio.settings import TEST_PAUSE_ENV
 from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.sysfs_write import SysfsWriter, SysfsWriteTimeout
 
-TEST_PAUSE_ENV = "GPUVFIO_TEST_PAUSE_AFTER_STEP"  # kernel-lane hook: sleep after step N
 
 
 class BindError(GpuvfioError):
@@ -63,6 +63,9 @@ class ApplyResult:
 
 def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWriter, actions: Actions,
                progress: Callable[[str], None] = lambda line: None) -> ApplyResult:
+    """Carry out ``plan``, journaled step by step; a failed step rolls back what went before.
+    The run's settings may pause it after step N (GPUVFIO_TEST_PAUSE_AFTER_STEP, the kernel
+    lane's hook to kill a bind half-way)."""
     if plan.nothing_to_do:
         return ApplyResult("nothing_to_do", [str(d) for d in plan.devices])
     for address in plan.moving:
@@ -80,7 +83,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
                                  "devices": [str(a) for a in plan.moving],
                                  "steps": [dict(s.to_json(), state="pending") for s in plan.steps]}
     journal.save()
-    pause_after = os.environ.get(TEST_PAUSE_ENV)
+    pause_after = host.settings.pause_after_step
     for index, step in enumerate(plan.steps):
         journal.set_step(index, "running")
         try:
@@ -97,7 +100,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
             raise BindError(f"step {index + 1} ({step.describe()}) failed: {exc}; {rollback}") from None
         journal.set_step(index, "done")
         progress(f"[{index + 1}/{len(plan.steps)}] {step.describe()}: done")
-        if pause_after is not None and pause_after.isdigit() and int(pause_after) == index + 1:
+        if pause_after == index + 1:
             progress(f"pausing after step {index + 1} ({TEST_PAUSE_ENV})")
             time.sleep(3600)
     journal.data["operation"]["finished"] = time.time()

@@ -28,9 +28,9 @@ from gpuvfio.files import Tree
 from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
+from gpuvfio.settings import STATE_ENV
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
-STATE_ENV = "GPUVFIO_STATE_DIR"
 JOURNAL_VERSION = 1
 
 
@@ -52,7 +52,7 @@ JOURNAL_LIMIT = 16 << 20  # thousands of functions and steps fit; /dev/zero link
 def state_dir(host: HostRoot) -> Tree:
     """The state directory: beneath the host root, or the one GPUVFIO_STATE_DIR names (its last
     component is made by gpuvfio, never followed; the directories above it are the admin's)."""
-    named = os.environ.get(STATE_ENV)
+    named = host.settings.state_dir  # GPUVFIO_STATE_DIR, read when the host was built
     if named is None:
         return Tree(host.root, "var/lib/gpuvfio")
     return state_tree(named)

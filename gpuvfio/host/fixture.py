@@ -30,7 +30,8 @@ from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
 from gpuvfio.host.nvlink import record_text as nvlink_record
-from gpuvfio.host.root import ROOT_ENV, HostRoot
+from gpuvfio.host.root import HostRoot
+from gpuvfio.settings import ROOT_ENV, Settings
 
 HEADER = "# gpuvfio host fixture v1"
 RECORD_LIMIT = 1 << 20  # a recorded file's first MiB (modules.dep is filtered afterwards)
@@ -379,7 +380,7 @@ def open_host(root: str | None):
     string is bad input (``--root "$UNSET"`` must not mean the live host).
     """
     if root is None:
-        root = os.environ.get(ROOT_ENV)
+        root = Settings.from_environment().root
         if root is not None and not root.strip():
             raise InputError(f"{ROOT_ENV} is empty (give a directory, a host fixture file, or unset it for /)")
         root = root or "/"

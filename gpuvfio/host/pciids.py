@@ -8,13 +8,11 @@ searched (a full parse of ~36k lines would dominate a small inventory).
 
 from __future__ import annotations
 
-import os
 import re
 
 from gpuvfio.files import HOST_TEXT_LIMIT, read_regular
 from gpuvfio.host.root import HostRoot
 
-PCI_IDS_ENV = "GPUVFIO_PCI_IDS"
 PCI_IDS_LIMIT = HOST_TEXT_LIMIT  # pci.ids was 1.4 MB in 2024
 _CANDIDATES = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 _TOP_LEVEL = re.compile(rb"\n(?:[0-9a-f]{4}|C [0-9a-f]{2})  ")
@@ -32,12 +30,12 @@ class PciIds:
         """The first database found: GPUVFIO_PCI_IDS (a regular file), the host root's (links
         followed as the host follows them, inside the root), this system's. A FIFO, a device or
         a file over PCI_IDS_LIMIT where one is expected is an error, never waited on or read whole."""
-        named = os.environ.get(PCI_IDS_ENV)
+        hosts = [host or HostRoot("/")]
+        named = hosts[0].settings.pci_ids  # GPUVFIO_PCI_IDS, read when the host was built
         if named:
             data = read_regular(named, PCI_IDS_LIMIT)
             if data is not None:
                 return cls(b"\n" + data)
-        hosts = [host or HostRoot("/")]
         if hosts[0].root != "/":
             hosts.append(HostRoot("/"))
         for where in hosts:

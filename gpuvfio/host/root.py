@@ -20,8 +20,7 @@ import stat
 
 from gpuvfio import files
 from gpuvfio.errors import HostReadError, InputError, UnsafePathError
-
-ROOT_ENV = "GPUVFIO_ROOT"
+from gpuvfio.settings import ROOT_ENV, Settings
 MAX_COMPONENTS = 128  # deeper than any sysfs device path (a switch tree of 30 levels is ~100)
 MAX_LINK_HOPS = 40  # the kernel's own limit on links in one lookup (MAXSYMLINKS)
 
@@ -29,9 +28,12 @@ MAX_LINK_HOPS = 40  # the kernel's own limit on links in one lookup (MAXSYMLINKS
 class HostRoot:
     """A host as seen through one root directory."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, settings: Settings | None = None) -> None:
+        # The run's settings, read from the environment once, here (gpuvfio.settings): the state
+        # dir, a pci.ids file, templates and schemas, the test hook -- what this host's run uses.
+        self.settings = settings if settings is not None else Settings.from_environment()
         if root is None:
-            root = os.environ.get(ROOT_ENV)
+            root = self.settings.root
             if root is not None and not root.strip():
                 raise InputError(f"{ROOT_ENV} is empty (give a directory, or unset it for /)")
             root = root or "/"

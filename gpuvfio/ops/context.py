@@ -19,7 +19,8 @@ from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
-from gpuvfio.host.root import ROOT_ENV, HostRoot
+from gpuvfio.host.root import HostRoot
+from gpuvfio.settings import ROOT_ENV
 from gpuvfio.virt.connection import default_uri, open_connection
 from gpuvfio.virt.uri import check_uri
 from gpuvfio.vgpu.scheduler import Nvml

@@ -10,7 +10,6 @@ one physical device (``-d 10de:`` also matches NVSwitches).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from typing import Callable
@@ -19,7 +18,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import list_addresses, read_ids
 from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
-from gpuvfio.host.root import ROOT_ENV, HostRoot
+from gpuvfio.host.root import HostRoot
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
 
 
@@ -135,7 +134,7 @@ def complete_devices(root: str | None, incomplete: str) -> list[str]:
     typed, in the form it was typed (with or without the domain). Never raises: a completion that
     cannot read the host offers nothing."""
     try:
-        addresses = list_addresses(HostRoot(root or os.environ.get(ROOT_ENV) or "/"))
+        addresses = list_addresses(HostRoot(root or None))
     except (GpuvfioError, OSError):
         return []
     typed = (incomplete or "").lower()

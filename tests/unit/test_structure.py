@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.strictjson",
-              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.options"}
+              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.options", "gpuvfio.settings"}
 # What each layer may import besides itself and the foundation (README "Layout").
 ALLOWED = {
     "host": set(),
@@ -218,3 +218,27 @@ def test_the_file_layer_check_sees_raw_opens(tmp_path):
              if isinstance(n, ast.Call)]
     assert [name for name, bad in found if bad] == ["open", "os.open", "os.listdir", "shutil.copy", "tempfile.mkdtemp",
                                                     "path.read_text"]
+
+
+# Where gpuvfio reads its environment besides gpuvfio.settings (which reads every variable of
+# its own once, when a HostRoot or Context is built): other programs' conventions, each by name.
+ENVIRONMENT_READERS = {"gpuvfio.settings": None, "gpuvfio.virt.uri": "UNSAFE_ENV",
+                       "gpuvfio.virt.connection": "URI_ENV", "gpuvfio.files": "TMPDIR",
+                       "gpuvfio.guest.ssh": "SSH_AUTH_SOCK", "gpuvfio.ops.guests": "GPUVFIO_PROBE_ROOT"}
+
+
+def test_the_environment_is_read_in_gpuvfio_settings_only():
+    import re
+
+    found = {}
+    for module, path in MODULES.items():
+        if ".payload" in module:  # the in-guest programs run inside the guest, with its environment
+            continue
+        text = open(path, encoding="utf-8").read()
+        if re.search(r"os\.environ|os\.getenv|environ\.get", text):
+            found[module] = text
+    assert set(found) == set(ENVIRONMENT_READERS), sorted(set(found) ^ set(ENVIRONMENT_READERS))
+    for module, needle in ENVIRONMENT_READERS.items():
+        if needle is not None:
+            uses = re.findall(r"os\.environ[^\n]*|environ\.get[^\n]*", found[module])
+            assert uses and all(needle in line for line in uses), (module, uses)
