@@ -94,7 +94,7 @@ def create_cmd(address: Address,
                       as_json)
         return
     ctx = live_context(root_of(root))
-    report = vgpu.create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist)
+    report = vgpu.create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist).to_json()
     if as_json:
         emit_json(report)
         return
@@ -111,7 +111,7 @@ def remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], dry_
         with command_context(root_of(root), True) as ctx:
             show_plan(vgpu.plan_remove(ctx, instance), as_json)
         return
-    report = vgpu.remove(live_context(root_of(root)), instance)
+    report = vgpu.remove(live_context(root_of(root)), instance).to_json()
     emit_json(report) if as_json else sys.stdout.write(f"removed {printable(instance)}\n")
 
 

@@ -69,12 +69,13 @@ def plan_create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | N
 
 
 def create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
-           persist: bool = False) -> dict:
+           persist: bool = False) -> instances.InstanceResult:
     return instances.create(ctx.host, address, wanted, writer=ctx.writer(), state=ctx.state, uuid=uuid, persist=persist,
                             lock_timeout=ctx.lock_timeout)
 
 
-def create_for_domain(ctx: Context, domain_name: str, address: PciAddress, profile: str) -> dict:
+def create_for_domain(ctx: Context, domain_name: str, address: PciAddress,
+                      profile: str) -> instances.InstanceResult:
     """The vGPU instance a domain will use: a legacy mdev gets the UUID the domain XML names
     (the same derivation as gpuvfio xml), an SR-IOV vGPU a free VF set to the type."""
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
@@ -110,7 +111,7 @@ def plan_remove(ctx: Context, instance: str) -> Plan:
     return plan
 
 
-def remove(ctx: Context, instance: str) -> dict:
+def remove(ctx: Context, instance: str) -> instances.InstanceResult:
     return instances.remove(ctx.host, instance, writer=ctx.writer(), state=ctx.state, lock_timeout=ctx.lock_timeout)
 
 

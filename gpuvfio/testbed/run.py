@@ -249,8 +249,8 @@ def _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri
                              f"({applied['result']})")
                 vgpu_record["scheduler"] = {k: applied.get(k) for k in ("policy", "arr", "timeslice", "previous")}
             made = vgpu.create_for_domain(ctx, request.name, addresses[0], variant.profile)
-            instance = made.get("uuid") or made.get("vf")
-            vgpu_record.update({"profile": variant.profile, "kind": made["kind"], "type": made["type"],
+            instance = made.instance
+            vgpu_record.update({"profile": variant.profile, "kind": made.kind, "type": made.type_id,
                                 "mig_backed": vgpu.mig_backed(variant.profile)})
         extra = {"vgpu": vgpu_record} if vgpu_record else {}
         extra["verify_settings"] = dict(spec.verify)  # [run]'s, the same for every repetition

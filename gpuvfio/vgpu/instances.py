@@ -14,6 +14,7 @@ import json
 import os
 import uuid as uuidlib
 from dataclasses import dataclass
+from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import Journal, RunLock
@@ -70,6 +71,37 @@ def persist_mdev(host: HostRoot, parent: str, uuid: str, type_id: str) -> str:
     return mdevctl_path(host, parent, uuid)
 
 
+class Outcome(str, Enum):
+    CREATED = "created"
+    EXISTS = "exists"  # there already, with that type: nothing done
+    REMOVED = "removed"
+
+
+@dataclass
+class InstanceResult:
+    """A vGPU instance made, found, or removed: an mdev (by UUID) or an SR-IOV VF's type."""
+
+    kind: str  # "mdev" | "sriov"
+    instance: str  # the mdev UUID, or the VF address
+    outcome: Outcome
+    type_id: str | int | None = None
+    parent: str | None = None
+    persisted: str | None = None  # mdevctl's file, when --persist wrote one
+    note: str | None = None
+    persist_asked: bool = False
+
+    def to_json(self) -> dict:
+        out = {"kind": self.kind, "uuid" if self.kind == "mdev" else "vf": self.instance}
+        if self.outcome is not Outcome.REMOVED:
+            out.update(type=self.type_id, parent=self.parent)
+        out["result"] = self.outcome.value
+        if self.persist_asked:
+            out["persisted"] = self.persisted
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
 @dataclass(frozen=True)
 class Creation:
     """A vGPU instance decided, before anything is written (gpuvfio vgpu create, its --dry-run,
@@ -114,7 +146,7 @@ def decide_create(host: HostRoot, inventory: Inventory, address: PciAddress, wan
 
 
 def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, state: Tree,
-           uuid: str | None = None, persist: bool = False, lock_timeout: float = 30.0) -> dict:
+           uuid: str | None = None, persist: bool = False, lock_timeout: float = 30.0) -> InstanceResult:
     """Decide the instance under the run lock (decide_create), then make it, journaled in the
     state dir ``state``."""
     with RunLock(state, lock_timeout):
@@ -122,25 +154,26 @@ def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWri
         inventory = read_inventory(host, names=PciIds.load(host))
         creation = decide_create(host, inventory, address, wanted, uuid)
         if creation.kind == "mdev":
-            report = _create_mdev(host, creation, writer, journal)
+            result = _create_mdev(host, creation, writer, journal)
             if persist:
-                report["persisted"] = persist_mdev(host, report["parent"], report["uuid"], report["type"])
-                journal.data["mdevs"].setdefault(report["uuid"], {})["persisted"] = report["persisted"]
+                result.persist_asked = True
+                result.persisted = persist_mdev(host, result.parent, result.instance, result.type_id)
+                journal.data["mdevs"].setdefault(result.instance, {})["persisted"] = result.persisted
                 journal.save()
-            return report
-        report = _create_sriov(host, inventory, creation, writer, journal)
+            return result
+        result = _create_sriov(host, inventory, creation, writer, journal)
         if persist:
-            report["persisted"] = None
-            report["note"] = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
-                              "again at boot, e.g. from a unit running gpuvfio vgpu create")
-        return report
+            result.persist_asked = True
+            result.note = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
+                           "again at boot, e.g. from a unit running gpuvfio vgpu create")
+        return result
 
 
-def _create_mdev(host, creation: Creation, writer, journal) -> dict:
+def _create_mdev(host, creation: Creation, writer, journal) -> InstanceResult:
     address, type_id = creation.parent, creation.type_id
     uuid = creation.instance or str(uuidlib.uuid4())
     if creation.exists:
-        return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "exists"}
+        return InstanceResult("mdev", uuid, Outcome.EXISTS, type_id, str(address))
     journal.data.setdefault("mdevs", {})[uuid] = {"parent": str(address), "type": type_id, "state": "creating"}
     journal.save()
     writer.write(host.sys_path("bus", "pci", "devices", str(address), "mdev_supported_types", type_id, "create"),
@@ -149,13 +182,13 @@ def _create_mdev(host, creation: Creation, writer, journal) -> dict:
         raise GpuvfioError(f"wrote {uuid} to {type_id}/create but /sys/bus/mdev/devices/{uuid} did not appear")
     journal.data["mdevs"][uuid]["state"] = "created"
     journal.save()
-    return {"kind": "mdev", "uuid": uuid, "type": type_id, "parent": str(address), "result": "created"}
+    return InstanceResult("mdev", uuid, Outcome.CREATED, type_id, str(address))
 
 
-def _create_sriov(host, inventory, creation: Creation, writer, journal) -> dict:
+def _create_sriov(host, inventory, creation: Creation, writer, journal) -> InstanceResult:
     vf, type_id, address = PciAddress.parse(creation.instance), creation.type_id, creation.parent
     if creation.exists:
-        return {"kind": "sriov", "vf": str(vf), "type": type_id, "parent": str(address), "result": "exists"}
+        return InstanceResult("sriov", str(vf), Outcome.EXISTS, type_id, str(address))
     journal.data.setdefault("vgpus", {})[str(vf)] = {"parent": str(address), "type": type_id,
                                                      "previous": inventory.functions[vf].vgpu_current or 0}
     journal.save()
@@ -163,17 +196,18 @@ def _create_sriov(host, inventory, creation: Creation, writer, journal) -> dict:
     writer.write(path, str(type_id))
     if (host.read(path) or "").strip() != str(type_id):
         raise GpuvfioError(f"{vf}: current_vgpu_type reads back {host.read(path)!r}, not {type_id}")
-    return {"kind": "sriov", "vf": str(vf), "type": type_id, "parent": str(address), "result": "created"}
+    return InstanceResult("sriov", str(vf), Outcome.CREATED, type_id, str(address))
 
 
-def remove(host: HostRoot, instance: str, *, writer: SysfsWriter, state: Tree, lock_timeout: float = 30.0) -> dict:
+def remove(host: HostRoot, instance: str, *, writer: SysfsWriter, state: Tree,
+           lock_timeout: float = 30.0) -> InstanceResult:
     """Remove an mdev (by UUID) or clear an SR-IOV vGPU (by VF address) that gpuvfio created."""
     with RunLock(state, lock_timeout):
         journal = Journal.load(state)
         return remove_instance(host, journal, instance, writer)
 
 
-def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: SysfsWriter) -> dict:
+def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: SysfsWriter) -> InstanceResult:
     mdevs, vgpus = journal.data.setdefault("mdevs", {}), journal.data.setdefault("vgpus", {})
     address = PciAddress.try_parse(instance)
     if address is not None:
@@ -184,7 +218,7 @@ def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: Sys
         writer.write(path, str(vgpus[key].get("previous", 0)))
         del vgpus[key]
         journal.save()
-        return {"kind": "sriov", "vf": key, "result": "removed"}
+        return InstanceResult("sriov", key, Outcome.REMOVED)
     try:
         uuid = str(uuidlib.UUID(instance))
     except ValueError:
@@ -196,7 +230,7 @@ def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: Sys
     host.tree.remove(mdevctl_rel(mdevs[uuid].get("parent", "-"), uuid))
     del mdevs[uuid]
     journal.save()
-    return {"kind": "mdev", "uuid": uuid, "result": "removed"}
+    return InstanceResult("mdev", uuid, Outcome.REMOVED)
 
 
 def remove_all(host: HostRoot, journal: Journal, writer: SysfsWriter, progress=lambda line: None) -> list[str]:

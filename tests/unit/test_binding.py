@@ -545,7 +545,7 @@ def test_a_gpu_whose_mdev_a_domain_uses_is_in_use(tmp_path):
     b.mdev_types(t4, [("nvidia-222", "GRID T4-1B", 2, "1 GB")])
     b.modules(["nvidia"])
     ctx = sim_context(b.root)
-    uuid = create(ctx, A("0000:82:00.0"), "nvidia-222")["uuid"]
+    uuid = create(ctx, A("0000:82:00.0"), "nvidia-222").instance
     uri = libvirt_test_uri(str(tmp_path))
     ctx.libvirt(uri).defineXML(MDEV_DOMAIN.format(name="vdi-7", uuid=uuid))
     with pytest.raises(Refused) as info:

@@ -222,7 +222,7 @@ def test_vgpu_create_and_remove_dry_runs_are_the_runs_decisions(cli, vgpu_host):
             vgpu.create(ctx, A("0000:82:00.0"), "GRID T4-16Q")
         assert _errors(full) == [f"gpuvfio: error: refused: {refused.value}"]
         made = vgpu.create(ctx, A("0000:82:00.0"), "GRID T4-1B", uuid=uuid)
-        assert (made["uuid"], made["type"]) == (uuid, plan["type"])
+        assert (made.instance, made.type_id) == (uuid, plan["type"])
     gone = cli("--root", host.root, "vgpu", "remove", uuid, "--dry-run", "--json")
     assert gone.code == 0 and [s["step"] for s in gone.json()["steps"]] == ["remove", "forget"]
     unknown = cli("--root", host.root, "vgpu", "remove", "11111111-2222-3333-4444-555555555555", "--dry-run")

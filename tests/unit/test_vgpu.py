@@ -49,9 +49,9 @@ def test_types(host):
 def test_mdev_create_remove(host):
     ctx, h, _k = host
     report = create(ctx, PciAddress.parse(T4), "GRID T4-16Q", uuid=UUID)
-    assert report == {"kind": "mdev", "uuid": UUID, "type": "nvidia-230", "parent": T4, "result": "created"}
+    assert report.to_json() == {"kind": "mdev", "uuid": UUID, "type": "nvidia-230", "parent": T4, "result": "created"}
     assert os.path.islink(os.path.join(h.sys, "bus", "mdev", "devices", UUID))
-    assert create(ctx, PciAddress.parse(T4), "nvidia-230", uuid=UUID)["result"] == "exists"
+    assert create(ctx, PciAddress.parse(T4), "nvidia-230", uuid=UUID).outcome.value == "exists"
     with pytest.raises(Refused, match="no available instances"):
         create(ctx, PciAddress.parse(T4), "nvidia-230")
     with pytest.raises(Refused, match="already exists with type nvidia-230"):
@@ -72,9 +72,9 @@ def test_unknown_type_refused(host):
 def test_sriov_type_set_and_cleared_by_restore(host):
     ctx, h, _k = host
     report = create(ctx, PciAddress.parse(A10), "NVIDIA A10-4Q")
-    assert report["vf"] == "0000:41:00.4" and report["type"] == 593
+    assert report.instance == "0000:41:00.4" and report.type_id == 593
     second = create(ctx, PciAddress.parse(A10), "590")
-    assert second["vf"] == "0000:41:00.5"
+    assert second.instance == "0000:41:00.5"
     with pytest.raises(Refused, match="no VF"):
         create(ctx, PciAddress.parse(A10), "590")
     restore(ctx, [])
@@ -128,7 +128,7 @@ def test_create_for_domain_uses_the_uuid_the_domain_names(cli, host):
     built = cli("--root", h.root, "xml", T4, "--name", "tb-t4", "--mdev", "GRID T4-16Q", "--numa", "none",
                 "--firmware", "bios", "--json")
     assert built.code == 0, built.err
-    assert f"uuid='{made['uuid']}'" in built.json()["xml"]
+    assert f"uuid='{made.instance}'" in built.json()["xml"]
 
 
 def test_cli_vgpu_bad_input(cli, host):
