@@ -12,6 +12,28 @@ sys.path.insert(0, REPO)
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_command_tree_per_process():
+    """Typer turns the app into click's command tree on every call of ``app(...)`` (inspecting every
+    command's signature: up to ~0.9 s on 2 cores). A real gpuvfio process does that once; this suite runs
+    thousands of commands in one process, so it keeps the first tree of each app, as that process
+    would. Nothing in a click command changes when it runs: each call gets a new click Context."""
+    import typer.main
+
+    build = typer.main.get_command
+    trees: dict[int, tuple] = {}
+
+    def get_command(typer_instance):
+        key = id(typer_instance)
+        if key not in trees:  # the app is kept alongside: its id is never reused
+            trees[key] = (typer_instance, build(typer_instance))
+        return trees[key][1]
+
+    typer.main.get_command = get_command
+    yield
+    typer.main.get_command = build
+
+
 class CliResult:
     def __init__(self, code, out, err):
         self.code, self.out, self.err = code, out, err
