@@ -9,7 +9,12 @@ APT_STAMP := .deps/apt.stamp
 VENV_STAMP := $(VENV)/.stamp
 PYTEST_ARGS ?=
 # Test trees are thousands of small files: keep them in memory when /dev/shm is there.
-BASETEMP := $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest,)
+# One directory per pytest run below: a run clears its own at start, never the other's.
+BASETEMP = $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest-$(1),)
+# The unit and package lanes on every core (pytest-xdist), a test file to a worker, so a
+# module's fixtures (a built wheel, an Ansible fleet) are made once.
+PARALLEL := -n auto --dist loadfile
+PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest
 
 .PHONY: all deps demo test test-fast bench samples sample-report docs clean
 
@@ -48,12 +53,20 @@ demo: deps
 docs: deps
 	$(PY) -m gpuvfio.cli.manpage docs
 
+# Every lane, each of them required (GPUVFIO_REQUIRE_LANES=1: a lane that skips fails). The lanes
+# that boot guests under QEMU's emulation (daemon, kernel, nested) run after the others, one test
+# at a time: their guests slow down with the machine's load until their SSH and boot waits run
+# out. Both runs always run; make fails when either failed.
 test: deps
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUVFIO_REQUIRE_LANES=1 $(PY) -m pytest $(BASETEMP) $(PYTEST_ARGS)
+	@rc=0; \
+	set -x; \
+	GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,parallel) $(PARALLEL) tests/unit tests/package $(PYTEST_ARGS) || rc=1; \
+	GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,guests) tests/daemon tests/kernel tests/nested $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
 # The unit lane (tests/unit) alone: no daemons, no guests, no wheel build.
 test-fast: deps
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PYTEST) $(call BASETEMP,fast) $(PARALLEL) tests/unit $(PYTEST_ARGS)
 
 bench: deps
 	$(PY) benchmarks/bench_startup.py

@@ -156,6 +156,16 @@ def lane_of(path) -> str | None:
     return rel[0] if len(rel) > 1 and rel[0] in LANES else None
 
 
+def pytest_sessionstart(session):
+    """make test runs the lane folders by name: a test module beside them would never run."""
+    import glob
+
+    stray = sorted(glob.glob(os.path.join(TESTS, "test_*.py")))
+    if stray:
+        raise pytest.UsageError("test modules outside a lane folder (tests/<lane>/): "
+                                + ", ".join(os.path.relpath(p, REPO) for p in stray))
+
+
 def pytest_collection_modifyitems(config, items):
     """The folder's marker on every test in it; a lane marker written on a test must be its folder's."""
     for item in items:
