@@ -166,7 +166,7 @@ def status_cmd(output_format: FormatOption = None, as_json: JsonOption = False, 
     """Show the devices gpuvfio holds, their original drivers and any unfinished operation."""
     fmt = chosen_format(output_format, as_json)
     with command_context(root_of(root), True) as ctx:
-        report = binding.status(ctx)
+        report = binding.status(ctx).to_json()
     if fmt == "json":
         emit_json(report)
     elif fmt == "table":

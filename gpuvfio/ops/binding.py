@@ -38,7 +38,7 @@ from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "BindOperation",
-           "plan_operation", "apply_operation", "RestoreResult", "UnbindResult", "restore", "held",
+           "plan_operation", "apply_operation", "RestoreResult", "UnbindResult", "Status", "HeldDevice", "restore", "held",
            "release", "unbind", "status", "plan_unbind", "plan_restore", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
@@ -411,8 +411,51 @@ def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None)
                                       ctx.writer()))
 
 
-def status(ctx: Context) -> dict:
-    directory = ctx.state
+@dataclass(frozen=True)
+class HeldDevice:
+    """A device gpuvfio holds: where it is now and what restore gives it back to."""
+
+    address: str
+    driver: str | None
+    driver_override: str | None
+    original_driver: str | None
+    original_override: str | None
+    group: int | None
+
+    def to_json(self) -> dict:
+        return {"address": self.address, "driver": self.driver, "driver_override": self.driver_override,
+                "original_driver": self.original_driver, "original_override": self.original_override,
+                "group": self.group}
+
+
+@dataclass
+class Status:
+    """What gpuvfio holds (gpuvfio status, the Ansible facts' status): devices, stopped services,
+    vGPU instances and scheduler policies, broken devices, Fabric Manager partitions, and an
+    operation a crash left unfinished."""
+
+    state_dir: str
+    devices: list[HeldDevice]
+    services_stopped: list[str]
+    mdevs: dict
+    vgpus: dict
+    schedulers: dict
+    broken: dict
+    partitions: dict
+    unfinished_operation: dict | None
+
+    @property
+    def holds_nothing(self) -> bool:
+        return not self.devices and self.unfinished_operation is None
+
+    def to_json(self) -> dict:
+        return {"state_dir": self.state_dir, "devices": [d.to_json() for d in self.devices],
+                "services_stopped": list(self.services_stopped), "mdevs": self.mdevs, "vgpus": self.vgpus,
+                "schedulers": self.schedulers, "broken": self.broken, "partitions": self.partitions,
+                "unfinished_operation": self.unfinished_operation}
+
+
+def status(ctx: Context) -> Status:
     journal = ctx.journal()
     devices = []
     for address, record in sorted(journal.devices.items()):
@@ -420,23 +463,20 @@ def status(ctx: Context) -> dict:
             driver, override = current_driver(ctx.host, address), current_override(ctx.host, address)
         except GpuvfioError:
             driver, override = None, None
-        devices.append({"address": address, "driver": driver, "driver_override": override,
-                        "original_driver": record.get("original_driver"),
-                        "original_override": record.get("original_override"),
-                        "group": record.get("group")})
+        devices.append(HeldDevice(address, driver, override, record.get("original_driver"),
+                                  record.get("original_override"), record.get("group")))
     operation = journal.unfinished_operation()
     pending = None
     if operation is not None:
         pending = {"kind": operation.get("kind"), "pid": operation.get("pid"),
                    "steps": [{"description": s.get("description"), "state": s.get("state")}
                              for s in operation.get("steps", [])]}
-    return {"state_dir": directory.path(), "devices": devices, "services_stopped": journal.data["services_stopped"],
-            "mdevs": journal.data.get("mdevs", {}), "vgpus": journal.data.get("vgpus", {}),
-            "schedulers": journal.data.get("schedulers", {}), "broken": journal.data["broken"],
-            "partitions": {key: {"state": record.get("state"), "modules": record.get("modules", []),
-                                 "devices": record.get("devices", [])}
-                           for key, record in sorted(journal.data["partitions"].items(), key=lambda kv: int(kv[0]))},
-            "unfinished_operation": pending}
+    return Status(ctx.state.path(), devices, list(journal.data["services_stopped"]), journal.data.get("mdevs", {}),
+                  journal.data.get("vgpus", {}), journal.data.get("schedulers", {}), journal.data["broken"],
+                  {key: {"state": record.get("state"), "modules": record.get("modules", []),
+                         "devices": record.get("devices", [])}
+                   for key, record in sorted(journal.data["partitions"].items(), key=lambda kv: int(kv[0]))},
+                  pending)
 
 
 def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,

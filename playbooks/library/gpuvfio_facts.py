@@ -123,7 +123,7 @@ def main(context_factory=None) -> None:
             if doctor is not None:
                 facts["doctor"] = doctor
             if "status" in gather:
-                status = binding.status(ctx)
+                status = binding.status(ctx).to_json()
                 status.pop("state_dir", None)  # a temp dir for fixture files: not a fact
                 facts["status"] = status
             facts["summary"] = summarize(listing, doctor)

@@ -108,7 +108,7 @@ def test_restore_returns_exactly(h):
     assert h.restore().restored == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.snapshot() == before
     assert Journal.load(state_dir(h.host)).devices == {}
-    assert status(h.context())["devices"] == []
+    assert status(h.context()).devices == []
 
 
 def test_already_bound_is_a_noop(h):
@@ -332,7 +332,7 @@ def test_crash_between_steps_then_restore(h, stop_after):
     assert h.snapshot() != before or stop_after == 1  # the crash left the host half-way
     h.restore()
     assert h.snapshot() == before
-    assert status(h.context())["devices"] == []
+    assert status(h.context()).devices == []
 
 
 def _bind_in_child(h):

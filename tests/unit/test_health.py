@@ -50,7 +50,7 @@ def test_dead_gpu_is_kept_marked_and_refused_until_reset(h):
     assert h.kernel.driver_of(GPU) == "vfio-pci" and h.kernel.driver_of(AUDIO) == "snd_hda_intel"
     assert "0xffff" in broken(h)[GPU]["reason"]
     with h.context() as ctx:
-        assert GPU in status(ctx)["broken"]
+        assert GPU in status(ctx).broken
     # Still on vfio-pci, yet no domain gets it: bind refuses, dry run or not.
     for dry_run in (True, False):
         with pytest.raises(Refused, match="came back broken"):

@@ -56,10 +56,10 @@ def test_mdev_create_remove(host):
         create(ctx, PciAddress.parse(T4), "nvidia-230")
     with pytest.raises(Refused, match="already exists with type nvidia-230"):
         create(ctx, PciAddress.parse(T4), "nvidia-222", uuid=UUID)
-    assert status(ctx)["mdevs"][UUID]["type"] == "nvidia-230"
+    assert status(ctx).mdevs[UUID]["type"] == "nvidia-230"
     remove(ctx, UUID)
     assert not os.path.lexists(os.path.join(h.sys, "bus", "mdev", "devices", UUID))
-    assert status(ctx)["mdevs"] == {}
+    assert status(ctx).mdevs == {}
 
 
 def test_unknown_type_refused(host):
@@ -80,7 +80,7 @@ def test_sriov_type_set_and_cleared_by_restore(host):
     restore(ctx, [])
     for vf in ("0000:41:00.4", "0000:41:00.5"):
         assert h.read(h.sys_path("bus", "pci", "devices", vf, "nvidia", "current_vgpu_type")) == "0"
-    assert status(ctx)["vgpus"] == {}
+    assert status(ctx).vgpus == {}
 
 
 def test_failed_mdev_create_stays_journaled(host):
@@ -89,9 +89,9 @@ def test_failed_mdev_create_stays_journaled(host):
     with pytest.raises(SysfsWriteError):
         create(ctx, PciAddress.parse(T4), "nvidia-222", uuid=UUID)
     # journaled before the write: restore reconciles (nothing exists, the entry goes)
-    assert UUID in status(ctx)["mdevs"]
+    assert UUID in status(ctx).mdevs
     restore(ctx, [])
-    assert status(ctx)["mdevs"] == {}
+    assert status(ctx).mdevs == {}
 
 
 def test_remove_unknown(host):
