@@ -3,7 +3,7 @@ the command tree itself, so they say what the parser takes:
 
     python -m gpuvfio.cli.manpage docs          (make docs)
 
-tests/test_docs.py fails when the committed files are not what this writes; the wheel installs
+tests/unit/test_docs.py fails when the committed files are not what this writes; the wheel installs
 the man page as share/man/man1/gpuvfio.1.
 """
 
@@ -18,7 +18,7 @@ from gpuvfio import __version__
 from gpuvfio.cli.app import SUMMARY, app
 from gpuvfio.files import user_dir
 
-# Every environment variable gpuvfio reads (tests/test_docs.py checks each is in the source).
+# Every environment variable gpuvfio reads (tests/unit/test_docs.py checks each is in the source).
 ENVIRONMENT = (
     ("GPUVFIO_ROOT", "Host root when --root is not given (a directory, or a host fixture file). Default /."),
     ("GPUVFIO_STATE_DIR", "Where the journal, the lock and guests' known_hosts live. Default <root>/var/lib/gpuvfio."),

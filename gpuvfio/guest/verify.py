@@ -151,7 +151,7 @@ def shape_problem(data: dict) -> str | None:
 def probe_argv(script: str) -> list[str]:
     """The probe as one command: its text is ``sh -c``'s argument (shlex-quoted by Session.run),
     so nothing is uploaded and nothing stays in the guest. It must stay well under dropbear's
-    9000-byte command limit (MAX_CMD_LEN); tests/test_verify.py checks its size."""
+    9000-byte command limit (MAX_CMD_LEN); tests/unit/test_verify.py checks its size."""
     return ["sh", "-c", script, PROBE_NAME]
 
 

@@ -133,8 +133,9 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
 
     def wait_for_ssh() -> None:
         target = state.get("target") or guest_target(ssh)
-        result.ssh = {"host": target.host, "port": target.port, "user": target.user, "notes": list(target.notes)}
+        result.ssh = {"host": target.host, "port": target.port, "user": target.user}
         state["session"] = Session(target, recorded_known_hosts(ctx)).connect()
+        result.ssh["notes"] = list(target.notes)  # after the connect: a key trusted on first use is said there
         # Big-BAR guests took minutes to start before kernel huge-pfnmap and QEMU 9.2: say how long.
         result.start_to_ssh_s = round(ctx.clock.monotonic() - state["started"], 3)
 

@@ -3,7 +3,7 @@
 //   nvcc --ptx -arch=compute_75 kernels.cu   (nvcc 13's oldest target)
 // then lower `.version` to 5.0 and `.target` to sm_60: the bodies use nothing newer than PTX ISA
 // 5.0 (CUDA 8), so P100/P40 (Pascal), V100 and every later GPU load them.
-// tests/test_verifier_fakecuda.py checks that the embedded PTX is this file's and that ptxas
+// tests/unit/test_verifier_fakecuda.py checks that the embedded PTX is this file's and that ptxas
 // accepts it. Patterns: word i of a buffer holds (i * K) ^ seed, K odd, so no two words of a
 // buffer are equal (a misplaced or repeated block cannot pass the check).
 #define PATTERN_K 0x9E3779B97F4A7C15ULL
