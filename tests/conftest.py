@@ -300,3 +300,19 @@ def daemon():
     finally:
         for _ in gen:  # teardown and its leftover checks
             pass
+
+
+def need_tool(tool_ok: bool, what: str) -> None:
+    """A tool a lane needs (ansible, ansible-lint, vagrant): without it the test skips, or
+    fails under make test (GPUVFIO_REQUIRE_LANES=1): a check that could not run is no pass."""
+    if tool_ok:
+        return
+    message = f"{what} is not installed (Makefile: see the fleet lane's packages)"
+    if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
+        pytest.fail(message + "; required under make test")
+    pytest.skip(message)
+
+
+def venv_which(name: str) -> str | None:
+    """A program from this venv first (ansible-playbook, ansible-lint), then from PATH."""
+    return shutil.which(name, path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))

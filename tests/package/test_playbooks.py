@@ -35,19 +35,8 @@ SAMPLES = os.path.join(REPO, "gpuvfio", "samples")
 
 sys.path.insert(0, REPO)
 
+from tests.conftest import need_tool, venv_which  # noqa: E402
 
-
-def _need(tool_ok: bool, what: str) -> None:
-    if tool_ok:
-        return
-    message = f"{what} is not installed (Makefile: see the fleet lane's packages)"
-    if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
-        pytest.fail(message + "; required under make test")
-    pytest.skip(message)
-
-
-def _which(name: str) -> str | None:
-    return shutil.which(name, path=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
 
 
 # ansible-core has no JSON callback (it lives in ansible.posix): this one writes what the
@@ -112,7 +101,7 @@ class CallbackModule(CallbackBase):
 
 @pytest.fixture(scope="module")
 def ansible_env(tmp_path_factory):
-    _need(importlib.util.find_spec("ansible") is not None and _which("ansible-playbook") is not None,
+    need_tool(importlib.util.find_spec("ansible") is not None and venv_which("ansible-playbook") is not None,
           "ansible-core")
     home = tmp_path_factory.mktemp("ansible-home")
     (home / "callbacks").mkdir()
@@ -182,8 +171,8 @@ def test_playbooks_pass_syntax_check(ansible_env):
 
 
 def test_ansible_lint_production_profile_is_clean(ansible_env):
-    lint = _which("ansible-lint")
-    _need(lint is not None, "ansible-lint")
+    lint = venv_which("ansible-lint")
+    need_tool(lint is not None, "ansible-lint")
     proc = subprocess.run([lint, "--offline", "--profile", "production", "--nocolor"], cwd=PLAYBOOKS,
                           capture_output=True, text=True, env=ansible_env, timeout=300)
     out = proc.stdout + proc.stderr
@@ -366,7 +355,7 @@ def _file(info, *parts):
 
 def test_vagrantfile_validates(tmp_path):
     vagrant = shutil.which("vagrant")
-    _need(vagrant is not None, "vagrant (with vagrant-libvirt)")
+    need_tool(vagrant is not None, "vagrant (with vagrant-libvirt)")
     home = tmp_path / "home"
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "VAGRANT_HOME": str(home / ".vagrant.d"),
@@ -376,7 +365,7 @@ def test_vagrantfile_validates(tmp_path):
     vagrant_dir = os.path.join(REPO, "vagrant")
     plugins = subprocess.run([vagrant, "plugin", "list"], cwd=vagrant_dir, capture_output=True, text=True,
                              env=env, timeout=120)
-    _need("vagrant-libvirt" in plugins.stdout, "the vagrant-libvirt plugin")
+    need_tool("vagrant-libvirt" in plugins.stdout, "the vagrant-libvirt plugin")
     proc = subprocess.run([vagrant, "validate"], cwd=vagrant_dir, capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

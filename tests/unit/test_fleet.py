@@ -15,7 +15,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import sys
 
 import pytest
@@ -28,20 +27,9 @@ SAMPLES = os.path.join(REPO, "gpuvfio", "samples")
 
 sys.path.insert(0, REPO)
 
+from tests.conftest import need_tool  # noqa: E402
+
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB  # noqa: E402
-
-
-def _need(tool_ok: bool, what: str) -> None:
-    if tool_ok:
-        return
-    message = f"{what} is not installed (Makefile: see the fleet lane's packages)"
-    if os.environ.get("GPUVFIO_REQUIRE_LANES") == "1":
-        pytest.fail(message + "; required under make test")
-    pytest.skip(message)
-
-
-def _which(name: str) -> str | None:
-    return shutil.which(name, path=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
 
 
 # -- module unit tests (in-process) ---------------------------------------------------------------
@@ -55,7 +43,7 @@ class ModuleExit(Exception):
 @pytest.fixture(scope="module")
 def modules():
     """The modules in playbooks/library, imported as Ansible would run them."""
-    _need(importlib.util.find_spec("ansible") is not None, "ansible-core")
+    need_tool(importlib.util.find_spec("ansible") is not None, "ansible-core")
     import ansible.module_utils
 
     utils = os.path.join(PLAYBOOKS, "module_utils")
