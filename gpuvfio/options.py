@@ -162,8 +162,10 @@ DOMAIN = OptionSet(
     Option("topology", "str", "auto | mirror | flat: mirror the host's PCIe switches and root complexes in the "
            "guest (auto: for two or more devices).", "auto", choices=("auto", "mirror", "flat"), cli=BOTH,
            ansible=DOM, spec=GUEST),
-    Option("p2p", "str", "auto | off: P2P cliques (x-nv-gpudirect-clique) for GPUs the host can route P2P "
-           "between.", "auto", choices=("auto", "off"), cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("p2p", "str", "auto | off | force: P2P cliques (x-nv-gpudirect-clique) for GPUs in IOMMU groups of "
+           "their own, as far apart as NCCL's default P2P level allows on this CPU and never for GeForce cards; "
+           "force: as far as the IOMMU groups allow, GeForce too (the plan warns).", "auto",
+           choices=("auto", "off", "force"), cli=BOTH, ansible=DOM, spec=GUEST),
     Option("qemu_version", "str", "QEMU version the domain will run on (default: asked from libvirt when a "
            "connection is used).", metavar="X.Y", cli=BOTH, ansible=DOM),
 )

@@ -213,8 +213,10 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
         spec.distances, note = _cell_distances(placements, node_ids)
         spec.notes += [note] if note else []
     kernel = read_kernel(host)
-    spec.p2p = _p2p(request, devices, len(nodes) <= 1, acs_override=kernel.param("pcie_acs_override") is not None)
+    spec.p2p = _p2p(request, devices, len(nodes) <= 1, acs_override=kernel.param("pcie_acs_override") is not None,
+                    cpu_vendor=cpu_vendor(host))
     spec.notes += spec.p2p.notes
+    spec.warnings += spec.p2p.forced
     gpu_ports = [port for port in spec.ports if spec.p2p.clique_of(port.functions[0].address) is not None]
     for n, port in enumerate(gpu_ports):
         port.alias = f"ua-gpu{n}"  # a user alias: <qemu:override> finds the device by it
@@ -403,15 +405,18 @@ def _cell_distances(placements: list[CellPlacement],
 
 
 def _p2p(request: DomainRequest, devices: list[list[PciFunction]], single_node: bool, *,
-         acs_override: bool) -> CliquePlan:
-    """Which GPUs get QEMU's x-nv-gpudirect-clique, or why none do."""
+         acs_override: bool, cpu_vendor: str | None) -> CliquePlan:
+    """Which GPUs get QEMU's x-nv-gpudirect-clique, or why none do: NCCL's default P2P level
+    on this CPU decides how far apart they may be (gpuvfio.host.topology.p2p_rule) unless
+    ``--p2p force`` lifts it, and then the plan warns of each clique only force gave."""
     functions = [fns[0] for fns in devices]
     if request.p2p == "off" or sum(1 for f in functions if f.is_nvidia_gpu) < 2:
         return CliquePlan([], [])
     if request.hide_kvm:
         # NVIDIA's driver ignores the clique capability when the hypervisor is hidden.
         return CliquePlan([], ["--hide-kvm: the guest driver does not honour P2P cliques with KVM hidden; none set"])
-    plan = p2p_cliques(functions, acs_override=acs_override, single_node=single_node)
+    plan = p2p_cliques(functions, acs_override=acs_override, single_node=single_node, cpu_vendor=cpu_vendor,
+                       force=request.p2p == "force")
     if not plan.cliques:
         return plan
     version = request.qemu_version
@@ -419,11 +424,12 @@ def _p2p(request: DomainRequest, devices: list[list[PciFunction]], single_node: 
         return CliquePlan([], plan.notes + [
             "QEMU version unknown (no libvirt connection): P2P cliques left out, since QEMU before "
             f"{CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]} refuses to start Turing and newer GPUs with one; pass --qemu-version "
-            "or --connect"])
+            "or --connect"], plan.rule)
     if tuple(version[:2]) < CLIQUE_QEMU:
         return CliquePlan([], plan.notes + [
             f"QEMU {'.'.join(map(str, version))} is older than {CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]}: it puts the P2P "
-            "clique capability where Turing and newer GPUs have MSI-X, and refuses to start the guest; cliques left out"])
+            "clique capability where Turing and newer GPUs have MSI-X, and refuses to start the guest; cliques left out"],
+            plan.rule)
     for clique in plan.cliques:
         plan.notes.append(f"P2P clique {clique.clique_id}: {', '.join(map(str, clique.members))} "
                           f"({clique.relation}: {clique.to_json()['why']})")

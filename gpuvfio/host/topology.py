@@ -7,19 +7,18 @@ upstream port followed by one of its downstream ports (PCIe base spec 1.3.3: a s
 set of virtual PCI-to-PCI bridges). A PCIe-to-PCI bridge (a BMC's AST1150) is a bridge with
 no bridge below it, so it is not taken for a switch.
 
-Which GPUs may share a P2P clique (QEMU's ``x-nv-gpudirect-clique``) follows from this and the
-IOMMU groups: a guest's peer addresses are IOVAs, so peer traffic must go up to the IOMMU to be
-translated. The kernel puts two functions in separate groups only when ACS on the path between
-them forces exactly that (drivers/pci/pci.c pci_acs_path_enabled, drivers/iommu/iommu.c
-pci_device_group), so separate groups are the proof -- unless pcie_acs_override has made the
-groups lie. Peers must also sit under one switch or one root complex: P2P between root
-complexes and across sockets is not routed reliably (NVIDIA's GPUDirect notes; QEMU's
-docs/igd-assign and vfio-pci notes on the clique).
+Which GPUs may share a P2P clique (QEMU's ``x-nv-gpudirect-clique``) follows from this, the
+IOMMU groups, and the P2P level NCCL would use on this host. A guest's peer addresses are
+IOVAs, so peer traffic must go up to the IOMMU to be translated. The kernel puts two functions
+in separate groups only when ACS on the path between them forces exactly that
+(drivers/pci/pci.c pci_acs_path_enabled, drivers/iommu/iommu.c pci_device_group), so separate
+groups are the proof -- unless pcie_acs_override has made the groups lie. How far apart peers
+may be is NCCL's default P2P level (``p2p_rule``), and GeForce cards get none at all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.host.model import PciFunction
@@ -34,7 +33,6 @@ LEGEND = {
     NODE: "between root complexes of one NUMA node",
     SYS: "across the interconnect between NUMA nodes (sockets)",
 }
-P2P_ROUTABLE = (PIX, PXB, PHB)  # under one switch or one root complex
 MAX_CLIQUES = 16  # x-nv-gpudirect-clique takes 0-15 (QEMU hw/vfio/pci-quirks.c)
 
 
@@ -105,6 +103,68 @@ def relation(a: Position, b: Position, *, single_node: bool = False) -> str:
     return SYS
 
 
+# -- P2P cliques ---------------------------------------------------------------------------------
+INTEL_VENDOR, AMD_VENDOR = "GenuineIntel", "AuthenticAMD"  # CPUID vendor strings (/proc/cpuinfo vendor_id)
+
+# NCCL's path type for each nvidia-smi word (src/include/graph.h and src/graph/paths.cc
+# ncclTopoSetPaths at NCCL v2.30.7-1): NCCL makes one <cpu> of all root complexes of a NUMA node,
+# so nvidia-smi's PHB and NODE are both its PATH_PHB.
+NCCL_PATH = {PIX: "PATH_PIX", PXB: "PATH_PXB", PHB: "PATH_PHB", NODE: "PATH_PHB", SYS: "PATH_SYS"}
+NCCL_RULE = "NCCL 2.23.4 to 2.30.7, src/graph/paths.cc ncclTopoCheckP2p"
+
+
+@dataclass(frozen=True, slots=True)
+class P2pRule:
+    """How far apart two GPUs may sit and still share a clique: the farthest nvidia-smi word,
+    and the rule that says so (for the plan)."""
+
+    farthest: str  # PXB or SYS
+    why: str
+
+    def allows(self, word: str) -> bool:
+        return DISTANCE[word] <= DISTANCE[self.farthest]
+
+
+def p2p_rule(cpu_vendor: str | None, gpus: int) -> P2pRule:
+    """NCCL's default P2P level for ``gpus`` GPUs on a host whose CPUID vendor is ``cpu_vendor``.
+
+    NCCL 2.23.4 and later default to PATH_PXB ("don't use P2P across CPU Host Bridges and
+    further apart") and to PATH_SYS only on x86 AMD CPUs with at most two GPUs (the 2.23.4
+    release: "keep it enabled when we only have 2 GPUs"); 2.30.7 counts physical GPUs, the same
+    thing here. A clique where NCCL would not use P2P on bare metal only tells the guest's
+    driver that a path is good when NCCL's own authors found it is not. An unknown vendor (a
+    recording without ``vendor_id``, or a CPU that has none: arm64) fails closed to PXB, which
+    is also NCCL's level on arm64 and on every vendor but AMD."""
+    if cpu_vendor == AMD_VENDOR and gpus <= 2:
+        return P2pRule(SYS, f"NCCL's default P2P level on an x86 AMD CPU with at most two GPUs is PATH_SYS "
+                            f"({NCCL_RULE}): a clique wherever the IOMMU groups allow")
+    if cpu_vendor == AMD_VENDOR:
+        where = f"on an x86 AMD CPU with {gpus} GPUs (PATH_SYS only for two at most)"
+    elif cpu_vendor:
+        where = f"on a {cpu_vendor} CPU"
+    else:
+        where = "where the CPU vendor is unknown (no vendor_id in /proc/cpuinfo; taken as not AMD)"
+    return P2pRule(PXB, f"NCCL's default P2P level {where} is PATH_PXB ({NCCL_RULE}): cliques only under "
+                        "PCIe switches (PIX, PXB), none through a host bridge (PHB, NODE, SYS)")
+
+
+# GeForce and PCIe P2P: NVIDIA publishes no product table, and no driver document read for this
+# says it. What NVIDIA has said in public is the NCCL maintainer's answers: "GeForce cards don't
+# support GPU Direct P2P" (NVIDIA/nccl issue 1309, 2024-06-03) and "GeForce cards do not support
+# P2P" (NVIDIA/nccl-tests issue 287, 2025-02-20, RTX 5090); the driver reports it through NVML
+# (nvmlDeviceGetP2PStatus, ``nvidia-smi topo -p2p r``), and NCCL turns P2P off when NVML does not
+# say OK (ncclTopoCheckP2p). Community-patched open kernel modules enable it on some cards:
+# ``--p2p force`` is for those.
+GEFORCE = "GeForce"
+
+
+def geforce(fn: PciFunction) -> bool | None:
+    """Whether the card is a GeForce one, by the name pci.ids gives it (None: no name known)."""
+    if fn.device_name is None:
+        return None
+    return GEFORCE.lower() in fn.device_name.lower()
+
+
 @dataclass(slots=True)
 class Clique:
     clique_id: int
@@ -120,7 +180,9 @@ class Clique:
 @dataclass(slots=True)
 class CliquePlan:
     cliques: list[Clique]
-    notes: list[str]  # why a GPU or a pair got no clique
+    notes: list[str]  # why a GPU or a pair got no clique, and the rule followed
+    rule: P2pRule | None = None
+    forced: list[str] = field(default_factory=list)  # cliques only --p2p force gave: the plan warns
 
     def clique_of(self, address: PciAddress) -> int | None:
         for clique in self.cliques:
@@ -132,18 +194,8 @@ class CliquePlan:
         return {"cliques": [c.to_json() for c in self.cliques], "notes": list(self.notes)}
 
 
-def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node: bool = False) -> CliquePlan:
-    """Group the NVIDIA display functions among ``functions`` (one guest's devices, host order)
-    into the sets whose peer traffic the host can route through its IOMMU. A set of one is no
-    clique. The reasons for leaving GPUs out are returned, for the plan to print."""
-    gpus = [f for f in functions if f.is_nvidia_gpu]
-    notes: list[str] = []
-    if len(gpus) < 2:
-        return CliquePlan([], notes)
-    if acs_override:
-        notes.append("pcie_acs_override is on the kernel command line: IOMMU groups do not prove that peer "
-                      "traffic reaches the IOMMU, so no GPU gets a P2P clique")
-        return CliquePlan([], notes)
+def _isolated(gpus: list[PciFunction], notes: list[str]) -> list[PciFunction]:
+    """The GPUs each in an IOMMU group of its own; a note for each of the others."""
     by_group: dict[int | None, list[PciFunction]] = {}
     for fn in gpus:
         by_group.setdefault(fn.iommu_group, []).append(fn)
@@ -158,6 +210,50 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
                          "guest addresses would bypass the IOMMU); no clique")
         else:
             usable.append(fn)
+    return usable
+
+
+def _without_geforce(usable: list[PciFunction], notes: list[str], forced: list[str], *,
+                     force: bool) -> list[PciFunction]:
+    consumer = [fn for fn in usable if geforce(fn)]
+    unnamed = [fn for fn in usable if geforce(fn) is None]
+    if unnamed and len(usable) > 1:
+        notes.append(f"{', '.join(str(fn.address) for fn in unnamed)}: no device name (pci.ids not found), so "
+                     "gpuvfio cannot tell a GeForce card, which has no PCIe P2P; taken as one that has")
+    if not consumer:
+        return usable
+    names = ", ".join(f"{fn.address} ({fn.device_name})" for fn in consumer)
+    if force:
+        forced.append(f"--p2p force: {names}: GeForce cards have no PCIe P2P in NVIDIA's driver (NVML reports "
+                      "it unsupported and NCCL then turns P2P off); cliques given anyway")
+        return usable
+    notes.append(f"{names}: GeForce cards have no PCIe P2P in NVIDIA's driver (NVML reports it unsupported and "
+                 "NCCL then turns P2P off); no clique")
+    return [fn for fn in usable if fn not in consumer]
+
+
+def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node: bool = False,
+                cpu_vendor: str | None = None, force: bool = False) -> CliquePlan:
+    """Group the NVIDIA display functions among ``functions`` (one guest's devices, host order)
+    into the sets whose peer traffic the host routes through its IOMMU and NCCL's default P2P
+    level allows on this CPU (``p2p_rule``); GeForce cards get none. A set of one is no clique.
+    ``force`` lifts the NCCL level and the GeForce rule (never the IOMMU's): what it alone
+    gave is in ``forced``. The reasons for leaving GPUs out are returned, for the plan to print."""
+    gpus = [f for f in functions if f.is_nvidia_gpu]
+    notes: list[str] = []
+    if len(gpus) < 2:
+        return CliquePlan([], notes)
+    if acs_override:
+        notes.append("pcie_acs_override is on the kernel command line: IOMMU groups do not prove that peer "
+                      "traffic reaches the IOMMU, so no GPU gets a P2P clique")
+        return CliquePlan([], notes)
+    rule = p2p_rule(cpu_vendor, len(gpus))
+    usable = _isolated(gpus, notes)
+    if len(usable) > 1:
+        notes.append(f"P2P rule: {rule.why}")
+    forced: list[str] = []
+    usable = _without_geforce(usable, notes, forced, force=force)
+    reach = P2pRule(SYS, "--p2p force") if force else rule
     positions = {fn.address: position(fn) for fn in usable}
     parent = {a: a for a in positions}
 
@@ -167,11 +263,13 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
             a = parent[a]
         return a
 
+    def word(a: PciAddress, b: PciAddress) -> str:
+        return relation(positions[a], positions[b], single_node=single_node)
+
     addresses = list(positions)
     for i, a in enumerate(addresses):
         for b in addresses[i + 1:]:
-            word = relation(positions[a], positions[b], single_node=single_node)
-            if word in P2P_ROUTABLE:
+            if reach.allows(word(a, b)):
                 parent[find(b)] = find(a)
     sets: dict[PciAddress, list[PciAddress]] = {}
     for a in addresses:
@@ -183,16 +281,22 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
         if len(cliques) == MAX_CLIQUES:
             notes.append(f"{', '.join(map(str, members))}: more than {MAX_CLIQUES} cliques; left out")
             continue
-        worst = max((relation(positions[a], positions[b], single_node=single_node)
-                     for i, a in enumerate(members) for b in members[i + 1:]), key=DISTANCE.__getitem__)
+        worst = max((word(a, b) for i, a in enumerate(members) for b in members[i + 1:]), key=DISTANCE.__getitem__)
         cliques.append(Clique(len(cliques), members, worst))
+        if not rule.allows(worst):
+            forced.append(f"--p2p force: P2P clique {len(cliques) - 1} ({', '.join(map(str, members))}) spans "
+                          f"{worst} ({NCCL_PATH[worst]}), beyond NCCL's default level {NCCL_PATH[rule.farthest]} "
+                          "on this host")
+    if force and not forced:
+        notes.append("--p2p force: every clique is within NCCL's default level and no GeForce card is among them; "
+                     "force changed nothing")
     lonely: dict[str, list[PciAddress]] = {}
     for a in addresses:
         if len(sets[find(a)]) == 1 and len(addresses) > 1:
-            nearest = min((relation(positions[a], positions[b], single_node=single_node)
-                           for b in addresses if b != a), key=DISTANCE.__getitem__)
+            nearest = min((word(a, b) for b in addresses if b != a), key=DISTANCE.__getitem__)
             lonely.setdefault(nearest, []).append(a)
     for nearest, members in lonely.items():
         notes.append(f"{', '.join(map(str, members))}: the nearest other GPU is {nearest} ({LEGEND[nearest]}), "
-                     "where PCIe P2P is not routed: no clique (NVLink P2P, where the GPUs have it, needs none)")
-    return CliquePlan(cliques, notes)
+                     f"beyond NCCL's default P2P level here ({NCCL_PATH[rule.farthest]}): no clique (NVLink P2P, "
+                     "where the GPUs have it, needs none)")
+    return CliquePlan(cliques, notes, rule, forced)

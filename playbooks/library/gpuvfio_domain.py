@@ -194,10 +194,12 @@ options:
     choices: ["auto", "mirror", "flat"]
   p2p:
     description: >-
-      auto | off: P2P cliques (x-nv-gpudirect-clique) for GPUs the host can route P2P between.
+      auto | off | force: P2P cliques (x-nv-gpudirect-clique) for GPUs in IOMMU groups of their own, as far
+      apart as NCCL's default P2P level allows on this CPU and never for GeForce cards; force: as far as the
+      IOMMU groups allow, GeForce too (the plan warns).
     type: str
     default: "auto"
-    choices: ["auto", "off"]
+    choices: ["auto", "off", "force"]
   qemu_version:
     description: >-
       QEMU version the domain will run on (default: asked from libvirt when a connection is used).

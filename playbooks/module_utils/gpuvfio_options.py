@@ -30,7 +30,7 @@ ARGUMENT_SPECS = {
         'console_log': {'type': 'path'},
         'force': {'type': 'bool', 'default': False},
         'topology': {'type': 'str', 'default': 'auto', 'choices': ['auto', 'mirror', 'flat']},
-        'p2p': {'type': 'str', 'default': 'auto', 'choices': ['auto', 'off']},
+        'p2p': {'type': 'str', 'default': 'auto', 'choices': ['auto', 'off', 'force']},
         'qemu_version': {'type': 'str'},
         'ssh_host': {'type': 'str'},
         'ssh_port': {'type': 'int'},

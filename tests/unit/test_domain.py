@@ -30,6 +30,9 @@ CASES = {
                                    "0000:dc:00.0", "--name", "hgx", "--vcpus", "64", "--memory", "512G"]),
     "switch-2gpu-nic-clique": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "--name", "l40s-pair",
                                                "--vcpus", "16", "--memory", "64G", "--qemu-version", "8.2"]),
+    # AMD EPYC, two GPUs on one root complex (PHB): NCCL's default P2P level there is SYS, so a clique.
+    "epyc-2gpu-phb-clique": ("epyc-mixed", ["0000:81:00.0", "0000:82:00.0", "--name", "epyc-pair", "--vcpus", "8",
+                                            "--memory", "32G", "--qemu-version", "9.2"]),
     "switch-2gpu-qemu72": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "--name", "l40s-old-qemu",
                                            "--vcpus", "8", "--memory", "32G", "--qemu-version", "7.2"]),
     "dgx-1gpu-local": ("dgx-h100", ["0000:9d:00.0", "--name", "h100-node1", "--vcpus", "16", "--memory", "64GiB",
@@ -159,6 +162,46 @@ def test_clique_golden_shape(generated):
     old = generated["switch-2gpu-qemu72"]
     assert "x-nv-gpudirect-clique" not in old and "qemu:override" not in old
     assert "pcie-switch-upstream-port" in old
+
+
+def _cliques(xml: str) -> dict[str, str]:
+    ns = {"qemu": "http://libvirt.org/schemas/domain/qemu/1.0"}
+    doc = etree.fromstring(xml.encode())
+    aliases = {h.find("alias").get("name"): h.find("source/address").get("bus") for h in doc.iter("hostdev")
+               if h.find("alias") is not None}
+    return {aliases[d.get("alias")]: d.find(".//qemu:property", ns).get("value")
+            for d in doc.iterfind("qemu:override/qemu:device", ns)}
+
+
+def test_amd_pair_through_the_host_bridge_gets_a_clique_and_names_the_rule(generated, cli):
+    """NCCL's default P2P level (NCCL 2.23.4 to 2.30.7, src/graph/paths.cc ncclTopoCheckP2p) is SYS on
+    x86 AMD with at most two GPUs: the EPYC's A100 and T4 on one root complex share clique 0."""
+    assert _cliques(generated["epyc-2gpu-phb-clique"]) == {"0x81": "0", "0x82": "0"}
+    data = cli("--root", sample_path("epyc-mixed"), "xml", *CASES["epyc-2gpu-phb-clique"][1], "--json").json()
+    assert any(n.startswith("P2P rule: NCCL's default P2P level on an x86 AMD CPU with at most two GPUs is "
+                            "PATH_SYS") for n in data["notes"]), data["notes"]
+    assert any(n.startswith("P2P clique 0: 0000:81:00.0, 0000:82:00.0 (PHB") for n in data["notes"])
+    assert not any("--p2p force" in w for w in data["warnings"])
+
+
+def test_intel_pair_across_sockets_gets_none_unless_forced_and_force_is_flagged(cli, tmp_path):
+    """One GPU of each socket of an Intel host with ACS below its switches (SYS, NCCL's PATH_SYS):
+    no clique at NCCL's default PATH_PXB; --p2p force gives one, and the plan warns that only force did."""
+    from tests.unit.test_layout import switch_host
+
+    switch_host(tmp_path)
+    args = ["--root", str(tmp_path), "xml", "0000:18:00.0", "0000:9a:00.0", "--name", "pair",
+            "--vcpus", "8", "--memory", "32G", "--qemu-version", "9.2"]
+    auto = cli(*args, "--json").json()
+    assert "x-nv-gpudirect-clique" not in auto["xml"]
+    assert any("GenuineIntel CPU is PATH_PXB" in n for n in auto["notes"])
+    assert any(n.startswith("0000:18:00.0, 0000:9a:00.0: the nearest other GPU is SYS") for n in auto["notes"])
+    forced = cli(*args, "--p2p", "force", "--json").json()
+    assert _cliques(forced["xml"]) == {"0x18": "0", "0x9a": "0"}
+    assert [w for w in forced["warnings"] if "--p2p force" in w] == [
+        "--p2p force: P2P clique 0 (0000:18:00.0, 0000:9a:00.0) spans SYS (PATH_SYS), beyond NCCL's default "
+        "level PATH_PXB on this host"]
+    assert cli(*args, "--p2p", "sometimes").code == 2
 
 
 def test_names_are_escaped(generated):

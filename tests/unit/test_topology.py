@@ -15,7 +15,8 @@ from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.nvlink import (RECORD, NvmlUnusable, parse_recording, read_from_nvml, read_nvlink,
                                  record_text)
 from gpuvfio.host.root import HostRoot
-from gpuvfio.host.topology import NODE, PHB, PIX, PXB, SYS, p2p_cliques, position, relation
+from gpuvfio.host.numa import cpu_vendor
+from gpuvfio.host.topology import NODE, PHB, PIX, PXB, SYS, p2p_cliques, p2p_rule, position, relation
 from tests.conftest import REPO, BAR64_PREF, GiB
 from tests.hostbuilder import HostBuilder
 
@@ -112,7 +113,9 @@ def test_two_gpus_under_one_switch_in_their_own_groups_make_one_clique(tmp_path)
     plan = p2p_cliques(_two_gpus_under_a_switch(tmp_path, shared_group=False), acs_override=False)
     assert [(c.clique_id, [str(m) for m in c.members], c.relation) for c in plan.cliques] == [
         (0, ["0000:04:00.0", "0000:05:00.0"], PIX)]
-    assert plan.notes == []
+    # Only the rule it followed, and that without pci.ids no name tells a GeForce card.
+    assert [note.split(":")[0] for note in plan.notes] == ["P2P rule", "0000"]
+    assert "no device name" in plan.notes[1] and plan.forced == []
 
 
 def test_gpus_sharing_a_group_get_no_clique_and_say_why(tmp_path):
@@ -127,6 +130,155 @@ def test_acs_override_and_a_single_gpu_give_no_clique(tmp_path):
     assert overridden.cliques == [] and "pcie_acs_override" in overridden.notes[0]
     single = p2p_cliques(_two_gpus_under_a_switch(tmp_path / "one", shared_group=False, count=1), acs_override=False)
     assert single.cliques == [] and single.notes == []
+
+
+# -- P2P cliques: NCCL's default P2P level (NCCL 2.23.4 to 2.30.7, src/graph/paths.cc ncclTopoCheckP2p) ---
+def _gpus_on_root_ports(root, *, vendor: str | None, sockets: int = 1, per_socket: int = 2,
+                        switch_pair: bool = False):
+    """GPUs each on a root port of its socket's one root complex (nvidia-smi PHB between them), a
+    second socket's on its own (SYS); ``switch_pair``: two more under a switch on socket 0 (PIX).
+    ``vendor``: the CPUID vendor /proc/cpuinfo shows (None: a recording without it)."""
+    b = HostBuilder(str(root))
+    b.iommu("amd" if vendor == AMD else "intel", 1)
+    if vendor is not None:
+        b.cpuinfo("a CPU", 48, vendor=vendor)
+    for node in range(sockets):
+        b.numa_node(node, list(range(8 * node, 8 * node + 8)), 16)
+        rbus = 0x40 * (node + 1)
+        rb = b.root_bus(0, rbus, numa=node)
+        for n in range(per_socket):
+            rp = b.bridge(rb, f"0000:{rbus:02x}:{n + 1:02x}.0", INTEL, ROOT_PORT, secondary_bus=rbus + 1 + n)
+            b.function(rp, f"0000:{rbus + 1 + n:02x}:00.0", NVIDIA, H100, "030200", driver="vfio-pci")
+    if switch_pair:
+        rb = b.root_bus(0, 0x40, numa=0)
+        rp = b.bridge(rb, "0000:40:10.0", INTEL, ROOT_PORT, secondary_bus=0x50)
+        up = b.bridge(rp, "0000:50:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x51)
+        for n in range(2):
+            ds = b.bridge(up, f"0000:51:{n:02x}.0", BROADCOM, SWITCH_PORT, secondary_bus=0x52 + n)
+            b.function(ds, f"0000:{0x52 + n:02x}:00.0", NVIDIA, H100, "030200", driver="vfio-pci")
+    host = HostRoot(b.root)
+    gpus = [f for f in read_inventory(host).functions.values() if f.is_nvidia_gpu]
+    return gpus, cpu_vendor(host)
+
+
+def _cliques(plan) -> list[tuple[list[str], str]]:
+    return [([str(m) for m in c.members], c.relation) for c in plan.cliques]
+
+
+AMD = "AuthenticAMD"
+
+
+@pytest.mark.parametrize("vendor, gpus, farthest", [
+    ("GenuineIntel", 2, PXB), ("AuthenticAMD", 2, SYS), ("AuthenticAMD", 3, PXB), ("HygonGenuine", 2, PXB),
+    ("CentaurHauls", 2, PXB), (None, 2, PXB)])
+def test_the_rule_is_nccls_default_p2p_level(vendor, gpus, farthest):
+    """PATH_PXB everywhere but x86 AMD with at most two GPUs (PATH_SYS); an unknown vendor fails closed."""
+    rule = p2p_rule(vendor, gpus)
+    assert rule.farthest == farthest and "ncclTopoCheckP2p" in rule.why
+    assert rule.allows(PIX) and rule.allows(PXB) and rule.allows(PHB) == (farthest == SYS)
+    assert rule.allows(NODE) == rule.allows(SYS) == (farthest == SYS)
+
+
+def test_gpus_on_root_ports_of_one_intel_host_bridge_get_no_clique(tmp_path):
+    gpus, vendor = _gpus_on_root_ports(tmp_path, vendor="GenuineIntel", switch_pair=True)
+    assert vendor == "GenuineIntel"
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=vendor)
+    assert _cliques(plan) == [(["0000:52:00.0", "0000:53:00.0"], PIX)]  # the pair under the switch only
+    assert plan.rule.farthest == PXB and plan.notes[0].startswith("P2P rule: NCCL's default P2P level on a "
+                                                                  "GenuineIntel CPU is PATH_PXB")
+    assert any(note.startswith("0000:41:00.0, 0000:42:00.0: the nearest other GPU is PHB") and "(PATH_PXB)" in note
+               for note in plan.notes), plan.notes
+    # Export's call, without a vendor: the same (fails closed).
+    assert _cliques(p2p_cliques(gpus, acs_override=False)) == _cliques(plan)
+
+
+def test_amd_with_two_gpus_gets_cliques_through_the_host_bridge_and_across_sockets(tmp_path):
+    gpus, vendor = _gpus_on_root_ports(tmp_path, vendor=AMD)
+    assert vendor == AMD and len(gpus) == 2
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=vendor)
+    assert _cliques(plan) == [(["0000:41:00.0", "0000:42:00.0"], PHB)] and plan.forced == []
+    assert plan.rule.farthest == SYS and "at most two GPUs is PATH_SYS" in plan.notes[0]
+    across, _ = _gpus_on_root_ports(tmp_path / "two", vendor=AMD, sockets=2, per_socket=1)
+    assert _cliques(p2p_cliques(across, acs_override=False, cpu_vendor=AMD)) == [
+        (["0000:41:00.0", "0000:81:00.0"], SYS)]
+
+
+def test_amd_with_three_gpus_is_back_to_pxb(tmp_path):
+    gpus, vendor = _gpus_on_root_ports(tmp_path, vendor=AMD, per_socket=3)
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=vendor)
+    assert plan.cliques == [] and plan.rule.farthest == PXB
+    assert "x86 AMD CPU with 3 GPUs (PATH_SYS only for two at most)" in plan.notes[0]
+    assert any("0000:41:00.0, 0000:42:00.0, 0000:43:00.0: the nearest other GPU is PHB" in n for n in plan.notes)
+
+
+def test_a_host_that_does_not_tell_its_cpu_vendor_fails_closed(tmp_path):
+    gpus, vendor = _gpus_on_root_ports(tmp_path, vendor=None)
+    assert vendor is None
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=vendor)
+    assert plan.cliques == [] and "CPU vendor is unknown" in plan.notes[0]
+
+
+def test_force_lifts_the_level_and_says_so(tmp_path):
+    gpus, vendor = _gpus_on_root_ports(tmp_path, vendor="GenuineIntel", sockets=2)
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=vendor, force=True)
+    assert _cliques(plan) == [(["0000:41:00.0", "0000:42:00.0", "0000:81:00.0", "0000:82:00.0"], SYS)]
+    assert plan.forced == ["--p2p force: P2P clique 0 (0000:41:00.0, 0000:42:00.0, 0000:81:00.0, 0000:82:00.0) "
+                           "spans SYS (PATH_SYS), beyond NCCL's default level PATH_PXB on this host"]
+    # Never past the IOMMU: a shared group or pcie_acs_override still gives none.
+    assert p2p_cliques(gpus, acs_override=True, force=True).cliques == []
+    shared = p2p_cliques(_two_gpus_under_a_switch(tmp_path / "shared", shared_group=True), acs_override=False,
+                         cpu_vendor=vendor, force=True)
+    assert shared.cliques == [] and shared.forced == []
+    # Where the rule already allowed everything, force changes nothing and the plan says that.
+    same = p2p_cliques(_two_gpus_under_a_switch(tmp_path / "pix", shared_group=False), acs_override=False,
+                       cpu_vendor=vendor, force=True)
+    assert len(same.cliques) == 1 and same.forced == [] and any("force changed nothing" in n for n in same.notes)
+
+
+def _named(functions, name):
+    return [dataclasses.replace(f, device_name=name) if f.is_nvidia_gpu else f for f in functions]
+
+
+def test_geforce_cards_get_no_clique_even_under_one_switch(tmp_path):
+    gpus = _named(_two_gpus_under_a_switch(tmp_path, shared_group=False), "AD102 [GeForce RTX 4090]")
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD)
+    assert plan.cliques == []
+    assert plan.notes[1] == ("0000:04:00.0 (AD102 [GeForce RTX 4090]), 0000:05:00.0 (AD102 [GeForce RTX 4090]): "
+                             "GeForce cards have no PCIe P2P in NVIDIA's driver (NVML reports it unsupported and "
+                             "NCCL then turns P2P off); no clique")
+    forced = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD, force=True)
+    assert _cliques(forced) == [(["0000:04:00.0", "0000:05:00.0"], PIX)]
+    assert len(forced.forced) == 1 and "GeForce" in forced.forced[0]
+    # A data-center name is no GeForce one, and the unnamed-card note goes away with names.
+    named = p2p_cliques(_named(gpus, "AD102GL [L40S]"), acs_override=False, cpu_vendor=AMD)
+    assert len(named.cliques) == 1 and not any("no device name" in n for n in named.notes)
+
+
+def test_the_workstations_two_geforce_cards_by_their_pciids_names(tmp_path):
+    """The issue's case: an RTX 4090 on the CPU's PEG port and an RTX 3060 on a chipset port of one
+    Intel host bridge, each (here) in a group of its own; named from pci.ids as the plan names them."""
+    from gpuvfio.host.pciids import PciIds
+
+    b = HostBuilder(str(tmp_path))
+    b.iommu("intel", 1)
+    b.cpuinfo("12th Gen Intel(R) Core(TM) i9-12900KF", 39, vendor="GenuineIntel")
+    b.numa_node(0, list(range(8)), 16)
+    rb = b.root_bus(0, 0, numa=-1)
+    peg = b.bridge(rb, "0000:00:01.0", INTEL, "460d", secondary_bus=1, link=(4, 16, 5, 16))
+    b.function(peg, "0000:01:00.0", NVIDIA, "2684", "030000", driver="vfio-pci", link=(4, 16))
+    pch = b.bridge(rb, "0000:00:1c.4", INTEL, "7a3c", secondary_bus=4, link=(4, 4))
+    b.function(pch, "0000:04:00.0", NVIDIA, "2504", "030000", driver="vfio-pci", link=(4, 4, 4, 16))
+    host = HostRoot(b.root)
+    names = PciIds.load(host)
+    if not names.available:
+        pytest.skip("no pci.ids on this machine")
+    gpus = [f for f in read_inventory(host, names=names).functions.values() if f.is_nvidia_gpu]
+    assert all("GeForce" in (f.device_name or "") for f in gpus)
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=cpu_vendor(host), single_node=True)
+    assert plan.cliques == [] and "GeForce cards have no PCIe P2P" in plan.notes[1]
+    # Even forced past the GeForce rule, the pair is PHB on Intel: both reasons are named.
+    forced = p2p_cliques(gpus, acs_override=False, cpu_vendor=cpu_vendor(host), single_node=True, force=True)
+    assert _cliques(forced) == [(["0000:01:00.0", "0000:04:00.0"], PHB)] and len(forced.forced) == 2
 
 
 # -- NVLink: the recording -----------------------------------------------------------------------
