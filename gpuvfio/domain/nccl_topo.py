@@ -1,5 +1,5 @@
 """An NCCL topology file (``NCCL_TOPO_FILE``) for a guest: its CPUs and NUMA cells, the PCIe
-switches, GPUs and NICs, with the HOST's link speeds.
+switches, GPUs and NICs, with the link speeds NCCL would read on the HOST (``link_attributes``).
 
 Why: emulated ports report made-up links (QEMU 7.2 root ports 16 GT/s x32, switch ports
 2.5 GT/s x1), and a guest without the file looks flat to NCCL (every device on its own root
@@ -18,12 +18,16 @@ shows onto the plan (``map_guest``) and writes the file from those.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from xml.etree import ElementTree as ET
+
+from gpuvfio.address import PciAddress
 
 from gpuvfio.domain.layout import Controller, GuestPort
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.model import PciFunction
+from gpuvfio.host.topology import position
 
 GUEST_FILE = "/etc/gpuvfio/nccl-topo.xml"
 
@@ -125,12 +129,55 @@ def map_guest(controllers: list[Controller], ports: list[GuestPort], guest_pci: 
     return out
 
 
-def link_attributes(fn: PciFunction) -> tuple[str, str] | None:
-    """The host link as sysfs spells it ('16.0 GT/s PCIe', '16'): what NCCL would read on bare metal."""
+# The kernel's spelling of a PCIe speed (drivers/pci/pci.h PCIE_SPEED2STR, Linux 5.7 and later:
+# "16.0 GT/s PCIe"). Linux 5.6 and earlier wrote "16 GT/s"; NCCL's kvDictPciGen (src/graph/topo.cc)
+# has both forms and gives them the same bandwidth, so the current form stands for both.
+def speed_string(gts: float) -> str:
+    return f"{gts:.1f} GT/s PCIe"
+
+
+def link_attributes(fn: PciFunction, functions: Mapping[PciAddress, PciFunction] | None = None
+                    ) -> tuple[str, str] | None:
+    """``link_speed`` and ``link_width`` of ``fn`` as NCCL's sysfs reader writes them on this host
+    (src/graph/xml.cc ncclTopoGetXmlFromSys, NCCL 2.6 to 2.30.4; read at v2.30.4-1 and
+    v2.30.7-1): the smaller of the device's own maximum and its sysfs parent's (``..``: the root
+    port or switch downstream port above it), so an x16 Gen5 GPU in an x8 Gen4 slot is
+    ``16.0 GT/s PCIe`` and ``8``.
+
+    - speed: each ``max_link_speed`` parsed as ``%f GT/s``; the parent's string when its number
+      is strictly smaller, else the device's. A file NCCL cannot read or parse counts as
+      FLT_MAX, so it never wins; both unknown gives the device's string, "" here.
+    - width: ``std::min`` of the two ``max_link_width`` numbers, written as a decimal; a missing
+      file reads as 0 (strtol of ""), so a device straight on a root bus, whose parent is the
+      host bridge's directory without link files, is ``0`` (which NCCL's ncclTopoAddPci then
+      takes as 16).
+
+    NCCL 2.30.7 takes a GPU's values from NVML instead (the current generation and width), but
+    a value in the topology file wins over both in every version (an attribute already set is
+    never filled). The file carries the sysfs rule: it is what NCCL computes on this host before
+    2.30.7 and for every device but GPUs in 2.30.7, its width equals the trained width in a
+    narrow slot, and it does not follow the link generation a GPU lowers while idle
+    (``nvidia-smi -q``, "PCIe Generation Current").
+
+    ``functions``: the host's functions by address, where the parent is found; without them
+    (or where the parent is not among them) only the device's own maximum is known, and that is
+    what is returned. None: the device has no PCIe link attributes at all."""
     link = fn.link
-    if link is None or link.max_speed_gts is None or link.max_width is None:
+    if link is None or (link.max_speed_gts is None and link.max_width is None):
         return None
-    return f"{link.max_speed_gts:.1f} GT/s PCIe", str(link.max_width)
+    own_speed, own_width = link.max_speed_gts, link.max_width
+    if functions is None or (fn.parents and fn.parents[-1] not in functions):
+        if own_speed is None or own_width is None:
+            return None
+        return speed_string(own_speed), str(own_width)
+    port = functions[fn.parents[-1]].link if fn.parents else None
+    port_speed = port.max_speed_gts if port is not None else None
+    port_width = port.max_width if port is not None else None
+    if port_speed is not None and (own_speed is None or port_speed < own_speed):
+        speed = speed_string(port_speed)
+    else:
+        speed = speed_string(own_speed) if own_speed is not None else ""
+    return speed, str(min(own_width or 0, port_width or 0))
 
 
 def _mask(cpus: list[int]) -> str:
@@ -140,11 +187,24 @@ def _mask(cpus: list[int]) -> str:
     return ",".join(f"{(value >> (32 * w)) & 0xFFFFFFFF:08x}" for w in reversed(range(words)))
 
 
+def _switch_link(device: GuestDevice, functions: Mapping[PciAddress, PciFunction] | None) -> tuple[str, str] | None:
+    """The link attributes of the host switch above ``device`` (its upstream port, the node NCCL
+    hangs the device from), by NCCL's rule against the port above the switch."""
+    if functions is None:
+        return None
+    upstream = position(device.port.functions[0]).switch
+    fn = functions.get(upstream) if upstream is not None else None
+    return link_attributes(fn, functions) if fn is not None else None
+
+
 def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]], cell_of_port: dict[int, int], *,
-                  cpu_vendor: str | None, switch_links: dict[str, tuple[str, str]] | None = None) -> str:
+                  cpu_vendor: str | None, switch_links: dict[str, tuple[str, str]] | None = None,
+                  host_functions: Mapping[PciAddress, PciFunction] | None = None) -> str:
     """The XML (NCCL's <system version="1"> format). ``cells``: (guest cell id, its vCPUs);
-    ``cell_of_port``: guest port index -> cell; ``switch_links``: guest switch bus id -> the
-    host link of the switch's uplink."""
+    ``cell_of_port``: guest port index -> cell; ``host_functions``: the host's functions by
+    address, for the link attributes NCCL's reader computes on the host (``link_attributes``) of
+    each device and of the host switch's upstream port each emulated switch stands for;
+    ``switch_links``: guest switch bus id -> link attributes given outright (they win)."""
     system = ET.Element("system", version="1")
     cpu_nodes = {}
     for cell, vcpus in cells:
@@ -158,7 +218,7 @@ def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]]
         if device.switch:
             if device.switch not in switches:
                 attrs = {"busid": device.switch, "class": "0x060400"}
-                link = (switch_links or {}).get(device.switch)
+                link = (switch_links or {}).get(device.switch) or _switch_link(device, host_functions)
                 if link:
                     attrs.update(link_speed=link[0], link_width=link[1])
                 switches[device.switch] = ET.SubElement(parent, "pci", attrs)
@@ -168,7 +228,7 @@ def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]]
                  "device": f"0x{fn.device_id}"}
         if fn.subsystem_vendor_id and fn.subsystem_device_id:
             attrs.update(subsystem_vendor=f"0x{fn.subsystem_vendor_id}", subsystem_device=f"0x{fn.subsystem_device_id}")
-        speed = link_attributes(fn)
+        speed = link_attributes(fn, host_functions)
         if speed:
             attrs.update(link_speed=speed[0], link_width=speed[1])
         ET.SubElement(parent, "pci", attrs)

@@ -15,6 +15,8 @@ from gpuvfio.ops.context import Context
 from gpuvfio.ops.domains import nccl_topology_file, provision_xml
 from gpuvfio.domain.request import domain_request
 from gpuvfio.address import PciAddress
+from gpuvfio.host.inventory import read_inventory
+from tests.hostbuilder import HostBuilder
 from tests.unit.test_layout import switch_host
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuvfio", "samples")
@@ -126,3 +128,76 @@ def test_xml_nccl_topo_refuses_a_link(cli, tmp_path):
                  "--name", "n", "--nccl-topo", str(link))
     assert result.code == 2 and "it is a link" in result.err
     assert target.read_text() == "keep" and result.out == ""
+
+
+# -- link attributes as NCCL's sysfs reader writes them on the host (src/graph/xml.cc
+# ncclTopoGetXmlFromSys at NCCL v2.30.4-1, the same through v2.30.7-1 for all but NVML's GPUs) ---------
+def narrow_host(root) -> HostBuilder:
+    """Root bus 0: a Gen5 x16 GPU in a Gen4 x8 slot (00:01.0), a Gen4 x16 GPU in a Gen5 x16 slot
+    (00:02.0), a Gen4 x16 GPU in a Gen5 x4 slot (00:03.0), a GPU under a port without link files
+    (00:04.0, as a conventional bridge has none), a GPU straight on the root bus (00:05.0), and
+    a Gen5 x16 switch behind a Gen4 x16 root port (00:06.0) with a Gen5 x16 GPU on a Gen3 x8
+    downstream port and a Gen4 x16 NIC on a Gen5 x16 one."""
+    b = HostBuilder(str(root))
+    b.iommu("intel", 1)
+    b.cpuinfo("Intel(R) Xeon(R) Gold 6448Y", 46)
+    b.firmware()
+    b.modules(["vfio_pci", "vfio_iommu_type1", "vfio"])
+    b.numa_node(0, list(range(8)), 16)
+    rb = b.root_bus(0, 0, numa=0)
+    for n, (slot, gpu) in enumerate((((4, 8), (5, 16)), ((5, 16), (4, 16)), ((5, 4), (4, 16)), (None, (4, 16)))):
+        rp = b.bridge(rb, f"0000:00:0{n + 1}.0", "8086", "352a", secondary_bus=n + 1, link=slot)
+        b.function(rp, f"0000:{n + 1:02x}:00.0", "10de", "26b9", "030200", driver="vfio-pci", link=gpu)
+    b.function(rb, "0000:00:05.0", "10de", "26b9", "030200", driver="vfio-pci", link=(4, 16))
+    rp = b.bridge(rb, "0000:00:06.0", "8086", "352a", secondary_bus=0x10, link=(4, 16))
+    up = b.bridge(rp, "0000:10:00.0", "1000", "c030", secondary_bus=0x11, link=(5, 16))
+    down = b.bridge(up, "0000:11:00.0", "1000", "c030", secondary_bus=0x12, link=(3, 8))
+    b.function(down, "0000:12:00.0", "10de", "2330", "030200", driver="vfio-pci", link=(5, 16))
+    nic_port = b.bridge(up, "0000:11:01.0", "1000", "c030", secondary_bus=0x13, link=(5, 16))
+    b.function(nic_port, "0000:13:00.0", "15b3", "1021", "020000", driver="vfio-pci", link=(4, 16))
+    return b
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("0000:01:00.0", ("16.0 GT/s PCIe", "8")),   # the slot is narrower and slower: its values
+    ("0000:02:00.0", ("16.0 GT/s PCIe", "16")),  # the slot is faster: the GPU's own
+    ("0000:03:00.0", ("16.0 GT/s PCIe", "4")),   # each attribute on its own: GPU's speed, slot's width
+    ("0000:04:00.0", ("16.0 GT/s PCIe", "0")),   # no link files above: FLT_MAX never wins, strtol("") is 0
+    ("0000:00:05.0", ("16.0 GT/s PCIe", "0")),   # straight on the root bus: the same
+    ("0000:10:00.0", ("16.0 GT/s PCIe", "16")),  # a switch's upstream port against its root port
+    ("0000:12:00.0", ("8.0 GT/s PCIe", "8")),    # a GPU against its switch's downstream port
+])
+def test_link_attributes_are_the_smaller_of_the_device_and_its_parent_port(tmp_path, address, expected):
+    functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
+    fn = functions[PciAddress.parse(address)]
+    assert nccl_topo.link_attributes(fn, functions) == expected
+    # Without the host's functions only the device's own maximum is known (the caller's fallback).
+    link = fn.link
+    assert nccl_topo.link_attributes(fn) == (f"{link.max_speed_gts:.1f} GT/s PCIe", str(link.max_width))
+
+
+def test_the_narrow_slots_file_carries_what_nccl_reads_on_the_host(tmp_path):
+    """The file for a guest with the narrow-slot GPU and the GPU under the switch: each device and
+    the switch node carry the narrower of themselves and the port above (NCCL's reader), not the
+    device's own maximum."""
+    narrow_host(tmp_path)
+    _ctx, p = provisioned(tmp_path, ["0000:01:00.0", "0000:12:00.0", "0000:13:00.0",
+                                                  "0000:02:00.0"], topology="mirror")
+    devices = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
+    text = nccl_topo.nccl_topology(devices, [(0, list(range(8)))], {}, cpu_vendor="GenuineIntel",
+                                   host_functions=p.inventory.functions)
+    system = ET.fromstring(text)
+    by_device = {d.port.functions[0].address: d.address for d in devices}
+    links = {e.get("busid"): (e.get("link_speed"), e.get("link_width")) for e in system.iter("pci")}
+    assert links[by_device[PciAddress.parse("0000:01:00.0")]] == ("16.0 GT/s PCIe", "8")
+    assert links[by_device[PciAddress.parse("0000:02:00.0")]] == ("16.0 GT/s PCIe", "16")
+    assert links[by_device[PciAddress.parse("0000:12:00.0")]] == ("8.0 GT/s PCIe", "8")
+    assert links[by_device[PciAddress.parse("0000:13:00.0")]] == ("16.0 GT/s PCIe", "16")
+    (switch,) = {d.switch for d in devices if d.switch}
+    assert links[switch] == ("16.0 GT/s PCIe", "16")  # Gen5 switch behind a Gen4 root port
+    # Links given outright still win for the switches they name.
+    given = nccl_topo.nccl_topology(devices, [(0, list(range(8)))], {}, cpu_vendor=None,
+                                    host_functions=p.inventory.functions,
+                                    switch_links={switch: ("2.5 GT/s PCIe", "1")})
+    node = next(e for e in ET.fromstring(given).iter("pci") if e.get("busid") == switch)
+    assert (node.get("link_speed"), node.get("link_width")) == ("2.5 GT/s PCIe", "1")
