@@ -15,8 +15,9 @@ The command is NVIDIA's Fabric-Manager-Client sample (``fmpm``), which calls the
 
 Partition ids are below FM_MAX_FABRIC_PARTITIONS (64), a partition has at most FM_MAX_NUM_GPUS
 (16) GPUs, uuid and pciBusId fit 80 and 32 bytes (nv_fm_types.h). The command runs from an
-argument list (never a shell), under a timeout, with its output bounded; output that is not
-what fmpm prints is a FabricManagerOutputError, never a traceback.
+argument list (never a shell), under a timeout, with its output bounded, through the runner
+it is given (gpuvfio.commands; a Context's own); output that is not what fmpm prints is a
+FabricManagerOutputError, never a traceback.
 
 Order (FM user guide, shared NVSwitch and vGPU life cycles: activate before the guest starts; "Do
 not deactivate partitions when VMs are executing on the GPUs in the partition"): attach binds,
@@ -27,10 +28,8 @@ as ``activating`` before the activation is asked for, so a crash at any point le
 
 from __future__ import annotations
 
+import copy
 import os
-import selectors
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.plan import PlanCheck
+from gpuvfio.commands import CommandError, CommandNotStarted, CommandOutputLimit, CommandTimeout, Runner, last_line
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host.fabric import Decision, Partition, PartitionGpu
 from gpuvfio.strictjson import JsonRejected, strict_loads
@@ -86,67 +86,6 @@ class FabricStepError(GpuvfioError):
     """A partition step failed; the message says which, what FM said, and the rollback."""
 
 
-def _shown(data: bytes, limit: int = 160) -> str:
-    """The last line a command printed, safe to put in a message."""
-    text = data.decode("utf-8", "replace")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    last = lines[-1] if lines else ""
-    clean = "".join(c if c.isprintable() else "?" for c in last)
-    return clean[:limit] + ("..." if len(clean) > limit else "")
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: children holding the pipes go too
-    except OSError:
-        pass
-    proc.wait()
-
-
-def run_bounded(argv: list[str], timeout: float, env: dict | None = None, label: str | None = None
-                ) -> tuple[int, bytes, bytes]:
-    """(exit status, stdout, stderr) of a command run from an argument list, killed with what it
-    started once ``timeout`` passes or it prints more than OUTPUT_LIMIT bytes. ``label``: how
-    errors name the call."""
-    label = label or " ".join(argv[:3])
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, start_new_session=True, close_fds=True)
-    except OSError as exc:
-        raise FabricManagerError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + timeout
-    finished = False
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ, out)
-        selector.register(proc.stderr, selectors.EVENT_READ, err)
-        try:
-            while selector.get_map():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise FabricManagerTimeout(f"{label}: no answer within {timeout:g}s")
-                for key, _events in selector.select(left):
-                    chunk = os.read(key.fileobj.fileno(), 65536)
-                    if not chunk:
-                        selector.unregister(key.fileobj)
-                        continue
-                    key.data.extend(chunk)
-                    if len(key.data) > OUTPUT_LIMIT:
-                        raise FabricManagerOutputError(f"{label}: more than {OUTPUT_LIMIT} bytes of output; "
-                                                       "not fmpm's")
-            try:
-                status = proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                raise FabricManagerTimeout(f"{label}: did not exit within {timeout:g}s") from None
-            finished = True
-        finally:
-            if not finished:
-                _kill(proc)
-            proc.stdout.close()
-            proc.stderr.close()
-    return status, bytes(out), bytes(err)
-
-
 def _uint(value, where: str, top: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
         raise FabricManagerOutputError(f"fmpm -l: {where} is {str(value)[:40]!r}, not a number from 0 to {top}")
@@ -184,7 +123,7 @@ def parse_partitions(output: bytes | str) -> list[Partition]:
     try:
         doc = strict_loads(output)
     except JsonRejected as exc:
-        shown = _shown(output if isinstance(output, bytes) else output.encode()) or "nothing"
+        shown = last_line(output if isinstance(output, bytes) else output.encode(), 160) or "nothing"
         raise FabricManagerOutputError(f"fmpm -l printed no partition list ({exc}: {shown!r})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("partitionInfo"), list):
         raise FabricManagerOutputError("fmpm -l printed JSON without a partitionInfo list")
@@ -234,10 +173,12 @@ def _argument(value: str, what: str) -> str:
 class FabricManagerClient:
     """Partitions through an fmpm-like command: ``command`` is its path (or an argument-list
     prefix, ``[python, script]``), ``hostname`` / ``unix_socket`` the FM instance to talk to,
-    ``env`` its environment (None: this process's)."""
+    ``env`` its environment (None: this process's), ``run`` what starts it (a Context hands out
+    its clients with its own runner: ``with_runner``)."""
 
     def __init__(self, command: str | Sequence[str] = FMPM, *, timeout: float = DEFAULT_TIMEOUT,
-                 hostname: str | None = None, unix_socket: str | None = None, env: dict | None = None) -> None:
+                 hostname: str | None = None, unix_socket: str | None = None, env: dict | None = None,
+                 run: Runner | None = None) -> None:
         prefix = [command] if isinstance(command, str) else list(command)
         self.prefix = [_argument(part, "the fmpm command") for part in prefix] or [FMPM]
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
@@ -249,13 +190,31 @@ class FabricManagerClient:
         elif hostname is not None:
             self.connection = ["--hostname", _argument(hostname, "the FM address")]
         self.env = env
+        self.run = run or Runner()
+
+    def with_runner(self, run: Runner) -> "FabricManagerClient":
+        """This client, its commands started by ``run``."""
+        other = copy.copy(self)
+        other.run = run
+        return other
 
     def _call(self, args: list[str], what: str) -> bytes:
-        status, out, err = run_bounded(self.prefix + self.connection + args, self.timeout, self.env,
-                                       f"fmpm {' '.join(args)} ({what})")
+        label = f"fmpm {' '.join(args)} ({what})"
+        try:
+            done = self.run.finish(self.prefix + self.connection + args, self.timeout, env=self.env,
+                                   limit=OUTPUT_LIMIT, label=label)
+        except CommandTimeout as exc:  # the call may or may not have taken effect
+            raise FabricManagerTimeout(str(exc)) from None
+        except CommandOutputLimit as exc:
+            raise FabricManagerOutputError(f"{exc}; not fmpm's") from None
+        except CommandNotStarted as exc:
+            raise FabricManagerError(str(exc)) from None
+        except CommandError as exc:  # a recording runner's refusal, say: no FM status
+            raise FabricManagerError(f"{label}: {exc.reason}") from None
+        status, out, err = done.status, done.stdout, done.stderr
         if status == 0:
             return out
-        said = _shown(out) or _shown(err) or "nothing"
+        said = last_line(out, 160) or last_line(err, 160) or "nothing"
         if status < 0:
             raise FabricManagerError(f"fmpm {' '.join(args)} ({what}) was killed by signal {-status}; it said {said!r}")
         code = status - 256 if status >= 128 else status

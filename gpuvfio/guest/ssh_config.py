@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 
+from gpuvfio.commands import CommandError, Runner, last_line
 from gpuvfio.errors import InputError
 from gpuvfio.numbers import shown, uint
 
@@ -107,37 +107,38 @@ def _from_options(host: str, options: dict[str, list[str]], source: str, where: 
 SSH_KEYS = ("hostname", "user", "port", "identityfile", "userknownhostsfile", "proxyjump", "proxycommand")
 
 
-def _ssh_g(binary: str, host: str, config: str) -> dict[str, list[str]]:
+def _ssh_g(run: Runner, binary: str, host: str, config: str) -> dict[str, list[str]]:
     try:
-        proc = subprocess.run([binary, "-G", "-F", config, "--", host], capture_output=True, text=True,
-                              timeout=SSH_G_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InputError(f"ssh -G {host}: {exc}") from None
-    if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise InputError(f"ssh -G {host}: {last[:200]}")
+        done = run.finish([binary, "-G", "-F", config, "--", host], SSH_G_TIMEOUT, label=f"ssh -G {host}")
+    except CommandError as exc:
+        raise InputError(f"ssh -G {host}: {exc.reason}") from None
+    if done.status:
+        raise InputError(f"ssh -G {host}: {last_line(done.stderr) or f'exit {done.status}'}")
     options: dict[str, list[str]] = {}
-    for line in proc.stdout.splitlines():
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition(" ")
         if key.lower() in SSH_KEYS:
             options.setdefault(key.lower(), []).append(value.strip())
     return options
 
 
-def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto") -> HostConfig:
+def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto",
+            run: Runner | None = None) -> HostConfig:
     """What the configuration sets for ``host`` (a name or address gpuvfio was given or
     discovered), and only that: ssh -G prints OpenSSH's defaults too (the local user, the default
     identity files, ~/.ssh/known_hosts), which are no part of the admin's configuration, so the
     answer without any configuration (-F /dev/null) is taken away. ``ssh``: the ssh binary
-    ("auto": from PATH; None: paramiko's parser)."""
+    ("auto": from PATH; None: paramiko's parser); ``run``: what starts it (the Context's runner;
+    None: this machine's, gpuvfio.commands)."""
     config_file = check_config_file(config_file)
     path = config_file or os.path.expanduser("~/.ssh/config")
     if not os.path.isfile(path):
         return HostConfig(hostname=host)
     binary = shutil.which("ssh") if ssh == "auto" else ssh
     if binary:
-        options = _ssh_g(binary, host, path)
-        defaults = _ssh_g(binary, host, os.devnull)
+        run = run or Runner()
+        options = _ssh_g(run, binary, host, path)
+        defaults = _ssh_g(run, binary, host, os.devnull)
         options = {k: v for k, v in options.items() if v != defaults.get(k)}
         return _from_options(host, options, "ssh -G", path)
     import paramiko

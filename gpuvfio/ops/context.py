@@ -1,5 +1,5 @@
 """What the services need from the world, passed in: the host, the kernel side of sysfs writes,
-modprobe/systemctl, libvirt connections, the clock and a progress sink.
+modprobe/systemctl, local commands, libvirt connections, the clock and a progress sink.
 
 The CLI, the Ansible modules and the testbed build one with ``live_context`` (the real kernel,
 the real libvirt); the tests build one around a simulated kernel and libvirt's test driver.
@@ -8,7 +8,6 @@ Nothing in gpuvfio.ops reaches the world any other way, so no test patches inter
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,6 +16,7 @@ from gpuvfio.bind.apply import Actions
 from gpuvfio.bind.fabric_manager import FabricManagerClient
 from gpuvfio.bind.journal import Journal, RunLock, state_dir
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
+from gpuvfio.commands import Runner
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
 from gpuvfio.host.root import HostRoot
@@ -51,6 +51,7 @@ class Context:
     connect: Callable[[str], object] = open_connection  # libvirt URI -> connection
     nvml: Callable[[], Nvml] = Nvml  # NVML, opened for the vGPU scheduler
     # The host's Fabric Manager (HGX shared-NVSwitch partitions); None: not reachable from here.
+    # The clients it makes run fmpm through ``run`` below, whoever made them.
     fabric_manager: Callable[[], FabricManagerClient] | None = None
     clock: Clock = field(default_factory=Clock)
     progress: Callable[[str], None] = _no_progress
@@ -60,8 +61,9 @@ class Context:
     # gpuvfio's state dir (journal, lock, known hosts): decided once, when the Context is built
     # (GPUVFIO_STATE_DIR, else <root>/var/lib/gpuvfio); nothing below reads the environment for it.
     state: Tree | None = None
-    # Local commands (argument lists, no shell): the one way gpuvfio.ops starts a process.
-    run: Callable[..., str] = None  # type: ignore[assignment]  # run_output, set below
+    # Local commands (argument lists, no shell): the one way gpuvfio starts a process, handed
+    # down to what starts one (ssh -G for the SSH config, fmpm, modprobe/systemctl).
+    run: Runner = field(default_factory=Runner)
     # A Context that only reads (a dry run, a recording): its state dir refuses every write, its
     # sysfs writer and modprobe/systemctl refuse, it takes no lock. By construction, not by care.
     read_only: bool = False
@@ -69,8 +71,8 @@ class Context:
     def __post_init__(self) -> None:
         if self.state is None:
             self.state = state_dir(self.host)
-        if self.run is None:
-            self.run = run_output
+        if self.fabric_manager is not None:
+            self.fabric_manager = _through(self.fabric_manager, self.run)
         if self.read_only:
             self.state = ReadOnlyTree(self.state.top, "/".join(self.state.base))
             self.actions = None
@@ -135,23 +137,18 @@ def checked_seconds(value: float, what: str, *, upper: float = 30 * 24 * 3600.0,
     return float(value)
 
 
-def run_output(argv: list[str], timeout: float, env: dict | None = None) -> str:
-    """stdout of a local command (argument list, no shell); a failure is a one-line error."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise GpuvfioError(f"{argv[0]}: {exc}") from None
-    if proc.returncode:
-        last = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise GpuvfioError(f"{' '.join(argv[:3])} failed: {last[0]}")
-    return proc.stdout
+def _through(make: Callable[[], FabricManagerClient], run: Runner) -> Callable[[], FabricManagerClient]:
+    def client() -> FabricManagerClient:
+        return make().with_runner(run)
+
+    return client
 
 
-def live_actions(timeout: float = 60.0) -> Actions:
+def live_actions(run: Runner, timeout: float = 60.0) -> Actions:
     """modprobe and systemctl on this machine (argument lists: nothing goes through a shell)."""
-    return Actions(modprobe=lambda name: run_output(["modprobe", "--", name], timeout),
-                   stop_service=lambda unit: run_output(["systemctl", "stop", "--", unit], timeout),
-                   start_service=lambda unit: run_output(["systemctl", "start", "--", unit], timeout))
+    return Actions(modprobe=lambda name: run(["modprobe", "--", name], timeout),
+                   stop_service=lambda unit: run(["systemctl", "stop", "--", unit], timeout),
+                   start_service=lambda unit: run(["systemctl", "start", "--", unit], timeout))
 
 
 def refusing_actions(host: HostRoot) -> Actions:
@@ -179,8 +176,9 @@ def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progre
     """The real thing around a host root: write(2), libvirt, and modprobe/systemctl and NVML when
     the root is this machine (``/``). ``read_only``: a dry run's or a recording's (see Context)."""
     live = host.root == "/"
-    return Context(host=host, actions=live_actions() if live else None, progress=progress, read_only=read_only,
-                   nvml=Nvml if live else refusing_nvml(host),
+    run = Runner()
+    return Context(host=host, actions=live_actions(run) if live else None, progress=progress, read_only=read_only,
+                   run=run, nvml=Nvml if live else refusing_nvml(host),
                    fabric_manager=FabricManagerClient if live else None,
                    write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),
                    lock_timeout=checked_seconds(lock_timeout, "--lock-timeout", upper=24 * 3600))

@@ -12,7 +12,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.strictjson",
-              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.options", "gpuvfio.settings"}
+              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.options", "gpuvfio.settings",
+              "gpuvfio.commands"}
 # What each layer may import besides itself and the foundation (README "Layout").
 ALLOWED = {
     "host": set(),
@@ -218,6 +219,52 @@ def test_the_file_layer_check_sees_raw_opens(tmp_path):
              if isinstance(n, ast.Call)]
     assert [name for name, bad in found if bad] == ["open", "os.open", "os.listdir", "shutil.copy", "tempfile.mkdtemp",
                                                     "path.read_text"]
+
+
+# Every local process starts in gpuvfio.commands (issue 23 item 6): a Context holds its Runner
+# and hands it to what runs a command (ssh -G, fmpm, modprobe/systemctl, the probe), so a test's
+# recording runner sees every command. The in-guest payload runs inside guests, stdlib only.
+PROCESS_STARTERS = {"subprocess", "pty", "multiprocessing", "concurrent.futures.process"}
+PROCESS_CALLS = {"os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp", "asyncio.create_subprocess_exec",
+                 "asyncio.create_subprocess_shell"}
+PROCESS_CALL_PREFIXES = ("os.exec", "os.spawn")
+
+
+def _starts_processes(path: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names
+                      if a.name in PROCESS_STARTERS or a.name.split(".")[0] in PROCESS_STARTERS]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                and (node.module in PROCESS_STARTERS or node.module.split(".")[0] in PROCESS_STARTERS
+                     or (node.module in ("os", "asyncio")
+                         and any(f"{node.module}.{a.name}" in PROCESS_CALLS
+                                 or f"{node.module}.{a.name}".startswith(PROCESS_CALL_PREFIXES) for a in node.names))):
+            found.append(f"line {node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Call) and (name := _call_name(node)) is not None \
+                and (name in PROCESS_CALLS or name.startswith(PROCESS_CALL_PREFIXES)):
+            found.append(f"line {node.lineno}: {name}(...)")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if ".payload" not in m))
+def test_processes_start_in_gpuvfio_commands_only(module):
+    if module == "gpuvfio.commands":
+        assert _starts_processes(MODULES[module]), "gpuvfio.commands no longer starts processes: move the rule"
+        return
+    found = _starts_processes(MODULES[module])
+    assert not found, f"{module} starts processes itself; take the Context's runner (gpuvfio.commands): {found}"
+
+
+def test_the_process_check_sees_each_way_to_start_one(tmp_path):
+    """The check above is not vacuous: each form it forbids is found in a sample."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import subprocess\nfrom subprocess import run\nimport multiprocessing.pool\n"
+                      "from os import execvp\nos.system('x')\nos.spawnlp(0, 'x')\nos.popen('x')\n"
+                      "import os\nos.fork()\nos.getpid()\n")
+    assert [line.split(":")[0] for line in _starts_processes(str(sample))] == [
+        f"line {n}" for n in (1, 2, 3, 4, 5, 6, 7)]
 
 
 # Where gpuvfio reads its environment besides gpuvfio.settings (which reads every variable of
