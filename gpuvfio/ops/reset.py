@@ -38,6 +38,13 @@ __all__ = ["reset", "plan_reset", "ResetResult", "ResetMethod"]
 def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
                uri: str | None = None) -> Plan:
     """What ``reset`` will write and every refusal it will meet; reads only."""
+    return _plan(ctx, addresses, bus=bus, forget=forget, uri=uri)[0]
+
+
+def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
+          uri: str | None) -> tuple[Plan, Journal]:
+    """plan_reset, and the journal it was made against (loaded once the request is known to be
+    well formed): the run settles with that same journal, one load per operation."""
     if not addresses:
         raise InputError("no PCI address given")
     if bus and forget:
@@ -52,7 +59,7 @@ def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, 
         bridge = _bridge(inventory, addresses) if bus else None
     except Refused as exc:
         plan.refuse("bridge", _words(exc))
-        return plan
+        return plan, journal
     below = [f.address for f in inventory.functions.values() if bridge in f.parents and not f.is_bridge]
     affected = sorted(set(below) if bridge else set(addresses))
     method, targets = "none", []
@@ -85,7 +92,7 @@ def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, 
                         + (", ".join(broken) if broken else "none (none is marked)") + " if it answers")
     plan.details = {"method": method, "devices": [str(a) for a in affected],
                     "reset": [os.path.relpath(p, ctx.host.root) for p in targets]}
-    return plan
+    return plan, journal
 
 
 def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
@@ -95,9 +102,8 @@ def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forge
     is made under the run lock and its writes carried out.
     """
     with ctx.lock():
-        plan = plan_reset(ctx, addresses, bus=bus, forget=forget, uri=uri)
+        plan, journal = _plan(ctx, addresses, bus=bus, forget=forget, uri=uri)
         plan.raise_if_refused()
-        journal = ctx.journal()
         targets = [os.path.join(ctx.host.root, rel) for rel in plan.details["reset"]]
         for path in targets:
             ctx.progress(f"reset: {os.path.relpath(path, ctx.host.root)}")

@@ -15,11 +15,13 @@ import pytest
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.ops import binding, vgpu
+from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.context import Context
 from gpuvfio.ops.reset import plan_reset, reset
 from tests.conftest import gpu_workstation
 from tests.contexts import sim_context
-from tests.hostbuilder import HostBuilder
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
 from tests.simkernel import SimKernel
 from tests.unit.test_plan_attach import tree_digest
 
@@ -133,17 +135,78 @@ def test_reset_dry_run_refuses_a_device_gpuvfio_does_not_hold_as_the_run(cli, bo
     assert (tree_digest(host.root), tree_digest(str(state))) == before
 
 
-def test_reset_plans_the_kernels_reset_files_and_the_run_writes_them(bound):
-    host, kernel, _state = bound
+def one_slot(root, reset_method: str | None) -> HostBuilder:
+    """A root port with a GPU and its audio function (one group), the GPU's reset as given:
+    "flr bus" (its reset file is there), "" (reset_method empty: the kernel offers none, no
+    reset file) or None (a kernel without reset_method, and no reset file either)."""
+    b = HostBuilder(str(root))
+    b.iommu("intel", 1)
+    cpus = b.cpu_topology(1, 4, 2)
+    b.numa_node(0, cpus[0], 16, {2048: (0, 0)})
+    rb = b.root_bus(numa=0)
+    peg = b.bridge(rb, "0000:00:01.0", "8086", "a70d", secondary_bus=1, link=(4, 16))
+    b.function(peg, GPU, "10de", "2684", "030000", driver="nvidia", link=(4, 16),
+               bars=[(0, 16 * MiB, BAR32), (1, 32 * GiB, BAR64_PREF)], multifunction=True, reset_method=reset_method)
+    b.function(peg, AUDIO, "10de", "22ba", "040300", driver="snd_hda_intel", bars=[(0, 16 * KiB, BAR32)])
+    b.modules(["nvidia", "snd_hda_intel"])
+    return b
+
+
+def _bound_slot(tmp_path, monkeypatch, reset_method: str | None) -> tuple[HostBuilder, SimKernel]:
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    host = one_slot(tmp_path / "host", reset_method)
+    kernel = SimKernel(host.root)
+    with sim_context(host.root, kernel) as ctx:
+        binding.bind(ctx, [A(GPU), A(AUDIO)], BindPolicy())
+    assert kernel.driver_of(GPU) == "vfio-pci"
+    return host, kernel
+
+
+class CountingContext(Context):
+    """A Context that counts its journal loads (the reset run's plan and settle share one)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.loads = 0
+
+    def journal(self):
+        self.loads += 1
+        return super().journal()
+
+
+def test_reset_plans_the_kernels_reset_file_and_the_run_writes_it(tmp_path, monkeypatch):
+    host, kernel = _bound_slot(tmp_path, monkeypatch, "flr bus")
+    reset_file = os.path.join("sys", "devices", "pci0000:00", "0000:00:01.0", GPU, "reset")
     with sim_context(host.root, kernel) as ctx:
         plan = plan_reset(ctx, [A(GPU)], uri="none")
-        if plan.refused:  # the built host offers no reset file: then the run is refused alike
-            with pytest.raises(Refused) as refused:
-                reset(ctx, [A(GPU)], uri="none")
-            assert str(refused.value) == str(plan.refusal())
-            return
+    assert not plan.refused
+    assert plan.details == {"method": "function", "devices": [GPU], "reset": [reset_file]}
+    assert [s.detail for s in plan.steps if s.action == "reset"] == [f"write 1 to /{reset_file}"]
+    counting = CountingContext(host=HostRoot(host.root), backend=kernel)
+    with counting as ctx:
         report = reset(ctx, [A(GPU)], uri="none")
-    assert report.reset == plan.details["reset"] and report.method.value == plan.details["method"]
+    assert counting.loads == 1  # one journal load for the plan and the settle
+    assert report.reset == plan.details["reset"] and report.method.value == plan.details["method"] == "function"
+    assert report.devices == {GPU: None}
+
+
+@pytest.mark.parametrize("reset_method, words", [
+    ("", f"{GPU} has no reset method the kernel offers (reset_method is empty)"),
+    (None, f"{GPU}: the kernel offers no reset for it"),
+])
+def test_reset_without_a_reset_method_is_refused_by_plan_and_run_alike(tmp_path, monkeypatch, reset_method, words):
+    host, kernel = _bound_slot(tmp_path, monkeypatch, reset_method)
+    assert not os.path.exists(os.path.join(host.root, "sys", "bus", "pci", "devices", GPU, "reset"))
+    with sim_context(host.root, kernel) as ctx:
+        plan = plan_reset(ctx, [A(GPU)], uri="none")
+        assert plan.refused and [c.check_id for c in plan.refusals] == ["reset_method"]
+        assert words in plan.refusals[0].message
+        assert plan.details["reset"] == []
+        before = tree_digest(host.root)
+        with pytest.raises(Refused) as refused:
+            reset(ctx, [A(GPU)], uri="none")
+    assert str(refused.value) == str(plan.refusal())
+    assert tree_digest(host.root) == before
 
 
 def test_detach_dry_run_and_xml_define_dry_run_leave_libvirt_as_it_is(cli, workstation, tmp_path, monkeypatch,
