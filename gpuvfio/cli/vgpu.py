@@ -29,11 +29,11 @@ def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = 
     """The vGPU profiles a GPU offers (legacy mdev types, or SR-IOV types on its VFs)."""
     Selector.parse(address)
     with open_host(root_of(root)) as (host, _label):
-        report = vgpu.types(Context(host=host), resolve_one(host, address))
+        offered = vgpu.types(Context(host=host), resolve_one(host, address))
     if as_json:
-        emit_json(report)
+        emit_json(offered.to_json())
         return
-    report, address = printable_report(report), printable(address)  # type names and ids are sysfs's
+    report, address = printable_report(offered.to_json()), printable(address)  # type names and ids are sysfs's
     if report["kind"] == "vf":
         sys.stdout.write(f"{address} is an SR-IOV VF of {report['physfn']}: vGPU types are listed on the physical "
                          f"function (gpuvfio vgpu types {report['physfn']})\n")
@@ -61,19 +61,18 @@ def list_cmd(connect: Annotated[Optional[str], typer.Option(
     with open_host(root_of(root)) as (host, _label):
         report = vgpu.instances_list(host_context(host), uri=connect)
     if fmt == "json":
-        emit_json(report)
+        emit_json(report.to_json())
         return
     listing = Listing("vGPU instances", [Column("Instance", keep=True), Column("Kind", keep=True),
                                          Column("Type", keep=True), Column("Parent", keep=True),
                                          Column("Domains", rank=1), Column("Persisted", rank=2),
                                          Column("Made by", rank=3)])
-    for item in report["instances"]:
-        domains = "not asked" if item["domains"] is None else (", ".join(item["domains"]) or "none")
-        listing.add(item["instance"], item["kind"], str(item["type"]), item["parent"], domains,
-                    {True: "yes", False: "no", None: "-"}[item["persisted"]],
-                    "gpuvfio" if item["by_gpuvfio"] else "other")
-    if report["libvirt"] != "asked":
-        listing.notes.append(f"libvirt: {report['libvirt']}")
+    for item in report.instances:
+        domains = "not asked" if item.domains is None else (", ".join(item.domains) or "none")
+        listing.add(item.instance, item.kind, str(item.type_id), item.parent, domains,
+                    {True: "yes", False: "no", None: "-"}[item.persisted], "gpuvfio" if item.by_gpuvfio else "other")
+    if report.libvirt != "asked":
+        listing.notes.append(f"libvirt: {report.libvirt}")
     print_listing(listing, fmt)
 
 
@@ -131,7 +130,7 @@ def scheduler_cmd(address: Address,
         return
     ctx = live_context(root_of(root))
     wanted = resolve_one(ctx.host, address)
-    report = vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)
+    report = (vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)).to_json()
     if as_json:
         emit_json(report)
         return

@@ -5,6 +5,9 @@ these; gpuvfio restore undoes what is left (ops.binding).
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 from gpuvfio.address import PciAddress
 from gpuvfio.domain.spec import mdev_uuid
 from gpuvfio.domain.request import parse_uuid
@@ -15,20 +18,34 @@ from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Plan, Verdict
 from gpuvfio.vgpu import instances, scheduler
-from gpuvfio.vgpu.types import mig_backed, pick_mdev
+from gpuvfio.vgpu.instances import VgpuInstance
+from gpuvfio.vgpu.scheduler import SchedulerChange, SchedulerOutcome, SchedulerSnapshot, SchedulerState
+from gpuvfio.vgpu.types import MigProfile, OfferedTypes, TypesKind, mig_backed, pick_mdev
 from gpuvfio.virt.usage import assignments
 
 __all__ = ["types", "instances_list", "create", "remove", "plan_create", "plan_remove", "plan_scheduler", "scheduler_state", "set_scheduler", "undo_scheduler", "create_for_domain",
-           "mig_backed", "parse_policy", "POLICIES"]
+           "mig_backed", "parse_policy", "POLICIES", "OfferedTypes", "TypesKind", "VgpuInstance", "VgpuListing",
+           "MigProfile", "SchedulerState", "SchedulerChange", "SchedulerOutcome", "SchedulerSnapshot"]
 POLICIES = scheduler.POLICIES
 parse_policy = scheduler.parse_policy
 
 
-def types(ctx: Context, address: PciAddress) -> dict:
+def types(ctx: Context, address: PciAddress) -> OfferedTypes:
     return instances.types(read_inventory(ctx.host), address)
 
 
-def instances_list(ctx: Context, *, uri: str | None = None) -> dict:
+@dataclass(frozen=True)
+class VgpuListing:
+    """``gpuvfio vgpu list``: the instances, and whether libvirt was asked ("asked", or why not)."""
+
+    instances: list[VgpuInstance]
+    libvirt: str
+
+    def to_json(self) -> dict:
+        return {"instances": [i.to_json() for i in self.instances], "libvirt": self.libvirt}
+
+
+def instances_list(ctx: Context, *, uri: str | None = None) -> VgpuListing:
     """``gpuvfio vgpu list``: every vGPU instance with its type, parent, the domains using it
     (libvirt asked by the one policy of ops.binding), persisted or not."""
     inventory = read_inventory(ctx.host)
@@ -40,9 +57,8 @@ def instances_list(ctx: Context, *, uri: str | None = None) -> dict:
             used = assignments(ctx.libvirt(uri))
         except GpuvfioError as exc:
             libvirt_note = str(exc)
-    for item in found:
-        item["domains"] = None if libvirt_note else used.get(item["instance"], [])
-    return {"instances": found, "libvirt": libvirt_note or "asked"}
+    return VgpuListing([dataclasses.replace(item, domains=None if libvirt_note else used.get(item.instance, []))
+                        for item in found], libvirt_note or "asked")
 
 
 def plan_create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
@@ -115,7 +131,7 @@ def remove(ctx: Context, instance: str) -> instances.InstanceResult:
     return instances.remove(ctx.host, instance, writer=ctx.writer(), state=ctx.state, lock_timeout=ctx.lock_timeout)
 
 
-def scheduler_state(ctx: Context, address: PciAddress) -> dict:
+def scheduler_state(ctx: Context, address: PciAddress) -> SchedulerState:
     with ctx.nvml() as nvml:
         return nvml.read(address)
 
@@ -127,27 +143,27 @@ def plan_scheduler(ctx: Context, address: PciAddress, policy: str) -> Plan:
     plan = Plan("vgpu scheduler", f"{address} -> {policy}")
     with ctx.nvml() as nvml:
         current = nvml.read(address)
-    if policy not in current["supported"]:
-        plan.refuse("policy", f"{address} supports the vGPU scheduler policies {', '.join(current['supported'])}, "
+    if policy not in current.supported:
+        plan.refuse("policy", f"{address} supports the vGPU scheduler policies {', '.join(current.supported)}, "
                               f"not {policy}")
-    elif current["policy"] == policy:
+    elif current.policy == policy:
         plan.notes.append(f"{address} runs {policy} already: nothing to do")
-    elif current["policy"] not in POLICIES:
-        plan.refuse("policy", f"{address}: the current vGPU scheduler policy ({current['policy']}) could not be "
+    elif current.policy not in POLICIES:
+        plan.refuse("policy", f"{address}: the current vGPU scheduler policy ({current.policy}) could not be "
                               "put back afterwards; not changing it")
     else:
-        plan.step("set", f"{current['policy']} -> {policy} through NVML (ARR mode and timeslice kept; journaled, "
+        plan.step("set", f"{current.policy} -> {policy} through NVML (ARR mode and timeslice kept; journaled, "
                          "gpuvfio restore puts it back)")
-    plan.details = {"current": current["policy"], "supported": list(current["supported"])}
+    plan.details = {"current": current.policy, "supported": list(current.supported)}
     return plan
 
 
-def set_scheduler(ctx: Context, address: PciAddress, policy: str) -> dict:
+def set_scheduler(ctx: Context, address: PciAddress, policy: str) -> SchedulerChange:
     scheduler.parse_policy(policy)
     with ctx.nvml() as nvml:
         return scheduler.set_policy(ctx.host, nvml, address, policy, state=ctx.state, lock_timeout=ctx.lock_timeout)
 
 
-def undo_scheduler(ctx: Context, address: PciAddress, before: dict, journaled: bool) -> list[str]:
+def undo_scheduler(ctx: Context, address: PciAddress, before: SchedulerSnapshot, journaled: bool) -> list[str]:
     return scheduler.undo_set(ctx.host, address, before, journaled, state=ctx.state, nvml_factory=ctx.nvml,
                               lock_timeout=ctx.lock_timeout)

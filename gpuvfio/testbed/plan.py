@@ -45,7 +45,7 @@ def request_for(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddres
     (a legacy mdev type or an SR-IOV vGPU type, as the GPU offers them)."""
     profile = {}
     if variant.kind == "vgpu":
-        legacy = vgpu.types(ctx, addresses_for(ctx, gpus, variant)[0])["kind"] == "mdev"
+        legacy = vgpu.types(ctx, addresses_for(ctx, gpus, variant)[0]).kind is vgpu.TypesKind.MDEV
         profile = {"mdev": variant.profile} if legacy else {"vgpu": variant.profile}
     return domains.domain_request(domain_name(variant.name), hugepages=variant.hugepages, numa=variant.numa,
                                   **guest_request_args(spec.guest, spec.ssh), **profile)
@@ -129,7 +129,8 @@ def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False)
                       "numa_nodes": [c.node for c in spec_.cells], "warnings": spec_.warnings,
                       "xml": provisioned.xml})
         if variant.kind == "vgpu":
-            entry["vgpu"] = {"profile": variant.profile, "mig_backed": vgpu.mig_backed(variant.profile),
+            mig = vgpu.mig_backed(variant.profile)
+            entry["vgpu"] = {"profile": variant.profile, "mig_backed": mig.to_json() if mig is not None else None,
                              "scheduler": variant.scheduler,
                              "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the "
                                                 "previous policy put back after" if variant.scheduler else

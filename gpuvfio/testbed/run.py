@@ -243,15 +243,17 @@ def _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri
             if variant.scheduler:
                 # Before the vGPU exists: NVML changes the policy only while no vGPU VM runs.
                 applied = vgpu.set_scheduler(ctx, addresses[0], variant.scheduler)
-                if applied["result"] == "set":  # what teardown puts back: this variant's change only
-                    scheduled = (addresses[0], applied["before"], applied["journaled"])
-                ctx.progress(f"{variant.name}: vGPU scheduler of {addresses[0]}: {applied['policy']} "
-                             f"({applied['result']})")
-                vgpu_record["scheduler"] = {k: applied.get(k) for k in ("policy", "arr", "timeslice", "previous")}
+                if applied.result is vgpu.SchedulerOutcome.SET:  # teardown puts back this variant's change only
+                    scheduled = (addresses[0], applied.before, applied.journaled)
+                ctx.progress(f"{variant.name}: vGPU scheduler of {addresses[0]}: {applied.state.policy} "
+                             f"({applied.result.value})")
+                vgpu_record["scheduler"] = {"policy": applied.state.policy, "arr": applied.state.arr,
+                                            "timeslice": applied.state.timeslice, "previous": applied.previous}
             made = vgpu.create_for_domain(ctx, request.name, addresses[0], variant.profile)
             instance = made.instance
+            mig = vgpu.mig_backed(variant.profile)
             vgpu_record.update({"profile": variant.profile, "kind": made.kind, "type": made.type_id,
-                                "mig_backed": vgpu.mig_backed(variant.profile)})
+                                "mig_backed": mig.to_json() if mig is not None else None})
         extra = {"vgpu": vgpu_record} if vgpu_record else {}
         extra["verify_settings"] = dict(spec.verify)  # [run]'s, the same for every repetition
         ctx.progress(f"{variant.name}: attach")

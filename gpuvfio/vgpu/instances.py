@@ -24,34 +24,32 @@ from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.files import Tree
 from gpuvfio.host.root import HostRoot
-from gpuvfio.vgpu.types import existing_mdev, mdev_dir, mig_backed, pick_mdev, pick_vf
+from gpuvfio.vgpu.types import (MdevTypeOffer, OfferedTypes, SriovTypeOffer, TypesKind, VfInUse, existing_mdev,
+                                mdev_dir, mig_backed, pick_mdev, pick_vf)
 
 
-def types(inventory: Inventory, address: PciAddress) -> dict:
+def types(inventory: Inventory, address: PciAddress) -> OfferedTypes:
     fn = inventory.functions.get(address)
     if fn is None:
         raise InputError(f"no such PCI function on this host: {address}")
     if fn.physfn is not None:  # a VF lists no types of its own: its physical function offers them
-        return {"address": str(address), "kind": "vf", "physfn": str(fn.physfn), "mdev_types": [],
-                "sriov_types": [], "sriov_in_use": []}
-    legacy = [{"id": m.type_id, "name": m.name, "available_instances": m.available_instances,
-               "description": m.description} for m in fn.mdev_types]
-    sriov: dict[int, dict] = {}
+        return OfferedTypes(str(address), TypesKind.VF, [], [], [], physfn=str(fn.physfn))
+    legacy = [MdevTypeOffer(m.type_id, m.name, m.available_instances, m.description) for m in fn.mdev_types]
+    sriov: dict[int, tuple[str, list[str]]] = {}
     for vf_address in fn.vfs:
         vf = inventory.functions.get(vf_address)
         if vf is None:
             continue
         for vtype in vf.vgpu_creatable or []:
-            entry = sriov.setdefault(vtype.type_id, {"id": vtype.type_id, "name": vtype.name, "free_vfs": [],
-                                                     "mig_backed": mig_backed(vtype.name)})
+            _name, free = sriov.setdefault(vtype.type_id, (vtype.name, []))
             if not vf.vgpu_current:
-                entry["free_vfs"].append(str(vf_address))
-    in_use = [{"vf": str(v), "type": inventory.functions[v].vgpu_current} for v in fn.vfs
+                free.append(str(vf_address))
+    in_use = [VfInUse(str(v), inventory.functions[v].vgpu_current) for v in fn.vfs
               if v in inventory.functions and inventory.functions[v].vgpu_current]
-    kind = "mdev" if legacy else ("sriov" if fn.vfs else "none")
-    return {"address": str(address), "kind": kind, "mdev_types": legacy,
-            "sriov_types": [dict(e, available_instances=len(e["free_vfs"])) for _k, e in sorted(sriov.items())],
-            "sriov_in_use": in_use}
+    kind = TypesKind.MDEV if legacy else (TypesKind.SRIOV if fn.vfs else TypesKind.NONE)
+    return OfferedTypes(str(address), kind, legacy,
+                        [SriovTypeOffer(type_id, name, free, mig_backed(name))
+                         for type_id, (name, free) in sorted(sriov.items())], in_use)
 
 
 def mdevctl_rel(parent: str, uuid: str) -> str:
@@ -245,7 +243,30 @@ def remove_all(host: HostRoot, journal: Journal, writer: SysfsWriter, progress=l
     return failures
 
 
-def existing_instances(host: HostRoot, inventory: Inventory, journal: Journal) -> list[dict]:
+@dataclass(frozen=True)
+class VgpuInstance:
+    """A vGPU instance on the host, as ``mdevctl list`` shows an mdev (SR-IOV vGPUs too): its type,
+    parent GPU, whether gpuvfio created it and whether it is persisted."""
+
+    kind: str  # "mdev" | "sriov"
+    instance: str  # the mdev UUID, or the VF address
+    parent: str
+    type_id: str | int
+    by_gpuvfio: bool
+    persisted: bool | None  # in mdevctl's store (None: an SR-IOV type, runtime state only)
+    type_name: str | None = None  # an SR-IOV type's name
+    domains: list[str] | None = None  # the libvirt domains using it (None: libvirt not asked)
+
+    def to_json(self) -> dict:
+        out: dict = {"kind": self.kind, "instance": self.instance, "parent": self.parent, "type": self.type_id}
+        if self.kind == "sriov":
+            out["type_name"] = self.type_name
+        out.update(by_gpuvfio=self.by_gpuvfio, persisted=self.persisted,
+                   domains=list(self.domains) if self.domains is not None else None)
+        return out
+
+
+def existing_instances(host: HostRoot, inventory: Inventory, journal: Journal) -> list[VgpuInstance]:
     """Every vGPU instance on the host, as ``mdevctl list`` shows mdevs, plus SR-IOV vGPUs: each
     with its type, parent GPU, whether gpuvfio created it (journal) and whether it is persisted
     (mdevctl's store). Reads the host, changes nothing."""
@@ -259,15 +280,14 @@ def existing_instances(host: HostRoot, inventory: Inventory, journal: Journal) -
         if existing is None:
             continue
         parent, type_id = existing
-        found.append({"kind": "mdev", "instance": uuid, "parent": str(parent), "type": type_id,
-                      "by_gpuvfio": uuid in journal.data["mdevs"],
-                      "persisted": os.path.exists(mdevctl_path(host, str(parent), uuid))})
+        found.append(VgpuInstance("mdev", uuid, str(parent), type_id, uuid in journal.data["mdevs"],
+                                  os.path.exists(mdevctl_path(host, str(parent), uuid))))
     for address, fn in sorted(inventory.functions.items()):
         if fn.physfn is not None and fn.vgpu_current:
             # A VF whose type is set may list no creatable types any more: its siblings name it.
             names = {t.type_id: t.name for v in inventory.functions.values() if v.physfn == fn.physfn
                      for t in v.vgpu_creatable or []}
-            found.append({"kind": "sriov", "instance": str(address), "parent": str(fn.physfn),
-                          "type": fn.vgpu_current, "type_name": names.get(fn.vgpu_current),
-                          "by_gpuvfio": str(address) in journal.data["vgpus"], "persisted": None})
+            found.append(VgpuInstance("sriov", str(address), str(fn.physfn), fn.vgpu_current,
+                                      str(address) in journal.data["vgpus"], None,
+                                      type_name=names.get(fn.vgpu_current)))
     return found

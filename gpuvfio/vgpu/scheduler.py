@@ -14,6 +14,10 @@ so ``gpuvfio restore`` and the testbed's teardown put the previous policy back.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import HostRoot
@@ -23,6 +27,74 @@ from gpuvfio.files import Tree
 POLICIES = {"best-effort": 1, "equal-share": 2, "fixed-share": 3}
 NAMES = {value: name for name, value in POLICIES.items()}
 ARR_MODES = {0: "default", 1: "disabled", 2: "enabled"}  # NVML_VGPU_SCHEDULER_ARR_*
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """A GPU's vGPU scheduler as NVML reports it."""
+
+    address: str
+    policy: str  # best-effort | equal-share | fixed-share, or unknown(N) for a value NVML added later
+    arr: str  # Adaptive Round Robin: default | disabled | enabled
+    timeslice: int
+    avg_factor: int | None  # with ARR enabled only
+    supported: list[str]
+    timeslice_range: tuple[int, int]
+    arr_supported: bool
+
+    def to_json(self) -> dict:
+        return {"address": self.address, "policy": self.policy, "arr": self.arr, "timeslice": self.timeslice,
+                "avg_factor": self.avg_factor, "supported": list(self.supported),
+                "timeslice_range": list(self.timeslice_range), "arr_supported": self.arr_supported}
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    """What it takes to write a GPU's scheduler back: the journal's record of it."""
+
+    policy: str
+    arr_mode: str
+    timeslice: int = 0
+    avg_factor: int = 0
+
+    @property
+    def arr(self) -> bool:
+        return self.arr_mode == "enabled"
+
+    @classmethod
+    def from_json(cls, record: dict) -> "SchedulerSnapshot":
+        """A journal record; one written before ``arr_mode`` existed says ``"arr": true``."""
+        arr_mode = "enabled" if record.get("arr") is True else record.get("arr_mode") or "disabled"
+        return cls(record["policy"], arr_mode, record.get("timeslice", 0), record.get("avg_factor", 0))
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy, "arr_mode": self.arr_mode, "timeslice": self.timeslice,
+                "avg_factor": self.avg_factor}
+
+
+class SchedulerOutcome(str, Enum):
+    SET = "set"
+    UNCHANGED = "unchanged"  # the policy was set already: nothing written, nothing journaled
+
+
+@dataclass(frozen=True)
+class SchedulerChange:
+    """A ``set_policy``: the state after it; for a change, the policy before, what writes it back
+    (``before``) and whether this call made the journal's entry (an earlier change by gpuvfio
+    keeps the first original for ``gpuvfio restore``)."""
+
+    state: SchedulerState
+    result: SchedulerOutcome
+    previous: str | None = None
+    before: SchedulerSnapshot | None = None
+    journaled: bool = False
+
+    def to_json(self) -> dict:
+        out = {**self.state.to_json(), "result": self.result.value}
+        if self.result is SchedulerOutcome.SET:
+            out.update(previous=self.previous, before=self.before.to_json() if self.before else None,
+                       journaled=self.journaled)
+        return out
 
 
 class SchedulerUnavailable(GpuvfioError):
@@ -78,7 +150,7 @@ class Nvml:
         return self._call("finding the GPU in NVML", address, self.nvml.nvmlDeviceGetHandleByPciBusId,
                           str(address).encode())
 
-    def read(self, address: PciAddress) -> dict:
+    def read(self, address: PciAddress) -> SchedulerState:
         handle = self.handle(address)
         caps = self._call("reading vGPU scheduler capabilities", address,
                           self.nvml.nvmlDeviceGetVgpuSchedulerCapabilities, handle)
@@ -86,16 +158,16 @@ class Nvml:
                            handle)
         arr = state.arrMode == 2
         params = state.schedulerParams
-        return {
-            "address": str(address),
-            "policy": NAMES.get(state.schedulerPolicy, f"unknown({state.schedulerPolicy})"),
-            "arr": ARR_MODES.get(state.arrMode, str(state.arrMode)),
-            "timeslice": params.vgpuSchedDataWithARR.timeslice if arr else params.vgpuSchedData.timeslice,
-            "avg_factor": params.vgpuSchedDataWithARR.avgFactor if arr else None,
-            "supported": [NAMES[p] for p in caps.supportedSchedulers if p in NAMES],
-            "timeslice_range": [caps.minTimeslice, caps.maxTimeslice],
-            "arr_supported": bool(caps.isArrModeSupported),
-        }
+        return SchedulerState(
+            address=str(address),
+            policy=NAMES.get(state.schedulerPolicy, f"unknown({state.schedulerPolicy})"),
+            arr=ARR_MODES.get(state.arrMode, str(state.arrMode)),
+            timeslice=params.vgpuSchedDataWithARR.timeslice if arr else params.vgpuSchedData.timeslice,
+            avg_factor=params.vgpuSchedDataWithARR.avgFactor if arr else None,
+            supported=[NAMES[p] for p in caps.supportedSchedulers if p in NAMES],
+            timeslice_range=(caps.minTimeslice, caps.maxTimeslice),
+            arr_supported=bool(caps.isArrModeSupported),
+        )
 
     def write(self, address: PciAddress, policy: str, *, arr: bool = False, timeslice: int = 0,
               avg_factor: int = 0) -> None:
@@ -112,60 +184,54 @@ class Nvml:
                    self.handle(address), state)
 
 
-def snapshot(current: dict) -> dict:
+def snapshot(current: SchedulerState) -> SchedulerSnapshot:
     """What it takes to write ``current`` back (the journal's record of a GPU's scheduler)."""
-    low, high = current["timeslice_range"]
-    timeslice = current["timeslice"] or 0
-    return {"policy": current["policy"], "arr_mode": current["arr"],
-            "timeslice": timeslice if low <= timeslice <= high else 0, "avg_factor": current.get("avg_factor") or 0}
+    low, high = current.timeslice_range
+    timeslice = current.timeslice or 0
+    return SchedulerSnapshot(current.policy, current.arr, timeslice if low <= timeslice <= high else 0,
+                             current.avg_factor or 0)
 
 
-def _write_back(nvml: Nvml, address: PciAddress, record: dict) -> None:
-    arr = record.get("arr_mode") == "enabled" or record.get("arr") is True  # "arr": an older record
-    nvml.write(address, record["policy"], arr=arr, timeslice=record.get("timeslice", 0),
-               avg_factor=record.get("avg_factor", 0))
+def _write_back(nvml: Nvml, address: PciAddress, record: SchedulerSnapshot) -> None:
+    nvml.write(address, record.policy, arr=record.arr, timeslice=record.timeslice, avg_factor=record.avg_factor)
 
 
 def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, state: Tree,
-               lock_timeout: float = 30.0) -> dict:
-    """Set ``policy`` on the GPU (its ARR mode and timeslice kept), journaling the original.
-
-    Returns the state after, with ``before`` (what to write back to undo this call) and
-    ``journaled`` (whether this call made the journal entry: an earlier change by gpuvfio
-    keeps the first original for ``gpuvfio restore``). A no-op when the policy is set already.
-    """
+               lock_timeout: float = 30.0) -> SchedulerChange:
+    """Set ``policy`` on the GPU (its ARR mode and timeslice kept), journaling the original
+    (SchedulerChange says what undoes this call). A no-op when the policy is set already."""
     parse_policy(policy)
     with RunLock(state, lock_timeout):
         journal = Journal.load(state)
         current = nvml.read(address)
-        if policy not in current["supported"]:
-            raise Refused(f"{address} supports the vGPU scheduler policies {', '.join(current['supported'])}, "
-                             f"not {policy}")
-        if current["policy"] == policy:
-            return {**current, "result": "unchanged"}
-        if current["policy"] not in POLICIES:
-            raise GpuvfioError(f"{address}: the current vGPU scheduler policy ({current['policy']}) could not "
+        if policy not in current.supported:
+            raise Refused(f"{address} supports the vGPU scheduler policies {', '.join(current.supported)}, "
+                          f"not {policy}")
+        if current.policy == policy:
+            return SchedulerChange(current, SchedulerOutcome.UNCHANGED)
+        if current.policy not in POLICIES:
+            raise GpuvfioError(f"{address}: the current vGPU scheduler policy ({current.policy}) could not "
                                "be put back afterwards; not changing it")
         before = snapshot(current)
         schedulers = journal.data.setdefault("schedulers", {})
         added = str(address) not in schedulers
-        schedulers.setdefault(str(address), before)  # the first original wins
+        schedulers.setdefault(str(address), before.to_json())  # the first original wins
         journal.save()
         try:
-            _write_back(nvml, address, {**before, "policy": policy})
+            _write_back(nvml, address, dataclasses.replace(before, policy=policy))
         except GpuvfioError:
-            if added and nvml.read(address)["policy"] == current["policy"]:  # nothing changed: forget it
+            if added and nvml.read(address).policy == current.policy:  # nothing changed: forget it
                 del schedulers[str(address)]
                 journal.save()
             raise
         after = nvml.read(address)
-        if after["policy"] != policy:
-            raise GpuvfioError(f"{address}: the vGPU scheduler reads back {after['policy']}, not {policy}")
-        return {**after, "result": "set", "previous": current["policy"], "before": before, "journaled": added}
+        if after.policy != policy:
+            raise GpuvfioError(f"{address}: the vGPU scheduler reads back {after.policy}, not {policy}")
+        return SchedulerChange(after, SchedulerOutcome.SET, current.policy, before, added)
 
 
-def undo_set(host: HostRoot, address: PciAddress, before: dict, journaled: bool, *, state: Tree, nvml_factory=Nvml,
-             lock_timeout: float = 30.0) -> list[str]:
+def undo_set(host: HostRoot, address: PciAddress, before: SchedulerSnapshot, journaled: bool, *, state: Tree,
+             nvml_factory=Nvml, lock_timeout: float = 30.0) -> list[str]:
     """Undo one ``set_policy`` (a testbed variant's): write ``before`` back; drop the journal
     entry only if that call made it. Returns failures (the journal then still holds it)."""
     with RunLock(state, lock_timeout):
@@ -195,10 +261,11 @@ def put_back(host: HostRoot, journal: Journal, nvml_factory=Nvml, progress=lambd
         for key, previous in list(schedulers.items()):
             address = PciAddress.parse(key)
             try:
-                _write_back(nvml, address, previous)
+                record = SchedulerSnapshot.from_json(previous)
+                _write_back(nvml, address, record)
                 del schedulers[key]
                 journal.save()
-                progress(f"vGPU scheduler of {key}: back to {previous['policy']}")
+                progress(f"vGPU scheduler of {key}: back to {record.policy}")
             except GpuvfioError as exc:
                 failures.append(f"vGPU scheduler of {key}: {exc}")
     return failures

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError, Refused
@@ -29,12 +31,96 @@ from gpuvfio.numbers import uint
 _MIG_BACKED = re.compile(r"-([1-8])-([0-9]{1,4})C(ME)?$", re.ASCII)  # GB of a GPU instance: 1-4 digits
 
 
-def mig_backed(name: str | None) -> dict | None:
-    """{"slices", "memory_gb", "media"} for a MIG-backed vGPU type name, else None."""
+@dataclass(frozen=True)
+class MigProfile:
+    """What a MIG-backed vGPU type's name says: GPU slices, memory, the media engines."""
+
+    slices: int
+    memory_gb: int
+    media: bool
+
+    def to_json(self) -> dict:
+        return {"slices": self.slices, "memory_gb": self.memory_gb, "media": self.media}
+
+
+def mig_backed(name: str | None) -> MigProfile | None:
+    """The MIG profile a vGPU type name says it is, else None (not MIG-backed)."""
     match = _MIG_BACKED.search(name or "")
     if not match:
         return None
-    return {"slices": uint(match.group(1)), "memory_gb": uint(match.group(2)), "media": bool(match.group(3))}
+    return MigProfile(uint(match.group(1)), uint(match.group(2)), bool(match.group(3)))
+
+
+class TypesKind(str, Enum):
+    """How a function offers vGPU types."""
+
+    MDEV = "mdev"  # legacy: mdev_supported_types on the GPU
+    SRIOV = "sriov"  # SR-IOV: types on its VFs
+    VF = "vf"  # a VF itself: its physical function lists them
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class MdevTypeOffer:
+    """A legacy mdev type the GPU offers (mdev_supported_types/<id>)."""
+
+    type_id: str
+    name: str | None
+    available_instances: int | None
+    description: str | None
+
+    def to_json(self) -> dict:
+        return {"id": self.type_id, "name": self.name, "available_instances": self.available_instances,
+                "description": self.description}
+
+
+@dataclass(frozen=True)
+class SriovTypeOffer:
+    """An SR-IOV vGPU type the GPU's VFs can take, and the VFs free to take it."""
+
+    type_id: int
+    name: str
+    free_vfs: list[str]
+    mig: MigProfile | None
+
+    @property
+    def available_instances(self) -> int:
+        return len(self.free_vfs)
+
+    def to_json(self) -> dict:
+        return {"id": self.type_id, "name": self.name, "free_vfs": list(self.free_vfs),
+                "mig_backed": self.mig.to_json() if self.mig is not None else None,
+                "available_instances": self.available_instances}
+
+
+@dataclass(frozen=True)
+class VfInUse:
+    vf: str
+    type_id: int
+
+    def to_json(self) -> dict:
+        return {"vf": self.vf, "type": self.type_id}
+
+
+@dataclass(frozen=True)
+class OfferedTypes:
+    """``gpuvfio vgpu types``: the vGPU types a function offers (a VF names its physical function)."""
+
+    address: str
+    kind: TypesKind
+    mdev_types: list[MdevTypeOffer]
+    sriov_types: list[SriovTypeOffer]
+    sriov_in_use: list[VfInUse]
+    physfn: str | None = None  # a VF's physical function
+
+    def to_json(self) -> dict:
+        out: dict = {"address": self.address, "kind": self.kind.value}
+        if self.kind is TypesKind.VF:
+            out["physfn"] = self.physfn
+        out.update(mdev_types=[m.to_json() for m in self.mdev_types],
+                   sriov_types=[t.to_json() for t in self.sriov_types],
+                   sriov_in_use=[u.to_json() for u in self.sriov_in_use])
+        return out
 
 
 def _gpu(inventory: Inventory, address: PciAddress) -> PciFunction:
@@ -107,7 +193,7 @@ def pick_vf(inventory: Inventory, address: PciAddress, wanted: str, *, reuse: bo
     hint = ""
     mig = mig_backed(wanted)
     if mig:
-        hint = (f"; {wanted!r} is MIG-backed ({mig['slices']} GPU slice(s), {mig['memory_gb']} GB): the driver "
+        hint = (f"; {wanted!r} is MIG-backed ({mig.slices} GPU slice(s), {mig.memory_gb} GB): the driver "
                 "offers it only with MIG mode on and a free GPU instance of that size "
                 f"(nvidia-smi -i <gpu> -mig 1, then nvidia-smi mig -cgi <profile>)")
     raise Refused(f"no VF of {address} can take vGPU type {wanted!r}; creatable: "

@@ -10,7 +10,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.bind.sysfs_write import SysfsWriteError
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops.binding import restore, status
-from gpuvfio.ops.vgpu import create, create_for_domain, remove, types
+from gpuvfio.ops.vgpu import TypesKind, create, create_for_domain, remove, types
 from tests.contexts import sim_context
 from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
 from tests.simkernel import SimKernel
@@ -40,10 +40,17 @@ def host(tmp_path):
 def test_types(host):
     ctx, _h, _k = host
     legacy = types(ctx, PciAddress.parse(T4))
-    assert legacy["kind"] == "mdev" and [t["id"] for t in legacy["mdev_types"]] == ["nvidia-222", "nvidia-230"]
+    assert legacy.kind is TypesKind.MDEV and [t.type_id for t in legacy.mdev_types] == ["nvidia-222", "nvidia-230"]
+    assert legacy.to_json() == {"address": T4, "kind": "mdev", "mdev_types": [
+        {"id": "nvidia-222", "name": "GRID T4-1B", "available_instances": 2, "description": "1 GB"},
+        {"id": "nvidia-230", "name": "GRID T4-16Q", "available_instances": 1, "description": "16 GB"}],
+        "sriov_types": [], "sriov_in_use": []}
     sriov = types(ctx, PciAddress.parse(A10))
-    assert sriov["kind"] == "sriov"
-    assert [(t["id"], t["available_instances"]) for t in sriov["sriov_types"]] == [(590, 2), (593, 2)]
+    assert sriov.kind is TypesKind.SRIOV
+    assert [(t.type_id, t.available_instances) for t in sriov.sriov_types] == [(590, 2), (593, 2)]
+    assert sriov.to_json()["sriov_types"][0] == {"id": 590, "name": "NVIDIA A10-2Q",
+                                                 "free_vfs": ["0000:41:00.4", "0000:41:00.5"], "mig_backed": None,
+                                                 "available_instances": 2}
 
 
 def test_mdev_create_remove(host):
@@ -108,7 +115,7 @@ def test_a_created_instance_builds_into_its_domain(cli, host):
     lack of an available instance), and another domain without it must not."""
     ctx, h, _k = host
     create(ctx, PciAddress.parse(T4), "GRID T4-16Q", uuid=UUID)
-    assert types(ctx, PciAddress.parse(T4))["mdev_types"][1]["available_instances"] == 0
+    assert types(ctx, PciAddress.parse(T4)).mdev_types[1].available_instances == 0
     ok = cli("--root", h.root, "xml", T4, "--name", "t4", "--mdev", "GRID T4-16Q", "--uuid", UUID,
              "--numa", "none", "--firmware", "bios", "--json")
     assert ok.code == 0, ok.err
@@ -168,21 +175,24 @@ def test_vgpu_list_shows_instances_their_domains_and_persistence(host, tmp_path)
                    "</source></hostdev></devices></domain>")
     ctx.connections[f"test://{node}"] = conn
     report = instances_list(ctx, uri=f"test://{node}")
-    assert report["libvirt"] == "asked"
-    by_id = {i["instance"]: i for i in report["instances"]}
+    assert report.libvirt == "asked"
+    by_id = {i.instance: i.to_json() for i in report.instances}
     assert by_id[UUID] == {"kind": "mdev", "instance": UUID, "parent": T4, "type": "nvidia-222", "by_gpuvfio": True,
                            "persisted": True, "domains": ["uses-mdev"]}
     assert by_id["0000:41:00.4"] == {"kind": "sriov", "instance": "0000:41:00.4", "parent": A10, "type": 593,
                                      "type_name": "NVIDIA A10-4Q", "by_gpuvfio": True, "persisted": None,
                                      "domains": []}
     restore(ctx, [])
-    assert instances_list(ctx, uri="none") == {"instances": [], "libvirt": "libvirt not asked (--connect none)"}
+    assert instances_list(ctx, uri="none").to_json() == {"instances": [],
+                                                         "libvirt": "libvirt not asked (--connect none)"}
 
 
 def test_vgpu_types_on_a_vf_names_its_physical_function(host, cli):
     _ctx, h, _k = host
     report = types(_ctx, PciAddress.parse("0000:41:00.4"))
-    assert report["kind"] == "vf" and report["physfn"] == A10
+    assert report.kind is TypesKind.VF and report.physfn == A10
+    assert report.to_json() == {"address": "0000:41:00.4", "kind": "vf", "physfn": A10, "mdev_types": [],
+                                "sriov_types": [], "sriov_in_use": []}
     out = cli("--root", h.root, "vgpu", "types", "41:00.4")
     assert out.code == 0 and f"is an SR-IOV VF of {A10}" in out.out and f"gpuvfio vgpu types {A10}" in out.out
 

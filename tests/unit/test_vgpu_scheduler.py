@@ -19,7 +19,8 @@ from gpuvfio.errors import Refused
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.root import HostRoot
 from gpuvfio.vgpu.instances import types
-from gpuvfio.vgpu.types import mig_backed, pick_vf
+from gpuvfio.vgpu.scheduler import SchedulerChange, SchedulerOutcome, SchedulerSnapshot, SchedulerState, snapshot
+from gpuvfio.vgpu.types import MigProfile, mig_backed, pick_vf
 from tests.conftest import run_gpuvfio
 from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
 from tests.testbed_data import guest_toml
@@ -42,18 +43,20 @@ def build(root: str) -> str:
 
 
 def test_mig_backed_names():
-    assert mig_backed("NVIDIA A100-3-20C") == {"slices": 3, "memory_gb": 20, "media": False}
-    assert mig_backed("NVIDIA H100-1-10CME") == {"slices": 1, "memory_gb": 10, "media": True}
+    assert mig_backed("NVIDIA A100-3-20C") == MigProfile(slices=3, memory_gb=20, media=False)
+    assert mig_backed("NVIDIA H100-1-10CME").to_json() == {"slices": 1, "memory_gb": 10, "media": True}
     assert mig_backed("NVIDIA A10-4Q") is None and mig_backed("NVIDIA H100-20C") is None
-    assert mig_backed("GRID T4-1B") is None
+    assert mig_backed("GRID T4-1B") is None and mig_backed(None) is None
 
 
 def test_types_mark_mig_backed_and_missing_instance_is_explained(tmp_path, cli):
     root = build(str(tmp_path / "host"))
     report = types(read_inventory(HostRoot(root)), PciAddress.parse(H100))
-    marked = {t["name"]: t["mig_backed"] for t in report["sriov_types"]}
-    assert marked["NVIDIA H100-3-40C"] == {"slices": 3, "memory_gb": 40, "media": False}
+    marked = {t.name: t.mig for t in report.sriov_types}
+    assert marked["NVIDIA H100-3-40C"] == MigProfile(3, 40, False)
     assert marked["NVIDIA H100-20C"] is None
+    assert {t["name"]: t["mig_backed"] for t in report.to_json()["sriov_types"]}["NVIDIA H100-3-40C"] == {
+        "slices": 3, "memory_gb": 40, "media": False}
     text = cli("--root", root, "vgpu", "types", H100).out
     assert "NVIDIA H100-1-10C            free VFs 2  MIG-backed: 1 slice(s), 10 GB" in text
     with pytest.raises(Refused) as info:
@@ -201,3 +204,34 @@ def test_nvml_refuses_a_root_that_is_not_this_machine(nvml, tmp_path):
         result = run_gpuvfio("--root", root, "vgpu", "scheduler", H100, *args, env=env)
         assert result.code == 1 and "not this machine" in result.err and result.err.count("\n") == 1, result.err
     assert sched.read_text().split()[0] == "1"  # unchanged
+
+
+STATE = SchedulerState("0000:41:00.0", "best-effort", "disabled", 2000, None,
+                       ["best-effort", "equal-share", "fixed-share"], (1000, 30000), True)
+
+
+def test_scheduler_results_give_the_json_of_before():
+    """As ``gpuvfio vgpu scheduler --json`` printed them (tests/unit/test_vgpu_scheduler.py runs it)."""
+    shown = ('{"address": "0000:41:00.0", "policy": "best-effort", "arr": "disabled", "timeslice": 2000, '
+             '"avg_factor": null, "supported": ["best-effort", "equal-share", "fixed-share"], '
+             '"timeslice_range": [1000, 30000], "arr_supported": true')
+    assert json.dumps(STATE.to_json()) == shown + "}"
+    before = snapshot(STATE)
+    assert before == SchedulerSnapshot("best-effort", "disabled", 2000, 0)
+    after = SchedulerState(**{**STATE.__dict__, "policy": "fixed-share"})
+    changed = SchedulerChange(after, SchedulerOutcome.SET, "best-effort", before, True)
+    assert json.dumps(changed.to_json()) == shown.replace('"policy": "best-effort"', '"policy": "fixed-share"') + (
+        ', "result": "set", "previous": "best-effort", "before": {"policy": "best-effort", "arr_mode": "disabled", '
+        '"timeslice": 2000, "avg_factor": 0}, "journaled": true}')
+    same = SchedulerChange(STATE, SchedulerOutcome.UNCHANGED)
+    assert json.dumps(same.to_json()) == shown + ', "result": "unchanged"}'
+
+
+def test_scheduler_snapshot_reads_old_and_new_journal_records():
+    assert SchedulerSnapshot.from_json({"policy": "equal-share", "arr": True}).arr is True
+    assert SchedulerSnapshot.from_json({"policy": "equal-share", "arr_mode": "enabled", "timeslice": 3,
+                                        "avg_factor": 2}) == SchedulerSnapshot("equal-share", "enabled", 3, 2)
+    record = SchedulerSnapshot("fixed-share", "default")
+    assert SchedulerSnapshot.from_json(record.to_json()) == record and record.arr is False
+    # a timeslice NVML reports outside the range it accepts is written back as the default (0)
+    assert snapshot(SchedulerState(**{**STATE.__dict__, "timeslice": 99})).timeslice == 0
