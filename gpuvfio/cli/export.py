@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from enum import Enum
+from typing import Annotated, Optional
+
 import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
@@ -10,25 +14,115 @@ from gpuvfio.cli.output import write_text
 from gpuvfio.ops import export
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.kubevirt_names import from_pci_ids
 from gpuvfio.ops.selection import check_devices, resolve
 
 export_app = typer.Typer(help="What gpuvfio knows about the host's GPUs, for KubeVirt and DRA drivers.",
                          no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
+CR_HEADER = ["apiVersion: kubevirt.io/v1", "kind: KubeVirt", "metadata:", "  name: kubevirt",
+             "  namespace: kubevirt", "spec:", "  configuration:", "    permittedHostDevices:"]
+
+
+class Format(str, Enum):
+    PATCH = "patch"
+    CR = "cr"
+
+
+ProviderOption = Annotated[export.Provider, typer.Option(
+    "--provider", case_sensitive=False,
+    help="Who registers the resources: nvidia (NVIDIA's kubevirt-gpu-device-plugin; entries carry "
+         "externalResourceProvider and the plugin's own names) or kubevirt (KubeVirt's own device plugin, "
+         "which registers any valid name).")]
+PciIdsOption = Annotated[Optional[str], typer.Option(
+    "--pci-ids", metavar="FILE",
+    help="Names as a plugin image with this pci.ids registers them (copy its /usr/pci.ids out). Default: the "
+         "names of NVIDIA/kubevirt-gpu-device-plugin v1.6.0's bundled pci.ids (Version 2025.07.11), shipped "
+         "with gpuvfio; the host's pci.ids is never used for them.")]
+VgpuTypeOption = Annotated[Optional[list[str]], typer.Option(
+    "--vgpu-type", metavar="TYPE",
+    help="Also permit this mdev vGPU type (its name as mdev_type/name spells it, e.g. 'GRID T4-1Q', or an "
+         "nvidia-N type id a GPU of this host offers); repeatable. Existing mdev instances are exported anyway.",
+    show_default=False)]
+FormatOption = Annotated[Format, typer.Option(
+    "--format", case_sensitive=False,
+    help="patch: an RFC 6902 JSON patch (YAML) that adds each entry at the end of the cluster's lists, for "
+         "kubectl patch --type json. cr: the KubeVirt CR fragment, which REPLACES the cluster's whole "
+         "pciHostDevices and mediatedDevices lists when applied or merged.")]
+
 
 @export_app.command("kubevirt")
-def kubevirt_cmd(addresses: Devices = None, device_ids: DeviceIds = None, as_json: JsonOption = False,
+def kubevirt_cmd(addresses: Devices = None, device_ids: DeviceIds = None, provider: ProviderOption =
+                 export.Provider.NVIDIA, pci_ids: PciIdsOption = None, vgpu_types: VgpuTypeOption = None,
+                 output_format: FormatOption = Format.PATCH, as_json: JsonOption = False,
                  root: RootOption = None) -> None:
-    """KubeVirt permittedHostDevices for the GPUs' vendor:device pairs (default: every NVIDIA GPU on
-    vfio-pci), with the resource names NVIDIA's kubevirt device plugin registers."""
+    """KubeVirt permittedHostDevices for the devices' vendor:device pairs (default: every NVIDIA GPU
+    and NVSwitch on vfio-pci) and for the mdev vGPU types in use, with the resource names the
+    provider registers. Printed as a JSON patch that adds to the cluster's lists (kubectl patch
+    kubevirt kubevirt -n kubevirt --type json --patch-file FILE), or with --format cr as the CR
+    fragment that replaces them. GPUs and vGPUs go under a VM's spec.domain.devices.gpus,
+    NVSwitches under hostDevices (the HostDevices feature gate). Nothing to export: exit 1."""
     check_devices(addresses, device_ids, required=False)
+    names = from_pci_ids(pci_ids) if pci_ids is not None else None
     with open_host(root_of(root)) as (host, _label):
-        report = export.kubevirt(Context(host=host), resolve(host, addresses, device_ids))
+        report = export.kubevirt(Context(host=host), resolve(host, addresses, device_ids), provider=provider,
+                                 names=names, vgpu_types=vgpu_types)
     if as_json:
-        emit_json(report)
+        emit_json(report.to_json())
+    elif output_format is Format.CR:
+        write_text(cr_yaml(report))  # its comments quote the pci.ids names
     else:
-        write_text(export.kubevirt_yaml(report))  # its comments quote the host's pci.ids
+        write_text(patch_yaml(report))
+
+
+def _yaml(value, indent: int) -> list[str]:
+    """Block YAML of dicts, lists and scalars; strings JSON-quoted (a JSON string is a YAML one)."""
+    pad = " " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                lines.append(f"{pad}{key}:")
+                lines += _yaml(item, indent + 2)
+            else:
+                lines.append(f"{pad}{key}: {_scalar(item)}")
+    else:
+        for item in value:
+            inner = _yaml(item, indent + 2) if isinstance(item, (dict, list)) else [f"{pad}  {_scalar(item)}"]
+            lines.append(f"{pad}- {inner[0].lstrip()}")
+            lines += inner[1:]
+    return lines
+
+
+def _scalar(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
+
+
+def _comments(report: export.KubevirtExport) -> list[str]:
+    lines = [f"# {note}" for note in report.notes]
+    lines += [f"# not exported: {x.what}: {x.reason}" for x in report.left_out]
+    return lines
+
+
+def patch_yaml(report: export.KubevirtExport) -> str:
+    """The entries as an RFC 6902 JSON patch in YAML (kubectl patch takes JSON or YAML)."""
+    lines = _comments(report)
+    lines += ["# Apply: kubectl patch kubevirt kubevirt -n kubevirt --type json --patch-file FILE",
+              "# Each operation adds one entry at the end of its list (RFC 6902 add, path .../-): the entries the",
+              "# cluster has stay. Applied twice, the entries are there twice. kubectl refuses the patch when the CR",
+              "# has no such list yet (the path does not exist): then print --format cr, which makes the lists."]
+    return "\n".join(lines + _yaml(report.patch(), 0)) + "\n"
+
+
+def cr_yaml(report: export.KubevirtExport) -> str:
+    """The KubeVirt custom resource fragment: it states that it replaces the lists."""
+    lists = ", ".join(report.permitted())
+    lines = _comments(report)
+    lines += [f"# This fragment REPLACES the cluster's whole {lists} list(s) when applied (kubectl apply, or",
+              "# kubectl patch --type merge): KubeVirt's lists are atomic, every entry not written here is removed.",
+              "# To add to what the cluster has, use the default --format patch."]
+    return "\n".join(lines + CR_HEADER + _yaml(report.permitted(), 6)) + "\n"
 
 
 @export_app.command("attributes")
@@ -39,4 +133,4 @@ def attributes_cmd(addresses: Devices = None, device_ids: DeviceIds = None, as_j
     Always JSON."""
     check_devices(addresses, device_ids, required=False)
     with open_host(root_of(root)) as (host, _label):
-        emit_json(export.attributes(Context(host=host), resolve(host, addresses, device_ids)))
+        emit_json(export.attributes(Context(host=host), resolve(host, addresses, device_ids)).to_json())
