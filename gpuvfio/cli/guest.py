@@ -63,12 +63,12 @@ def verify_cmd(
         report = verify(ctx, ssh=target, domain=domain, uri=connect, expect=expect, expect_ids=wanted_ids,
                         options=settings)
     if as_json:
-        emit_json(report)
+        emit_json(report.to_json())
     else:
-        for note in report["ssh_notes"]:
+        for note in report.ssh_notes or []:
             say(note)
-        render.print_verify(report)
-    if not report["ok"]:
+        render.print_verify(report.to_json())
+    if not report.ok:
         raise typer.Exit(1)
 
 
@@ -117,12 +117,12 @@ def attach_cmd(
             say(note)
         if result.start_to_ssh_s is not None:
             say(f"the guest answered SSH {result.start_to_ssh_s:.1f}s after libvirt started it")
-        if result.report:
-            render.print_verify(result.report)
+        if result.report is not None:
+            render.print_verify(result.report.to_json())
         nccl = result.nccl_topology
         if nccl is not None:
-            say(f"NCCL topology written in the guest: {nccl['use']}" if nccl["written"]
-                else f"warning: NCCL topology NOT written: {nccl['error']}")
+            say(f"NCCL topology written in the guest: {nccl.use}" if nccl.written
+                else f"warning: NCCL topology NOT written: {nccl.error}")
         say(f"{request.name} is running ({'verified' if result.ok else 'verification FAILED'}); "
             f"gpuvfio detach {request.name} undoes it")
     if not result.ok:

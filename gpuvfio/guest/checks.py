@@ -17,16 +17,95 @@ functions), then by vendor:device, each guest function used once.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from enum import Enum
 
 from gpuvfio.guest.expect import Expected, Gates, cuda_not_expected
+
+__all__ = ["CheckStatus", "Outcome", "CheckResult", "VerifyReport", "check", "judge", "evaluate", "report", "match",
+           "MIG_WITHOUT_INSTANCES"]
 
 MIG_WITHOUT_INSTANCES = ("MIG mode is on and CUDA sees no MIG device: none exists until a GPU instance and a "
                          "compute instance are created (nvidia-smi mig -cgi PROFILE -C)")
 
 
-def check(check_id, status, expected=None, observed=None, reason=None, device=None) -> dict:
-    return {"id": check_id, "status": status, "expected": expected, "observed": observed, "reason": reason,
-            "device": device}
+class CheckStatus(str, Enum):
+    """One check's verdict; only FAIL fails the guest."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"  # below what the slot allows, but read idle (links train down when idle)
+    SKIP = "skip"  # not expected here, or not asked for
+    EXPECTED = "expected"  # looks like a failure, is right for the setup (no CUDA on a vGPU profile, MIG)
+
+
+PASS, FAIL, WARN, SKIP, EXPECTED = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.SKIP,
+                                    CheckStatus.EXPECTED)
+
+
+class Outcome(str, Enum):
+    """verify's verdict on the whole guest: it fails when one check fails."""
+
+    PASS = "pass"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: what the host assigned (``expected``), what the guest showed (``observed``, in
+    the guest's words), why it is not a pass, and the host device it is about (None: the guest)."""
+
+    check_id: str
+    status: CheckStatus
+    expected: str | int | bool | None = None
+    observed: str | int | float | bool | None = None
+    reason: str | None = None
+    device: str | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.check_id, "status": self.status.value, "expected": self.expected,
+                "observed": self.observed, "reason": self.reason, "device": self.device}
+
+
+@dataclass
+class VerifyReport:
+    """The checks, the guest's facts (the probe's and the verifier's answers as the guest gave
+    them: JSON already), the measured bandwidths by bus id; set by the caller: what was expected,
+    the SSH target's notes (verify) and the host root (verify on the host itself)."""
+
+    checks: list[CheckResult]
+    facts: dict
+    bandwidth_gbps: dict[str, dict[str, float]] = field(default_factory=dict)
+    expected: list[Expected] | None = None
+    ssh_notes: list[str] | None = None
+    host_root: str | None = None
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status is CheckStatus.FAIL]
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.FAIL if self.failed else Outcome.PASS
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.PASS
+
+    def to_json(self) -> dict:
+        out = {"checks": [c.to_json() for c in self.checks], "facts": self.facts,
+               "bandwidth_gbps": self.bandwidth_gbps, "ok": self.ok}
+        if self.expected is not None:
+            out["expected"] = [e.to_json() for e in self.expected]
+        if self.ssh_notes is not None:
+            out["ssh_notes"] = list(self.ssh_notes)
+        if self.host_root is not None:
+            out["host_root"] = self.host_root
+        return out
+
+
+def check(check_id: str, status: CheckStatus, expected=None, observed=None, reason=None, device=None) -> CheckResult:
+    return CheckResult(check_id, status, expected, observed, reason, device)
 
 
 def _slot(address: str) -> str:
@@ -83,37 +162,44 @@ def _kernel_words(probe: dict) -> str:
 
 def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, gates: Gates = Gates(),
              bandwidth: bool = True, verifier_problem: str | None = None) -> dict:
+    """judge's report as JSON: the form a recorded run keeps."""
+    return judge(probe, verifier, expected, gates=gates, bandwidth=bandwidth,
+                 verifier_problem=verifier_problem).to_json()
+
+
+def judge(probe: dict, verifier: dict | None, expected: list[Expected], *, gates: Gates = Gates(),
+          bandwidth: bool = True, verifier_problem: str | None = None) -> VerifyReport:
     """Checks, facts and bandwidth from what the guest reported and what the host assigned.
     ``verifier`` None: it did not run (no python3) or ``verifier_problem`` says why it failed."""
-    checks: list[dict] = []
+    checks: list[CheckResult] = []
     pci = probe.get("pci") or []
     found = match(expected, pci)
     if not expected:
-        checks.append(check("pci_present", "skip", reason="no devices assigned (nothing to look for)"))
+        checks.append(check("pci_present", SKIP, reason="no devices assigned (nothing to look for)"))
     for exp, fn in zip(expected, found):
         where = fn and (fn["address"] + (f" (under {fn['upstream']})" if fn.get("upstream") else ""))
-        checks.append(check("pci_present", "pass" if fn else "fail", f"{exp.vendor_id}:{exp.device_id}", where,
+        checks.append(check("pci_present", PASS if fn else FAIL, f"{exp.vendor_id}:{exp.device_id}", where,
                             None if fn else "not visible in the guest (with N identical devices, N must be)",
                             exp.address))
     gpus = [(exp, fn) for exp, fn in zip(expected, found) if exp.kind == "gpu"]
     if not gpus:
         why = "no devices assigned" if not expected else "no NVIDIA GPU assigned"
-        checks.append(check("driver", "skip", reason=why))
+        checks.append(check("driver", SKIP, reason=why))
         return report(checks, probe, verifier, verifier_problem)
     words = _kernel_words(probe)
     for exp, fn in gpus:
         driver = fn["driver"] if fn else None
         ok = driver == "nvidia"
-        checks.append(check("driver", "pass" if ok else "fail", "nvidia", driver, None if ok else (
+        checks.append(check("driver", PASS if ok else FAIL, "nvidia", driver, None if ok else (
             ("not in the guest" if fn is None else "the NVIDIA driver is not bound to it") + words), exp.address))
     _check_driver_version(checks, probe, {exp.driver_version for exp, _fn in gpus if exp.driver_version})
     if verifier is None:
         reason = verifier_problem or "the guest has no python3: NVML, CUDA and the link could not be checked"
-        checks.append(check("cuda", "fail", f"{len(gpus)} device(s)", None, reason))
+        checks.append(check("cuda", FAIL, f"{len(gpus)} device(s)", None, reason))
         return report(checks, probe, verifier, verifier_problem)
     errors = verifier.get("errors") or {}
     if "verifier" in errors:
-        checks.append(check("verifier", "fail", reason=f"the in-guest verifier failed: {errors['verifier']}"))
+        checks.append(check("verifier", FAIL, reason=f"the in-guest verifier failed: {errors['verifier']}"))
     _check_nvml_and_cuda(checks, verifier, gpus, words)
     for exp, fn in gpus:
         _check_one_gpu(checks, verifier, exp, fn, gates, bandwidth)
@@ -144,7 +230,7 @@ def _check_cliques(checks, verifier: dict, gpus) -> None:
                 missing.append(f"{a.address} <-> {b.address}")
     if not seen:
         return
-    checks.append(check("p2p_cliques", "pass" if not missing else "fail", f"{seen} planned pair(s) with peer access",
+    checks.append(check("p2p_cliques", PASS if not missing else FAIL, f"{seen} planned pair(s) with peer access",
                         f"{seen - len(missing)} with access", None if not missing else (
                             "the plan put these in one P2P clique but the guest reports no peer access between "
                             "them: " + "; ".join(missing))))
@@ -157,7 +243,7 @@ def _check_driver_version(checks, probe: dict, wanted: set[str]) -> None:
         line = probe.get("nvidia_version") or ""
         found = re.search(r"\b([0-9]+\.[0-9]+(?:\.[0-9]+)?)\b", line.split("Kernel Module", 1)[-1], re.ASCII)
         have = found.group(1) if found else None
-        checks.append(check("driver_version", "pass" if have == version else "fail", version, have,
+        checks.append(check("driver_version", PASS if have == version else FAIL, version, have,
                             None if have == version else (
                                 "the guest's NVIDIA driver must match the host's Fabric Manager" if have
                                 else "the guest shows no NVIDIA driver version (/proc/driver/nvidia/version)")))
@@ -167,10 +253,10 @@ def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:
     errors = verifier.get("errors") or {}
     nvml = verifier.get("nvml")
     if nvml is None:
-        checks.append(check("nvml", "fail", "NVML up", None, f"{errors.get('nvml', 'NVML did not start')}{words}"))
+        checks.append(check("nvml", FAIL, "NVML up", None, f"{errors.get('nvml', 'NVML did not start')}{words}"))
     else:
         count = len(nvml.get("devices") or [])
-        checks.append(check("nvml", "pass" if count >= len(gpus) else "fail", f">= {len(gpus)} device(s)", count,
+        checks.append(check("nvml", PASS if count >= len(gpus) else FAIL, f">= {len(gpus)} device(s)", count,
                             None if count >= len(gpus) else f"NVML sees fewer GPUs than were assigned{words}"))
     exempt = [(exp, cuda_not_expected(exp)) for exp, _fn in gpus if cuda_not_expected(exp)]
     want = len(gpus) - len(exempt)
@@ -178,16 +264,16 @@ def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:
     count = len(cuda.get("devices") or []) if cuda else 0
     mig = [d for d in (nvml or {}).get("devices") or [] if d.get("mig") is True]
     for exp, why in exempt:
-        checks.append(check("cuda", "expected", "no CUDA device", None, why, exp.address))
+        checks.append(check("cuda", EXPECTED, "no CUDA device", None, why, exp.address))
     if want <= 0:
         return
     if count >= want:
-        checks.append(check("cuda", "pass", f">= {want} device(s)", count))
+        checks.append(check("cuda", PASS, f">= {want} device(s)", count))
     elif mig and count + len(mig) >= want:
-        checks.append(check("cuda", "expected", f">= {want} device(s)", count, MIG_WITHOUT_INSTANCES))
+        checks.append(check("cuda", EXPECTED, f">= {want} device(s)", count, MIG_WITHOUT_INSTANCES))
     else:
         reason = errors.get("cuda") if cuda is None else f"CUDA sees {count} of the {want} GPUs assigned"
-        checks.append(check("cuda", "fail", f">= {want} device(s)", count, f"{reason}{words}"))
+        checks.append(check("cuda", FAIL, f">= {want} device(s)", count, f"{reason}{words}"))
 
 
 def _link_of(verifier, measured, address):
@@ -206,44 +292,44 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
     ids = ("pcie_link", "h2d_bandwidth", "d2h_bandwidth", "bidir_bandwidth", "data_verified", "compute")
     if fn is None:
         for check_id in ids:
-            checks.append(check(check_id, "skip", reason="the device is not in the guest (see pci_present)",
+            checks.append(check(check_id, SKIP, reason="the device is not in the guest (see pci_present)",
                                 device=device))
         return
     if cuda_not_expected(exp):
         for check_id in ids:
-            checks.append(check(check_id, "expected", reason="no CUDA on this vGPU profile: nothing to measure",
+            checks.append(check(check_id, EXPECTED, reason="no CUDA on this vGPU profile: nothing to measure",
                                 device=device))
         return
     errors = verifier.get("errors") or {}
     cuda_buses = [d.get("bus_id", "")[-12:] for d in (verifier.get("cuda") or {}).get("devices") or []]
     if (_nvml_device(verifier, address) or {}).get("mig") is True and address[-12:] not in cuda_buses:
         for check_id in ids:
-            checks.append(check(check_id, "expected", reason=MIG_WITHOUT_INSTANCES, device=device))
+            checks.append(check(check_id, EXPECTED, reason=MIG_WITHOUT_INSTANCES, device=device))
         return
     measured = _by_bus(verifier.get("bandwidth") or {}, address)
     link, under_load = _link_of(verifier, measured, address)
     want = f"Gen{exp.link_gen} x{exp.link_width}" if exp.link_gen else None
     if link is None:
-        checks.append(check("pcie_link", "fail" if bandwidth else "skip", want, None,
+        checks.append(check("pcie_link", FAIL if bandwidth else SKIP, want, None,
                             errors.get("nvml", "NVML could not read the GPU's link"), device))
     elif want is None:
-        checks.append(check("pcie_link", "skip", None, f"Gen{link['current_gen']} x{link['current_width']}",
+        checks.append(check("pcie_link", SKIP, None, f"Gen{link['current_gen']} x{link['current_width']}",
                             "not observable here: the host knows no slot capability for this device", device))
     else:
         seen = f"Gen{link['current_gen']} x{link['current_width']}"
         ok = link["current_gen"] >= exp.link_gen and link["current_width"] >= exp.link_width
-        checks.append(check("pcie_link", "pass" if ok else ("fail" if under_load else "warn"), want, seen,
+        checks.append(check("pcie_link", PASS if ok else (FAIL if under_load else WARN), want, seen,
                             None if ok else "the GPU trained below what its host slot allows (" + exp.link_source
                             + ")" + ("" if under_load else "; read idle, links train down when idle"), device))
     if not bandwidth:
         for check_id in ids[1:]:
-            checks.append(check(check_id, "skip", reason="not asked (--no-bandwidth)", device=device))
+            checks.append(check(check_id, SKIP, reason="not asked (--no-bandwidth)", device=device))
         return
     problem = next((v for k, v in errors.items() if k.startswith("bandwidth") and k[-12:] == address[-12:]), None)
     if measured is None:
         reason = problem or "the verifier measured nothing for this GPU"
         for check_id in ids[1:5]:
-            checks.append(check(check_id, "fail", reason=reason, device=device))
+            checks.append(check(check_id, FAIL, reason=reason, device=device))
     else:
         gen, width = exp.link_gen, exp.link_width
         basis = exp.link_source
@@ -253,28 +339,28 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
         for check_id, key in (("h2d_bandwidth", "h2d"), ("d2h_bandwidth", "d2h"), ("bidir_bandwidth", "bidir_total")):
             gbps = (measured.get(key) or {}).get("median")
             if gbps is None:
-                checks.append(check(check_id, "fail", reason=f"no {key} figure in the verifier's answer", device=device))
+                checks.append(check(check_id, FAIL, reason=f"no {key} figure in the verifier's answer", device=device))
             elif floor is None:
-                checks.append(check(check_id, "skip", None, round(gbps, 2), "no link to derive a floor from "
+                checks.append(check(check_id, SKIP, None, round(gbps, 2), "no link to derive a floor from "
                                     "(give --min-gbps)", device))
             else:
                 # Both directions at once must still beat one direction's floor: a weak gate that
                 # catches a collapse (platforms differ in how far over it they get, 1.5-1.9x).
                 ok = gbps >= floor
-                checks.append(check(check_id, "pass" if ok else "fail", gates.describe(gen, width), round(gbps, 2),
+                checks.append(check(check_id, PASS if ok else FAIL, gates.describe(gen, width), round(gbps, 2),
                                     None if ok else f"below the floor for {basis or 'this link'}", device))
         verified = measured.get("verified")
-        checks.append(check("data_verified", "pass" if verified is True else "fail", True, verified,
+        checks.append(check("data_verified", PASS if verified is True else FAIL, True, verified,
                             None if verified is True else f"the copied data came back wrong: "
                             f"{measured.get('mismatches')} mismatching 64-bit words per copy stage", device))
     compute = _by_bus(verifier.get("compute") or {}, address)
     compute_problem = next((v for k, v in errors.items() if k.startswith("compute") and k[-12:] == address[-12:]),
                            None)
     if compute is None:
-        checks.append(check("compute", "fail", reason=compute_problem or problem or "no SAXPY result", device=device))
+        checks.append(check("compute", FAIL, reason=compute_problem or problem or "no SAXPY result", device=device))
     else:
         ok = compute.get("verified") is True
-        checks.append(check("compute", "pass" if ok else "fail", "SAXPY result exact",
+        checks.append(check("compute", PASS if ok else FAIL, "SAXPY result exact",
                             f"{compute.get('launch_ms', 0):.3f} ms", None if ok else "the kernel computed wrong "
                             "results", device))
 
@@ -283,40 +369,41 @@ def _check_peers(checks, verifier, gpus: int) -> None:
     errors = verifier.get("errors") or {}
     p2p = verifier.get("p2p")
     if p2p is None:
-        checks.append(check("p2p", "fail", reason=errors.get("p2p", "no peer-to-peer result for several GPUs")))
+        checks.append(check("p2p", FAIL, reason=errors.get("p2p", "no peer-to-peer result for several GPUs")))
     else:
         pairs = p2p.get("bandwidth") or {}
         bad = {k: v.get("error") or f"{v.get('mismatches')} wrong words" for k, v in pairs.items()
                if v.get("error") or v.get("verified") is not True}
         if bad:
-            checks.append(check("p2p", "fail", "peer copies move the right data", None,
+            checks.append(check("p2p", FAIL, "peer copies move the right data", None,
                                 "; ".join(f"{k}: {v}" for k, v in sorted(bad.items()))))
         elif not pairs:
-            checks.append(check("p2p", "skip", None, "no pair has peer access",
+            checks.append(check("p2p", SKIP, None, "no pair has peer access",
                                 "no GPU pair reports peer access (cuDeviceCanAccessPeer): copies go through the "
                                 "host; a clique (x-nv-gpudirect-clique) enables it where the host can route it"))
         else:
             slowest = min(v["median"] for v in pairs.values())
-            checks.append(check("p2p", "pass", "peer copies move the right data",
+            checks.append(check("p2p", PASS, "peer copies move the right data",
                                 f"{len(pairs)} pair(s), slowest {slowest:.1f} GB/s"))
     nccl = verifier.get("nccl")
     if nccl is None:
         reason = errors.get("nccl", "NCCL did not run")
         not_there = "libnccl.so.2 not found" in reason
-        checks.append(check("nccl_allreduce", "skip" if not_there else "fail", reason=(
+        checks.append(check("nccl_allreduce", SKIP if not_there else FAIL, reason=(
             "no NCCL in the guest (libnccl.so.2): install it to measure an all-reduce" if not_there else reason)))
     else:
         results = nccl.get("results") or []
         ok = bool(results) and all(r.get("verified") is True for r in results)
         top = max(results, key=lambda r: r.get("bytes", 0)) if results else {}
-        checks.append(check("nccl_allreduce", "pass" if ok else "fail", f"sum over {gpus} GPUs exact",
+        checks.append(check("nccl_allreduce", PASS if ok else FAIL, f"sum over {gpus} GPUs exact",
                             f"busbw {top.get('busbw_gbps', 0):.1f} GB/s at {int(top.get('bytes', 0)) >> 20} MiB"
                             if top else None, None if ok else "the all-reduce gave wrong sums"))
 
 
-def report(checks: list[dict], probe: dict, verifier: dict | None, problem: str | None = None) -> dict:
-    if problem and not any(c["id"] == "verifier" for c in checks):
-        checks.append(check("verifier", "fail", reason=problem))
+def report(checks: list[CheckResult], probe: dict, verifier: dict | None, problem: str | None = None
+           ) -> VerifyReport:
+    if problem and not any(c.check_id == "verifier" for c in checks):
+        checks.append(check("verifier", FAIL, reason=problem))
     bandwidth = {}
     for bus, measured in ((verifier or {}).get("bandwidth") or {}).items():
         bandwidth[bus] = {name: round(measured[key]["median"], 3) for name, key in
@@ -328,5 +415,4 @@ def report(checks: list[dict], probe: dict, verifier: dict | None, problem: str 
     if verifier is not None:
         facts.update({key: verifier.get(key) for key in ("method", "nvml", "cuda", "latency", "copy_overhead",
                                                          "compute", "p2p", "nccl", "errors")})
-    return {"checks": checks, "facts": facts, "bandwidth_gbps": bandwidth,
-            "ok": not any(c["status"] == "fail" for c in checks)}
+    return VerifyReport(checks, facts, bandwidth)

@@ -8,11 +8,12 @@ guest answers -- nothing, garbage, a crash -- there is a report: a failed "probe
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.files import read_regular
-from gpuvfio.guest.checks import check, evaluate, report
+from gpuvfio.guest.checks import FAIL, VerifyReport, check, judge, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program
 from gpuvfio.numbers import finite
@@ -168,8 +169,8 @@ def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None) ->
 
 def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, timeout: float = 600.0,
                  probe_timeout: float = 120.0, gates: Gates = Gates(), verifier_args: tuple[str, ...] = (),
-                 progress=lambda line: None) -> dict:
-    """Run the probe (and the verifier where the guest has python3) and evaluate; always a report.
+                 progress=lambda line: None) -> VerifyReport:
+    """Run the probe (and the verifier where the guest has python3) and judge; always a report.
 
     The probe travels as ``sh -c``'s argument, the verifier on ``python3 -``'s stdin: one SSH
     channel each, no SFTP subsystem to ask for (dropbear has none), no files left in the guest.
@@ -180,9 +181,7 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
     try:
         probe = run_probe(session, timeout=probe_timeout, progress=progress)
     except VerifyError as exc:
-        failed = report([check("probe", "fail", reason=str(exc))], {}, None)
-        failed["expected"] = [e.to_json() for e in expected]
-        return failed
+        return dataclasses.replace(report([check("probe", FAIL, reason=str(exc))], {}, None), expected=list(expected))
     verifier = problem = None
     if probe["python3"]:
         # Too long for a command line everywhere (dropbear refuses commands over 9000 bytes,
@@ -196,9 +195,8 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
         except VerifyError as exc:
             problem = f"{exc} (exit {status}{': ' + err.strip()[-200:] if err.strip() else ''})"
     try:
-        result = evaluate(probe, verifier, expected, gates=gates, bandwidth=bandwidth, verifier_problem=problem)
+        result = judge(probe, verifier, expected, gates=gates, bandwidth=bandwidth, verifier_problem=problem)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape shape_problem did not foresee
-        result = report([check("verifier", "fail", reason=f"the guest's answer could not be judged: "
+        result = report([check("verifier", FAIL, reason=f"the guest's answer could not be judged: "
                                                          f"{type(exc).__name__}: {exc}")], probe, None)
-    result["expected"] = [e.to_json() for e in expected]
-    return result
+    return dataclasses.replace(result, expected=list(expected))

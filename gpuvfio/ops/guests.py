@@ -26,7 +26,7 @@ from gpuvfio.bind.plan import BindPolicy
 from gpuvfio.domain.nccl_topo import GUEST_FILE
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.guest.checks import evaluate
+from gpuvfio.guest.checks import VerifyReport, judge
 from gpuvfio.guest.expect import Expected, expectations, parse_expect  # noqa: F401 - parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
@@ -48,26 +48,52 @@ from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, record
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
 
+
+@dataclass(frozen=True)
+class NcclTopology:
+    """The NCCL topology file attach wrote in the guest (``path``, its ``xml``), or why it wrote
+    none (``error``: a warning, not a failed attach)."""
+
+    path: str | None = None
+    xml: str | None = None
+    error: str | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.path is not None
+
+    @property
+    def use(self) -> str | None:
+        """What a job in the guest sets to read it (NCCL's NCCL_TOPO_FILE)."""
+        return f"export NCCL_TOPO_FILE={self.path}" if self.path is not None else None
+
+    def to_json(self) -> dict:
+        if self.path is None:
+            return {"written": False, "path": None, "error": self.error}
+        return {"written": True, "path": self.path, "use": self.use, "xml": self.xml}
+
+
 @dataclass
 class AttachResult:
     name: str
     steps: list[dict] = field(default_factory=list)
-    report: dict | None = None
+    report: VerifyReport | None = None
     xml: str | None = None
     ssh: dict | None = None
     define: dict | None = None
     rolled_back: list[str] = field(default_factory=list)
     ok: bool = False
     start_to_ssh_s: float | None = None  # from libvirt's start until the guest's SSH answered
-    nccl_topology: dict | None = None  # the NCCL topology file written in the guest, or why not
+    nccl_topology: NcclTopology | None = None  # the NCCL topology file written in the guest, or why not
     notes: list[str] = field(default_factory=list)  # what the plan decided (layout, P2P cliques)
     placement: dict | None = None  # NUMA cells, CPUs, pages and the guest PCIe layout (attach_plan.placement_json)
 
     def to_json(self) -> dict:
         return {"name": self.name, "ok": self.ok, "steps": self.steps, "define": self.define,
-                "verify": self.report, "ssh": self.ssh, "rolled_back": self.rolled_back, "xml": self.xml,
-                "start_to_ssh_s": self.start_to_ssh_s, "nccl_topology": self.nccl_topology, "notes": self.notes,
-                "placement": self.placement}
+                "verify": self.report.to_json() if self.report is not None else None, "ssh": self.ssh,
+                "rolled_back": self.rolled_back, "xml": self.xml, "start_to_ssh_s": self.start_to_ssh_s,
+                "nccl_topology": self.nccl_topology.to_json() if self.nccl_topology is not None else None,
+                "notes": self.notes, "placement": self.placement}
 
 
 class AttachFailed(GpuvfioError):
@@ -175,7 +201,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
                            + (f"; rolled back: {', '.join(result.rolled_back)}" if result.rolled_back else
                               ("; kept as it is (--keep-on-failure)" if keep_on_failure and undo else "")),
                            result, exit_code=getattr(exc, "exit_code", 1)) from None
-    result.ok = result.report is None or result.report["ok"]
+    result.ok = result.report is None or result.report.ok
     return result
 
 
@@ -230,7 +256,7 @@ def planned_expectations(provisioned: Provisioned, expected: list[Expected]) -> 
     return out
 
 
-def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float) -> dict:
+def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float) -> NcclTopology:
     """Write the guest's NCCL topology file from the bus ids the guest shows (the probe's view),
     mapped onto the planned devices. A guest whose devices do not line up with the plan, or
     that cannot be written to (a user without root), gets no file: the answer says why, as a
@@ -244,11 +270,10 @@ def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_t
         status, _out, err = session.run(["sh", "-c", script, "sh", directory, GUEST_FILE], stdin=text.encode(),
                                         timeout=probe_timeout)
     except (GpuvfioError, OSError) as exc:
-        return {"written": False, "path": None, "error": str(exc)}
+        return NcclTopology(error=str(exc))
     if status:
-        return {"written": False, "path": None, "error": f"writing {GUEST_FILE} failed (exit {status}): "
-                                                         f"{err.strip()[:200]}"}
-    return {"written": True, "path": GUEST_FILE, "use": f"export NCCL_TOPO_FILE={GUEST_FILE}", "xml": text}
+        return NcclTopology(error=f"writing {GUEST_FILE} failed (exit {status}): {err.strip()[:200]}")
+    return NcclTopology(path=GUEST_FILE, xml=text)
 
 
 def _discover(ctx: Context, ssh: SshOptions, conn, dom):
@@ -337,7 +362,7 @@ def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 
 
 def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,
            expect: list[PciAddress] | None = None, expect_ids: list[Expected] | None = None,
-           options: VerifyOptions = VerifyOptions()) -> dict:
+           options: VerifyOptions = VerifyOptions()) -> VerifyReport:
     """Check a running guest against what the host assigned: the functions gpuvfio recorded in
     DOMAIN, else ``expect`` (host addresses) and ``expect_ids`` (--expect VENDOR:DEVICE[xN])."""
     dom = conn = None
@@ -359,11 +384,10 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
         report = verify_guest(session, expected, bandwidth=options.bandwidth, timeout=options.timeout,
                               probe_timeout=options.probe_timeout, gates=options.gates,
                               verifier_args=options.verifier_args, progress=ctx.progress)
-    report["ssh_notes"] = list(target.notes)
-    return report
+    return dataclasses.replace(report, ssh_notes=list(target.notes))
 
 
-def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = VerifyOptions()) -> dict:
+def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = VerifyOptions()) -> VerifyReport:
     """The bare-metal baseline: the probe and the verifier on this host itself, measuring ``gpus``.
     The probe reads the host through its root (GPUVFIO_PROBE_ROOT, as every host path does); the
     verifier talks to the CUDA and NVML libraries of the machine it runs on."""
@@ -379,8 +403,6 @@ def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = V
         verifier = parse_verifier(ctx.run(argv, options.timeout))
     except GpuvfioError as exc:  # VerifyError among them
         problem = str(exc)
-    report = evaluate(probe, verifier, expected, gates=options.gates, bandwidth=options.bandwidth,
-                      verifier_problem=problem)
-    report["expected"] = [e.to_json() for e in expected]
-    report["host_root"] = ctx.host.root
-    return report
+    report = judge(probe, verifier, expected, gates=options.gates, bandwidth=options.bandwidth,
+                   verifier_problem=problem)
+    return dataclasses.replace(report, expected=expected, host_root=ctx.host.root)

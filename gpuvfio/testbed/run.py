@@ -19,6 +19,7 @@ import threading
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding, domains, guests, vgpu
+from gpuvfio.ops.guests import VerifyReport
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_identity
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for, ssh_for
@@ -26,10 +27,10 @@ from gpuvfio.testbed.report import out_tree, read_identity, result_files
 from gpuvfio.testbed.spec import Spec, Variant, boot_timeout as spec_boot_timeout
 
 
-def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
+def _metrics(report: VerifyReport, gpus: list[PciAddress]) -> dict:
     """The numbers a report compares: of the spec's first GPU when the report has it (the
     verifier measures every CUDA device it sees), else of the only device measured."""
-    facts = report.get("facts") or {}
+    facts = report.facts or {}
 
     def pick(table: dict) -> dict:
         if gpus:
@@ -39,7 +40,7 @@ def _metrics(report: dict, gpus: list[PciAddress]) -> dict:
                     return value
         return next(iter(table.values()), {}) if len(table) == 1 or not gpus else {}
 
-    bw = pick(report.get("bandwidth_gbps") or {})
+    bw = pick(report.bandwidth_gbps or {})
     latency = pick(facts.get("latency") or {})
     overhead = pick(facts.get("copy_overhead") or {})
     compute = pick(facts.get("compute") or {})
@@ -60,14 +61,14 @@ def placement(xml: str | None) -> dict | None:
     return domains.defined(xml).placement_json() if xml else None
 
 
-def _guest_facts(report: dict) -> dict:
-    facts = report.get("facts") or {}
+def _guest_facts(report: VerifyReport) -> dict:
+    facts = report.facts or {}
     nvml = facts.get("nvml") or {}
     device = (nvml.get("devices") or [{}])[0]
     link = None
-    for check in report.get("checks", []):
-        if check["id"] == "pcie_link" and check.get("observed"):
-            link = check["observed"]
+    for check in report.checks:
+        if check.check_id == "pcie_link" and check.observed:
+            link = check.observed
     return {"guest_kernel": facts.get("guest_kernel"), "driver_version": nvml.get("driver_version"),
             "cuda_driver_version": nvml.get("cuda_driver_version"),
             "virtualization_mode": device.get("virtualization_mode"), "pcie_link_under_load": link}
@@ -165,7 +166,8 @@ def _rep_path(variant: Variant, rep: int) -> str:
     return f"results/{variant.name}/rep-{rep}.json"
 
 
-def write_rep(out, variant, rep, report, extra, gpus: list[PciAddress] = ()) -> None:
+def write_rep(out: str, variant: Variant, rep: int, report: VerifyReport, extra: dict,
+              gpus: list[PciAddress] = ()) -> None:
     extra = dict(extra)
     metrics = {**_metrics(report, list(gpus)), **extra.pop("metrics", {})}
     provisioning = {k: v for k, v in (("hugepages", variant.hugepages), ("numa", variant.numa),
@@ -173,7 +175,7 @@ def write_rep(out, variant, rep, report, extra, gpus: list[PciAddress] = ()) -> 
                     if v is not None and variant.kind != "baremetal"}
     record = {"variant": variant.name, "kind": variant.kind, "rep": rep, "metrics": metrics,
               "provisioning": provisioning,
-              "guest": _guest_facts(report), "verify": report, **extra}
+              "guest": _guest_facts(report), "verify": report.to_json(), **extra}
     out_tree(out).write(_rep_path(variant, rep), json.dumps(record, indent=2))
 
 

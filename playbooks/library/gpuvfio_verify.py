@@ -174,10 +174,10 @@ def main(context_factory=None) -> None:
                                    options=guests.verify_options(**table_values(params, "verify")))
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
-    if not report["ok"]:
-        failing = [f"{c['id']} ({c['reason'] or c['observed']})" for c in report["checks"] if c["status"] == "fail"]
-        module.fail_json(msg="verification failed: " + "; ".join(failing), report=report)
-    module.exit_json(changed=False, report=report)
+    if not report.ok:
+        failing = [f"{c.check_id} ({c.reason or c.observed})" for c in report.failed]
+        module.fail_json(msg="verification failed: " + "; ".join(failing), report=report.to_json())
+    module.exit_json(changed=False, report=report.to_json())
 
 
 if __name__ == "__main__":

@@ -587,14 +587,17 @@ def test_results_are_of_the_specs_gpu_not_cuda_device_0(tmp_path):
     from gpuvfio.testbed.run import write_rep
     from gpuvfio.testbed.spec import Variant
 
-    report = {"checks": [], "facts": {"latency": {"00000000:1b:00.0": {"median_us": 9.0},
-                                                  "00000000:43:00.0": {"median_us": 5.0}}},
-              "bandwidth_gbps": {"00000000:1b:00.0": {"h2d": 20.0, "d2h": 21.0, "d2d": 900.0},
-                                 "00000000:43:00.0": {"h2d": 50.0, "d2h": 51.0, "d2d": 1900.0}}}
+    from gpuvfio.guest.checks import VerifyReport
+
+    report = VerifyReport([], {"latency": {"00000000:1b:00.0": {"median_us": 9.0},
+                                           "00000000:43:00.0": {"median_us": 5.0}}},
+                          {"00000000:1b:00.0": {"h2d": 20.0, "d2h": 21.0, "d2d": 900.0},
+                           "00000000:43:00.0": {"h2d": 50.0, "d2h": 51.0, "d2d": 1900.0}})
     variant = Variant("baremetal", "baremetal")
     write_rep(str(tmp_path), variant, 0, report, {}, [PciAddress.parse("0000:43:00.0")])
     record = json.loads((tmp_path / "results" / "baremetal" / "rep-0.json").read_text())
     assert record["metrics"]["h2d_gbps"] == 50.0 and record["metrics"]["latency_us"] == 5.0
+    assert record["verify"] == report.to_json() and record["verify"]["ok"] is True
 
 
 def test_a_run_refuses_a_selection_a_later_variant_cannot_take_before_measuring(cli, tmp_path):
