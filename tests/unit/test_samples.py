@@ -1,12 +1,13 @@
 """The bundled sample hosts: golden files, lspci agreement, and what each is meant to show."""
 
+import json
 import os
 
 import pytest
 
 from gpuvfio.host.fixture import load_fixture
 from tests.lspci import compare, lspci_available, lspci_records
-from tests.make_samples import SAMPLES, check, sample_path
+from tests.make_samples import REPO, SAMPLES, check, sample_path
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,56 @@ def test_fixture_file_as_root(cli):
     assert result.code == 0 and result.out.splitlines()[1].startswith("0000:01:00.0")  # plain, into a pipe
     table = cli("--root", sample_path("workstation"), "list", "--format", "table")
     assert table.code == 0 and "NVIDIA devices on workstation.host" in table.out
+
+
+REPORT_GOLDEN = os.path.join(REPO, "tests", "golden", "reports")
+REPORTS = {"list": ["list", "--json"], "list --all": ["list", "--all", "--json"], "doctor": ["doctor", "--json"],
+           "topo": ["topo", "--json"]}
+# A few pci.ids entries (its format: https://pci-ids.ucw.cz), so the names in the goldens do not
+# depend on the pci.ids of the machine the tests run on.
+PCI_IDS = """\
+10de  NVIDIA Corporation
+\t2330  GH100 [H100 SXM5 80GB]
+\t2684  AD102 [GeForce RTX 4090]
+\t20b5  GA100 [A100 PCIe 80GB]
+1000  Broadcom / LSI
+\tc030  PEX890xx PCIe Gen 5 Switch
+15b3  Mellanox Technologies
+\t1021  MT2910 Family [ConnectX-7]
+8086  Intel Corporation
+\t15f3  Ethernet Controller I225-V
+C 02  Network controller
+\t00  Ethernet controller
+C 03  Display controller
+\t00  VGA compatible controller
+\t02  3D controller
+C 06  Bridge
+\t04  PCI bridge
+"""
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_reports_are_their_goldens(name, cli, regenerate, tmp_path, monkeypatch):
+    """list, list --all, doctor and topo --json of each sample, byte for byte as JSON (key order
+    too): the typed reports serialise to exactly what the commands printed before them."""
+    (tmp_path / "pci.ids").write_text(PCI_IDS)
+    monkeypatch.setenv("GPUVFIO_PCI_IDS", str(tmp_path / "pci.ids"))
+    monkeypatch.delenv("GPUVFIO_STATE_DIR", raising=False)
+    got = {}
+    for key, args in REPORTS.items():
+        result = cli("--root", sample_path(name), *args)
+        got[key] = {"exit": result.code, "json": result.json()}
+    text = json.dumps(got, indent=1) + "\n"
+    path = os.path.join(REPORT_GOLDEN, f"{name}.json")
+    if regenerate or not os.path.exists(path):
+        os.makedirs(REPORT_GOLDEN, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        if not regenerate:
+            pytest.fail(f"golden file {path} was missing and has been written; review and commit it")
+    with open(path, encoding="utf-8") as handle:
+        expected = handle.read()
+    for key in REPORTS:  # the first report that differs, named
+        assert json.dumps(got[key], indent=1) == json.dumps(json.loads(expected)[key], indent=1), (
+            f"{name}: {key} differs from {path} (pytest --regenerate to accept)")
+    assert text == expected
