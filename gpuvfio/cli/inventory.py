@@ -7,12 +7,82 @@ from typing import Annotated
 
 import typer
 
-from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
 from gpuvfio.cli.devices import DeviceIds, Devices
-from gpuvfio.cli.output import FormatOption, chosen_format, print_listing
-from gpuvfio.ops.inventory import doctor_report, dump_host, list_report, open_host
+from gpuvfio.cli.output import Cell, Column, FormatOption, Listing, chosen_format, print_listing
+from gpuvfio.ops.inventory import DoctorReport, ListReport, doctor_report, dump_host, list_report, open_host
 from gpuvfio.ops.selection import check_devices, resolve
+
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def size_text(n: int) -> str:
+    if not n:
+        return "-"
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def link_text(link) -> str:
+    """A function's PCIe link (gpuvfio.host.model.Link): now, and its maximum when it runs below it."""
+    if link is None:
+        return "-"
+    cur = f"Gen{link.current_gen or '?'} x{link.current_width or '?'}"
+    top = f"Gen{link.max_gen or '?'} x{link.max_width or '?'}"
+    return cur if cur == top else f"{cur} (max {top})"
+
+
+def virtualization_text(fn) -> str:
+    """SR-IOV, VF, mdev and vGPU facts of a function (gpuvfio.host.model.PciFunction), briefly."""
+    bits = []
+    if fn.sriov_total_vfs is not None:
+        bits.append(f"SR-IOV {fn.sriov_num_vfs}/{fn.sriov_total_vfs} VFs")
+    if fn.physfn is not None:
+        bits.append(f"VF of {fn.physfn}")
+    if fn.mdev_types:
+        bits.append(f"mdev: {len(fn.mdev_types)} types")
+    if fn.vgpu_creatable is not None or fn.vgpu_current is not None:
+        cur = fn.vgpu_current
+        # Once a VF has a type, creatable_vgpu_types lists nothing more for it.
+        bits.append(f"vGPU type {cur} set" if cur else f"vGPU: {len(fn.vgpu_creatable or [])} types")
+    return "; ".join(bits) or "-"
+
+
+def list_listing(report: ListReport, title: str) -> Listing:
+    """gpuvfio list: one row per function; the least needed columns go first on a narrow terminal."""
+    listing = Listing(title, [Column("Address", keep=True), Column("Device", rank=2), Column("Driver", rank=1),
+                              Column("Group", keep=True), Column("Viable"), Column("NUMA", rank=3),
+                              Column("Link", rank=4, keep=True), Column("Largest BAR", rank=5, keep=True),
+                              Column("Virtualization", rank=6)])
+    groups = {g.group_id: g for g in report.groups or []}
+    for fn in report.devices:
+        gid = fn.iommu_group
+        group = groups.get(gid)
+        viable = Cell("-") if group is None else (Cell("yes", "green") if group.viable else Cell("no", "red"))
+        # pci.ids calls an NVSwitch (class 0x0680) a bridge; it bridges NVLinks, not PCI buses.
+        name = fn.device_name or ("NVSwitch" if fn.is_nvswitch else fn.class_name) or "device"
+        listing.add(str(fn.address), f"{name} [{fn.vendor_id}:{fn.device_id}]", fn.driver or "none",
+                    "-" if gid is None else str(gid), viable,
+                    "-" if fn.numa_node is None else str(fn.numa_node), link_text(fn.link),
+                    size_text(fn.largest_bar), virtualization_text(fn))
+    if report.groups is None:
+        listing.notes.append("No IOMMU groups: the IOMMU is off (see gpuvfio doctor).")
+    for group in report.groups or []:
+        listing.notes += [f"group {group.group_id} not viable: {problem}" for problem in group.problems]
+    return listing
+
+
+def doctor_listing(report: DoctorReport, title: str) -> Listing:
+    """gpuvfio doctor: a row per check; the fixes under the table, whole, to copy."""
+    listing = Listing(title, [Column("Check", keep=True), Column("Status", keep=True), Column("Summary"),
+                              Column("Fix", below=True)])
+    for check in report.checks:
+        listing.add(check.check_id, Cell(check.status, STATUS_STYLE.get(check.status, "")), check.summary,
+                    check.fix or "")
+    return listing
 
 
 @app.command("list")
@@ -31,9 +101,9 @@ def list_cmd(
     with open_host(root_of(root)) as (host, label):
         report = list_report(host, show_all=show_all, only=resolve(host, addresses, device_ids))
     if fmt == "json":
-        emit_json(report)
+        emit_json(report.to_json())
         return
-    print_listing(render.list_listing(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}"),
+    print_listing(list_listing(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}"),
                   fmt)
 
 
@@ -44,10 +114,10 @@ def doctor_cmd(output_format: FormatOption = None, as_json: JsonOption = False, 
     with open_host(root_of(root)) as (host, label):
         report = doctor_report(host)
     if fmt == "json":
-        emit_json({"checks": report["checks"]})
+        emit_json({"checks": [c.to_json() for c in report.checks]})
     else:
-        print_listing(render.doctor_listing(report, f"Readiness of {label}"), fmt)
-    if any(c["status"] == "fail" for c in report["checks"]):
+        print_listing(doctor_listing(report, f"Readiness of {label}"), fmt)
+    if report.failed:
         raise typer.Exit(1)
 
 

@@ -4,32 +4,72 @@ identity that testbed results are read against."""
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
+from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import journal_check
 from gpuvfio.domain.versions import version_text
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.errors import InputError
-from gpuvfio.host.doctor import run_doctor
+from gpuvfio.host.doctor import FAIL, WARN, Check, run_doctor
 from gpuvfio.host.fixture import dump_host as record
 from gpuvfio.host.fixture import host_from_record, open_host
 from gpuvfio.host.inventory import Inventory, read_inventory
-from gpuvfio.host.kernel import read_kernel
+from gpuvfio.host.kernel import KernelInfo, read_kernel
+from gpuvfio.host.model import IommuGroup, NumaNode, PciFunction
 from gpuvfio.host.numa import read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
 from gpuvfio.virt.connection import connection_versions
 
-__all__ = ["list_report", "inventory_report", "doctor_report", "dump_host", "host_identity", "open_host", "host_from_record"]
+__all__ = ["ListReport", "DoctorReport", "HostIdentity", "Accelerator", "IommuMode", "list_report",
+           "inventory_report", "doctor_report", "dump_host", "host_identity", "open_host", "host_from_record"]
 
 
-def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = ()) -> dict:
-    """The ``gpuvfio list --json`` object: devices and the groups that hold them."""
+@dataclass
+class ListReport:
+    """gpuvfio list: the functions chosen and the IOMMU groups that hold them (None: the host has
+    no IOMMU groups, the IOMMU is off)."""
+
+    devices: list[PciFunction]
+    groups: list[IommuGroup] | None
+
+    def to_json(self) -> dict:
+        return {"devices": [f.to_json() for f in self.devices],
+                "groups": None if self.groups is None else [g.to_json() for g in self.groups]}
+
+
+@dataclass
+class DoctorReport:
+    """gpuvfio doctor: every readiness check (in the order they run), with the kernel and NUMA
+    facts they were judged on."""
+
+    checks: list[Check]
+    kernel: KernelInfo
+    numa_nodes: list[NumaNode]
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def warned(self) -> list[Check]:
+        return [c for c in self.checks if c.status == WARN]
+
+    def to_json(self) -> dict:
+        return {"checks": [c.to_json() for c in self.checks],
+                "kernel": self.kernel.to_json(),
+                "numa_nodes": [n.to_json() for n in self.numa_nodes]}
+
+
+def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = ()) -> ListReport:
+    """What ``gpuvfio list`` shows: devices and the groups that hold them."""
     inventory = read_inventory(host, names=PciIds.load(host))
     return inventory_report(inventory, show_all=show_all, only=only)
 
 
-def inventory_report(inventory: Inventory, *, show_all: bool, only: list[PciAddress] = ()) -> dict:
+def inventory_report(inventory: Inventory, *, show_all: bool, only: list[PciAddress] = ()) -> ListReport:
     functions = list(inventory.functions.values())
     if only:
         unknown = [str(a) for a in only if a not in inventory.functions]
@@ -41,21 +81,18 @@ def inventory_report(inventory: Inventory, *, show_all: bool, only: list[PciAddr
     if inventory.groups is None:
         groups = None
     elif show_all and not only:
-        groups = [g.to_json() for g in inventory.groups.values()]
+        groups = list(inventory.groups.values())
     else:
         wanted = {f.iommu_group for f in chosen if f.iommu_group is not None}
-        groups = [g.to_json() for gid, g in inventory.groups.items() if gid in wanted]
-    return {"devices": [f.to_json() for f in chosen], "groups": groups}
+        groups = [g for gid, g in inventory.groups.items() if gid in wanted]
+    return ListReport(chosen, groups)
 
 
-def doctor_report(host: HostRoot) -> dict:
+def doctor_report(host: HostRoot) -> DoctorReport:
     inventory = read_inventory(host, names=PciIds.load(host))
     kernel = read_kernel(host)
     nodes = read_numa(host)
-    checks = run_doctor(host, inventory, kernel, nodes) + [journal_check(host)]
-    return {"checks": [c.to_json() for c in checks],
-            "kernel": kernel.to_json(),
-            "numa_nodes": [n.to_json() for n in nodes]}
+    return DoctorReport(run_doctor(host, inventory, kernel, nodes) + [journal_check(host)], kernel, nodes)
 
 
 def dump_host(host: HostRoot, out: str) -> str:
@@ -71,9 +108,89 @@ def dump_host(host: HostRoot, out: str) -> str:
     return text
 
 
-def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
+class IommuMode(str, Enum):
+    """How the host's own devices use the IOMMU: identity-mapped (``iommu=pt``) or translated
+    (the kernel's default DMA API translation; Documentation/admin-guide/kernel-parameters.txt)."""
+
+    PASSTHROUGH = "pt"
+    TRANSLATED = "translated"
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU a testbed run measures, as its results name it."""
+
+    function: PciFunction
+
+    @property
+    def model(self) -> str:
+        fn = self.function
+        # pci.ids may not know the GPU (Debian 12's has no H200): its IDs then.
+        return fn.device_name or f"{fn.vendor_id}:{fn.device_id}"
+
+    @property
+    def link_max(self) -> str | None:
+        link = self.function.link
+        return f"Gen{link.max_gen} x{link.max_width}" if link and link.max_gen else None
+
+    def to_json(self) -> dict:
+        return {"address": str(self.function.address), "model": self.model,
+                "numa_node": self.function.numa_node, "link_max": self.link_max}
+
+
+@dataclass(frozen=True)
+class HostIdentity:
     """The system description every testbed result is read against (MLPerf's system-description
     fields where they apply to a hypervisor, plus the IOMMU and hugepage facts)."""
+
+    cpu_model: str | None
+    sockets: int | None
+    os_name: str | None  # os-release PRETTY_NAME
+    nvidia_driver: str | None  # /sys/module/nvidia/version
+    kernel: KernelInfo
+    nodes: list[NumaNode]
+    accelerators: list[Accelerator]
+    python: str
+    qemu_version: str | None = None  # None: no libvirt connection asked
+    libvirt_version: str | None = None
+
+    @property
+    def cpus(self) -> int | None:
+        return sum(len(n.cpus) for n in self.nodes) or None
+
+    @property
+    def memory_kb(self) -> int | None:
+        return sum(n.mem_total_kb or 0 for n in self.nodes) or None
+
+    @property
+    def iommu_mode(self) -> IommuMode:
+        return IommuMode.PASSTHROUGH if self.kernel.param("iommu") == "pt" else IommuMode.TRANSLATED
+
+    @property
+    def hugepage_sizes_kb(self) -> list[int]:
+        return sorted({size for n in self.nodes for size in n.hugepages})
+
+    def to_json(self) -> dict:
+        return {"host_cpu": self.cpu_model, "host_sockets": self.sockets, "host_cpus": self.cpus,
+                "host_memory_kb": self.memory_kb, "host_os": self.os_name, "host_kernel": self.kernel.release,
+                "host_nvidia_driver": self.nvidia_driver, "accelerators": [a.to_json() for a in self.accelerators],
+                "accelerator_count": len(self.accelerators), "iommu": self.kernel.iommu_vendor,
+                "iommu_mode": self.iommu_mode.value, "numa_nodes": len(self.nodes),
+                "hugepage_sizes_kb": self.hugepage_sizes_kb, "python": self.python,
+                "qemu_version": self.qemu_version, "libvirt_version": self.libvirt_version}
+
+    # Transitional: gpuvfio.testbed.run and its tests still read the identity as a mapping
+    # ({**identity}, identity["key"]); remove these two once they call to_json().
+    def keys(self):
+        return self.to_json().keys()
+
+    def __getitem__(self, key: str):
+        return self.to_json()[key]
+
+
+def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> HostIdentity:
+    """This host as testbed results describe it; ``conn`` (a libvirt connection) adds the QEMU
+    and libvirt versions."""
     cpuinfo = host.read(host.path("proc", "cpuinfo")) or ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                  None)
@@ -90,21 +207,10 @@ def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> dict:
         for gpu in gpus:
             fn = inventory.functions.get(gpu)
             if fn is not None and fn.is_gpu:  # a slot's audio function is selected, not an accelerator
-                # pci.ids may not know the GPU (Debian 12's has no H200): its IDs then.
-                accelerators.append({"address": str(gpu), "model": fn.device_name or f"{fn.vendor_id}:{fn.device_id}",
-                                     "numa_node": fn.numa_node,
-                                     "link_max": f"Gen{fn.link.max_gen} x{fn.link.max_width}"
-                                     if fn.link and fn.link.max_gen else None})
-    ident = {"host_cpu": model, "host_sockets": len(sockets) or None,
-             "host_cpus": sum(len(n.cpus) for n in nodes) or None,
-             "host_memory_kb": sum(n.mem_total_kb or 0 for n in nodes) or None, "host_os": pretty,
-             "host_kernel": kernel.release, "host_nvidia_driver": driver, "accelerators": accelerators,
-             "accelerator_count": len(accelerators), "iommu": kernel.iommu_vendor,
-             "iommu_mode": "pt" if kernel.param("iommu") == "pt" else "translated", "numa_nodes": len(nodes),
-             "hugepage_sizes_kb": sorted({size for n in nodes for size in n.hugepages}),
-             "python": platform.python_version(), "qemu_version": None, "libvirt_version": None}
+                accelerators.append(Accelerator(fn))
+    qemu = lib = None
     if conn is not None:
         qemu, lib = connection_versions(conn)
-        ident["qemu_version"] = version_text(qemu) if qemu else None
-        ident["libvirt_version"] = version_text(lib) if lib else None
-    return ident
+    return HostIdentity(model, len(sockets) or None, pretty, driver, kernel, nodes, accelerators,
+                        platform.python_version(), version_text(qemu) if qemu else None,
+                        version_text(lib) if lib else None)

@@ -71,35 +71,35 @@ from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, Gpuvf
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding
-    from gpuvfio.ops.inventory import doctor_report, list_report
+    from gpuvfio.ops.inventory import DoctorReport, ListReport, doctor_report, list_report
 
 
-def summarize(listing: dict, doctor: dict | None) -> dict:
+def summarize(listing: ListReport, doctor: DoctorReport | None) -> dict:
     """The numbers a fleet report wants without walking every device."""
-    gpus = [d for d in listing["devices"] if d["vendor_id"] == "10de" and d["class_id"].startswith("03")
-            and not d.get("physfn")]
-    groups = {g["id"]: g for g in listing["groups"] or []}
+    gpus = [fn for fn in listing.devices if fn.is_nvidia_gpu and fn.physfn is None]
+    groups = {g.group_id: g for g in listing.groups or []}
     models: dict[str, int] = {}
     for gpu in gpus:
-        name = gpu["device_name"] or f"{gpu['vendor_id']}:{gpu['device_id']}"
+        name = gpu.device_name or f"{gpu.vendor_id}:{gpu.device_id}"
         models[name] = models.get(name, 0) + 1
-    gpu_groups = sorted({g["iommu_group"] for g in gpus if g["iommu_group"] is not None})
+    gpu_groups = sorted({g.iommu_group for g in gpus if g.iommu_group is not None})
     summary = {
         "gpu_count": len(gpus),
         "gpu_models": models,
-        "gpus": [{"address": g["address"], "model": g["device_name"], "driver": g["driver"],
-                  "iommu_group": g["iommu_group"], "numa_node": g["numa_node"],
-                  "viable": groups[g["iommu_group"]]["viable"] if g["iommu_group"] in groups else None}
+        "gpus": [{"address": str(g.address), "model": g.device_name, "driver": g.driver,
+                  "iommu_group": g.iommu_group, "numa_node": g.numa_node,
+                  "viable": groups[g.iommu_group].viable if g.iommu_group in groups else None}
                  for g in gpus],
-        "drivers": sorted({g["driver"] or "none" for g in gpus}),
-        "iommu_groups_present": listing["groups"] is not None,
-        "viable_groups": [gid for gid in gpu_groups if gid in groups and groups[gid]["viable"]],
-        "non_viable_groups": [{"id": gid, "devices": groups[gid]["devices"], "problems": groups[gid]["problems"]}
-                              for gid in gpu_groups if gid in groups and not groups[gid]["viable"]],
+        "drivers": sorted({g.driver or "none" for g in gpus}),
+        "iommu_groups_present": listing.groups is not None,
+        "viable_groups": [gid for gid in gpu_groups if gid in groups and groups[gid].viable],
+        "non_viable_groups": [{"id": gid, "devices": [str(d) for d in groups[gid].devices],
+                               "problems": list(groups[gid].problems)}
+                              for gid in gpu_groups if gid in groups and not groups[gid].viable],
     }
     if doctor is not None:
-        summary["doctor_failed"] = [c["id"] for c in doctor["checks"] if c["status"] == "fail"]
-        summary["doctor_warned"] = [c["id"] for c in doctor["checks"] if c["status"] == "warn"]
+        summary["doctor_failed"] = [c.check_id for c in doctor.failed]
+        summary["doctor_warned"] = [c.check_id for c in doctor.warned]
         summary["ready"] = not summary["doctor_failed"]
     return summary
 
@@ -118,10 +118,10 @@ def main(context_factory=None) -> None:
     try:
         with task_context(module, context_factory, read_only=True) as ctx:
             listing = list_report(ctx.host, show_all=module.params["all_functions"])
-            facts.update(listing)
+            facts.update(listing.to_json())
             doctor = doctor_report(ctx.host) if "doctor" in gather else None
             if doctor is not None:
-                facts["doctor"] = doctor
+                facts["doctor"] = doctor.to_json()
             if "status" in gather:
                 status = binding.status(ctx).to_json()
                 status.pop("state_dir", None)  # a temp dir for fixture files: not a fact

@@ -7,7 +7,7 @@ from tests.hostbuilder import BAR32, BAR64_PREF, GiB, MiB, HostBuilder
 
 
 def checks(root) -> dict:
-    return {c["id"]: c for c in doctor_report(HostRoot(root))["checks"]}
+    return {c.check_id: c.to_json() for c in doctor_report(HostRoot(root)).checks}
 
 
 def test_healthy_workstation(workstation):

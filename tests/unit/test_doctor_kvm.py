@@ -18,7 +18,7 @@ from tests.conftest import gpu_workstation
 
 
 def checks(root) -> dict:
-    return {c["id"]: c for c in doctor_report(HostRoot(str(root)))["checks"]}
+    return {c.check_id: c.to_json() for c in doctor_report(HostRoot(str(root))).checks}
 
 
 def test_a_kvm_host_passes(tmp_path):

@@ -37,7 +37,7 @@ def broken(h) -> dict:
 
 
 def doctor(root) -> dict:
-    return {c["id"]: c for c in doctor_report(HostRoot(root))["checks"]}["device_health"]
+    return {c.check_id: c.to_json() for c in doctor_report(HostRoot(root)).checks}["device_health"]
 
 
 def test_dead_gpu_is_kept_marked_and_refused_until_reset(h):

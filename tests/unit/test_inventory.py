@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -102,10 +103,48 @@ def test_matches_real_lspci_on_built_host(tmp_path):
     from gpuvfio.ops.inventory import list_report
 
     report = list_report(HostRoot(b.root), show_all=True)
-    compare(report["devices"], lspci_records(os.path.join(b.root, "sys", "bus", "pci")))
+    compare(report.to_json()["devices"], lspci_records(os.path.join(b.root, "sys", "bus", "pci")))
 
 
 def test_without_pci_ids_names_are_null(workstation):
     inv = read_inventory(HostRoot(workstation.root), names=PciIds(b""))
     gpu = inv.functions[A("0000:01:00.0")]
     assert gpu.device_name is None and gpu.vendor_id == "10de"
+
+
+def test_list_and_doctor_reports_hold_the_host_model(workstation):
+    from gpuvfio.host.model import IommuGroup, PciFunction
+    from gpuvfio.ops.inventory import doctor_report, list_report
+
+    host = HostRoot(workstation.root)
+    listing = list_report(host, show_all=False)
+    assert all(isinstance(f, PciFunction) and f.is_nvidia for f in listing.devices)
+    assert [str(f.address) for f in listing.devices] == ["0000:01:00.0", "0000:01:00.1", "0000:04:00.0",
+                                                         "0000:04:00.1"]
+    assert all(isinstance(g, IommuGroup) for g in listing.groups)
+    assert {g.group_id for g in listing.groups} == {f.iommu_group for f in listing.devices}
+    shared = next(g for g in listing.groups if A("0000:03:00.0") in g.devices)  # the NIC's group, not listed
+    assert not shared.viable and listing.to_json()["groups"][1] == shared.to_json()
+    one = list_report(host, show_all=False, only=[A("0000:01:00.1")])
+    assert [f.address for f in one.devices] == [A("0000:01:00.1")] and len(one.groups) == 1
+    doctor = doctor_report(host)
+    assert doctor.failed == [] and "hugepages" not in [c.check_id for c in doctor.warned]
+    assert [c.to_json() for c in doctor.checks] == doctor.to_json()["checks"]
+    assert doctor.kernel.iommu_vendor == "intel" and [n.node_id for n in doctor.numa_nodes] == [0]
+
+
+def test_host_identity_is_typed_and_serialises_as_the_testbed_reads_it(workstation):
+    from gpuvfio.ops.inventory import IommuMode, host_identity
+
+    ident = host_identity(HostRoot(workstation.root), [A("0000:01:00.0"), A("0000:01:00.1")])
+    assert ident.iommu_mode is IommuMode.TRANSLATED  # the workstation's command line has no iommu=pt
+    assert [a.function.address for a in ident.accelerators] == [A("0000:01:00.0")]  # not the audio function
+    assert ident.cpus == 16 and ident.hugepage_sizes_kb == [2048, 1048576]  # every size the node offers
+    data = ident.to_json()
+    assert list(data) == ["host_cpu", "host_sockets", "host_cpus", "host_memory_kb", "host_os", "host_kernel",
+                          "host_nvidia_driver", "accelerators", "accelerator_count", "iommu", "iommu_mode",
+                          "numa_nodes", "hugepage_sizes_kb", "python", "qemu_version", "libvirt_version"]
+    assert data["iommu_mode"] == "translated" and data["accelerator_count"] == 1
+    assert data["accelerators"] == [{"address": "0000:01:00.0", "model": ident.accelerators[0].model,
+                                     "numa_node": 0, "link_max": "Gen4 x16"}]
+    assert json.loads(json.dumps(data)) == data
