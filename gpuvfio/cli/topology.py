@@ -10,7 +10,7 @@ from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable, printable_report
 from gpuvfio.ops.inventory import open_host
-from gpuvfio.ops.topology import LEGEND_ORDER, topology_report
+from gpuvfio.ops.topology import FULL_LEGEND, LEGEND_ORDER, TopoDevice, TopologyReport, topology_report
 from gpuvfio.ops.selection import check_devices, resolve
 
 UNKNOWN_MARK = "?"
@@ -29,11 +29,15 @@ def topo_cmd(
     with open_host(root_of(root)) as (host, label):
         report = topology_report(host, only=resolve(host, addresses, device_ids))
     if as_json:
-        emit_json(report)
+        emit_json(report.to_json())
         return
-    # Device and driver names, switch names and notes come from the host's tree and pci.ids:
-    # escaped before the columns are measured, so the matrix stays aligned too.
-    sys.stdout.write("\n".join(render(printable_report(report), printable(label))) + "\n")
+    sys.stdout.write("\n".join(render(report, printable(label))) + "\n")
+
+
+def _shown(value: str | None) -> str:
+    """A string the host gave (a device or driver name, a cpulist, a note), escaped before the
+    columns are measured, so the matrix stays aligned; "" for none."""
+    return printable(value) if value else ""
 
 
 def _table(rows: list[list[str]], indent: str = "") -> list[str]:
@@ -41,44 +45,47 @@ def _table(rows: list[list[str]], indent: str = "") -> list[str]:
     return [(indent + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row))).rstrip() for row in rows]
 
 
-def render(report: dict, label: str) -> list[str]:
-    devices = report["devices"]
+def render(report: TopologyReport, label: str) -> list[str]:
+    devices = report.devices
     lines = [f"Topology of {label}", ""]
     if not devices:
         return lines + ["No NVIDIA GPU or NIC on this host."] + _numa(report)
-    names = [d["name"] for d in devices]
+    names = [d.name for d in devices]
     unknown = False
     rows = [[""] + names + ["CPU Affinity", "NUMA Affinity"]]
     for dev in devices:
-        row = [dev["name"]]
+        row = [dev.name]
         for other in names:
-            cell = report["matrix"][dev["name"]][other]
-            if report["nvlink_links"].get(dev["name"], {}).get(other, 0) is None:
+            cell = report.matrix[dev.name][other]
+            if report.nvlink_links.get(dev.name, {}).get(other, 0) is None:
                 cell += UNKNOWN_MARK
                 unknown = True
             row.append(cell)
-        node = dev["numa_node"]
-        row += [dev["local_cpulist"] or "N/A", "N/A" if node is None else str(node)]
+        node = dev.function.numa_node
+        row += [_shown(dev.function.local_cpulist) or "N/A", "N/A" if node is None else str(node)]
         rows.append(row)
     lines += _table(rows)
     lines += ["", "Legend:", ""]
-    lines += [f"  {word:<4} = {report['legend'][word]}" for word in LEGEND_ORDER]
+    lines += [f"  {word:<4} = {FULL_LEGEND[word]}" for word in LEGEND_ORDER]
     if unknown:
         lines.append(f"  {UNKNOWN_MARK:<4} = NVLink not read for this GPU pair: its PCIe path only (NVLink below)")
     lines += ["", "Devices:", ""]
-    lines += _table([[f"{d['name']}:", d["address"], _describe(d)] for d in devices], "  ")
-    lines += ["", f"NVLink: {report['nvlink']['summary']}"]
-    lines += [f"  {address}: not read: {why}" for address, why in report["nvlink"]["unread"].items()
-              if report["nvlink"]["read"]]
-    lines += _fabric(report["fabric"])
+    lines += _table([[f"{d.name}:", str(d.function.address), _describe(d)] for d in devices], "  ")
+    lines += ["", f"NVLink: {_shown(report.nvlink.summary)}"]
+    if report.nvlink.reading.read:
+        lines += [f"  {address}: not read: {_shown(why)}" for address, why in report.nvlink.unread.items()]
+    # The fabric's mode name is in its JSON form only: rendered from that, escaped whole.
+    lines += _fabric(printable_report(report.fabric.to_json()))
     lines += _numa(report)
     lines += ["", "PCIe tree:", ""]
     tree = [["", "Address", "Root complex", "Root port", "Switch upstream ports (root first)"]]
     for dev in devices:
-        switches = ", ".join(s["address"] + (f" ({s['name']})" if s["name"] else "") for s in dev["switches"])
-        tree.append([dev["name"], dev["address"], dev["root_complex"], dev["root_port"] or "-", switches or "-"])
+        switches = ", ".join(str(s.address) + (f" ({_shown(s.name)})" if s.name else "") for s in dev.switches)
+        root_port = dev.position.root_port
+        tree.append([dev.name, str(dev.function.address), str(dev.position.root_complex),
+                     str(root_port) if root_port else "-", switches or "-"])
     lines += _table(tree, "  ")
-    lines += [f"Note: {note}" for note in report["notes"]]
+    lines += [f"Note: {_shown(note)}" for note in report.notes]
     return lines
 
 
@@ -95,28 +102,29 @@ def _fabric(fabric: dict) -> list[str]:
                 f"Fabric Manager {fm}"] + [f"  {note}" for note in fabric["notes"]]
 
 
-def _describe(dev: dict) -> str:
-    name = dev["device_name"] or "device"
-    text = f"{name} [{dev['vendor_id']}:{dev['device_id']}] ({dev['driver'] or 'no driver'})"
-    links = dev["nvlink"]
-    if links and links["read"]:
-        if links["links"]:
-            parts = [f"{links[k]} to {what}" for k, what in (("to_switch", "NVSwitches"), ("to_gpu", "GPUs"),
-                                                            ("other", "other devices")) if links[k]]
-            text += f", {links['links']} NVLinks: {', '.join(parts)}"
+def _describe(dev: TopoDevice) -> str:
+    fn = dev.function
+    text = (f"{_shown(fn.device_name) or 'device'} [{_shown(fn.vendor_id)}:{_shown(fn.device_id)}] "
+            f"({_shown(fn.driver) or 'no driver'})")
+    links = dev.nvlink
+    if links is not None and links.read:
+        if links.links:
+            parts = [f"{count} to {what}" for count, what in ((links.to_switch, "NVSwitches"), (links.to_gpu, "GPUs"),
+                                                             (links.other, "other devices")) if count]
+            text += f", {len(links.links)} NVLinks: {', '.join(parts)}"
         else:
             text += ", no active NVLink"
     return text
 
 
-def _numa(report: dict) -> list[str]:
-    nodes = report["numa"]["nodes"]
+def _numa(report: TopologyReport) -> list[str]:
+    nodes = report.nodes
     if not nodes:
         return ["", "NUMA distances: no NUMA nodes in sysfs"]
-    if not any(n["distances"] for n in nodes):
+    if not any(n.distances for n in nodes):
         return ["", "NUMA distances: unreadable (no ACPI SLIT row in nodeN/distance)"]
-    ids = [str(n["id"]) for n in nodes]
-    rows = [[""] + [f"node{i}" for i in ids]]
-    rows += [[f"node{n['id']}"] + [str(n["distances"].get(i, "?")) for i in ids] for n in nodes]
+    rows = [[""] + [f"node{n.node_id}" for n in nodes]]
+    rows += [[f"node{n.node_id}"] + [str(n.distances.get(other.node_id, "?")) for other in nodes] for n in nodes]
     lines = ["", "NUMA distances (ACPI SLIT, 10 = local):", ""] + _table(rows, "  ")
-    return lines + ["", "NUMA CPUs:", ""] + _table([[f"node{n['id']}:", n["cpulist"] or "-"] for n in nodes], "  ")
+    return lines + ["", "NUMA CPUs:", ""] + _table([[f"node{n.node_id}:", _shown(n.cpulist) or "-"] for n in nodes],
+                                                   "  ")

@@ -647,3 +647,23 @@ def test_nvml_module_ids_are_read_recorded_and_read_back():
                 {"0000:99:00.0": 3}):
         with pytest.raises(InputError):
             parse_recording(json.dumps(dict(record, modules=bad)).encode(), {A(g) for g in gpus})
+
+
+def test_topology_report_is_typed_on_the_dgx_sample():
+    from gpuvfio.ops.topology import DeviceKind, topology_report
+
+    with open_host(DGX) as (host, _label):
+        report = topology_report(host)
+    gpus = [d for d in report.devices if d.kind is DeviceKind.GPU]
+    nics = [d for d in report.devices if d.kind is DeviceKind.NIC]
+    assert [str(d.function.address) for d in gpus] == DGX_GPUS and nics
+    assert [d.name for d in gpus] == [f"GPU{i}" for i in range(8)] and nics[0].name == "NIC0"
+    assert all(d.nvlink is None for d in nics)
+    assert gpus[0].switches and gpus[0].switches[0].address == gpus[0].position.switches[0]
+    assert not report.single_node and [n.node_id for n in report.nodes] == [0, 1]
+    assert report.fabric.present and report.nvlink.reading.read  # the sample's NVLink recording
+    links = gpus[0].nvlink
+    assert links.read and (links.to_switch, links.to_gpu, links.other) == (18, 0, 0) and len(links.links) == 18
+    data = report.to_json()
+    assert data["devices"][0]["kind"] == "gpu" and data["numa"]["single_node"] is False
+    assert data["nvlink"]["unread"] == {} and data["nvlink"]["summary"] == report.nvlink.summary
