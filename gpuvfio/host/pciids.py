@@ -1,7 +1,9 @@
 """Human names for PCI IDs from the system's pci.ids (packages pci.ids / hwdata).
 
-gpuvfio never bundles or hand-writes an ID table. The database file is searched in
-``GPUVFIO_PCI_IDS``, then under the host root, then on the system running gpuvfio.
+gpuvfio never bundles or hand-writes an ID table for its own names (the KubeVirt export ships a
+table generated from NVIDIA's plugin's pci.ids: gpuvfio/ops/kubevirt_plugin_names.txt). The
+database file is searched in ``GPUVFIO_PCI_IDS``, then under the host root, then on the system
+running gpuvfio.
 Lookups are lazy: the file is read once and only the vendor blocks asked for are
 searched (a full parse of ~36k lines would dominate a small inventory).
 """

@@ -69,7 +69,7 @@ def test_the_wheel_holds_every_package_and_file(installed):
     for path in ("gpuvfio/testbed/run.py", "gpuvfio/guest/payload/verifier.py", "gpuvfio/guest/payload/probe.sh",
                  "gpuvfio/domain/templates/domain.xml.j2", "gpuvfio/samples/dgx-h100.host", "gpuvfio/ops/guests.py",
                  "gpuvfio/cli/app.py", "gpuvfio/guest/payload/gpuvfio_nvapi.py", "gpuvfio/guest/payload/kernels.ptx",
-                 "gpuvfio/guest/payload/kernels.cu"):
+                 "gpuvfio/guest/payload/kernels.cu", "gpuvfio/ops/kubevirt_plugin_names.txt"):
         assert path in names, path
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert any(n.endswith(".data/data/share/man/man1/gpuvfio.1") for n in names)  # the man page
@@ -81,6 +81,22 @@ def test_the_man_page_is_installed(installed):
     with open(page, encoding="utf-8") as handle:
         text = handle.read()
     assert text.startswith(".TH GPUVFIO 1") and "gpuvfio export kubevirt" in text
+
+
+def test_the_installed_export_names_as_nvidias_plugin_registers(installed):
+    """The table of the plugin's names travels in the wheel: the installed export reads it, and a
+    host with nothing on vfio-pci is refused rather than given an empty list."""
+    python, _gpuvfio, env, cwd, _wheel = installed
+    names = subprocess.run([python, "-c", "from gpuvfio.ops.kubevirt_names import bundled; b = bundled(); "
+                            "print(b.version, b.resource('2330'), b.resource('22a3'))"],
+                           capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    assert names.returncode == 0, names.stderr[-2000:]
+    assert names.stdout.split() == ["2025.07.11", "nvidia.com/GH100_H100_SXM5_80GB", "nvidia.com/GH100_H100_NVSWITCH"]
+    host = subprocess.run([python, "-c", "import gpuvfio, os; print(os.path.join(os.path.dirname(gpuvfio.__file__), "
+                           "'samples', 'dgx-h100.host'))"], capture_output=True, text=True, env=env, cwd=cwd,
+                          check=True).stdout.strip()
+    refused = run(installed, "--root", host, "export", "kubevirt", code=1)
+    assert refused.stderr.count("\n") == 1 and "nothing to export" in refused.stderr
 
 
 def test_installed_not_the_checkout(installed):
