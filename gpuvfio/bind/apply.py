@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, Step
+from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, BindStatus, Step
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.health import return_problem
 from gpuvfio.host.root import HostRoot
@@ -56,9 +56,27 @@ def current_override(host: HostRoot, address: PciAddress | str) -> str | None:
 
 @dataclass
 class ApplyResult:
-    status: str  # applied | nothing_to_do
+    status: BindStatus  # applied | nothing_to_do
     bound: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """One journaled device that reconcile handled: back on its recorded driver, or why not."""
+
+    address: str
+    driver: str | None  # the recorded driver it went back to (None: no driver)
+    failure: str | None = None  # why it did not (it stays in the journal)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    @property
+    def outcome(self) -> str:
+        """The driver it is back on, or the reason it is not, in words."""
+        return self.failure if self.failure is not None else (self.driver or "no driver")
 
 
 def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWriter, actions: Actions,
@@ -67,7 +85,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
     The run's settings may pause it after step N (GPUVFIO_TEST_PAUSE_AFTER_STEP, the kernel
     lane's hook to kill a bind half-way)."""
     if plan.nothing_to_do:
-        return ApplyResult("nothing_to_do", [str(d) for d in plan.devices])
+        return ApplyResult(BindStatus.NOTHING_TO_DO, [str(d) for d in plan.devices])
     for address in plan.moving:
         # A device already in the journal keeps its *first* original: a second bind after
         # a half-finished one must not record vfio-pci as "the host driver".
@@ -105,7 +123,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
             time.sleep(3600)
     journal.data["operation"]["finished"] = time.time()
     journal.save()
-    return ApplyResult("applied", [str(d) for d in plan.devices])
+    return ApplyResult(BindStatus.APPLIED, [str(d) for d in plan.devices])
 
 
 def _execute(host: HostRoot, step: Step, writer: SysfsWriter, actions: Actions) -> None:
@@ -136,11 +154,12 @@ def _execute(host: HostRoot, step: Step, writer: SysfsWriter, actions: Actions) 
 
 
 def _rollback(host, journal, writer, actions, addresses, stuck, progress) -> str:
-    results = reconcile(host, journal, writer, actions, addresses, progress=progress)
-    if all(ok for ok, _ in results.values()) and not journal.data["services_stopped"] and not stuck:
-        return "rolled back: " + ", ".join(f"{a} on {msg}" for a, (ok, msg) in sorted(results.items()))
-    done = [f"{a} on {msg}" for a, (ok, msg) in sorted(results.items()) if ok]
-    failed = [f"{a}: {msg}" for a, (ok, msg) in sorted(results.items()) if not ok]
+    results = sorted(reconcile(host, journal, writer, actions, addresses, progress=progress),
+                     key=lambda r: r.address)
+    if all(r.ok for r in results) and not journal.data["services_stopped"] and not stuck:
+        return "rolled back: " + ", ".join(f"{r.address} on {r.outcome}" for r in results)
+    done = [f"{r.address} on {r.outcome}" for r in results if r.ok]
+    failed = [f"{r.address}: {r.outcome}" for r in results if not r.ok]
     left = [f"{a} left as it is (its write is still stuck in the kernel, which holds the device)"
             for a in stuck] + failed + [f"service {s} not restarted" for s in journal.data["services_stopped"]]
     return ((f"rolled back: {', '.join(done)}; " if done else "") + "rollback incomplete ("
@@ -148,7 +167,7 @@ def _rollback(host, journal, writer, actions, addresses, stuck, progress) -> str
 
 
 def reconcile(host: HostRoot, journal: Journal, writer: SysfsWriter, actions: Actions,
-              addresses: list[str] | None = None, progress=lambda line: None) -> dict[str, tuple[bool, str]]:
+              addresses: list[str] | None = None, progress=lambda line: None) -> list[Reconciled]:
     """Return journaled devices to their recorded originals, from whatever state sysfs shows.
 
     Safe to run at any point after a crash: each action is decided from the current
@@ -156,19 +175,19 @@ def reconcile(host: HostRoot, journal: Journal, writer: SysfsWriter, actions: Ac
     journal; services stopped by gpuvfio are restarted once no device is left.
     """
     targets = sorted(journal.devices) if addresses is None else [a for a in addresses if a in journal.devices]
-    results: dict[str, tuple[bool, str]] = {}
+    results: list[Reconciled] = []
     for address in targets:
         record = journal.devices[address]
         try:
             _restore_one(host, address, record, writer)
         except GpuvfioError as exc:
-            results[address] = (False, str(exc))
+            results.append(Reconciled(address, record.get("original_driver"), str(exc)))
             progress(f"{address}: restore failed: {exc}")
             if isinstance(exc, DeviceDead):
                 journal.data["broken"][address] = {"reason": str(exc), "since": time.time()}
                 journal.save()
             continue
-        results[address] = (True, record["original_driver"] or "no driver")
+        results.append(Reconciled(address, record["original_driver"]))
         del journal.devices[address]
         journal.save()
         progress(f"{address}: back on {record['original_driver'] or 'no driver'}")

@@ -19,6 +19,7 @@ import difflib
 import re
 import shlex
 from dataclasses import dataclass
+from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
@@ -43,6 +44,27 @@ _RULE = re.compile(r'KERNEL=="([0-9a-f:.]+)"')
 _SOFTDEP = re.compile(r"^softdep (\S+) pre: vfio-pci$", re.M)
 
 
+class Mechanism(str, Enum):
+    """How a boot-time override is kept: driverctl's store, or gpuvfio's own udev rule."""
+
+    DRIVERCTL = "driverctl"
+    UDEV = "udev"
+
+
+class ChangeAction(str, Enum):
+    CREATE = "create"
+    UPDATE = "update"
+    REMOVE = "remove"
+
+
+class PersistStatus(str, Enum):
+    """How a persist or unpersist ended: files written, nothing to change, or only planned."""
+
+    APPLIED = "applied"
+    NOTHING_TO_DO = "nothing_to_do"
+    DRY_RUN = "dry_run"
+
+
 @dataclass(slots=True)
 class FileChange:
     rel: str  # beneath the host root (etc/udev/rules.d/...)
@@ -55,6 +77,12 @@ class FileChange:
         """As the host names it."""
         return "/" + self.rel
 
+    @property
+    def action(self) -> ChangeAction:
+        if self.new is None:
+            return ChangeAction.REMOVE
+        return ChangeAction.CREATE if self.old is None else ChangeAction.UPDATE
+
     def diff(self, root: str = "") -> str:
         rel = self.path
         if self.link:
@@ -62,6 +90,55 @@ class FileChange:
         return "".join(difflib.unified_diff((self.old or "").splitlines(True), (self.new or "").splitlines(True),
                                             f"a{rel}" if self.old is not None else "/dev/null",
                                             f"b{rel}" if self.new is not None else "/dev/null"))
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """One boot-time driver override: the device, the driver it gets at boot, and by what."""
+
+    address: PciAddress
+    driver: str
+    mechanism: Mechanism
+
+    @property
+    def source(self) -> str:
+        """The mechanism as ``persist --list`` names it: driverctl's store holds anyone's
+        overrides (any driver); the udev rules are gpuvfio's own."""
+        return "udev (gpuvfio)" if self.mechanism is Mechanism.UDEV else self.mechanism.value
+
+    def to_json(self) -> dict:
+        return {"address": str(self.address), "driver": self.driver, "mechanism": self.source}
+
+
+@dataclass(slots=True)
+class PersistedOverrides:
+    """``gpuvfio persist --list``: every boot-time override, and the mechanism persist uses here."""
+
+    overrides: list[Override]
+    mechanism: Mechanism
+
+    def to_json(self) -> dict:
+        return {"overrides": [o.to_json() for o in self.overrides], "mechanism": self.mechanism.value}
+
+
+@dataclass(slots=True)
+class PersistReport:
+    """A persist or unpersist: the devices (whole IOMMU groups), the mechanism, each file it
+    changes (or would), how it ended, and the step left to the user (rebuild the initramfs)."""
+
+    devices: list[PciAddress]
+    mechanism: Mechanism
+    changes: list[FileChange]
+    status: PersistStatus
+    next_step: str | None = None
+
+    def to_json(self) -> dict:
+        out = {"devices": [str(a) for a in self.devices], "mechanism": self.mechanism.value,
+               "changes": [{"path": c.path, "action": c.action.value, "diff": c.diff()} for c in self.changes],
+               "result": self.status.value}
+        if self.next_step is not None:
+            out["next"] = self.next_step
+        return out
 
 
 def _read_link(host: HostRoot, rel: str) -> str | None:
@@ -108,6 +185,11 @@ def uses_driverctl(host: HostRoot) -> bool:
     return any(host.exists(host.path(*parts)) for parts in DRIVERCTL_BINARIES)
 
 
+def mechanism(host: HostRoot) -> Mechanism:
+    """What persist writes on this host: driverctl's store where driverctl is installed."""
+    return Mechanism.DRIVERCTL if uses_driverctl(host) else Mechanism.UDEV
+
+
 def persisted(host: HostRoot) -> dict[str, set[PciAddress]]:
     """What is persisted now, by mechanism."""
     result = {"udev": set(), "driverctl": set()}
@@ -123,7 +205,7 @@ def persisted(host: HostRoot) -> dict[str, set[PciAddress]]:
     return result
 
 
-def overrides(host: HostRoot) -> list[dict]:
+def overrides(host: HostRoot) -> list[Override]:
     """Every boot-time driver override, as ``driverctl list-overrides`` shows its own (any
     driver), and gpuvfio's udev rules (vfio-pci): address, driver, mechanism."""
     found = []
@@ -131,10 +213,10 @@ def overrides(host: HostRoot) -> list[dict]:
         addr = PciAddress.try_parse(name[4:]) if name.startswith("pci-") else None
         driver = (_read(host, _rel(*DRIVERCTL_DIR, name)) or "").strip() if addr is not None else ""
         if addr is not None and driver and driver.isprintable() and len(driver) <= 64:
-            found.append({"address": str(addr), "driver": driver, "mechanism": "driverctl"})
+            found.append(Override(addr, driver, Mechanism.DRIVERCTL))
     for addr in sorted(persisted(host)["udev"]):
-        found.append({"address": str(addr), "driver": "vfio-pci", "mechanism": "udev (gpuvfio)"})
-    return sorted(found, key=lambda o: (o["address"], o["mechanism"]))
+        found.append(Override(addr, "vfio-pci", Mechanism.UDEV))
+    return sorted(found, key=lambda o: (str(o.address), o.mechanism.value))
 
 
 def plan_persist(host: HostRoot, add: list[PciAddress], remove: list[PciAddress],

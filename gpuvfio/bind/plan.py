@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.host import assignable
+from gpuvfio.host.fabric import Decision
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
@@ -23,18 +25,42 @@ from gpuvfio.host.root import HostRoot
 
 VFIO_DRIVER = "vfio-pci"
 
-OK, REFUSE, WARN, SKIP = "ok", "refuse", "warn", "skip"
+
+
+class CheckStatus(str, Enum):
+    """A bind check's verdict; ``skip``: the check could not be asked (libvirt not consulted)."""
+
+    OK = "ok"
+    REFUSE = "refuse"
+    WARN = "warn"
+    SKIP = "skip"
+
+
+OK, REFUSE, WARN, SKIP = CheckStatus.OK, CheckStatus.REFUSE, CheckStatus.WARN, CheckStatus.SKIP
+
+
+class BindStatus(str, Enum):
+    """How a bind ended (or would): moved, already there, refused, or only planned (dry run)."""
+
+    APPLIED = "applied"
+    NOTHING_TO_DO = "nothing_to_do"
+    REFUSED = "refused"
+    DRY_RUN = "dry_run"
 
 
 @dataclass(slots=True)
 class PlanCheck:
     check_id: str
-    status: str
+    status: CheckStatus
     message: str
     overridable: bool = False
 
+    def __post_init__(self) -> None:
+        # The Fabric Manager's checks carry their verdicts as the same words (host.fabric).
+        self.status = CheckStatus(self.status)
+
     def to_json(self) -> dict:
-        return {"id": self.check_id, "status": self.status, "message": self.message,
+        return {"id": self.check_id, "status": self.status.value, "message": self.message,
                 "overridable": self.overridable}
 
 
@@ -90,6 +116,46 @@ class BindPlan:
                 "checks": [c.to_json() for c in self.checks]}
 
 
+@dataclass(slots=True)
+class BindReport:
+    """A bind as decided and carried out (gpuvfio bind, attach's bind step, a dry run, Ansible
+    check mode, testbed plan): what ends on vfio-pci, the steps, every check, what moves, the
+    checks that refuse, the HGX baseboard's decision, and how it ended (None: only planned, not
+    yet judged as a run)."""
+
+    devices: list[PciAddress]
+    steps: list[Step]
+    checks: list[PlanCheck]
+    moving: list[PciAddress]
+    refused: list[PlanCheck]
+    root: str | None = None  # step paths are shown as the host beneath this root names them
+    fabric: Decision | None = None
+    status: BindStatus | None = None
+
+    @classmethod
+    def of(cls, plan: BindPlan, refused: list[PlanCheck], *, root: str | None = None,
+           fabric: Decision | None = None) -> "BindReport":
+        return cls(list(plan.devices), list(plan.steps), list(plan.checks), list(plan.moving), list(refused),
+                   root, fabric, BindStatus.NOTHING_TO_DO if plan.nothing_to_do else None)
+
+    def to_json(self) -> dict:
+        out = {"devices": [str(d) for d in self.devices], "steps": [s.to_json(self.root) for s in self.steps],
+               "checks": [c.to_json() for c in self.checks], "moving": [str(a) for a in self.moving],
+               "refused": [c.to_json() for c in self.refused]}
+        if self.fabric is not None:
+            out["fabric"] = self.fabric.to_json()
+        if self.status is not None:
+            out["result"] = self.status.value
+        return out
+
+
+@dataclass(slots=True)
+class ServicePlan:
+    """The NVIDIA services a bind meets: the units it stops (--stop-services) and the ones kept
+    running on purpose (the Fabric Manager in shared-NVSwitch mode)."""
+
+    units: list[str] = field(default_factory=list)
+    kept: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True, frozen=True)
@@ -154,7 +220,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     moving = [a for a in devices if fns[a].driver != VFIO_DRIVER]
     originals = {a: (fns[a].driver, fns[a].driver_override) for a in devices}
     services = _service_checks(host, [fns[a] for a in moving], checks, policy.stop_services)
-    _holder_checks(host, [fns[a] for a in moving], checks, set(services["units"]), services["kept"])
+    _holder_checks(host, [fns[a] for a in moving], checks, set(services.units), services.kept)
     for address in moving:
         fn = fns[address]
         if fn.boot_vga:
@@ -187,7 +253,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                                     "modules (see gpuvfio doctor)"))
     if moving:
         checks.append(PlanCheck("vfio_modules", OK, "vfio-pci " + ("loaded" if vfio_loaded else "loadable")))
-    for name in services["units"]:
+    for name in services.units:
         steps.append(Step("stop_service", name=name))
     for address in moving:
         path = host.sys_path("bus", "pci", "devices", str(address), "driver_override")
@@ -201,7 +267,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
         steps.append(Step("probe", str(address), host.sys_path("bus", "pci", "drivers_probe"), str(address),
                           expect=VFIO_DRIVER))
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
-                    groups=endpoints, steps=steps, checks=checks, services=services["units"])
+                    groups=endpoints, steps=steps, checks=checks, services=services.units)
 
 
 def _unsafe_host_checks(kernel: KernelInfo, checks: list[PlanCheck], allowed: bool) -> None:
@@ -221,10 +287,10 @@ def _unsafe_host_checks(kernel: KernelInfo, checks: list[PlanCheck], allowed: bo
             checks.append(PlanCheck(check_id, REFUSE, message + flag))
 
 
-def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool) -> dict:
+def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool) -> ServicePlan:
     """Units to stop (with --stop-services), and units kept running on purpose: the Fabric
     Manager in shared-NVSwitch mode manages the NVSwitches for the guests' GPUs."""
-    result: dict = {"units": [], "kept": set()}
+    result = ServicePlan()
     if not any(fn.driver == "nvidia" for fn in moving):
         return result
     shared_nvswitch = fabric_mode(host) == SHARED_NVSWITCH
@@ -233,11 +299,11 @@ def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool)
         if unit == FABRIC_MANAGER_UNIT and shared_nvswitch:
             checks.append(PlanCheck("services", OK, f"{unit} (pid {listed}) runs in shared-NVSwitch mode "
                                     "(FABRIC_MODE=1): it manages the NVSwitches for the guests and keeps running"))
-            result["kept"].add(unit)
+            result.kept.add(unit)
         elif stop:
             checks.append(PlanCheck("services", WARN, f"{unit} (pid {listed}) will be stopped and restarted by "
                                     "gpuvfio restore"))
-            result["units"].append(unit)
+            result.units.append(unit)
         else:
             checks.append(PlanCheck("services", REFUSE, f"{unit} is running (pid {listed}) and keeps the GPU open; "
                                     "--stop-services stops it now and restore restarts it"))

@@ -14,7 +14,7 @@ from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, pri
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.reset import plan_reset, reset
-from gpuvfio.ops.binding import BindPolicy
+from gpuvfio.ops.binding import BindPolicy, BindStatus, PersistReport, PersistStatus
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.selection import check_devices, resolve
@@ -70,21 +70,22 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
                     emit_json(exc.report) if as_json else render.print_plan(exc.report)
                 raise unconfirmed from None
             if unconfirmed is not None:
-                emit_json(report) if as_json else render.print_plan(report)
+                emit_json(report.to_json()) if as_json else render.print_plan(report.to_json())
                 raise unconfirmed
     except Refused as exc:
         if exc.report is not None:
             emit_json(exc.report) if as_json else render.print_plan(exc.report)
         raise
     if as_json:
-        emit_json(report)
+        emit_json(report.to_json())
         return
-    if report["result"] in ("dry_run", "nothing_to_do"):
-        render.print_plan(report)
-    if report["result"] == "nothing_to_do":
-        say(f"nothing to do: {', '.join(report['devices'])} already on vfio-pci")
-    elif report["result"] == "applied":
-        say(f"bound to vfio-pci: {', '.join(report['devices'])} (gpuvfio restore gives them back)")
+    if report.status in (BindStatus.DRY_RUN, BindStatus.NOTHING_TO_DO):
+        render.print_plan(report.to_json())
+    devices = ", ".join(map(str, report.devices))
+    if report.status is BindStatus.NOTHING_TO_DO:
+        say(f"nothing to do: {devices} already on vfio-pci")
+    elif report.status is BindStatus.APPLIED:
+        say(f"bound to vfio-pci: {devices} (gpuvfio restore gives them back)")
 
 
 @app.command("unbind")
@@ -188,17 +189,17 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
             raise unconfirmed
 
 
-def _persist_output(report: dict, remove: bool, dry_run: bool, as_json: bool) -> None:
+def _persist_output(report: PersistReport, remove: bool, dry_run: bool, as_json: bool) -> None:
     if as_json:
-        emit_json(report)
+        emit_json(report.to_json())
         return
-    for change in report["changes"]:
-        write_text(change["diff"] if dry_run else f"{change['action']}: {change['path']}\n")  # the host's files
-    if report["result"] == "nothing_to_do":
-        say(f"nothing to do: {', '.join(report['devices'])} already "
-            + ("not persisted" if remove else f"persisted ({report['mechanism']})"))
-    elif "next" in report:
-        say(("would then need to " if dry_run else "next: ") + report["next"])
+    for change in report.changes:
+        write_text(change.diff() if dry_run else f"{change.action.value}: {change.path}\n")  # the host's files
+    if report.status is PersistStatus.NOTHING_TO_DO:
+        say(f"nothing to do: {', '.join(map(str, report.devices))} already "
+            + ("not persisted" if remove else f"persisted ({report.mechanism.value})"))
+    elif report.next_step is not None:
+        say(("would then need to " if dry_run else "next: ") + report.next_step)
 
 
 @app.command("persist")
@@ -218,12 +219,12 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         with open_host(root_of(root)) as (host, _label):
             report = binding.persisted_overrides(host_context(host))
         if fmt == "json":
-            emit_json(report)
+            emit_json(report.to_json())
             return
         listing = Listing("Boot-time driver overrides", [Column("Address", keep=True), Column("Driver", keep=True),
                                                          Column("Mechanism", keep=True)])
-        for item in report["overrides"]:
-            listing.add(item["address"], item["driver"], item["mechanism"])
+        for item in report.overrides:
+            listing.add(str(item.address), item.driver, item.source)
         print_listing(listing, fmt)
         return
     if output_format is not None:

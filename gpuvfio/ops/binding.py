@@ -22,7 +22,9 @@ from gpuvfio.bind import persist as store
 from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
 from gpuvfio.bind.fabric_manager import deactivate_journaled, plan_checks, plan_detach
 from gpuvfio.bind.journal import Journal, RunLock
-from gpuvfio.bind.plan import WARN, BindPlan, BindPolicy, LibvirtView, PlanCheck, plan_bind
+from gpuvfio.bind.persist import Mechanism, Override, PersistedOverrides, PersistReport, PersistStatus
+from gpuvfio.bind.plan import (WARN, BindPlan, BindPolicy, BindReport, BindStatus, CheckStatus, LibvirtView, PlanCheck,
+                               plan_bind)
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host import assignable
 from gpuvfio.host.fabric import SHARED_NVSWITCH
@@ -37,9 +39,11 @@ from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
-__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "bind", "BindOperation",
-           "plan_operation", "apply_operation", "RestoreResult", "UnbindResult", "Status", "HeldDevice", "restore", "held",
-           "release", "unbind", "status", "plan_unbind", "plan_restore", "persist", "persisted_overrides", "current_drivers", "addresses_in_groups"]
+__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "plan_report", "bind",
+           "BindOperation", "BindReport", "BindStatus", "CheckStatus", "PlanCheck", "plan_operation", "apply_operation",
+           "RestoreResult", "UnbindResult", "Status", "HeldDevice", "restore", "held", "release", "unbind", "status",
+           "plan_unbind", "plan_restore", "persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
+           "PersistedOverrides", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
 
@@ -70,9 +74,10 @@ def libvirt_not_asked(ctx: Context, uri: str | None) -> str | None:
     return None
 
 
-def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
-         exclude: str | None = None) -> tuple[BindPlan, dict]:
-    """The plan and its report ({"devices", "steps", "checks", "moving", "refused"[, "result"]})."""
+def plan_report(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
+                exclude: str | None = None) -> tuple[BindPlan, BindReport]:
+    """The plan and its report (status nothing_to_do when every device is on vfio-pci already,
+    else not judged yet)."""
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     for address in addresses:
         assignable.endpoint(inventory, address)
@@ -86,9 +91,6 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
     bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, broken)
     if decision.kind != "none":
         bind_plan.checks += plan_checks(decision)
-        report_fabric = decision.to_json()
-    else:
-        report_fabric = None
     if ctx.actions is None and not bind_plan.nothing_to_do:
         # A plan for a recorded host (a testbed on a remote hypervisor) is right for that host;
         # carried out here against the recording, these steps would stop the run: say so.
@@ -96,14 +98,18 @@ def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         if needs:
             bind_plan.checks.append(PlanCheck("live_host", WARN, f"{'; '.join(needs)}: modprobe/systemctl act on "
                                               "the live host only; a run against this root stops there"))
-    report = bind_plan.to_json(ctx.host.root)  # step paths as the host names them
-    report["moving"] = [str(a) for a in bind_plan.moving]
-    report["refused"] = [c.to_json() for c in bind_plan.refusals(policy.force)]
-    if report_fabric is not None:
-        report["fabric"] = report_fabric
-    if bind_plan.nothing_to_do:
-        report["result"] = "nothing_to_do"
+    # Step paths are shown as the host names them (the root is where this process sees it).
+    report = BindReport.of(bind_plan, bind_plan.refusals(policy.force), root=ctx.host.root,
+                           fabric=decision if decision.kind != "none" else None)
     return bind_plan, report
+
+
+def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
+         exclude: str | None = None) -> tuple[BindPlan, dict]:
+    """plan_report with the report as JSON ({"devices", "steps", "checks", "moving", "refused"[,
+    "fabric"][, "result"]}), for a caller that shows it whole."""
+    bind_plan, report = plan_report(ctx, addresses, policy, uri=uri, exclude=exclude)
+    return bind_plan, report.to_json()
 
 
 def addresses_in_groups(inventory: Inventory, addresses: list[PciAddress]) -> list[PciAddress]:
@@ -124,19 +130,25 @@ def operation_lock(ctx: Context) -> RunLock:
 
 @dataclass
 class BindOperation:
-    """A bind decided: the plan, its report, and the refusals that stop this bind (devices
-    already on vfio-pci are refused only when broken, or used by a domain with ``require_unused``)."""
+    """A bind decided: the plan, its report (``outcome``, whose status the run sets), and the
+    refusals that stop this bind (devices already on vfio-pci are refused only when broken, or
+    used by a domain with ``require_unused``)."""
 
     plan: BindPlan
-    report: dict
+    outcome: BindReport
     refusals: list[str]
 
     @property
     def nothing_to_do(self) -> bool:
         return self.plan.nothing_to_do
 
+    @property
+    def report(self) -> dict:
+        """The report as JSON, as plans shown whole carry it (attach's plan, testbed plan)."""
+        return self.outcome.to_json()
+
     def refusal(self) -> Refused:
-        return Refused("refused: " + "; ".join(self.refusals), self.report)
+        return Refused("refused: " + "; ".join(self.refusals), self.outcome.to_json())
 
 
 @dataclass
@@ -176,33 +188,33 @@ def plan_operation(ctx: Context, addresses: list[PciAddress], policy: BindPolicy
     run, Ansible check mode and testbed plan all take this one decision)."""
     if not addresses:
         raise InputError("no PCI address given")
-    bind_plan, report = plan(ctx, addresses, policy, uri=uri, exclude=exclude)
+    bind_plan, report = plan_report(ctx, addresses, policy, uri=uri, exclude=exclude)
     if bind_plan.nothing_to_do:
         # Devices already on vfio-pci: still refused when broken (always), or used by a domain
         # (when one is about to get them).
-        refusing = [c["message"] for c in report["refused"]
-                    if c["id"] == "health" or (require_unused and c["id"] == "libvirt")]
+        refusing = [c.message for c in report.refused
+                    if c.check_id == "health" or (require_unused and c.check_id == "libvirt")]
     else:
-        refusing = [c["message"] for c in report["refused"]]
+        refusing = [c.message for c in report.refused]
     if refusing:
-        report["result"] = "refused"
+        report.status = BindStatus.REFUSED
     return BindOperation(bind_plan, report, refusing)
 
 
-def apply_operation(ctx: Context, operation: BindOperation, journal: Journal) -> dict:
+def apply_operation(ctx: Context, operation: BindOperation, journal: Journal) -> BindReport:
     """Carry out a planned bind; the caller holds the run lock and made the plan under it."""
     if operation.refusals:
         raise operation.refusal()
-    report = operation.report
+    report = operation.outcome
     if operation.nothing_to_do:
         return report
-    result = apply_bind(ctx.host, operation.plan, journal, ctx.writer(), ctx.host_actions(), ctx.progress)
-    report["result"] = result.status
+    report.status = apply_bind(ctx.host, operation.plan, journal, ctx.writer(), ctx.host_actions(),
+                               ctx.progress).status
     return report
 
 
 def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
-         exclude: str | None = None, dry_run: bool = False, require_unused: bool = False) -> dict:
+         exclude: str | None = None, dry_run: bool = False, require_unused: bool = False) -> BindReport:
     """Move the IOMMU groups of ``addresses`` to vfio-pci. A dry run raises Refused exactly when
     the real run would. Devices already on vfio-pci are "nothing to do" (gpuvfio bind: in use by a
     domain is the expected state then); with ``require_unused`` (attach: a domain is about to get
@@ -215,8 +227,8 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         if operation.refusals:
             raise operation.refusal()
         if not operation.nothing_to_do:
-            operation.report["result"] = "dry_run"
-        return operation.report
+            operation.outcome.status = BindStatus.DRY_RUN
+        return operation.outcome
     with ctx.lock():
         journal = ctx.journal()
         operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
@@ -298,8 +310,8 @@ def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> "Resto
                              "still active)")
     targets = None if not wanted and not kept else [a for a in (wanted or sorted(journal.devices)) if a not in kept]
     results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), targets, ctx.progress)
-    result = RestoreResult(restored={a: msg for a, (ok, msg) in results.items() if ok},
-                           failed={a: msg for a, (ok, msg) in results.items() if not ok}, kept=kept,
+    result = RestoreResult(restored={r.address: r.outcome for r in results if r.ok},
+                           failed={r.address: r.outcome for r in results if not r.ok}, kept=kept,
                            services_not_restarted=list(journal.data["services_stopped"]), vgpu=undone)
     # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
     # last one): only a restart that should have happened and did not is a failure.
@@ -337,14 +349,15 @@ def _with_companions(ctx: Context, inventory: Inventory, journal: Journal, leavi
     return _with_group_members(journal, sorted(set(leaving) | set(along))) if along else leaving
 
 
-def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, dict]:
-    """What release(addresses) would give back: address -> its journal record (original driver)."""
+def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, "HeldDevice"]:
+    """What release(addresses) would give back: address -> the device as gpuvfio holds it (its
+    driver now, and the original driver restore gives it back to), in address order."""
     inventory = read_inventory(ctx.host)
     unknown = [str(a) for a in addresses if a not in inventory.functions]
     if unknown:
         raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
     journal = ctx.journal()
-    return {a: dict(journal.devices[a]) for a in held_in_groups(ctx, journal, addresses)}
+    return {a: _held_device(ctx, a, journal.devices[a]) for a in held_in_groups(ctx, journal, addresses)}
 
 
 def current_drivers(ctx: Context, addresses) -> dict[str, str | None]:
@@ -455,16 +468,19 @@ class Status:
                 "unfinished_operation": self.unfinished_operation}
 
 
+def _held_device(ctx: Context, address: str, record: dict) -> HeldDevice:
+    """A journaled device as it is now (a device gone from sysfs shows no driver)."""
+    try:
+        driver, override = current_driver(ctx.host, address), current_override(ctx.host, address)
+    except GpuvfioError:
+        driver, override = None, None
+    return HeldDevice(address, driver, override, record.get("original_driver"), record.get("original_override"),
+                      record.get("group"))
+
+
 def status(ctx: Context) -> Status:
     journal = ctx.journal()
-    devices = []
-    for address, record in sorted(journal.devices.items()):
-        try:
-            driver, override = current_driver(ctx.host, address), current_override(ctx.host, address)
-        except GpuvfioError:
-            driver, override = None, None
-        devices.append(HeldDevice(address, driver, override, record.get("original_driver"),
-                                  record.get("original_override"), record.get("group")))
+    devices = [_held_device(ctx, address, record) for address, record in sorted(journal.devices.items())]
     operation = journal.unfinished_operation()
     pending = None
     if operation is not None:
@@ -480,7 +496,7 @@ def status(ctx: Context) -> Status:
 
 
 def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,
-            force: bool = False, fault=None) -> dict:
+            force: bool = False, fault=None) -> PersistReport:
     """gpuvfio persist / unpersist: the whole IOMMU group of each address, by address; the same
     group policy as bind (a group with a foreign device is refused unless forced)."""
     host = ctx.host
@@ -493,12 +509,12 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
     else:  # what a bind of them would move (the group policy judges what was asked for)
         endpoints = set(_check_persistable(ctx, asked, force))
     if dry_run:
-        return _persist_changes(ctx, endpoints, remove, dry_run)[0]
+        return _persist_changes(ctx, endpoints, remove, dry_run)
     # Planned and written under the lock: two persists at once must not lose each other's devices.
     with ctx.lock():
-        report, changes = _persist_changes(ctx, endpoints, remove, dry_run)
-        if changes:
-            store.commit(host, changes, fault=fault)
+        report = _persist_changes(ctx, endpoints, remove, dry_run)
+        if report.changes:
+            store.commit(host, report.changes, fault=fault)
     return report
 
 
@@ -507,10 +523,9 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
 NOT_FOR_PERSIST = {"libvirt", "services", "vfio_modules"}
 
 
-def persisted_overrides(ctx: Context) -> dict:
+def persisted_overrides(ctx: Context) -> PersistedOverrides:
     """``gpuvfio persist --list``: the boot-time overrides (driverctl's, gpuvfio's udev rules)."""
-    return {"overrides": store.overrides(ctx.host), "mechanism": "driverctl" if store.uses_driverctl(ctx.host)
-            else "udev"}
+    return PersistedOverrides(store.overrides(ctx.host), store.mechanism(ctx.host))
 
 
 def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -> list[PciAddress]:
@@ -519,9 +534,9 @@ def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -
     at the next boot, a foreign device in the group a host without its NIC. The devices a bind
     would move are what persists. In shared-NVSwitch mode the fabric's checks are about now (the
     Fabric Manager running, a partition free), not about the boot: they do not refuse it."""
-    bind_plan, report = plan(ctx, addresses, BindPolicy(force=force), uri=NO_LIBVIRT)
+    bind_plan, report = plan_report(ctx, addresses, BindPolicy(force=force), uri=NO_LIBVIRT)
     skip = set(NOT_FOR_PERSIST)
-    if (report.get("fabric") or {}).get("fabric_mode") == SHARED_NVSWITCH:
+    if report.fabric is not None and report.fabric.mode == SHARED_NVSWITCH:
         skip.add("fabric")
     refused = [c for c in bind_plan.refusals(force) if c.check_id not in skip]
     if refused:
@@ -531,7 +546,7 @@ def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -
     return bind_plan.devices
 
 
-def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool, dry_run: bool):
+def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool, dry_run: bool) -> PersistReport:
     host = ctx.host
     inventory = read_inventory(host)
     journal = ctx.journal()
@@ -545,11 +560,6 @@ def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool, dry
             modules.add(module)
     add, drop = ([], sorted(endpoints)) if remove else (sorted(endpoints), [])
     changes = store.plan_persist(host, add, drop, set() if remove else modules)
-    report = {"devices": [str(a) for a in sorted(endpoints)],
-              "mechanism": "driverctl" if store.uses_driverctl(host) else "udev",
-              "changes": [{"path": c.path, "action": "remove" if c.new is None else
-                           ("create" if c.old is None else "update"), "diff": c.diff(host.root)} for c in changes],
-              "result": "dry_run" if dry_run else ("nothing_to_do" if not changes else "applied")}
-    if changes and not remove:
-        report["next"] = store.initramfs_hint(host)
-    return report, changes
+    ended = PersistStatus.DRY_RUN if dry_run else (PersistStatus.APPLIED if changes else PersistStatus.NOTHING_TO_DO)
+    return PersistReport(sorted(endpoints), store.mechanism(host), changes, ended,
+                         store.initramfs_hint(host) if changes and not remove else None)

@@ -159,22 +159,23 @@ def to_vfio(module, ctx, addresses) -> dict:
                                 allow_unsafe_host=params["allow_unsafe_host"])
     # The plan of the real run: a refusal fails the task in check mode exactly as it would for real.
     plan = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"], dry_run=True)
-    result = {"devices": plan["devices"], "plan": plan}
-    before = binding.current_drivers(ctx, plan["devices"])
-    if plan.get("result") == "nothing_to_do":
+    devices = [str(a) for a in plan.devices]
+    result = {"devices": devices, "plan": plan.to_json()}
+    before = binding.current_drivers(ctx, devices)
+    if plan.status is binding.BindStatus.NOTHING_TO_DO:
         # Already there: the pre-checks guard a move, and nothing moves (a domain that uses
         # the devices, as after attach.yml, is the expected state, not a refusal).
         result.update(changed=False, drivers={"before": before, "after": before})
         return result
-    after = {a: VFIO for a in plan["devices"]}
+    after = {a: VFIO for a in devices}
     result.update(changed=True, drivers={"before": before, "after": after},
                   diff=driver_diff(before, after, "IOMMU group(s) of " + ", ".join(map(str, addresses))))
     if module.check_mode:
         return result
     report = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"])
-    result["plan"] = report
-    result["drivers"]["after"] = binding.current_drivers(ctx, report["devices"])
-    result["changed"] = report.get("result") == "applied"
+    result["plan"] = report.to_json()
+    result["drivers"]["after"] = binding.current_drivers(ctx, report.devices)
+    result["changed"] = report.status is binding.BindStatus.APPLIED
     return result
 
 
@@ -190,7 +191,7 @@ def to_host(module, ctx, addresses) -> dict:
     if not held:
         result["drivers"] = {"before": {}, "after": {}}
         return result
-    after = {a: record.get("original_driver") for a, record in held.items()}
+    after = {a: device.original_driver for a, device in held.items()}
     result.update(drivers={"before": before, "after": after},
                   diff=driver_diff(before, after, "devices held by gpuvfio"))
     if module.check_mode:
@@ -202,12 +203,12 @@ def to_host(module, ctx, addresses) -> dict:
 
 def persistence(module, ctx, addresses, remove: bool) -> dict:
     report = binding.persist(ctx, addresses, remove=remove, dry_run=module.check_mode, force=module.params["force"])
-    changed = bool(report["changes"])
-    result = {"devices": report["devices"], "persist": report, "changed": changed}
+    changed = bool(report.changes)
+    result = {"devices": [str(a) for a in report.devices], "persist": report.to_json(), "changed": changed}
     if changed:
-        result["diff"] = {"prepared": "".join(c["diff"] for c in report["changes"])}
-        if report.get("next"):
-            module.warn(report["next"])
+        result["diff"] = {"prepared": "".join(c.diff() for c in report.changes)}
+        if report.next_step:
+            module.warn(report.next_step)
     return result
 
 

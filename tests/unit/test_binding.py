@@ -16,7 +16,7 @@ from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, 
 from gpuvfio.bind.sysfs_write import kernel_write
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot
-from gpuvfio.ops.binding import BindPolicy, bind, release, restore, status, unbind
+from gpuvfio.ops.binding import BindPolicy, BindStatus, CheckStatus, bind, release, restore, status, unbind
 from tests.conftest import REPO
 from tests.contexts import Services, sim_context, libvirt_test_uri
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
@@ -90,11 +90,11 @@ def h(tmp_path):
 
 def test_whole_group_moves_bridge_untouched(h):
     report = h.bind(GPU)
-    assert report["result"] == "applied"
-    assert report["devices"] == [GPU, AUDIO]  # the audio function goes too; the root port does not
+    assert report.status is BindStatus.APPLIED
+    assert report.devices == [A(GPU), A(AUDIO)]  # the audio function goes too; the root port does not
     assert h.drivers() == {GPU: "vfio-pci", AUDIO: "vfio-pci", PORT: "pcieport", NIC: "igc"}
     assert os.path.exists(os.path.join(h.root, "dev", "vfio", str(h.group)))
-    kinds = [s["kind"] for s in report["steps"]]
+    kinds = [s.kind for s in report.steps]
     assert kinds == ["modprobe", "override", "override", "unbind", "unbind", "probe", "probe"]
     journal = Journal.load(state_dir(h.host))
     assert journal.devices[GPU]["original_driver"] == "nvidia"
@@ -115,14 +115,14 @@ def test_already_bound_is_a_noop(h):
     h.bind(GPU)
     writes = len(h.kernel.writes())
     report = h.bind(AUDIO)
-    assert report["result"] == "nothing_to_do" and report["steps"] == []
+    assert report.status is BindStatus.NOTHING_TO_DO and report.steps == []
     assert len(h.kernel.writes()) == writes
 
 
 def test_dry_run_changes_nothing(h):
     before = h.snapshot()
     report = h.bind(GPU, dry_run=True)
-    assert report["result"] == "dry_run" and report["devices"] == [GPU, AUDIO]
+    assert report.status is BindStatus.DRY_RUN and report.devices == [A(GPU), A(AUDIO)]
     assert h.snapshot() == before and h.kernel.writes() == []
     assert not os.path.exists(state_dir(h.host).path())
 
@@ -137,7 +137,7 @@ def test_dry_run_refuses_exactly_when_the_real_run_would(h):
     assert str(dry.value) == str(real.value) and "nvidia-persistenced is running" in str(dry.value)
     assert dry.value.report["result"] == "refused" and dry.value.report["refused"]
     assert h.kernel.writes() == []
-    assert h.bind(GPU, dry_run=True, stop_services=True)["result"] == "dry_run"
+    assert h.bind(GPU, dry_run=True, stop_services=True).status is BindStatus.DRY_RUN
 
 
 @pytest.mark.parametrize("err", [errno.EBUSY, errno.ENODEV])
@@ -232,7 +232,7 @@ def test_services_refused_unless_asked(h):
         h.bind(GPU)
     assert "nvidia-persistenced is running" in str(info.value)
     report = h.bind(GPU, stop_services=True)
-    assert report["result"] == "applied" and h.services == [("stop", "nvidia-persistenced")]
+    assert report.status is BindStatus.APPLIED and h.services == [("stop", "nvidia-persistenced")]
     h.restore()
     assert h.services[-1] == ("start", "nvidia-persistenced")
 
@@ -242,7 +242,7 @@ def test_boot_vga_refused_unless_forced(h):
         f.write("1\n")
     with pytest.raises(Refused):
         h.bind(GPU)
-    assert h.bind(GPU, force=True)["result"] == "applied"
+    assert h.bind(GPU, force=True).status is BindStatus.APPLIED
 
 
 def test_sriov_enabled_refused(h):
@@ -260,7 +260,7 @@ def test_unsafe_host_needs_loud_flag(h):
     with pytest.raises(Refused) as info:
         h.bind(GPU, force=True)
     assert "--allow-unsafe-host" in str(info.value)
-    assert h.bind(GPU, allow_unsafe_host=True)["result"] == "applied"
+    assert h.bind(GPU, allow_unsafe_host=True).status is BindStatus.APPLIED
 
 
 def test_iommu_off_refused(tmp_path):
@@ -295,15 +295,15 @@ def test_libvirt_that_does_not_answer_refuses(h):
         h.bind(GPU, uri="qemu+unix:///system?socket=/nonexistent/libvirt-sock")
     assert "cannot ask libvirt" in str(info.value) and "--connect none" in str(info.value)
     report = h.bind(GPU, uri="none")
-    assert report["result"] == "applied"
-    assert any(c["id"] == "libvirt" and c["status"] == "skip" and "--connect none" in c["message"]
-               for c in report["checks"])
+    assert report.status is BindStatus.APPLIED
+    assert any(c.check_id == "libvirt" and c.status is CheckStatus.SKIP and "--connect none" in c.message
+               for c in report.checks)
 
 
 def test_recorded_root_does_not_ask_this_machines_libvirt(h):
     report = h.bind(GPU, dry_run=True)
-    (check,) = [c for c in report["checks"] if c["id"] == "libvirt"]
-    assert check["status"] == "skip" and "not this machine" in check["message"]
+    (check,) = [c for c in report.checks if c.check_id == "libvirt"]
+    assert check.status is CheckStatus.SKIP and "not this machine" in check.message
 
 
 @pytest.mark.parametrize("stop_after", range(1, 8))
@@ -363,13 +363,13 @@ def test_concurrent_runs(h):
         child.wait()
     message = str(info.value)
     assert f"pid {child.pid}" in message and "gpuvfio attach lab-vm 01:00" in message and "since 20" in message
-    assert h.bind(GPU, lock_timeout=0.5)["result"] == "applied"  # free again: flock went with the process
+    assert h.bind(GPU, lock_timeout=0.5).status is BindStatus.APPLIED  # free again: flock went with the process
 
 
 def test_the_lock_is_reentrant_in_one_process_and_a_dead_holder_is_taken_over(h):
     directory = state_dir(h.host).path()
     with RunLock(directory, 1):  # attach holds it; its bind takes it again without waiting
-        assert h.bind(GPU, lock_timeout=0.5)["result"] == "applied"
+        assert h.bind(GPU, lock_timeout=0.5).status is BindStatus.APPLIED
     h.restore()
     with open(os.path.join(directory, "lock"), "w") as handle:
         handle.write("4194303 2026-12-01T10:00:00+0000 gpuvfio attach killed-vm 01:00\n")  # no such pid
@@ -432,7 +432,7 @@ def test_device_behind_a_switch(tmp_path):
     b.function(down, "0000:12:00.0", "10de", "2330", "030200", driver="nvidia")
     kernel = SimKernel(b.root)
     ctx = sim_context(b.root, kernel)
-    assert bind(ctx, [A("0000:12:00.0")], BindPolicy())["result"] == "applied"
+    assert bind(ctx, [A("0000:12:00.0")], BindPolicy()).status is BindStatus.APPLIED
     assert kernel.driver_of("0000:12:00.0") == "vfio-pci"
     assert current_driver(ctx.host, "0000:12:00.0") == "vfio-pci"
     # already bound: nothing to do, even when a libvirt domain uses it (that is the point)
@@ -440,7 +440,7 @@ def test_device_behind_a_switch(tmp_path):
     ctx.libvirt(uri).defineXML(HOSTDEV_DOMAIN.format(name="guest").replace("bus='0x01'", "bus='0x12'")
                                .replace("function='0x1'", "function='0x0'"))
     again = bind(ctx, [A("0000:12:00.0")], BindPolicy(), uri=uri)
-    assert again["result"] == "nothing_to_do"
+    assert again.status is BindStatus.NOTHING_TO_DO
     restore(ctx, [])
     assert kernel.driver_of("0000:12:00.0") == "nvidia"
 
@@ -488,10 +488,10 @@ def test_fabric_manager_in_shared_nvswitch_mode_keeps_running(h):
         h.bind(GPU, dry_run=True)
     assert "nvidia-fabricmanager" not in str(info.value) and "nvidia-persistenced is running" in str(info.value)
     report = h.bind(GPU, stop_services=True)
-    assert report["result"] == "applied"
+    assert report.status is BindStatus.APPLIED
     assert h.services == [("stop", "nvidia-persistenced")]  # the Fabric Manager kept running
-    (kept,) = [c for c in report["checks"] if c["id"] == "services" and "shared-NVSwitch" in c["message"]]
-    assert kept["status"] == "ok"
+    (kept,) = [c for c in report.checks if c.check_id == "services" and "shared-NVSwitch" in c.message]
+    assert kept.status is CheckStatus.OK
 
 
 def test_fabric_manager_holding_the_gpu_itself_still_refuses(h):

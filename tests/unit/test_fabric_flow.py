@@ -162,12 +162,13 @@ def test_bind_applies_the_fabric_rules(dgx, cli):
     assert "4 of the 8 baseboard GPUs" in str(info.value)
     assert [c["id"] for c in info.value.report["refused"]] == ["fabric"]
     report = binding.bind(ctx, gpus(*range(1, 9)), BindPolicy(stop_services=True), uri="none", dry_run=True)
-    assert set(map(str, SWITCHES)) <= set(report["devices"]) and report["result"] == "dry_run"
-    assert any(c["id"] == "fabric" and "full passthrough" in c["message"] for c in report["checks"])
+    assert set(SWITCHES) <= set(report.devices) and report.status is binding.BindStatus.DRY_RUN
+    assert any(c.check_id == "fabric" and "full passthrough" in c.message for c in report.checks)
+    assert report.fabric is not None and report.fabric.kind == "full_passthrough"
     alone = binding.bind(ctx, gpus(3), BindPolicy(stop_services=True), uri="none", dry_run=True)
-    assert any(c["id"] == "fabric" and c["status"] == "warn" and "NVreg_NvLinkDisable=1" in c["message"]
-               for c in alone["checks"])
-    assert not set(map(str, SWITCHES)) & set(alone["devices"])
+    assert any(c.check_id == "fabric" and c.status is binding.CheckStatus.WARN and "NVreg_NvLinkDisable=1" in c.message
+               for c in alone.checks)
+    assert not set(SWITCHES) & set(alone.devices)
     refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2)), "--dry-run", "--stop-services", "--connect", "none")
     assert refused.code == 1 and "FABRIC_MODE=0" in refused.err
     set_mode(dgx, 1)  # shared NVSwitch, but no Fabric Manager to ask here: no partition can be matched
@@ -236,12 +237,14 @@ def test_the_nvswitches_go_back_and_persist_with_the_last_gpu(quiet_dgx):
                                          "group": inventory.functions[address].iommu_group}
     journal.save()
     switches = set(map(str, SWITCHES))
-    assert switches <= set(binding.held(ctx, gpus(*range(1, 9))))
+    held = binding.held(ctx, gpus(*range(1, 9)))
+    assert switches <= set(held) and all(d.original_driver == "nvidia" for d in held.values())
     assert not switches & set(binding.held(ctx, gpus(1, 2, 3, 4)))  # four GPUs still need them
     persisted = binding.persist(ctx, gpus(*range(1, 9)), dry_run=True)
-    assert switches <= set(persisted["devices"]) and len(persisted["devices"]) == 12
+    assert set(SWITCHES) <= set(persisted.devices) and len(persisted.devices) == 12
+    assert persisted.status is binding.PersistStatus.DRY_RUN
     unpersisted = binding.persist(ctx, gpus(*range(1, 9)), remove=True, dry_run=True)
-    assert switches <= set(unpersisted["devices"])
+    assert set(SWITCHES) <= set(unpersisted.devices)
     with pytest.raises(Refused, match="4 of the 8 baseboard GPUs"):
         binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
 
@@ -252,7 +255,7 @@ def test_persist_in_shared_mode_is_not_refused_for_the_fabric_managers_state(qui
     set_mode(quiet_dgx, 1)
     ctx = Context(host=HostRoot(quiet_dgx))
     report = binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
-    assert report["devices"] == list(map(str, gpus(1, 2, 3, 4)))
+    assert report.devices == gpus(1, 2, 3, 4)
 
 
 def test_verify_of_a_running_guest_wants_the_fabric_managers_driver(shared):
