@@ -235,11 +235,12 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
         return apply_operation(ctx, operation, journal)
 
 
-def plan_restore(ctx: Context, addresses: list[PciAddress]) -> Plan:
-    """What ``restore`` will give back, from the journal: the partitions to deactivate, on a full
-    restore the vGPU instances and scheduler policies gpuvfio made, each device's recorded driver
-    and the services to restart; reads only."""
-    journal = ctx.journal()
+def plan_restore(ctx: Context, addresses: list[PciAddress], journal: Journal | None = None) -> Plan:
+    """What ``restore`` will give back, from the journal (``journal``: the one the run loaded
+    under its lock; else it is read now): the partitions to deactivate, on a full restore the
+    vGPU instances and scheduler policies gpuvfio made, each device's recorded driver and the
+    services to restart; reads only."""
+    journal = ctx.journal() if journal is None else journal
     wanted = [str(a) for a in addresses]
     unknown = [a for a in wanted if a not in journal.devices]
     if unknown:
@@ -274,7 +275,7 @@ def restore(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
     under the run lock, carried out."""
     with ctx.lock():
         journal = ctx.journal()
-        plan = plan_restore(ctx, addresses)
+        plan = plan_restore(ctx, addresses, journal)
         return _restore_locked(ctx, journal, plan.details["wanted"])
 
 

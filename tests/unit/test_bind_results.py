@@ -152,3 +152,19 @@ def test_persist_and_its_list_are_typed_and_print_as_before(ws, regenerate):
     assert removed.status is PersistStatus.APPLIED and {c.action.value for c in removed.changes} == {"remove"}
     assert removed.next_step is None and binding.persisted_overrides(ctx()).overrides == []
 
+
+def test_the_restore_run_reads_the_journal_once(ws):
+    """The run plans under its lock with the journal it loaded, not a second read of it."""
+    ctx, _kernel = ws
+    binding.bind(ctx(), [A(GPU)], BindPolicy(), uri="none")
+    context = ctx()
+    loads = []
+    read = context.journal
+
+    def counted():
+        loads.append(1)
+        return read()
+
+    context.journal = counted
+    assert binding.restore(context, [A(GPU)]).restored == {GPU: "nvidia"}  # restore goes by device
+    assert len(loads) == 1
