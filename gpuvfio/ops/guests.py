@@ -129,7 +129,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
 
     def bind() -> None:
         bound = binding.apply_operation(ctx, plan.bind, ctx.journal())
-        moved = [PciAddress.parse(a) for a in bound.get("moving", [])] if bound["result"] == "applied" else []
+        moved = list(bound.moving) if bound.status is binding.BindStatus.APPLIED else []
         if moved:  # the undo gives back only what this bind moved
             undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
 
@@ -318,7 +318,7 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
         plan.step(STEP_DEACTIVATE, "Fabric Manager partition " + ", ".join(map(str, partitions)))
     held = binding.held(ctx, devices) if devices and restore else {}
     if held:
-        plan.step(STEP_RESTORE, ", ".join(f"{a} -> {r.get('original_driver') or 'no driver'}"
+        plan.step(STEP_RESTORE, ", ".join(f"{a} -> {r.original_driver or 'no driver'}"
                                           for a, r in sorted(held.items())))
     elif devices and restore:
         plan.notes.append("gpuvfio holds none of its devices: nothing to give back")
