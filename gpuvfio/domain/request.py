@@ -50,7 +50,7 @@ class DomainRequest:
     console_log: str | None = None  # the guest's serial console, also written to this host file
     force: bool = False
     topology: str = "auto"  # auto | mirror | flat
-    p2p: str = "auto"  # auto | off: QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between
+    p2p: str = "auto"  # auto | off | force: QEMU's x-nv-gpudirect-clique for GPUs the host can route P2P between
     qemu_version: tuple[int, ...] | None = None  # from the libvirt connection, or --qemu-version offline
     libvirt_version: tuple[int, ...] | None = None  # from the libvirt connection only
     loader: str | None = None  # UEFI code image, with nvram_template; None: libvirt auto-selects

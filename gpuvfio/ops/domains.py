@@ -19,7 +19,6 @@ from gpuvfio.host.fabric import WARN as FABRIC_WARN
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.numa import MAX_NODE, cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
-from gpuvfio.host.topology import position
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
 from gpuvfio.errors import GpuvfioError, Refused
@@ -116,16 +115,11 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
 
     cells = ([(i, cell.vcpus) for i, cell in enumerate(spec.cells)] if spec.guest_cells
              else [(0, list(range(spec.vcpus)))])
-    links = {}
-    for device in devices:
-        host_switch = position(device.port.functions[0]).switch if device.switch else None
-        uplink = provisioned.inventory.functions.get(host_switch) if host_switch else None
-        attributes = nccl_topo.link_attributes(uplink) if uplink is not None else None
-        if attributes:
-            links[device.switch] = attributes
+    # Link attributes as NCCL's reader computes them on the host: each device and each host
+    # switch's upstream port against the port above it (nccl_topo.link_attributes).
     return nccl_topo.nccl_topology(devices, cells, {p.index: cell_of(p) for p in spec.ports},
                                    cpu_vendor=guest_cpu_vendor(spec.virt_type, cpu_vendor(ctx.host)),
-                                   switch_links=links)
+                                   host_functions=provisioned.inventory.functions)
 
 
 def defined(xml: str) -> DefinedDomain:

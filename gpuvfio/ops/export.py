@@ -29,7 +29,7 @@ from gpuvfio.files import ATTRIBUTE_LIMIT
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.model import PciFunction
-from gpuvfio.host.numa import read_numa
+from gpuvfio.host.numa import cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.topology import p2p_cliques, position
@@ -383,7 +383,7 @@ def attributes(ctx: Context, addresses: list[PciAddress]) -> DraAttributes:
         f for _a, f in sorted(inventory.functions.items()) if f.is_nvidia_gpu]
     cliques = p2p_cliques([f for f in chosen if f.is_nvidia_gpu],
                           acs_override=read_kernel(ctx.host).param("pcie_acs_override") is not None,
-                          single_node=len(read_numa(ctx.host)) <= 1)
+                          single_node=len(read_numa(ctx.host)) <= 1, cpu_vendor=cpu_vendor(ctx.host))
     devices = []
     for fn in chosen:
         attrs = [DraAttribute(DRA_PREFIX + "pciBusID", str(fn.address)),

@@ -181,12 +181,11 @@ def test_the_narrow_slots_file_carries_what_nccl_reads_on_the_host(tmp_path):
     the switch node carry the narrower of themselves and the port above (NCCL's reader), not the
     device's own maximum."""
     narrow_host(tmp_path)
-    _ctx, p = provisioned(tmp_path, ["0000:01:00.0", "0000:12:00.0", "0000:13:00.0",
-                                                  "0000:02:00.0"], topology="mirror")
+    ctx, p = provisioned(tmp_path, ["0000:01:00.0", "0000:12:00.0", "0000:13:00.0", "0000:02:00.0"],
+                         topology="mirror")
     devices = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
-    text = nccl_topo.nccl_topology(devices, [(0, list(range(8)))], {}, cpu_vendor="GenuineIntel",
-                                   host_functions=p.inventory.functions)
-    system = ET.fromstring(text)
+    # The file xml --nccl-topo and attach write (ops.domains.nccl_topology_file), not a hand call.
+    system = ET.fromstring(nccl_topology_file(ctx, p))
     by_device = {d.port.functions[0].address: d.address for d in devices}
     links = {e.get("busid"): (e.get("link_speed"), e.get("link_width")) for e in system.iter("pci")}
     assert links[by_device[PciAddress.parse("0000:01:00.0")]] == ("16.0 GT/s PCIe", "8")

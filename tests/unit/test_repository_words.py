@@ -52,8 +52,9 @@ _PHRASES = [re.compile(p) for p in PHRASES]
 FHS = {"bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt", "root", "run",
        "sbin", "srv", "tmp", "usr", "var", "proc", "sys"}
 # Roots that name no place: deliberately absent paths in tests and examples, and XPath-like
-# paths into a libvirt domain's XML (``/devices/hostdev`` in a definition's difference).
-NOWHERE = {"nonexistent", "nope", "path", "devices"}
+# paths into a libvirt domain's XML (``/devices/hostdev`` in a definition's difference), and
+# JSON pointers into a Kubernetes object (``/spec/configuration/...`` in the KubeVirt patch).
+NOWHERE = {"nonexistent", "nope", "path", "devices", "spec"}
 _ROOT = re.compile(r"/(\w[\w.+-]*)(?=/)")
 _STARTS = frozenset(" \t\r\n'\"`([{=,")
 
