@@ -425,7 +425,7 @@ def running(module, ctx, uri, addresses) -> dict:
                                 policy=policy(params), verify=checks, keep_on_failure=params["keep_on_failure"])
     result["attach"] = outcome.to_json()
     if not outcome.ok:
-        failing = [c["id"] for c in (outcome.report or {}).get("checks", []) if c["status"] == "fail"]
+        failing = [c.check_id for c in outcome.report.failed] if outcome.report is not None else []
         module.fail_json(msg=f"{name} is running but verification failed: {', '.join(failing)}", **result)
     return result
 

@@ -91,7 +91,7 @@ def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, ssh_lane, m
                       bridge_link=(1, 1), gpus=GUEST_GPUS)
     result = _attach(tmp_path, ssh_lane, guest.root, "nccl-2gpu")
     assert result.ok
-    written = result.nccl_topology
+    written = result.nccl_topology.to_json()
     assert written["written"] is True and written["path"] == "/etc/gpuvfio/nccl-topo.xml", written
     with open(os.path.join(guest.root, GUEST_FILE), encoding="utf-8") as handle:
         text = handle.read()
@@ -113,7 +113,7 @@ def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, ssh_lane, m
     flat = _gpu_tree(str(tmp_path / "guest-tree"), switch=False, gpus=GUEST_GPUS)  # the guest shows no switch
     result = _attach(tmp_path, ssh_lane, flat.root, "nccl-flat")
     assert result.ok  # not writing the file is a warning, not a failed attach
-    written = result.nccl_topology
+    written = result.nccl_topology.to_json()
     assert written["written"] is False and "switch" in written["error"], written
     assert not os.path.exists(os.path.join(flat.root, GUEST_FILE))
 

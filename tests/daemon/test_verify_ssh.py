@@ -52,7 +52,7 @@ def judge(tmp_path, libdir, gpus=1, **env):
     try:
         target = SshTarget("127.0.0.1", server.port, "root", server.client_key, server.known_hosts)
         with Session(target) as session:
-            report = verify_guest(session, expected, timeout=300, gates=ANY, verifier_args=SMALL)
+            report = verify_guest(session, expected, timeout=300, gates=ANY, verifier_args=SMALL).to_json()
     finally:
         server.stop()
     return report, {c["id"]: c for c in report["checks"]}

@@ -28,7 +28,8 @@ import statistics
 import sys
 
 from gpuvfio.files import Tree
-from gpuvfio.guest.verify import VerifyError, evaluate, parse_probe, parse_verifier
+from gpuvfio.guest.checks import judge
+from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier
 from gpuvfio.testbed.run import write_rep
 from gpuvfio.testbed.spec import Variant
 
@@ -272,7 +273,7 @@ def convert(raw: str, out: str) -> dict:
                 problems.append(f"probe rep {rep}: {exc}")
         else:
             problems.append(f"probe rep {rep}: not run")
-        report = evaluate(probe, verifier, [])
+        report = judge(probe, verifier, [])
         write_rep(out, variant, rep, report, {"source": "GPU lane (tests/lanes/gpu_lane.sh)",
                                               "lane": {"rc": run["rc"], "seconds": run["seconds"]}})
         written.append(os.path.join(out, "results", variant.name, f"rep-{rep}.json"))

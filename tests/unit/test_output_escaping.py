@@ -213,16 +213,16 @@ def test_progress_and_say_escape(capsys):
 def test_verify_escapes_what_the_guest_says(cli, hostile, monkeypatch, tmp_path, json_flag):
     """The guest chooses its driver's name and its kernel log: verify shows them, escaped."""
     from gpuvfio.cli import guest
-    from gpuvfio.guest.checks import evaluate
+    from gpuvfio.guest.checks import judge
     from gpuvfio.guest.verify import parse_probe, parse_verifier
     from tests.unit.test_verify import H100, probe_text, verifier_json
 
     said = EVIL.replace("\x85", "")  # the probe's answer is read line by line
     line = f"PCI|0000:01:00.0|0x10de|0x2330|0x030200|nv{said}|32.0 GT/s PCIe|16|32.0 GT/s PCIe|16|0000:00:02.0"
-    report = evaluate(parse_probe(probe_text([line], dmesg=[f"NVRM: Xid {said}"])), parse_verifier(verifier_json()),
-                      [H100])
-    report["ssh_notes"] = [f"the guest says {EVIL}"]
-    report["bandwidth_gbps"][EVIL] = {"h2d": 1.0}
+    report = judge(parse_probe(probe_text([line], dmesg=[f"NVRM: Xid {said}"])), parse_verifier(verifier_json()),
+                   [H100])
+    report.ssh_notes = [f"the guest says {EVIL}"]
+    report.bandwidth_gbps[EVIL] = {"h2d": 1.0}
     monkeypatch.setattr(guest, "verify", lambda *args, **kwargs: report)
     known = tmp_path / "known_hosts"
     known.write_text("")
