@@ -6,8 +6,9 @@ settings from start to end and a test hands its own in. Read elsewhere, by name,
 these (tests/unit/test_structure.py holds the list): libvirt's own LIBVIRT_DEFAULT_URI
 (gpuvfio.virt.connection follows it as virsh does), the loud GPUVFIO_ALLOW_UNSAFE_URI beside
 the URI policy it opens (gpuvfio.virt.uri), TMPDIR (gpuvfio.files, as tempfile does),
-SSH_AUTH_SOCK (gpuvfio.guest.ssh, as ssh does), and the environment handed on whole to the
-host-side probe (gpuvfio.ops.guests.verify_here).
+SSH_AUTH_SOCK (gpuvfio.guest.ssh, as ssh does), the shell's completion request
+_GPUVFIO_COMPLETE (gpuvfio.cli.app, click's protocol), and the environment handed on whole to
+the host-side probe (gpuvfio.ops.guests.verify_here).
 """
 
 from __future__ import annotations

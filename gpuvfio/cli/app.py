@@ -13,23 +13,27 @@ errors into one line on stderr and an exit status, once:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Callable, Optional
 
 import typer
 
 from gpuvfio import __version__
+from gpuvfio.cli.lazy import LazyGroup
 from gpuvfio.cli.output import printable, rich_console
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.files import silence_stdout
-from gpuvfio.ops.context import ROOT_ENV
+from gpuvfio.settings import ROOT_ENV
 
 SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, binding, domains, verification."
 
 # -h as well as --help, on every command and group (click's help_option_names, inherited by
 # subcommands through their context).
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(name="gpuvfio", help=SUMMARY, no_args_is_help=True, add_completion=False,
+COMPLETE_VAR = "_GPUVFIO_COMPLETE"  # the shell asks for completions through it (gpuvfio completion SHELL)
+# The root knows each command by its index (gpuvfio.cli.lazy); a command's module loads when it runs.
+app = typer.Typer(name="gpuvfio", cls=LazyGroup, help=SUMMARY, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, rich_markup_mode=None, context_settings=HELP_OPTIONS)
 
 RootOption = Annotated[
@@ -137,6 +141,10 @@ def progress_for(as_json: bool) -> Callable[[str], None]:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (errors already reported on stderr)."""
     try:
+        if os.environ.get(COMPLETE_VAR):
+            # typer's completion classes answer the shell's request (typer.completion)
+            from typer.completion import completion_init
+            completion_init()
         code = app(args=argv, standalone_mode=False, prog_name="gpuvfio")
         return code if isinstance(code, int) else 0
     except GpuvfioError as exc:

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli import render
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
+from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes
 from gpuvfio.cli.plans import DryRun, command_context, needs_yes, preview
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
@@ -18,6 +19,8 @@ from gpuvfio.ops.binding import BindPolicy, BindStatus, PersistReport, PersistSt
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.selection import check_devices, resolve
+
+commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
 WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                              help="Give up on a sysfs write the kernel does not return from.")]
@@ -45,7 +48,7 @@ def reporting_failure(as_json: bool, call):
         raise
 
 
-@app.command("bind")
+@commands.command("bind")
 def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, force: Force = False, stop_services: StopServices = False,
              allow_unsafe_host: AllowUnsafeHost = False, connect: Connect = None,
              timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
@@ -88,7 +91,7 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
         say(f"bound to vfio-pci: {devices} (gpuvfio restore gives them back)")
 
 
-@app.command("unbind")
+@commands.command("unbind")
 def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
                connect: Connect = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
@@ -110,7 +113,7 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
         say(f"{address}: now on {driver}")
 
 
-@app.command("restore")
+@commands.command("restore")
 def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
                 timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
                 lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
@@ -131,7 +134,7 @@ def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         say("nothing to restore")
 
 
-@app.command("reset")
+@commands.command("reset")
 def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, bus: Annotated[bool, typer.Option(
                   "--bus", help="Reset the bus below the devices' bridge (reset_subordinate): only when every "
                                 "device below it is gpuvfio's.")] = False,
@@ -162,7 +165,7 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
         say(f"{address}: answers{cleared}")
 
 
-@app.command("status")
+@commands.command("status")
 def status_cmd(output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Show the devices gpuvfio holds, their original drivers and any unfinished operation."""
     fmt = chosen_format(output_format, as_json)
@@ -202,7 +205,7 @@ def _persist_output(report: PersistReport, remove: bool, dry_run: bool, as_json:
         say(("would then need to " if dry_run else "next: ") + report.next_step)
 
 
-@app.command("persist")
+@commands.command("persist")
 def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
                 force: Annotated[bool, typer.Option(
                     "--force", help="Persist a group that holds a foreign device too.")] = False,
@@ -232,7 +235,7 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
     _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root)
 
 
-@app.command("unpersist")
+@commands.command("unpersist")
 def unpersist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
                   as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop keeping devices on vfio-pci across reboots."""

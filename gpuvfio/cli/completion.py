@@ -12,19 +12,21 @@ import sys
 from typing import Annotated
 
 import typer
-from typer.completion import completion_init, get_completion_script
+from typer.completion import get_completion_script
 
-from gpuvfio.cli.app import app
+from gpuvfio.cli.app import COMPLETE_VAR
+from gpuvfio.cli.lazy import command_typer
 from gpuvfio.errors import InputError
 
+commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
+
 SHELLS = ("bash", "zsh", "fish")
-completion_init()  # typer's completion classes, which answer _GPUVFIO_COMPLETE at run time
 
 
-@app.command("completion")
+@commands.command("completion")
 def completion_cmd(shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash | zsh | fish")]) -> None:
     """Print the shell completion script (put it where your shell reads completions)."""
     if shell not in SHELLS:
         raise InputError(f"shell must be one of {', '.join(SHELLS)}, not {shell!r}")
-    sys.stdout.write(get_completion_script(prog_name="gpuvfio", complete_var="_GPUVFIO_COMPLETE", shell=shell)
+    sys.stdout.write(get_completion_script(prog_name="gpuvfio", complete_var=COMPLETE_VAR, shell=shell)
                      .rstrip("\n") + "\n")

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of, say
+from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable
 from gpuvfio.cli.plans import DryRun
@@ -22,6 +23,8 @@ from gpuvfio.ops.domains import (NCCL_GUEST_FILE, define_domain, domain_request,
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.options import DOMAIN
 
+commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
+
 
 def version_lines(rows) -> list[str]:
     """The minimum-version table, as lines: each version that is too old, then the unknown ones."""
@@ -33,7 +36,7 @@ def version_lines(rows) -> list[str]:
     return lines
 
 
-@app.command("xml")
+@commands.command("xml")
 @from_table
 def xml_cmd(
     addresses: Devices = None,

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
+from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import write_text
 from gpuvfio.ops import export
@@ -17,9 +18,7 @@ from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.kubevirt_names import from_pci_ids
 from gpuvfio.ops.selection import check_devices, resolve
 
-export_app = typer.Typer(help="What gpuvfio knows about the host's GPUs, for KubeVirt and DRA drivers.",
-                         no_args_is_help=True)
-app.add_typer(export_app, name="export")
+export_app = command_typer(help=COMMANDS["export"].help, no_args_is_help=True)
 
 CR_HEADER = ["apiVersion: kubevirt.io/v1", "kind: KubeVirt", "metadata:", "  name: kubevirt",
              "  namespace: kubevirt", "spec:", "  configuration:", "    permittedHostDevices:"]

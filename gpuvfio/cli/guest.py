@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.cli import render
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
+from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.plans import DryRun, command_context, needs_yes, show_plan
 from gpuvfio.cli.tables import from_table, options
@@ -20,6 +21,8 @@ from gpuvfio.ops.guests import AttachFailed, attach, detach, parse_expect, plan_
 from gpuvfio.ops.targets import ssh_from_table
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.options import DOMAIN, RUN, SSH, VERIFY
+
+commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
 Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help="libvirt URI.")]
 
@@ -34,7 +37,7 @@ def _complete_domain(ctx: typer.Context, incomplete: str) -> list[str]:
     return complete_domains(uri, incomplete)
 
 
-@app.command("verify")
+@commands.command("verify")
 @from_table
 def verify_cmd(
     domain: Annotated[Optional[str], typer.Argument(metavar="[DOMAIN]", help="Find the guest through libvirt.",
@@ -72,7 +75,7 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
-@app.command("attach")
+@commands.command("attach")
 @from_table
 def attach_cmd(
     addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False,
@@ -129,7 +132,7 @@ def attach_cmd(
         raise typer.Exit(1)
 
 
-@app.command("detach")
+@commands.command("detach")
 def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME", autocompletion=_complete_domain)],
                connect: Connect = None,
                timeout: Annotated[float, typer.Option("--timeout", help="Seconds for ACPI shutdown.")] = 60.0,

@@ -7,11 +7,14 @@ from typing import Annotated
 
 import typer
 
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of, say
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of, say
+from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import Cell, Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.ops.inventory import DoctorReport, ListReport, doctor_report, dump_host, list_report, open_host
 from gpuvfio.ops.selection import check_devices, resolve
+
+commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
@@ -85,7 +88,7 @@ def doctor_listing(report: DoctorReport, title: str) -> Listing:
     return listing
 
 
-@app.command("list")
+@commands.command("list")
 def list_cmd(
     addresses: Devices = None,
     device_ids: DeviceIds = None,
@@ -107,7 +110,7 @@ def list_cmd(
                   fmt)
 
 
-@app.command("doctor")
+@commands.command("doctor")
 def doctor_cmd(output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Host readiness checks for passthrough, each with a fix. Exit 1 when one fails."""
     fmt = chosen_format(output_format, as_json)
@@ -121,7 +124,7 @@ def doctor_cmd(output_format: FormatOption = None, as_json: JsonOption = False, 
         raise typer.Exit(1)
 
 
-@app.command("dump-host")
+@commands.command("dump-host")
 def dump_host_cmd(
     out: Annotated[str, typer.Argument(metavar="OUT", help="Fixture file to write ('-' for stdout).")],
     root: RootOption = None,

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, progress_for, root_of, say
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
+from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
@@ -22,9 +23,7 @@ from gpuvfio.testbed.report import out_tree, result_files, write_report
 from gpuvfio.testbed.run import run_testbed
 from gpuvfio.testbed.spec import Spec, load_spec
 
-testbed_app = typer.Typer(help="Comparison testbeds: passthrough vs vGPU vs bare metal, measured and reported side "
-                               "by side.", no_args_is_help=True)
-app.add_typer(testbed_app, name="testbed")
+testbed_app = command_typer(help=COMMANDS["testbed"].help, no_args_is_help=True)
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Testbed spec (TOML).")]
 HereOption = Annotated[bool, typer.Option(
     "--here", help="Use this machine even when the spec names a remote [host] (how gpuvfio runs itself there).")]
@@ -127,8 +126,8 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
         return
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:
-        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect, yes=yes,
-                            progress=progress)
+        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect,
+                            yes=yes, progress=progress)
         _finished(spec, out, remote["host"], as_json)
         return
     user_dir(out, create=True)

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import sys
 
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
+from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable, printable_report
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.topology import FULL_LEGEND, LEGEND_ORDER, TopoDevice, TopologyReport, topology_report
 from gpuvfio.ops.selection import check_devices, resolve
 
+commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
+
 UNKNOWN_MARK = "?"
 
 
-@app.command("topo")
+@commands.command("topo")
 def topo_cmd(
     addresses: Devices = None,
     device_ids: DeviceIds = None,

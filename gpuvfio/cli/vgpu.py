@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.cli.app import JsonOption, RootOption, app, emit_json, root_of
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
+from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.plans import DryRun, command_context, show_plan
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, printable, printable_report
 from gpuvfio.ops.inventory import open_host
@@ -18,9 +19,7 @@ from gpuvfio.ops.binding import NO_LIBVIRT
 from gpuvfio.ops.selection import resolve_one
 from gpuvfio.selector import SELECTOR_HELP, Selector
 
-vgpu_app = typer.Typer(help="vGPU profiles: list the types a GPU offers, create and remove instances, set the "
-                            "scheduler (journaled).", no_args_is_help=True)
-app.add_typer(vgpu_app, name="vgpu")
+vgpu_app = command_typer(help=COMMANDS["vgpu"].help, no_args_is_help=True)
 Address = Annotated[str, typer.Argument(metavar="DEVICE", help=f"The GPU (one function): {SELECTOR_HELP}.")]
 
 

@@ -19,7 +19,6 @@ import base64
 import io
 import math
 
-import jinja2
 
 from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N
 from gpuvfio.text import printable
@@ -182,13 +181,22 @@ MARKDOWN = """# {{ doc.title }}
 {% endif %}{% if section.image and section.image.name in images %}![{{ section.image.alt }}]({{ section.image.name }})
 
 {% endif %}{% endfor %}"""
-_MD_ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-_MD_ENV.filters["md"] = _md
+
+
+def environment(*, autoescape: bool, **filters):
+    """A jinja2 environment for one report form (jinja2 is imported here, where reports are
+    written: a command that writes none does not load it)."""
+    import jinja2
+
+    env = jinja2.Environment(autoescape=autoescape, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters.update(filters)
+    return env
 
 
 def markdown(doc: dict, images: dict[str, bytes]) -> str:
     """report.md: the same document as html_page(), rendered by jinja2 as Markdown."""
-    return _MD_ENV.from_string(MARKDOWN).render(doc=doc, images=images).rstrip("\n") + "\n"
+    template = environment(autoescape=False, md=_md).from_string(MARKDOWN)
+    return template.render(doc=doc, images=images).rstrip("\n") + "\n"
 
 
 PAGE = """<!doctype html>
@@ -211,13 +219,11 @@ td:first-child,th:first-child{text-align:left}
 src="data:image/png;base64,{{ images[section.image.name] }}">
 {% endif %}{% endfor %}</body></html>
 """
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-_ENV.filters["joined"] = _joined
 
 
 def html_page(doc: dict, images: dict[str, bytes]) -> str:
     encoded = {name: base64.b64encode(data).decode() for name, data in images.items()}
-    return _ENV.from_string(PAGE).render(doc=doc, images=encoded)
+    return environment(autoescape=True, joined=_joined).from_string(PAGE).render(doc=doc, images=encoded)
 
 
 def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:

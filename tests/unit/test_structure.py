@@ -271,7 +271,8 @@ def test_the_process_check_sees_each_way_to_start_one(tmp_path):
 # its own once, when a HostRoot or Context is built): other programs' conventions, each by name.
 ENVIRONMENT_READERS = {"gpuvfio.settings": None, "gpuvfio.virt.uri": "UNSAFE_ENV",
                        "gpuvfio.virt.connection": "URI_ENV", "gpuvfio.files": "TMPDIR",
-                       "gpuvfio.guest.ssh": "SSH_AUTH_SOCK", "gpuvfio.ops.guests": "GPUVFIO_PROBE_ROOT"}
+                       "gpuvfio.guest.ssh": "SSH_AUTH_SOCK", "gpuvfio.ops.guests": "GPUVFIO_PROBE_ROOT",
+                       "gpuvfio.cli.app": "COMPLETE_VAR"}  # the shell's completion request (click's protocol)
 
 
 def test_the_environment_is_read_in_gpuvfio_settings_only():
@@ -289,3 +290,25 @@ def test_the_environment_is_read_in_gpuvfio_settings_only():
         if needle is not None:
             uses = re.findall(r"os\.environ[^\n]*|environ\.get[^\n]*", found[module])
             assert uses and all(needle in line for line in uses), (module, uses)
+
+
+# Issue 25: the boundaries where gpuvfio loads lazily. The root command (gpuvfio.cli.app and its
+# index, gpuvfio.cli.lazy) imports no command module and no service: a command's module loads
+# when it runs. The heavy libraries are imported inside the functions that use them.
+ROOT_COMMAND = {"gpuvfio.cli", "gpuvfio.cli.app", "gpuvfio.cli.lazy", "gpuvfio.cli.output"}
+HEAVY_LIBRARIES = {"jinja2", "lxml", "libvirt", "paramiko", "matplotlib", "numpy", "pynvml", "yaml"}
+
+
+def test_the_root_command_imports_no_command_module_and_no_service():
+    for module in sorted(ROOT_COMMAND):
+        imported = {i for i, _n, _l in _imports(MODULES[module])}
+        assert imported <= FOUNDATION | ROOT_COMMAND, (module, sorted(imported - FOUNDATION - ROOT_COMMAND))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_heavy_libraries_are_imported_where_they_are_used(module):
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in top if isinstance(n, ast.ImportFrom) and n.module}
+    assert not names & HEAVY_LIBRARIES, f"{module} imports {sorted(names & HEAVY_LIBRARIES)} at the top"

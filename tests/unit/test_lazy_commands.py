@@ -1,0 +1,94 @@
+"""Lazy command loading (issue 25 item 1): the root knows each command by its index
+(gpuvfio.cli.lazy.COMMANDS); ``gpuvfio --help`` and the completion of a command name load no
+command module and none of the heavy libraries; the index says what the commands say."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import typer.main
+from typer.core import TyperCommand, TyperGroup
+
+from gpuvfio.cli.lazy import COMMANDS, load
+from tests.conftest import REPO
+
+HEAVY = ("jinja2", "lxml", "libvirt", "paramiko", "matplotlib", "numpy", "pynvml", "rich", "yaml")
+COMMAND_MODULES = sorted({e.module for e in COMMANDS.values()})
+
+# What the process loaded, after the command: gpuvfio's modules and the heavy libraries.
+PROBE = r"""
+import contextlib, io, json, sys
+from gpuvfio.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = main(sys.argv[1:])
+json.dump({"code": code, "out": out.getvalue(), "modules": sorted(sys.modules)}, sys.__stdout__)
+"""
+
+
+def probe(*args: str, env: dict | None = None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_help_loads_no_command_module_and_no_heavy_library():
+    seen = probe("--help")
+    assert seen["code"] == 0 and all(name in seen["out"] for name in COMMANDS)
+    loaded = set(seen["modules"])
+    assert loaded.isdisjoint(COMMAND_MODULES), sorted(loaded & set(COMMAND_MODULES))
+    assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
+    assert not any(m.startswith(("gpuvfio.ops", "gpuvfio.host", "gpuvfio.bind", "gpuvfio.domain")) for m in loaded)
+
+
+def test_completing_a_command_name_loads_no_command_module():
+    words = "gpuvfio d"
+    seen = probe(env={"_GPUVFIO_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": "1"})
+    assert seen["out"].split() == ["detach", "doctor", "dump-host"]
+    loaded = set(seen["modules"])
+    assert loaded.isdisjoint(COMMAND_MODULES) and loaded.isdisjoint(HEAVY), sorted(loaded & (set(HEAVY) | set(
+        COMMAND_MODULES)))
+
+
+def test_a_command_loads_its_own_module_only():
+    seen = probe("--root", os.path.join(REPO, "gpuvfio", "samples", "dgx-h100.host"), "list", "--json")
+    assert seen["code"] == 0 and json.loads(seen["out"])["devices"]
+    loaded = set(seen["modules"])
+    assert "gpuvfio.cli.inventory" in loaded
+    assert loaded.isdisjoint(set(COMMAND_MODULES) - {"gpuvfio.cli.inventory"})
+    assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
+
+
+def test_the_index_names_every_command_its_modules_declare():
+    declared = {}
+    for module in COMMAND_MODULES:
+        loaded = importlib.import_module(module)
+        for entry_name, entry in COMMANDS.items():
+            if entry.module == module and entry.attribute != "commands":
+                declared[entry_name] = module
+        if hasattr(loaded, "commands"):
+            built = typer.main.get_command(loaded.commands)
+            names = list(built.commands) if isinstance(built, TyperGroup) else [built.name]
+            declared.update({n: module for n in names})
+    assert declared == {name: e.module for name, e in COMMANDS.items()}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_the_index_help_is_the_commands_own(name):
+    """What --help lists from the index is what the loaded command would list, at any width."""
+    command = load(name)
+    assert command.get_short_help_str(limit=1000) == COMMANDS[name].help
+    for limit in (30, 45, 80):
+        assert command.get_short_help_str(limit) == TyperCommand(name=name, help=COMMANDS[name].help) \
+            .get_short_help_str(limit)
+    assert command.name == name
+
+
+def test_an_unknown_command_is_refused_with_a_suggestion(cli):
+    result = cli("lst")
+    assert result.code == 2 and "Did you mean 'list'?" in result.err
