@@ -12,6 +12,7 @@ from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
+from gpuvfio.commands import Runner
 from gpuvfio.errors import Refused
 from gpuvfio.files import user_dir
 from gpuvfio.ops.context import Context, check_uri, live_context
@@ -49,7 +50,7 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_j
 def _show_plan(spec: Spec, connect: str | None, yes: bool, as_json: bool, here: bool, root: str | None) -> None:
     """testbed plan, and testbed run --dry-run: each variant's plan, the exit the run would have."""
     if spec.host is not None and not here:
-        report = plan_remote(spec, _local_known_hosts(), yes=yes)
+        report = plan_remote(spec, _local_known_hosts(), run=Runner(), yes=yes)
     else:
         with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
             report = plan(ctx, spec, uri=connect or spec.connect, yes=yes)
@@ -126,7 +127,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metava
         return
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:
-        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), connect=connect,
+        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), run=Runner(), connect=connect,
                             yes=yes, progress=progress)
         _finished(spec, out, remote["host"], as_json)
         return

@@ -122,21 +122,18 @@ def _ssh_g(run: Runner, binary: str, host: str, config: str) -> dict[str, list[s
     return options
 
 
-def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto",
-            run: Runner | None = None) -> HostConfig:
+def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "auto", run: Runner) -> HostConfig:
     """What the configuration sets for ``host`` (a name or address gpuvfio was given or
     discovered), and only that: ssh -G prints OpenSSH's defaults too (the local user, the default
     identity files, ~/.ssh/known_hosts), which are no part of the admin's configuration, so the
     answer without any configuration (-F /dev/null) is taken away. ``ssh``: the ssh binary
-    ("auto": from PATH; None: paramiko's parser); ``run``: what starts it (the Context's runner;
-    None: this machine's, gpuvfio.commands)."""
+    ("auto": from PATH; None: paramiko's parser); ``run``: what starts it (the Context's runner)."""
     config_file = check_config_file(config_file)
     path = config_file or os.path.expanduser("~/.ssh/config")
     if not os.path.isfile(path):
         return HostConfig(hostname=host)
     binary = shutil.which("ssh") if ssh == "auto" else ssh
     if binary:
-        run = run or Runner()
         options = _ssh_g(run, binary, host, path)
         defaults = _ssh_g(run, binary, host, os.devnull)
         options = {k: v for k, v in options.items() if v != defaults.get(k)}

@@ -158,7 +158,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         state["target"] = _discover(ctx, ssh, conn, state["dom"])
 
     def wait_for_ssh() -> None:
-        target = state.get("target") or guest_target(ssh)
+        target = state.get("target") or guest_target(ssh, run=ctx.run)
         result.ssh = {"host": target.host, "port": target.port, "user": target.user}
         state["session"] = Session(target, recorded_known_hosts(ctx)).connect()
         result.ssh["notes"] = list(target.notes)  # after the connect: a key trusted on first use is said there
@@ -282,7 +282,7 @@ def _discover(ctx: Context, ssh: SshOptions, conn, dom):
     deadline = ctx.clock.monotonic() + ssh.timeout
     while True:
         try:
-            return guest_target(ssh, conn, dom)
+            return guest_target(ssh, conn, dom, run=ctx.run)
         except AddressUnknown:
             if ctx.clock.monotonic() >= deadline:
                 raise
@@ -375,7 +375,7 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
             raise InputError(f"no domain named {domain}")
         if lifecycle.made_by_gpuvfio(dom):
             recorded, cliques = lifecycle.recorded(dom)
-    target = guest_target(ssh, conn, dom)
+    target = guest_target(ssh, conn, dom, run=ctx.run)
     given = expect is not None or expect_ids is not None
     inventory = read_inventory(ctx.host)
     expected = expectations(inventory, (expect or []) if given else recorded) + (expect_ids or [])

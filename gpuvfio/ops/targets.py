@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from gpuvfio.bind.journal import known_hosts_file
+from gpuvfio.commands import Runner
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.guest.ssh_config import check_config_file, parse_jump, resolve
@@ -78,9 +79,9 @@ def ssh_from_table(values: dict, *, timeout: float) -> SshOptions:
                        timeout=timeout)
 
 
-def guest_target(options: SshOptions, conn=None, dom=None) -> SshTarget:
+def guest_target(options: SshOptions, conn=None, dom=None, *, run: Runner) -> SshTarget:
     """The target for ``options``: their address, or the one libvirt knows for ``dom``, with
-    the admin's SSH config applied (configured)."""
+    the admin's SSH config applied (configured; ``run``: the Context's runner, for ssh -G)."""
     host, port = options.host, options.port
     if host is None:
         if dom is None:
@@ -90,18 +91,18 @@ def guest_target(options: SshOptions, conn=None, dom=None) -> SshTarget:
     given = {name for name, value in (("port", port), ("user", options.user)) if value is not None}
     return configured(SshTarget(host, port or 22, options.user or "root", options.key, options.known_hosts,
                                 options.trust_on_first_use, connect_timeout=options.timeout),
-                      options.ssh_config, given=given)
+                      options.ssh_config, given=given, run=run)
 
 
-def configured(target: SshTarget, ssh_config: str | None, *, given: set[str]) -> SshTarget:
+def configured(target: SshTarget, ssh_config: str | None, *, given: set[str], run: Runner) -> SshTarget:
     """``target`` with the admin's SSH config applied (a Host alias, its HostName, User, Port,
     IdentityFile, UserKnownHostsFile as pins, ProxyJump); ``given``: the fields ("port",
     "user") the user set explicitly, which win. The one policy for guests (attach, verify,
     Ansible) and for a testbed's remote hypervisor."""
-    config = resolve(target.host, ssh_config)
+    config = resolve(target.host, ssh_config, run=run)
     _check_from_config(config.hostname, config.user)
     user = target.user if "user" in given else (config.user or target.user)
-    jump = _jump_target(config.proxy_jump, target, ssh_config) if config.proxy_jump else None
+    jump = _jump_target(config.proxy_jump, target, ssh_config, run) if config.proxy_jump else None
     result = dataclasses.replace(target, host=config.hostname, user=user,
                                  port=target.port if "port" in given else (config.port or target.port),
                                  identity_files=() if target.key else config.identity_files,
@@ -120,13 +121,13 @@ def _check_from_config(hostname: str, user: str | None) -> None:
         raise InputError(f"not a user name: {user!r} (from the SSH config)")
 
 
-def _jump_target(spec: str, target: SshTarget, ssh_config: str | None) -> SshTarget:
+def _jump_target(spec: str, target: SshTarget, ssh_config: str | None, run: Runner) -> SshTarget:
     """The ProxyJump host ([user@]host[:port]), itself resolved through the SSH config, under the
     target's host-key policy."""
     user, host, port = parse_jump(spec)
     if not valid_host(host):
         raise InputError(f"ProxyJump host {host!r} is not a host name or address")
-    config = resolve(host, ssh_config)
+    config = resolve(host, ssh_config, run=run)
     _check_from_config(config.hostname, user or config.user)
     if config.proxy_jump:
         raise InputError(f"ProxyJump {spec} itself has a ProxyJump: one hop is supported")

@@ -25,6 +25,7 @@ import json
 import tarfile
 
 from gpuvfio import strictjson
+from gpuvfio.commands import Runner
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.files import read_regular, user_dir
 from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
@@ -39,9 +40,11 @@ from gpuvfio.testbed.spec import NAME, SPEC_LIMIT, RemoteHost, Spec
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
 
 
-def session_for(remote: RemoteHost, default_known_hosts: str | None) -> Session:
-    """The session to the remote hypervisor, with the admin's SSH config applied as for guests."""
-    target = configured(dataclasses.replace(remote.ssh, notes=[]), remote.ssh_config, given=set(remote.given))
+def session_for(remote: RemoteHost, default_known_hosts: str | None, run: Runner) -> Session:
+    """The session to the remote hypervisor, with the admin's SSH config applied as for guests
+    (``run``: what starts ssh -G here)."""
+    target = configured(dataclasses.replace(remote.ssh, notes=[]), remote.ssh_config, given=set(remote.given),
+                        run=run)
     return Session(target, default_known_hosts)
 
 
@@ -64,10 +67,10 @@ def fetch_host_record(session, remote: RemoteHost) -> str:
                     timeout=300).decode("utf-8")
 
 
-def plan_remote(spec: Spec, default_known_hosts: str | None, *, yes: bool = False) -> dict:
+def plan_remote(spec: Spec, default_known_hosts: str | None, *, run: Runner, yes: bool = False) -> dict:
     """The plan for a remote hypervisor, from its recorded host (nothing changes there; libvirt
     there is not asked: the run asks it)."""
-    with session_for(spec.host, default_known_hosts) as session:
+    with session_for(spec.host, default_known_hosts, run) as session:
         record = fetch_host_record(session, spec.host)
     with host_from_record(record) as host:
         host.files_checked_by_run = True  # the ROM and UEFI files a spec names are there, not here
@@ -239,12 +242,12 @@ class _Scratch:
             self.tree.remove("remote.json")
 
 
-def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, connect: str | None = None,
+def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, run: Runner, connect: str | None = None,
                yes: bool = False, progress=lambda line: None) -> dict:
     remote = spec.host
     user_dir(out, create=True)
     interrupted = False
-    with session_for(remote, default_known_hosts) as session:
+    with session_for(remote, default_known_hosts, run) as session:
         scratch = _Scratch(session, remote, out, progress)
         label = scratch.label
         scratch.pick_up_earlier()

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from gpuvfio.commands import Runner
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import HostKeyError, Session, SshError
 from gpuvfio.guest.ssh_config import resolve
@@ -42,13 +43,13 @@ def test_an_alias_resolves_to_its_options(tmp_path, files, binary):
                                     f"  IdentityFile {key}\n  IdentityFile {tmp_path}/missing\n"
                                     f"  UserKnownHostsFile {known} {tmp_path}/missing2\n"
                                     "  ProxyJump ops@bastion:2022\n\nHost *\n  ForwardAgent no\n")
-    got = resolve("gpu-guest", config, ssh=binary)
+    got = resolve("gpu-guest", config, ssh=binary, run=Runner())
     assert (got.hostname, got.user, got.port) == ("10.1.2.3", "admin", 2200)
     assert got.identity_files == (key,) and got.known_hosts_files == (known,)  # existing files only
     assert got.proxy_jump == "ops@bastion:2022"
     # A host the file says nothing about: nothing from OpenSSH's defaults (the local user, the
     # default identity files, ~/.ssh/known_hosts) comes along: gpuvfio's own defaults hold.
-    other = resolve("10.9.9.9", config, ssh=binary)
+    other = resolve("10.9.9.9", config, ssh=binary, run=Runner())
     assert (other.hostname, other.user, other.port, other.identity_files, other.known_hosts_files,
             other.proxy_jump) == ("10.9.9.9", None, None, (), (), None)
 
@@ -61,10 +62,10 @@ def test_an_alias_resolves_to_its_options(tmp_path, files, binary):
 ])
 def test_what_gpuvfio_does_not_do_is_refused(tmp_path, text, words):
     with pytest.raises(InputError, match=words):
-        resolve("g", write_config(tmp_path, text), ssh=None)
+        resolve("g", write_config(tmp_path, text), ssh=None, run=Runner())
     if SSH is not None:  # gpuvfio's refusal, or OpenSSH's own of an option it rejects
         with pytest.raises(InputError, match=f"{words}|ssh -G g: .*bad configuration option"):
-            resolve("g", write_config(tmp_path, text))
+            resolve("g", write_config(tmp_path, text), run=Runner())
 
 
 def test_a_missing_config_file_is_bad_input(tmp_path):
@@ -79,16 +80,16 @@ def test_a_missing_config_file_is_bad_input(tmp_path):
                                          ("Host g\n  ProxyJump Bad;User@h\n", "ProxyJump")])
 def test_values_from_the_config_are_checked_as_options_are(tmp_path, text, words):
     with pytest.raises(InputError, match=words):
-        guest_target(ssh_options(host="g", ssh_config=write_config(tmp_path, text)))
+        guest_target(ssh_options(host="g", ssh_config=write_config(tmp_path, text)), run=Runner())
 
 
 def test_explicit_options_win_over_the_config(tmp_path, files):
     key, _known = files
     config = write_config(tmp_path, "Host g\n  HostName 10.1.2.3\n  User admin\n  Port 2200\n")
-    target = guest_target(ssh_options(host="g", port=22, user="root", key=key, ssh_config=config))
+    target = guest_target(ssh_options(host="g", port=22, user="root", key=key, ssh_config=config), run=Runner())
     assert (target.host, target.port, target.user, target.key) == ("10.1.2.3", 22, "root", key)
     assert any("by the SSH config" in note for note in target.notes)
-    plain = guest_target(ssh_options(host="g", ssh_config=config))
+    plain = guest_target(ssh_options(host="g", ssh_config=config), run=Runner())
     assert (plain.port, plain.user) == (2200, "admin")
 
 
@@ -99,7 +100,7 @@ def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, ssh_lane,
         config = write_config(tmp_path, f"Host lab-guest\n  HostName 127.0.0.1\n  Port {server.port}\n  User root\n"
                                         f"  IdentityFile {server.client_key}\n"
                                         f"  UserKnownHostsFile {server.known_hosts}\n")
-        target = guest_target(ssh_options(host="lab-guest", ssh_config=config, timeout=20))
+        target = guest_target(ssh_options(host="lab-guest", ssh_config=config, timeout=20), run=Runner())
         with Session(target, str(tmp_path / "recorded")) as session:
             assert session.run(["echo", "through the alias"]) == (0, "through the alias\n", "")
         # The policy is unchanged: the config's known_hosts pins, nothing else is trusted.
@@ -108,7 +109,7 @@ def test_a_host_alias_connects_with_the_configs_key_and_pins(tmp_path, ssh_lane,
                                           f"  UserKnownHostsFile {tmp_path}/empty_known\n")
         (tmp_path / "empty_known").write_text("")
         with pytest.raises(HostKeyError):
-            Session(guest_target(ssh_options(host="lab-guest", ssh_config=unpinned, timeout=20)),
+            Session(guest_target(ssh_options(host="lab-guest", ssh_config=unpinned, timeout=20), run=Runner()),
                     str(tmp_path / "recorded")).connect()
     finally:
         server.stop()
@@ -122,7 +123,7 @@ def test_a_known_hosts_file_with_cert_authority_lines_is_an_error_not_a_tracebac
         config = write_config(tmp_path, f"Host lab-guest\n  HostName 127.0.0.1\n  Port {server.port}\n"
                                         f"  IdentityFile {server.client_key}\n  UserKnownHostsFile {odd}\n")
         target = guest_target(ssh_options(host="lab-guest", ssh_config=config, known_hosts=server.known_hosts,
-                                          timeout=10))
+                                          timeout=10), run=Runner())
         with pytest.raises(SshError, match="cannot read the host keys"):
             Session(target, str(tmp_path / "recorded")).connect()
     finally:
@@ -143,7 +144,7 @@ def test_a_jump_host_that_cannot_reach_the_guest_yet_is_asked_again(tmp_path, ss
         config = write_config(tmp_path, f"Host bastion\n  HostName 127.0.0.1\n  Port {jump.port}\n  User root\n"
                                         f"  IdentityFile {jump.client_key}\n  UserKnownHostsFile {jump.known_hosts}\n\n"
                                         f"Host booting\n  HostName 127.0.0.1\n  Port {closed}\n  ProxyJump bastion\n")
-        target = guest_target(ssh_options(host="booting", ssh_config=config, timeout=3, trust_on_first_use=True))
+        target = guest_target(ssh_options(host="booting", ssh_config=config, timeout=3, trust_on_first_use=True), run=Runner())
         began = time.monotonic()
         with pytest.raises(SshError, match="did not answer SSH within 3s.*cannot open a channel"):
             Session(target, str(tmp_path / "recorded")).connect()
@@ -163,7 +164,7 @@ def test_proxyjump_reaches_the_target_through_the_jump_host(tmp_path, ssh_lane, 
                                         f"Host inner-guest\n  HostName 127.0.0.1\n  Port {guest.port}\n  User root\n"
                                         f"  IdentityFile {guest.client_key}\n"
                                         f"  UserKnownHostsFile {guest.known_hosts}\n  ProxyJump bastion\n")
-        target = guest_target(ssh_options(host="inner-guest", ssh_config=config, timeout=20))
+        target = guest_target(ssh_options(host="inner-guest", ssh_config=config, timeout=20), run=Runner())
         assert target.jump is not None and target.jump.port == jump.port
         with Session(target, str(tmp_path / "recorded")) as session:
             status, out, _err = session.run(["sh", "-c", "echo $SSH_CONNECTION"])
