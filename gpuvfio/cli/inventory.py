@@ -83,7 +83,7 @@ def doctor_listing(report: DoctorReport, title: str) -> Listing:
     listing = Listing(title, [Column("Check", keep=True), Column("Status", keep=True), Column("Summary"),
                               Column("Fix", below=True)])
     for check in report.checks:
-        listing.add(check.check_id, Cell(check.status, STATUS_STYLE.get(check.status, "")), check.summary,
+        listing.add(check.check_id, Cell(check.status.value, STATUS_STYLE.get(check.status.value, "")), check.summary,
                     check.fix or "")
     return listing
 

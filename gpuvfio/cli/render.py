@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuvfio.cli.output import Cell, Column, Listing, printable_report, rich_console
+from gpuvfio.cli.output import Column, Listing, printable_report, rich_console
 
 
 def _table(**kwargs):
@@ -18,79 +18,10 @@ def _table(**kwargs):
 
     return Table(**kwargs)
 
-_STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-
-
-def _size(n: int) -> str:
-    if not n:
-        return "-"
-    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= factor:
-            value = n / factor
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n} B"
-
-
-def _link(link: dict | None) -> str:
-    if not link:
-        return "-"
-    cur = f"Gen{link['current_gen'] or '?'} x{link['current_width'] or '?'}"
-    top = f"Gen{link['max_gen'] or '?'} x{link['max_width'] or '?'}"
-    return cur if cur == top else f"{cur} (max {top})"
-
-
-def _virt(dev: dict) -> str:
-    bits = []
-    if dev["sriov"]:
-        bits.append(f"SR-IOV {dev['sriov']['num_vfs']}/{dev['sriov']['total_vfs']} VFs")
-    if dev["physfn"]:
-        bits.append(f"VF of {dev['physfn']}")
-    if dev["mdev_types"]:
-        bits.append(f"mdev: {len(dev['mdev_types'])} types")
-    if dev["vgpu"]:
-        cur = dev["vgpu"]["current_type"]
-        # Once a VF has a type, creatable_vgpu_types lists nothing more for it.
-        bits.append(f"vGPU type {cur} set" if cur else f"vGPU: {len(dev['vgpu']['creatable_types'])} types")
-    return "; ".join(bits) or "-"
-
 
 def make_console():
     # Piped output (make demo | less, CI logs) gets a wide table instead of 80 columns.
     return rich_console() if sys.stdout.isatty() else rich_console(width=160)
-
-
-def list_listing(report: dict, title: str) -> Listing:
-    """gpuvfio list: one row per function; the least needed columns go first on a narrow terminal."""
-    groups = {g["id"]: g for g in report["groups"] or []}
-    listing = Listing(title, [Column("Address", keep=True), Column("Device", rank=2), Column("Driver", rank=1),
-                              Column("Group", keep=True), Column("Viable"), Column("NUMA", rank=3),
-                              Column("Link", rank=4, keep=True), Column("Largest BAR", rank=5, keep=True),
-                              Column("Virtualization", rank=6)])
-    for dev in report["devices"]:
-        gid = dev["iommu_group"]
-        group = groups.get(gid)
-        viable = Cell("-") if group is None else (Cell("yes", "green") if group["viable"] else Cell("no", "red"))
-        # pci.ids calls an NVSwitch (class 0x0680) a bridge; it bridges NVLinks, not PCI buses.
-        name = dev["device_name"] or ("NVSwitch" if dev.get("kind") == "nvswitch" else dev["class_name"]) or "device"
-        listing.add(dev["address"], f"{name} [{dev['vendor_id']}:{dev['device_id']}]", dev["driver"] or "none",
-                    "-" if gid is None else str(gid), viable,
-                    "-" if dev["numa_node"] is None else str(dev["numa_node"]), _link(dev["link"]),
-                    _size(dev["largest_bar"]), _virt(dev))
-    if report["groups"] is None:
-        listing.notes.append("No IOMMU groups: the IOMMU is off (see gpuvfio doctor).")
-    for group in report["groups"] or []:
-        listing.notes += [f"group {group['id']} not viable: {problem}" for problem in group["problems"]]
-    return listing
-
-
-def doctor_listing(report: dict, title: str) -> Listing:
-    """gpuvfio doctor: a row per check; the fixes under the table, whole, to copy."""
-    listing = Listing(title, [Column("Check", keep=True), Column("Status", keep=True), Column("Summary"),
-                              Column("Fix", below=True)])
-    for check in report["checks"]:
-        listing.add(check["id"], Cell(check["status"], _STATUS_STYLE.get(check["status"], "")), check["summary"],
-                    check["fix"] or "")
-    return listing
 
 
 def print_status(report: dict, console=None) -> None:

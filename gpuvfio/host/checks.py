@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+class CheckStatus(str, Enum):
+    """A readiness check's verdict (its JSON word is the value)."""
+
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+OK, WARN, FAIL, SKIP = CheckStatus.OK, CheckStatus.WARN, CheckStatus.FAIL, CheckStatus.SKIP
 
 
 @dataclass(slots=True)
 class Check:
     check_id: str
-    status: str
+    status: CheckStatus
     summary: str
     fix: str | None = None
 
+    def __post_init__(self) -> None:
+        self.status = CheckStatus(self.status)  # a plain word from a caller becomes the enum
+
     def to_json(self) -> dict:
-        return {"id": self.check_id, "status": self.status, "summary": self.summary, "fix": self.fix}
+        return {"id": self.check_id, "status": self.status.value, "summary": self.summary, "fix": self.fix}

@@ -39,7 +39,7 @@ from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
-__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan", "plan_report", "bind",
+__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
            "BindOperation", "BindReport", "BindStatus", "CheckStatus", "PlanCheck", "plan_operation", "apply_operation",
            "RestoreResult", "UnbindResult", "Status", "HeldDevice", "restore", "held", "release", "unbind", "status",
            "plan_unbind", "plan_restore", "persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
@@ -102,14 +102,6 @@ def plan_report(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *
     report = BindReport.of(bind_plan, bind_plan.refusals(policy.force), root=ctx.host.root,
                            fabric=decision if decision.kind != "none" else None)
     return bind_plan, report
-
-
-def plan(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
-         exclude: str | None = None) -> tuple[BindPlan, dict]:
-    """plan_report with the report as JSON ({"devices", "steps", "checks", "moving", "refused"[,
-    "fabric"][, "result"]}), for a caller that shows it whole."""
-    bind_plan, report = plan_report(ctx, addresses, policy, uri=uri, exclude=exclude)
-    return bind_plan, report.to_json()
 
 
 def addresses_in_groups(inventory: Inventory, addresses: list[PciAddress]) -> list[PciAddress]:

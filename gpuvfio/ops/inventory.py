@@ -179,14 +179,6 @@ class HostIdentity:
                 "hugepage_sizes_kb": self.hugepage_sizes_kb, "python": self.python,
                 "qemu_version": self.qemu_version, "libvirt_version": self.libvirt_version}
 
-    # Transitional: gpuvfio.testbed.run and its tests still read the identity as a mapping
-    # ({**identity}, identity["key"]); remove these two once they call to_json().
-    def keys(self):
-        return self.to_json().keys()
-
-    def __getitem__(self, key: str):
-        return self.to_json()[key]
-
 
 def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> HostIdentity:
     """This host as testbed results describe it; ``conn`` (a libvirt connection) adds the QEMU

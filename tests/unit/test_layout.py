@@ -291,8 +291,8 @@ def test_a_group_that_goes_whole_is_viable_for_that_request(tmp_path):
         spec_for(tmp_path, everything[:2])
     assert "0000:19:00.0 [" not in str(info.value)  # only what is not asked for is named
     ctx = Context(host=HostRoot(str(tmp_path)))
-    _plan, report = binding.plan(ctx, [PciAddress.parse(a) for a in everything], BindPolicy(), uri="none")
-    assert report["refused"] == []
-    assert any(c["id"] == "group_viable" and "goes whole" in c["message"] for c in report["checks"])
-    _plan, report = binding.plan(ctx, [PciAddress.parse(a) for a in everything[:2]], BindPolicy(), uri="none")
-    assert [c["id"] for c in report["refused"]] == ["group_viable"]
+    _plan, report = binding.plan_report(ctx, [PciAddress.parse(a) for a in everything], BindPolicy(), uri="none")
+    assert report.refused == []
+    assert any(c.check_id == "group_viable" and "goes whole" in c.message for c in report.checks)
+    _plan, report = binding.plan_report(ctx, [PciAddress.parse(a) for a in everything[:2]], BindPolicy(), uri="none")
+    assert [c.check_id for c in report.refused] == ["group_viable"]
