@@ -312,3 +312,21 @@ def test_heavy_libraries_are_imported_where_they_are_used(module):
     names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in top if isinstance(n, ast.ImportFrom) and n.module}
     assert not names & HEAVY_LIBRARIES, f"{module} imports {sorted(names & HEAVY_LIBRARIES)} at the top"
+
+
+def test_services_return_typed_results_not_plain_dicts():
+    """Issue 23 item 5: gpuvfio.ops returns dataclasses (statuses as enums), turned into JSON at
+    the edges. A module-level service annotated to return a bare dict (or a list of them) is
+    refused; a mapping of typed values (``dict[str, HeldDevice]``) and a ``*_json`` serialiser
+    are what the edges use."""
+    bare = {"dict", "dict | None", "list[dict]", "Optional[dict]"}
+    found = []
+    for module, path in MODULES.items():
+        if not module.startswith("gpuvfio.ops"):
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.returns is not None and not node.name.startswith("_") \
+                    and not node.name.endswith("_json") and ast.unparse(node.returns).strip("'\"") in bare:
+                found.append(f"{module}.{node.name} -> {ast.unparse(node.returns)}")
+    assert found == []
