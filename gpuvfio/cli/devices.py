@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.ops.selection import complete_devices
+from gpuvfio.ops.completion import device_candidates
 from gpuvfio.selector import SELECTOR_HELP
 
 __all__ = ["DeviceIds", "Devices", "Yes", "complete_device"]
@@ -25,7 +25,7 @@ def _root_for_completion(ctx: typer.Context) -> str | None:
 
 
 def complete_device(ctx: typer.Context, incomplete: str) -> list[str]:
-    return complete_devices(_root_for_completion(ctx), incomplete)
+    return device_candidates(_root_for_completion(ctx), incomplete)
 
 
 Devices = Annotated[Optional[list[str]], typer.Argument(metavar="DEVICE", help=f"PCI devices: {SELECTOR_HELP}.",

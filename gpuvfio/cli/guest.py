@@ -16,7 +16,8 @@ from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
 from gpuvfio.ops.context import check_uri, default_uri, live_context
 from gpuvfio.ops.attach_plan import plan_attach
-from gpuvfio.ops.domains import complete_domains, domain_request
+from gpuvfio.ops.completion import domain_candidates
+from gpuvfio.ops.domains import domain_request
 from gpuvfio.ops.guests import AttachFailed, attach, detach, parse_expect, plan_detach, verify, verify_options
 from gpuvfio.ops.targets import ssh_from_table
 from gpuvfio.ops.selection import check_devices, resolve
@@ -34,7 +35,7 @@ def _complete_domain(ctx: typer.Context, incomplete: str) -> list[str]:
         uri = check_uri(ctx.params.get("connect") or default_uri(), source="--connect", warn=lambda _line: None)
     except GpuvfioError:
         return []
-    return complete_domains(uri, incomplete)
+    return domain_candidates(uri, incomplete)
 
 
 @commands.command("verify")

@@ -142,7 +142,9 @@ def test_shell_completion_offers_commands_options_devices_and_domains(cli, monke
     root = workstation.root
     assert _complete(cli, monkeypatch, f"gpuvfio --root {root} bind 01:") == ["01:00.0", "01:00.1"]
     assert _complete(cli, monkeypatch, f"gpuvfio bind --root {root} 0000:04") == ["0000:04:00.0", "0000:04:00.1"]
-    assert _complete(cli, monkeypatch, f"gpuvfio list --root {root} pci_0000_03") == ["pci_0000_03_00_0"]
+    assert _complete(cli, monkeypatch, f"gpuvfio list --root {root} pci_0000_04") == ["pci_0000_04_00_0",
+                                                                                    "pci_0000_04_00_1"]
+    assert _complete(cli, monkeypatch, f"gpuvfio list --root {root} 03") == []  # the chipset's NIC: no candidate
     assert _complete(cli, monkeypatch, f"gpuvfio bind --root {tmp_path}/nowhere 0") == []  # no host: nothing
     node = tmp_path / "testdriver.xml"
     node.write_text("<node><domain type='test'><name>train-7</name><memory>1024</memory><os><type>hvm</type>"
