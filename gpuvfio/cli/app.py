@@ -20,7 +20,7 @@ from typing import Annotated, Callable, Optional
 import typer
 
 from gpuvfio import __version__
-from gpuvfio.cli.lazy import LazyGroup
+from gpuvfio.cli.lazy import VERBOSE_HELP, GlobalOptions, LazyGroup
 from gpuvfio.cli.output import printable, rich_console
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.files import silence_stdout
@@ -44,13 +44,6 @@ RootOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
-class _Global:
-    """What the global options set for the command that follows (one process, one command)."""
-
-    root: str | None = None
-    verbose: bool = False
-
-
 def _version(value: bool) -> None:
     if value:
         sys.stdout.write(f"gpuvfio {__version__}\n")
@@ -60,18 +53,18 @@ def _version(value: bool) -> None:
 @app.callback()
 def global_options(
     root: RootOption = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Progress lines on stderr, also with --json.")]
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)]
     = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print gpuvfio's version and exit.")] = False,
 ) -> None:
-    _Global.root = root
-    _Global.verbose = verbose
+    GlobalOptions.root = root
+    GlobalOptions.verbose = verbose  # a -v after the command sets it again as that command parses
 
 
 def root_of(command_root: str | None) -> str | None:
     """The command's --root, else the global one (both also read GPUVFIO_ROOT)."""
-    return command_root if command_root is not None else _Global.root
+    return command_root if command_root is not None else GlobalOptions.root
 
 
 def emit_json(data) -> None:
@@ -131,7 +124,7 @@ def stop_progress() -> None:
 def progress_for(as_json: bool) -> Callable[[str], None]:
     """Progress for people on stderr: on a terminal live (TerminalProgress), in a pipe one line
     per step; with --json only when --verbose asks for it (then as lines)."""
-    if as_json and not _Global.verbose:
+    if as_json and not GlobalOptions.verbose:
         return lambda line: None
     if not as_json and sys.stderr.isatty():
         return TerminalProgress()
@@ -175,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "NoArgsIsHelpError":
             sys.stdout.write(exc.format_message() + "\n")
             return 2
-        _error(exc.format_message().splitlines()[0] + (" (see gpuvfio --help)" if exc.exit_code == 2 else ""))
+        _error(exc.format_message().splitlines()[0] + (f" (see {_command_path(exc)} -h)" if exc.exit_code == 2 else ""))
         return exc.exit_code
     finally:
         stop_progress()
@@ -185,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             silence_stdout()
         except ValueError:
             pass
+
+
+def _command_path(exc) -> str:
+    """The command a usage error belongs to (``gpuvfio bind``), whose -h says what it takes."""
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", "") if ctx is not None else ""
+    return path if path.startswith("gpuvfio") else "gpuvfio"
 
 
 def _error(message: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import typer
 import typer.main
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,69 @@ COMMANDS: dict[str, Entry] = {
 }
 
 
+class GlobalOptions:
+    """What the global options set for the command that follows (one process, one command):
+    given before the command (gpuvfio -v list) or, for -v, after it (gpuvfio list -v)."""
+
+    root: str | None = None
+    verbose: bool = False
+
+
+VERBOSE_HELP = "Progress lines on stderr, also with --json."
+
+
+def _set_verbose(ctx, param, value: bool) -> None:
+    if value:
+        GlobalOptions.verbose = True
+
+
+class WordArgument(TyperArgument):
+    """An argument shown by its metavar in words (DEVICE, NAME), without typer's type suffix
+    (``DEVICE <list[str]>``): the help says what to give, the metavar names it."""
+
+    def display_type_rich(self, ctx) -> None:
+        return None
+
+
+class GpuvfioCommand(TyperCommand):
+    """A command as gpuvfio shows it: arguments in words, and -v/--verbose taken after the
+    command as before it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:
+                param.__class__ = WordArgument  # the same parameter, shown without the type
+        if not any("--verbose" in getattr(p, "opts", ()) for p in self.params):
+            self.params.append(verbose_option())
+
+
+def verbose_option():
+    """-v/--verbose as a command's own option: it sets GlobalOptions.verbose and is not handed
+    to the command's function (typer builds the parameter; only its use differs)."""
+    holder = typer.Typer(add_completion=False)
+
+    @holder.command()
+    def verbose_holder(verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP,
+                                                    callback=_set_verbose)) -> None:
+        """Only its parameter is taken."""
+
+    option = typer.main.get_command(holder).params[0]
+    option.expose_value = False
+    return option
+
+
+class CommandTyper(typer.Typer):
+    """typer.Typer whose commands are GpuvfioCommands."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or GpuvfioCommand, **kwargs)
+
+
 def command_typer(**settings) -> typer.Typer:
     """The typer.Typer a command module declares its commands on: help as plain text (no rich
     markup, as the root's), no completion options of its own (the root's ``completion``)."""
-    return typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False, **settings)
+    return CommandTyper(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False, **settings)
 
 
 def load(name: str):

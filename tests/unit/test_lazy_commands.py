@@ -92,3 +92,28 @@ def test_the_index_help_is_the_commands_own(name):
 def test_an_unknown_command_is_refused_with_a_suggestion(cli):
     result = cli("lst")
     assert result.code == 2 and "Did you mean 'list'?" in result.err
+
+
+def test_verbose_after_the_command_as_before_it(cli, workstation):
+    """-v/--verbose is the root's and every command's (issue 24 item 6): either spelling turns the
+    progress lines of a --json run on for that run, and the next run starts without them."""
+    from gpuvfio.cli.app import progress_for
+    from gpuvfio.cli.lazy import GlobalOptions
+
+    silent = progress_for(True)
+    for spelling in (["-v", "status", "--json"], ["status", "--json", "-v"], ["status", "--verbose", "--json"]):
+        assert cli("--root", workstation.root, *spelling).code == 0
+        assert GlobalOptions.verbose is True, spelling
+        assert progress_for(True).__name__ != silent.__name__  # lines, not the silent default
+    assert cli("--root", workstation.root, "status", "--json").code == 0
+    assert GlobalOptions.verbose is False
+
+
+def test_arguments_show_in_words_and_errors_point_to_the_commands_help(cli):
+    help_text = cli("bind", "-h").out
+    assert "DEVICE  PCI devices" in help_text and "<list[str]>" not in help_text
+    assert "-v, --verbose" in help_text
+    wrong = cli("bind", "--bogus")
+    assert wrong.code == 2 and wrong.err.rstrip().endswith("(see gpuvfio bind -h)")
+    missing = cli("vgpu", "types")
+    assert missing.code == 2 and missing.err.rstrip().endswith("(see gpuvfio vgpu types -h)")
