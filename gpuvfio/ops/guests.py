@@ -27,6 +27,7 @@ from gpuvfio.domain.nccl_topo import GUEST_FILE
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.guest.checks import VerifyReport, judge
+from gpuvfio.guest.nccl_conf import CONF_FILE as NCCL_CONF, ConfChange, merge as merge_conf
 from gpuvfio.guest.expect import Expected, expectations, parse_expect  # noqa: F401 - parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.ssh import Session
@@ -50,13 +51,31 @@ from gpuvfio.virt.connection import call
 
 
 @dataclass(frozen=True)
+class NcclConf:
+    """What attach did to the guest's /etc/nccl.conf so that NCCL finds the topology file by
+    itself (gpuvfio.guest.nccl_conf): ``change``, the admin's ``previous`` NCCL_TOPO_FILE where it
+    was replaced, or why the file was left alone (``error``: a symbolic link, a failed write)."""
+
+    path: str = NCCL_CONF
+    change: ConfChange | None = None
+    previous: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "change": self.change.value if self.change is not None else None,
+                "previous": self.previous, "error": self.error}
+
+
+@dataclass(frozen=True)
 class NcclTopology:
-    """The NCCL topology file attach wrote in the guest (``path``, its ``xml``), or why it wrote
-    none (``error``: a warning, not a failed attach)."""
+    """The NCCL topology file attach wrote in the guest (``path``, its ``xml``) and what it did to
+    /etc/nccl.conf to name it (``conf``), or why it wrote none (``error``: a warning, not a
+    failed attach)."""
 
     path: str | None = None
     xml: str | None = None
     error: str | None = None
+    conf: NcclConf | None = None
 
     @property
     def written(self) -> bool:
@@ -64,13 +83,23 @@ class NcclTopology:
 
     @property
     def use(self) -> str | None:
-        """What a job in the guest sets to read it (NCCL's NCCL_TOPO_FILE)."""
-        return f"export NCCL_TOPO_FILE={self.path}" if self.path is not None else None
+        """How a job in the guest gets it: from /etc/nccl.conf, which NCCL reads at init, or,
+        where that could not carry it, by setting NCCL_TOPO_FILE itself."""
+        if self.path is None:
+            return None
+        if self.conf is not None and self.conf.change is not None:
+            replaced = (f" (it replaced the admin's NCCL_TOPO_FILE={self.conf.previous})"
+                        if self.conf.change is ConfChange.REPLACED else "")
+            return (f"{self.conf.path} carries NCCL_TOPO_FILE={self.path}: NCCL reads it at init, "
+                    f"no export needed{replaced}")
+        why = self.conf.error if self.conf is not None else "not merged"
+        return f"export NCCL_TOPO_FILE={self.path} ({NCCL_CONF} does not carry it: {why})"
 
     def to_json(self) -> dict:
         if self.path is None:
             return {"written": False, "path": None, "error": self.error}
-        return {"written": True, "path": self.path, "use": self.use, "xml": self.xml}
+        return {"written": True, "path": self.path, "use": self.use, "xml": self.xml,
+                "conf": self.conf.to_json() if self.conf is not None else None}
 
 
 @dataclass
@@ -258,9 +287,10 @@ def planned_expectations(provisioned: Provisioned, expected: list[Expected]) -> 
 
 def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float) -> NcclTopology:
     """Write the guest's NCCL topology file from the bus ids the guest shows (the probe's view),
-    mapped onto the planned devices. A guest whose devices do not line up with the plan, or
-    that cannot be written to (a user without root), gets no file: the answer says why, as a
-    warning (the verifier judges the devices themselves)."""
+    mapped onto the planned devices, and name it in the guest's /etc/nccl.conf
+    (``merge_nccl_conf``). A guest whose devices do not line up with the plan, or that cannot be
+    written to (a user without root), gets no file: the answer says why, as a warning (the
+    verifier judges the devices themselves)."""
     try:
         facts = run_probe(session, timeout=probe_timeout, progress=ctx.progress)
         text = nccl_topology_file(ctx, provisioned, facts["pci"])
@@ -273,7 +303,52 @@ def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_t
         return NcclTopology(error=str(exc))
     if status:
         return NcclTopology(error=f"writing {GUEST_FILE} failed (exit {status}): {err.strip()[:200]}")
-    return NcclTopology(path=GUEST_FILE, xml=text)
+    return NcclTopology(path=GUEST_FILE, xml=text, conf=merge_nccl_conf(session, GUEST_FILE, probe_timeout))
+
+
+# The guest's /etc/nccl.conf as it is: "LINK target", "OTHER" (not a regular file), "NONE", or
+# "FILE" and its bytes.
+READ_CONF = ('R="${GPUVFIO_PROBE_ROOT:-}"; c="$R$1"; if [ -L "$c" ]; then printf \'LINK %s\\n\' "$(readlink "$c")"; '
+             'elif [ -f "$c" ]; then echo FILE && cat "$c"; elif [ -e "$c" ]; then echo OTHER; else echo NONE; fi')
+# The merged file from stdin: a temporary file beside it (a copy of the old one first, so its
+# mode and owner stay), renamed over it; never through a link, never a partial file.
+WRITE_CONF = ('R="${GPUVFIO_PROBE_ROOT:-}"; c="$R$1"; t="$R$2"; '
+              'if [ -L "$c" ]; then echo "$1 is a symbolic link: not written through" >&2; exit 3; fi; '
+              'if [ -e "$c" ] && [ ! -f "$c" ]; then echo "$1 is not a regular file" >&2; exit 3; fi; '
+              'rm -f "$t" && if [ -f "$c" ]; then cp -p "$c" "$t"; else (umask 022 && : > "$t"); fi '
+              '&& cat > "$t" && mv -f "$t" "$c" || { s=$?; rm -f "$t"; exit $s; }')
+
+
+def merge_nccl_conf(session, topology_file: str, timeout: float) -> NcclConf:
+    """Make the guest's /etc/nccl.conf carry ``NCCL_TOPO_FILE=topology_file``: read it, merge
+    (gpuvfio.guest.nccl_conf.merge: every other line kept byte for byte, an earlier
+    NCCL_TOPO_FILE replaced and said), write it back atomically (a temporary file in /etc
+    renamed over it). A symbolic link is refused: its target belongs to someone else (a
+    configuration tool, a shared file), and replacing the link would cut it off from them."""
+    def said(data: bytes) -> str:
+        return data.decode("utf-8", "replace").strip()[:200]
+
+    try:
+        status, out, err = session.run_bytes(["sh", "-c", READ_CONF, "sh", NCCL_CONF], timeout=timeout)
+        if status:
+            return NcclConf(error=f"reading {NCCL_CONF} failed (exit {status}): {said(err)}")
+        head, _, body = out.partition(b"\n")
+        if head.startswith(b"LINK "):
+            return NcclConf(error=f"{NCCL_CONF} is a symbolic link (to {said(head[5:])}): gpuvfio does not write "
+                                  "through links, whose target another tool or file owns; add the line there")
+        if head not in (b"FILE", b"NONE"):
+            return NcclConf(error=f"{NCCL_CONF} is not a regular file" if head == b"OTHER"
+                            else f"the guest's answer about {NCCL_CONF} is not recognisable")
+        merged = merge_conf(body if head == b"FILE" else None, topology_file)
+        if merged.changed:
+            temp = posixpath.join(posixpath.dirname(NCCL_CONF), ".nccl.conf.gpuvfio-tmp")
+            status, _out, err = session.run_bytes(["sh", "-c", WRITE_CONF, "sh", NCCL_CONF, temp],
+                                                  stdin=merged.text, timeout=timeout)
+            if status:
+                return NcclConf(error=f"writing {NCCL_CONF} failed (exit {status}): {said(err)}")
+    except (GpuvfioError, OSError) as exc:
+        return NcclConf(error=str(exc))
+    return NcclConf(change=merged.change, previous=merged.previous)
 
 
 def _discover(ctx: Context, ssh: SshOptions, conn, dom):

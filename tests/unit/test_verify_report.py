@@ -31,14 +31,17 @@ ADA = "PCI|0000:01:00.0|0x10de|0x2684|0x030000|nvidia|16.0 GT/s PCIe|16|16.0 GT/
 
 
 class Guest:
-    """An SSH session's answers: the probe (``sh -c SCRIPT gpuvfio-probe``), the verifier (python3 -)
-    and the NCCL file's write (``sh -c SCRIPT sh DIR FILE``), each with its exit status."""
+    """An SSH session's answers: the probe (``sh -c SCRIPT gpuvfio-probe``), the verifier (python3 -),
+    the NCCL file's write (``sh -c SCRIPT sh DIR FILE``), each with its exit status, and the
+    guest's /etc/nccl.conf (``conf``; None: there is none; ``conf_link``: a symbolic link) as the
+    read and write of ``merge_nccl_conf`` see it."""
 
     def __init__(self, probe: str, verifier: str = "", probe_status: int = 0, verifier_status: int = 0,
-                 write_status: int = 0) -> None:
+                 write_status: int = 0, conf: bytes | None = None, conf_link: str | None = None) -> None:
         self.probe, self.verifier = probe, verifier
         self.probe_status, self.verifier_status, self.write_status = probe_status, verifier_status, write_status
         self.written: bytes | None = None
+        self.conf, self.conf_link = conf, conf_link
 
     def run(self, argv, timeout=None, stdin=None):
         if argv[:2] == ["sh", "-c"] and argv[-1] == "gpuvfio-probe":
@@ -47,6 +50,16 @@ class Guest:
             self.written = stdin
             return self.write_status, "", "cannot write" if self.write_status else ""
         return self.verifier_status, self.verifier, ""
+
+    def run_bytes(self, argv, timeout=None, stdin=None):
+        assert argv[:2] == ["sh", "-c"] and argv[4] == "/etc/nccl.conf", argv
+        if len(argv) == 5:  # the read
+            if self.conf_link is not None:
+                return 0, f"LINK {self.conf_link}\n".encode(), b""
+            return 0, b"NONE\n" if self.conf is None else b"FILE\n" + self.conf, b""
+        assert self.conf_link is None, "written through a link"
+        self.conf = stdin
+        return 0, b"", b""
 
 
 GUESTS = {
@@ -140,11 +153,16 @@ def test_verify_here_gives_a_typed_report_with_the_json_of_before(tmp_path, rege
     golden(f"verify_here-{name}", text, regenerate)
 
 
+ADMIN_CONF = b"NCCL_DEBUG=WARN\nNCCL_TOPO_FILE=/opt/site-topo.xml\n"
+
+
 @pytest.mark.parametrize("name, guest, written", [
     ("probe_fails", Guest("", probe_status=3), False),
     ("write_fails", Guest(probe_text([ADA]), write_status=1), False),
     ("unlike", Guest(probe_text([GPU_LINE])), False),  # the guest shows another device than planned
     ("written", Guest(probe_text([ADA])), True),
+    ("conf_replaced", Guest(probe_text([ADA]), conf=ADMIN_CONF), True),
+    ("conf_link", Guest(probe_text([ADA]), conf_link="/srv/shared/nccl.conf"), True),
 ])
 def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regenerate, name, guest, written):
     from gpuvfio.domain.request import domain_request
@@ -155,10 +173,19 @@ def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regen
     result = guests.write_nccl_topology(ctx, guest, provisioned, 5.0)
     assert isinstance(result, guests.NcclTopology) and result.written is written
     if written:
-        assert result.use == "export NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml" and result.error is None
-        assert guest.written == result.xml.encode()
+        assert result.error is None and guest.written == result.xml.encode()
+        assert result.path == "/etc/gpuvfio/nccl-topo.xml" and result.conf.path == "/etc/nccl.conf"
     else:
-        assert result.path is None and result.use is None and result.error
+        assert result.path is None and result.use is None and result.error and result.conf is None
+    if name == "written":  # no nccl.conf before: one made, and the hint says so
+        assert result.conf.change.value == "created" and guest.conf.endswith(b"\nNCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n")
+        assert result.use.startswith("/etc/nccl.conf carries NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml")
+    if name == "conf_replaced":  # the admin's other line kept, the old value said
+        assert guest.conf == b"NCCL_DEBUG=WARN\nNCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n"
+        assert result.conf.previous == "/opt/site-topo.xml" and "/opt/site-topo.xml" in result.use
+    if name == "conf_link":  # nothing written through the link; the job is told to set it
+        assert result.conf.change is None and "symbolic link" in result.conf.error and guest.conf is None
+        assert result.use.startswith("export NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml (/etc/nccl.conf does not")
     golden(f"nccl-{name}", json.dumps(result.to_json()), regenerate)
 
 

@@ -1,0 +1,128 @@
+"""NCCL_TOPO_FILE merged into a guest's /etc/nccl.conf, by the rules NCCL reads that file with.
+
+NCCL reads /etc/nccl.conf at init in every process, so a line ``NCCL_TOPO_FILE=PATH`` there makes
+every job in the guest load gpuvfio's topology file without an ``export``. The rules, from NCCL's
+source at v2.30.7-1 (src/misc/param.cc ``setEnvFile`` and ``initEnvFunc``; the same at v2.23.4-1;
+docs/research/consumers-issue-24.md section 1.4):
+
+- the file is read with ``fgets`` into a 4096-byte buffer: a record ends at a newline or after
+  4095 bytes (the rest of a longer line is read as records of its own); ``strlen`` ends a record
+  at a NUL byte; one trailing ``\\n`` and then one ``\\r`` are dropped;
+- a record whose first byte is ``#`` is a comment, one without ``=`` is skipped;
+- the key is everything before the first ``=``, the value everything after, each cut at 1023
+  bytes; no trimming, no quotes removed, no ``export`` understood;
+- every pair is applied with ``setenv(key, value, 0)`` (src/os/linux.cc ``ncclOsSetEnv``), which
+  never overwrites: within one file the FIRST record of a key wins, and the process environment
+  wins over ``$NCCL_CONF_FILE`` (or ``~/.nccl.conf``), which wins over /etc/nccl.conf.
+
+So the merge replaces the first record NCCL would take for NCCL_TOPO_FILE (its whole line), or
+appends a line when there is none, and leaves every other byte of the admin's file as it was.
+Pure: the caller reads the file and writes the result (gpuvfio.ops.guests, over SSH).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["CONF_FILE", "KEY", "ConfChange", "ConfMerge", "Record", "records", "value_of", "merge"]
+
+CONF_FILE = "/etc/nccl.conf"
+KEY = "NCCL_TOPO_FILE"
+FGETS_BYTES = 4095  # fgets(line, 4096, file) reads at most 4095 bytes and a NUL
+FIELD_BYTES = 1023  # envVar and envValue are 1024-byte buffers
+COMMENT = b"# gpuvfio attach: the PCIe topology of this guest's GPUs as the host sees it (NCCL reads it at init)\n"
+
+
+class ConfChange(str, Enum):
+    """What the merge did to /etc/nccl.conf."""
+
+    CREATED = "created"  # there was no file: it holds gpuvfio's line only
+    ADDED = "added"  # the admin's file had no NCCL_TOPO_FILE: a line appended
+    REPLACED = "replaced"  # the admin's NCCL_TOPO_FILE (``previous``) no longer applies
+    UNCHANGED = "unchanged"  # it already gives gpuvfio's path: nothing to write
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record as NCCL's reader sees it: where it starts in the file, its key and value
+    (None for a comment or a record without ``=``)."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class ConfMerge:
+    """The file to write (``text``; the input itself when UNCHANGED), what changed, and the
+    value NCCL took from the admin's file before (``previous``, as NCCL read it)."""
+
+    text: bytes
+    change: ConfChange
+    previous: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.change is not ConfChange.UNCHANGED
+
+
+def records(data: bytes) -> list[Record]:
+    """The records of ``data`` in the order NCCL's ``setEnvFile`` reads them."""
+    out: list[Record] = []
+    offset = 0
+    while offset < len(data):
+        end = data.find(b"\n", offset, offset + FGETS_BYTES)
+        end = offset + FGETS_BYTES if end < 0 else end + 1
+        end = min(end, len(data))
+        line = data[offset:end].split(b"\0", 1)[0]  # strlen stops at a NUL
+        if line.endswith(b"\n"):
+            line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        key = value = None
+        if not line.startswith(b"#") and b"=" in line:
+            name, _, rest = line.partition(b"=")
+            key, value = name[:FIELD_BYTES], rest[:FIELD_BYTES]
+        out.append(Record(offset, key, value))
+        offset = end
+    return out
+
+
+def value_of(data: bytes, key: str = KEY) -> bytes | None:
+    """The value NCCL takes for ``key`` from one file: its first record (setenv never overwrites)."""
+    wanted = key.encode()
+    return next((r.value for r in records(data) if r.key == wanted), None)
+
+
+def _line_end(data: bytes, offset: int) -> int:
+    """Where the content of the physical line at ``offset`` ends (before its ``\\r\\n`` or ``\\n``)."""
+    end = data.find(b"\n", offset)
+    end = len(data) if end < 0 else end
+    return end - 1 if end > offset and data[end - 1:end] == b"\r" else end
+
+
+def merge(existing: bytes | None, path: str) -> ConfMerge:
+    """/etc/nccl.conf (``existing``; None: there is none) carrying ``NCCL_TOPO_FILE=path``, so
+    that NCCL reads ``path`` and every other pair the admin set as before."""
+    raw = path.encode()
+    if not path.startswith("/") or any(c in raw for c in b"\n\r\0") or len(raw) > FIELD_BYTES:
+        # NCCL would cut a longer value, and a newline would end the record early.
+        raise ValueError(f"not a path NCCL can read from {CONF_FILE}: {path!r}")
+    line = KEY.encode() + b"=" + raw
+    if existing is None:
+        return ConfMerge(COMMENT + line + b"\n", ConfChange.CREATED)
+    first = next((r for r in records(existing) if r.key == KEY.encode()), None)
+    if first is None:
+        gap = b"\n" if existing and not existing.endswith(b"\n") else b""
+        return ConfMerge(existing + gap + COMMENT + line + b"\n", ConfChange.ADDED)
+    previous = first.value.decode("utf-8", "replace")
+    if first.value == raw:
+        return ConfMerge(existing, ConfChange.UNCHANGED)
+    if first.offset == 0 or existing[first.offset - 1:first.offset] == b"\n":
+        # The record starts a line: that line is replaced, its line ending kept.
+        end = _line_end(existing, first.offset)
+        return ConfMerge(existing[:first.offset] + line + existing[end:], ConfChange.REPLACED, previous)
+    # The record is the tail of a line longer than NCCL's buffer: gpuvfio's line goes first, where
+    # NCCL reads it before that tail (the admin's line stays as it is, and no longer applies).
+    return ConfMerge(line + b"\n" + existing, ConfChange.REPLACED, previous)
