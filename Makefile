@@ -12,8 +12,9 @@ PYTEST_ARGS ?=
 # One directory per pytest run below: a run clears its own at start, never the other's.
 BASETEMP = $(if $(wildcard /dev/shm),--basetemp=/dev/shm/gpuvfio-pytest-$(1),)
 # The unit and package lanes on every core (pytest-xdist), a test file to a worker, so a
-# module's fixtures (a built wheel, an Ansible fleet) are made once.
-PARALLEL := -n auto --dist loadfile
+# module's fixtures (a built wheel, an Ansible fleet) are made once; the files of many long,
+# independent tests (tests/conftest.py SPREAD) go test by test (loadgroup).
+PARALLEL := -n auto --dist loadgroup
 PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest
 
 .PHONY: all deps demo test test-fast bench samples sample-report docs clean

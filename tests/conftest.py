@@ -166,6 +166,10 @@ def pytest_sessionstart(session):
                                 + ", ".join(os.path.relpath(p, REPO) for p in stray))
 
 
+# Test files of many independent, long tests without module fixtures: spread over every worker.
+SPREAD = {"test_hostile.py", "test_fuzz.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     """The folder's marker on every test in it; a lane marker written on a test must be its folder's."""
     for item in items:
@@ -176,6 +180,10 @@ def pytest_collection_modifyitems(config, items):
                                     f"{lane or 'no'} lane folder: move the file or drop the mark")
         if lane:
             item.add_marker(lane)
+        if item.path.name not in SPREAD:
+            # pytest-xdist --dist loadgroup: a file's tests stay on one worker (its module fixtures
+            # -- a built wheel, an Ansible fleet -- are made once), except SPREAD's.
+            item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), TESTS)))
 
 
 def _required(path) -> bool:
