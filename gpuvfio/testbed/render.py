@@ -20,6 +20,7 @@ import io
 import math
 
 
+from gpuvfio.errors import Refused
 from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N
 from gpuvfio.text import printable
 
@@ -226,9 +227,23 @@ def html_page(doc: dict, images: dict[str, bytes]) -> str:
     return environment(autoescape=True, joined=_joined).from_string(PAGE).render(doc=doc, images=encoded)
 
 
+REPORT_EXTRA = "gpuvfio[report]"  # pyproject.toml: the plotting libraries a hypervisor does not need
+
+
+def plotting():
+    """matplotlib, imported where a report is drawn; without it, one line that names the extra
+    to install (a hypervisor install has no plotting libraries)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise Refused(f"testbed report draws its plots with matplotlib, which this installation does not have: "
+                      f"install the report extra (pip install '{REPORT_EXTRA}')") from None
+    return matplotlib
+
+
 def plots(results: dict, metric_tables: list[dict]) -> dict[str, bytes]:
     """A bar chart per metric (means, 95 % CI error bars) and the latency of every repetition."""
-    import matplotlib
+    matplotlib = plotting()
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
