@@ -398,6 +398,45 @@ def _check_peers(checks, verifier, gpus: int) -> None:
         checks.append(check("nccl_allreduce", PASS if ok else FAIL, f"sum over {gpus} GPUs exact",
                             f"busbw {top.get('busbw_gbps', 0):.1f} GB/s at {int(top.get('bytes', 0)) >> 20} MiB"
                             if top else None, None if ok else "the all-reduce gave wrong sums"))
+        if "topology" in nccl:
+            _check_nccl_topology(checks, nccl["topology"])
+
+
+def _links(table: dict) -> str:
+    return ", ".join(f"{bus} {e.get('link_speed') or '?'} x{e.get('link_width') or '?'}"
+                     + (f" +{e['nvlink']} NVLink" if e.get("nvlink") else "") for bus, e in sorted(table.items()))
+
+
+def _check_nccl_topology(checks, topology: dict) -> None:
+    """NCCL's own view of the GPUs' links (its topology dump, NCCL_TOPO_DUMP_FILE) beside the
+    topology file's. NCCL keeps every attribute the file gives (src/graph/xml.cc
+    ncclTopoGetXmlFromSys: an attribute already set is never filled), so a difference means NCCL
+    did not load the file, or the file names other bus ids than the guest's: a warning, since
+    NCCL still runs, on the links it detected."""
+    planned, seen, problem = topology.get("planned"), topology.get("nccl"), topology.get("error")
+    if topology.get("file") is None:
+        checks.append(check("nccl_topology", SKIP, None, _links(seen) if seen else None,
+                            "no NCCL topology file in the guest (gpuvfio attach writes one for two or more GPUs)"))
+        return
+    if planned is None or seen is None:
+        checks.append(check("nccl_topology", WARN, _links(planned) if planned else None,
+                            _links(seen) if seen else None, problem or "no GPU to compare"))
+        return
+    differ = []
+    for bus in sorted(set(planned) | set(seen)):
+        want, got = planned.get(bus), seen.get(bus)
+        if want is None:
+            differ.append(f"{bus}: not in the file")
+        elif got is None:
+            differ.append(f"{bus}: not in NCCL's view")
+        else:
+            differ.extend(f"{bus} {key} {got.get(key)!r}, the file {want.get(key)!r}"
+                          for key in ("link_speed", "link_width") if got.get(key) != want.get(key))
+    reason = None
+    if differ:
+        reason = (f"NCCL's view differs from {topology['file']} ({'; '.join(differ)}): NCCL did not load the file, "
+                  "or the file names other bus ids than the guest shows")
+    checks.append(check("nccl_topology", WARN if differ else PASS, _links(planned), _links(seen), reason))
 
 
 def report(checks: list[CheckResult], probe: dict, verifier: dict | None, problem: str | None = None

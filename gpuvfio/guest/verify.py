@@ -146,7 +146,24 @@ def shape_problem(data: dict) -> str | None:
         if not isinstance(results, list) or not all(isinstance(r, dict) and _number(r.get("bytes"))
                                                     and _number(r.get("busbw_gbps")) for r in results):
             return "nccl.results is malformed"
+        if "topology" in nccl and not _topology_shaped(nccl["topology"]):
+            return "nccl.topology is malformed"
     return None
+
+
+def _topology_shaped(topology) -> bool:
+    """The verifier's NCCL topology view: the file and NCCL's dump, each GPU's link attributes
+    by bus id (texts), an NVLink count where NCCL found some (None: that side is unknown)."""
+    def text(value) -> bool:
+        return value is None or isinstance(value, str)
+
+    def links(table) -> bool:
+        return table is None or (isinstance(table, dict) and all(
+            isinstance(bus, str) and isinstance(entry, dict) and text(entry.get("link_speed"))
+            and text(entry.get("link_width")) and (entry.get("nvlink") is None or _number(entry["nvlink"]))
+            for bus, entry in table.items()))
+    return (isinstance(topology, dict) and all(text(topology.get(k)) for k in ("file", "source", "error"))
+            and links(topology.get("planned")) and links(topology.get("nccl")))
 
 
 def probe_argv(script: str) -> list[str]:

@@ -23,14 +23,25 @@
  * CUDA_ERROR_LAUNCH_TIMEOUT from fakecuda, as with copies. Like NCCL (through cudart), it
  * retains each device's primary context once and never releases it. Buffers are not checked.
  *
+ * THE TOPOLOGY DUMP. With NCCL_TOPO_DUMP_FILE set, ncclCommInitAll writes a dump there, as NCCL
+ * (since 2.6, docs/env.rst) writes the XML it ended up with after detection: one <cpu>, and for
+ * each rank's GPU a <pci busid=...> holding a <gpu dev= rank=>. It is a stand-in's dump, not
+ * NCCL's detection: the link attributes come from the NCCL_TOPO_FILE the environment names,
+ * where that file has a <pci> of the GPU's bus id (NCCL keeps every attribute the file gives,
+ * src/graph/xml.cc ncclTopoGetXmlFromSys), else they are "32.0 GT/s PCIe" and the stand-in's
+ * NVML width (FAKECUDA_WIDTH, default 16), what NCCL 2.30.7's NVML rule reads from fakecuda.
+ * Only the environment is read: real NCCL also takes NCCL_TOPO_FILE from nccl.conf.
+ *
  * KNOBS (environment): FAKENCCL_ERROR=<code> makes ncclCommInitAll fail with that code;
- * FAKENCCL_CORRUPT=1 adds 1.0 to one element (the middle one) of rank 0's result.
+ * FAKENCCL_CORRUPT=1 adds 1.0 to one element (the middle one) of rank 0's result;
+ * FAKENCCL_IGNORE_TOPO=1 dumps as if NCCL_TOPO_FILE were not set (a NCCL that never loaded it).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <stdio.h>
 
 #define MAXRANKS 16
@@ -47,6 +58,7 @@ static struct {
     CUresult (*set_current)(void *);
     CUresult (*host_func)(void *, void (*)(void *), void *);
     CUresult (*wait_value)(void *, uint64_t, uint32_t, unsigned);
+    CUresult (*bus_id)(char *, int, int);
 } cu;
 
 static int load_cuda(void) {
@@ -64,6 +76,7 @@ static int load_cuda(void) {
     SYM(init, "cuInit") SYM(count, "cuDeviceGetCount") SYM(retain, "cuDevicePrimaryCtxRetain")
     SYM(get_current, "cuCtxGetCurrent") SYM(set_current, "cuCtxSetCurrent")
     SYM(host_func, "cuLaunchHostFunc") SYM(wait_value, "cuStreamWaitValue32_v2")
+    SYM(bus_id, "cuDeviceGetPCIBusId")
 #undef SYM
     return 0;
 }
@@ -110,6 +123,68 @@ const char *ncclGetErrorString(int rc) {
     }
 }
 
+/* The value of attribute `name` in the tag [tag, end) into out; 0 when the tag has it. */
+static int attr_of(const char *tag, const char *end, const char *name, char *out, size_t n) {
+    size_t len = strlen(name);
+    for (const char *p = tag + 1; p + len + 2 < end; p++) {
+        if ((p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\n') && !strncmp(p, name, len) && p[len] == '=' && p[len + 1] == '"') {
+            const char *v = p + len + 2, *q = memchr(v, '"', (size_t)(end - v));
+            if (!q) return -1;
+            snprintf(out, n, "%.*s", (int)(q - v), v);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The link attributes the topology file gives the <pci> of `busid`; each one it lacks is left. */
+static void file_link(const char *xml, const char *busid, char *speed, size_t ns, char *width, size_t nw) {
+    for (const char *p = xml; (p = strstr(p, "<pci")) != NULL; p += 4) {
+        const char *end = strchr(p, '>');
+        char bus[64];
+        if (!end) return;
+        if (!attr_of(p, end, "busid", bus, sizeof bus) && !strcasecmp(bus, busid)) {
+            attr_of(p, end, "link_speed", speed, ns);
+            attr_of(p, end, "link_width", width, nw);
+            return;
+        }
+    }
+}
+
+static char *read_small(const char *path) {
+    FILE *f = fopen(path, "r");
+    char *buf;
+    size_t got;
+    if (!f) return NULL;
+    if ((buf = malloc(1 << 20)) != NULL) { got = fread(buf, 1, (1 << 20) - 1, f); buf[got] = '\0'; }
+    fclose(f);
+    return buf;
+}
+
+static void dump_topology(int ndev, const int *devs) {
+    const char *path = getenv("NCCL_TOPO_DUMP_FILE"), *topo = getenv("NCCL_TOPO_FILE");
+    const char *ignore = getenv("FAKENCCL_IGNORE_TOPO");
+    char *xml = NULL;
+    FILE *out;
+    if (!path || !*path || !(out = fopen(path, "w"))) return;  /* NCCL: "Unable to open %s, not dumping" */
+    if (topo && *topo && !(ignore && atoi(ignore))) xml = read_small(topo);
+    fprintf(out, "<system version=\"1\">\n  <cpu numaid=\"0\" arch=\"x86_64\" vendor=\"GenuineIntel\">\n");
+    for (int r = 0; r < ndev; r++) {
+        char bus[64] = "", speed[64] = "32.0 GT/s PCIe", width[16];
+        const char *w = getenv("FAKECUDA_WIDTH");
+        snprintf(width, sizeof width, "%d", w && *w ? atoi(w) : 16);
+        cu.bus_id(bus, sizeof bus, devs[r]);
+        for (char *c = bus; *c; c++) if (*c >= 'A' && *c <= 'F') *c += 'a' - 'A';  /* NCCL's busids are lower case */
+        if (xml) file_link(xml, bus, speed, sizeof speed, width, sizeof width);
+        fprintf(out, "    <pci busid=\"%s\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2330\" link_speed=\"%s\" "
+                "link_width=\"%s\">\n      <gpu dev=\"%d\" sm=\"90\" rank=\"%d\" gdr=\"0\"/>\n    </pci>\n",
+                bus, speed, width, devs[r], r);
+    }
+    fprintf(out, "  </cpu>\n</system>\n");
+    fclose(out);
+    free(xml);
+}
+
 int ncclCommInitAll(void **comms, int ndev, const int *devlist) {
     const char *err = getenv("FAKENCCL_ERROR");
     clique_t *q;
@@ -138,6 +213,7 @@ int ncclCommInitAll(void **comms, int ndev, const int *devlist) {
         c->magic = MAGIC; c->clique = q; c->rank = r;
         comms[r] = c;
     }
+    dump_topology(ndev, q->devs);
     return ncclSuccess;
 }
 

@@ -697,6 +697,40 @@ def test_nccl_errors(cuda, nccl, monkeypatch):
         assert nccl.ncclCommDestroy(comm) == 0
 
 
+def test_nccl_topology_dump_echoes_the_topology_files_gpus(cuda, nccl, monkeypatch, tmp_path):
+    """NCCL_TOPO_DUMP_FILE: the stand-in writes its "NCCL view" at ncclCommInitAll, taking each
+    GPU's link attributes from NCCL_TOPO_FILE where the file names the GPU's bus id (as NCCL keeps
+    a file's attributes), else its own (32.0 GT/s PCIe, FAKECUDA_WIDTH)."""
+    topo, dump = tmp_path / "topo.xml", tmp_path / "dump.xml"
+    topo.write_text('<system version="1"><cpu numaid="0">\n'
+                    '<pci busid="0000:01:00.0" class="0x030200" link_speed="16.0 GT/s PCIe" link_width="8"/>\n'
+                    '<pci busid="0000:07:00.0" class="0x030200" link_speed="2.5 GT/s PCIe" link_width="1"/>\n'
+                    '</cpu></system>\n')
+    monkeypatch.setenv("NCCL_TOPO_FILE", str(topo))
+    monkeypatch.setenv("NCCL_TOPO_DUMP_FILE", str(dump))
+    monkeypatch.setenv("FAKECUDA_WIDTH", "4")
+    ranks, comms = nccl_ranks(cuda, nccl, monkeypatch, 2, 16)
+
+    def links():
+        import xml.etree.ElementTree as ET
+        return {p.get("busid"): (p.get("link_speed"), p.get("link_width"), p.find("gpu").get("rank"))
+                for p in ET.parse(dump).getroot().iter("pci")}
+    assert links() == {"0000:01:00.0": ("16.0 GT/s PCIe", "8", "0"), "0000:02:00.0": ("32.0 GT/s PCIe", "4", "1")}
+    for comm in comms:
+        assert nccl.ncclCommDestroy(comm) == 0
+    monkeypatch.setenv("FAKENCCL_IGNORE_TOPO", "1")  # as a NCCL that never loaded the file
+    comms = (c_ptr * 2)()
+    assert nccl.ncclCommInitAll(comms, 2, None) == 0
+    assert links()["0000:01:00.0"] == ("32.0 GT/s PCIe", "4", "0")
+    for comm in comms:
+        assert nccl.ncclCommDestroy(comm) == 0
+    dump.unlink()
+    monkeypatch.delenv("NCCL_TOPO_DUMP_FILE")
+    assert nccl.ncclCommInitAll(comms, 2, None) == 0 and not dump.exists()  # no dump asked: none written
+    for comm in comms:
+        assert nccl.ncclCommDestroy(comm) == 0
+
+
 # -- the library directories ------------------------------------------------------------------------
 
 def test_library_directories(fakecuda_libdir, fakecuda_nonccl_libdir, fakecuda_old_libdir):

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -196,3 +197,99 @@ def test_host_memory_goes_to_the_gpus_numa_node_read_under_root(tmp_path, fakecu
     (sys_dir / "devices" / "system" / "node" / "node1").rmdir()
     bw = run(fakecuda_libdir, "--root", str(tmp_path))["bandwidth"]["0000:01:00.0"]
     assert bw["host_numa_node"] == 0 and bw["host_memory_policy"] == "none (one NUMA node in the guest)"
+
+
+def topo_file(path, links):
+    """An NCCL topology file as gpuvfio writes it: a <pci> per GPU with its link attributes."""
+    nodes = "".join(f'    <pci busid="{bus}" class="0x030200" vendor="0x10de" device="0x2330" link_speed="{speed}" '
+                    f'link_width="{width}" />\n' for bus, (speed, width) in links.items())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'<system version="1">\n  <cpu numaid="0" affinity="0000000f" arch="x86_64">\n{nodes}'
+                    '  </cpu>\n</system>\n')
+    return path
+
+
+LINKS = {"0000:01:00.0": ("16.0 GT/s PCIe", "8"), "0000:02:00.0": ("16.0 GT/s PCIe", "8")}
+
+
+def test_the_allreduce_runs_with_gpuvfios_file_and_reports_nccls_view(tmp_path, fakecuda_libdir):
+    """gpuvfio's file at /etc/gpuvfio/nccl-topo.xml under --root is NCCL_TOPO_FILE for the
+    all-reduce; NCCL's dump (NCCL_TOPO_DUMP_FILE) shows the links it took, beside the file's."""
+    topo_file(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml", LINKS)
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2", "NCCL_TOPO_FILE": "/elsewhere"})
+    topology = data["nccl"]["topology"]
+    assert topology["file"] == str(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml") and topology["source"] == "gpuvfio"
+    want = {bus: {"link_speed": speed, "link_width": width} for bus, (speed, width) in LINKS.items()}
+    assert topology["planned"] == want and topology["nccl"] == want and topology["error"] is None
+    report, checks = judged(data, TWO, ("01", "02"))
+    assert checks["nccl_topology"]["status"] == "pass" and report["ok"]
+    assert checks["nccl_topology"]["observed"] == "0000:01:00.0 16.0 GT/s PCIe x8, 0000:02:00.0 16.0 GT/s PCIe x8"
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("gpuvfio-nccl-")
+                and os.path.exists(os.path.join(tempfile.gettempdir(), n, "topology.xml"))]
+
+
+def test_nccl_that_did_not_load_the_file_is_a_warning(tmp_path, fakecuda_libdir):
+    path = topo_file(tmp_path / "topo.xml", LINKS)
+    data = run(fakecuda_libdir, "--nccl-topo-file", str(path), env={"FAKECUDA_NDEV": "2", "FAKENCCL_IGNORE_TOPO": "1"})
+    report, checks = judged(data, TWO, ("01", "02"))
+    topology = checks["nccl_topology"]
+    assert topology["status"] == "warn" and report["ok"]  # a warning, not a failed guest
+    assert "0000:01:00.0 link_speed '32.0 GT/s PCIe', the file '16.0 GT/s PCIe'" in topology["reason"]
+    assert topology["expected"].startswith("0000:01:00.0 16.0 GT/s PCIe x8")
+    assert topology["observed"].startswith("0000:01:00.0 32.0 GT/s PCIe x16")
+    # A file naming other bus ids than the guest shows: said per GPU.
+    topo_file(path, {"0000:0a:00.0": ("16.0 GT/s PCIe", "8")})
+    report, checks = judged(run(fakecuda_libdir, "--nccl-topo-file", str(path), env={"FAKECUDA_NDEV": "2"}),
+                            TWO, ("01", "02"))
+    assert checks["nccl_topology"]["status"] == "warn"
+    assert "0000:0a:00.0: not in NCCL's view" in checks["nccl_topology"]["reason"]
+    assert "0000:01:00.0: not in the file" in checks["nccl_topology"]["reason"]
+
+
+def test_without_a_file_nccls_view_is_shown_and_the_check_skipped(tmp_path, fakecuda_libdir):
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2"})
+    topology = data["nccl"]["topology"]
+    assert topology["file"] is None and topology["planned"] is None
+    assert topology["nccl"]["0000:02:00.0"] == {"link_speed": "32.0 GT/s PCIe", "link_width": "16"}
+    report, checks = judged(data, TWO, ("01", "02"))
+    assert checks["nccl_topology"]["status"] == "skip" and "no NCCL topology file" in checks["nccl_topology"]["reason"]
+
+
+def the_program(monkeypatch):
+    """The verifier as the guest runs it: a top-level program beside gpuvfio_nvapi.py (loaded
+    here without a name in sys.modules, and its helper module taken out again afterwards)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(os.path.dirname(VERIFIER))
+    monkeypatch.setitem(sys.modules, "gpuvfio_nvapi", None)
+    del sys.modules["gpuvfio_nvapi"]  # imported afresh below; monkeypatch takes it out at the end
+    spec = importlib.util.spec_from_file_location("gpuvfio_verifier_under_test", VERIFIER)
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    return program
+
+
+def test_the_verifiers_file_is_the_one_attach_writes(monkeypatch):
+    from gpuvfio.domain.nccl_topo import GUEST_FILE
+
+    assert the_program(monkeypatch).PLAN_TOPO_FILE == GUEST_FILE
+
+
+def test_nccls_dump_is_read_as_nccl_writes_it(monkeypatch):
+    """ncclTopoDumpXmlRec (src/graph/xml.cc, v2.30.7-1) writes values unescaped, a <gpu> under the
+    GPU's <pci>, NVLinks under the <gpu>: read tag by tag."""
+    gpu_links = the_program(monkeypatch).gpu_links
+
+    dump = ('<system version="1">\n  <cpu host_hash="0x1" numaid="0" vendor="A&B">\n'
+            '    <pci busid="0000:0A:00.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16">\n'
+            '      <pci busid="0000:0b:00.0" class="0x030200" link_speed="16.0 GT/s PCIe" link_width="16">\n'
+            '        <gpu dev="0" sm="90" rank="0" gdr="1">\n'
+            '          <nvlink target="0000:0c:00.0" count="4" tclass="0x030200"/>\n'
+            '          <nvlink target="0000:0d:00.0" count="2" tclass="0x030200"/>\n'
+            '        </gpu>\n      </pci>\n'
+            '      <pci busid="0000:0c:00.0" class="" link_speed="" link_width="0">\n'
+            '        <gpu dev="1" sm="90" rank="1" gdr="1"/>\n      </pci>\n'
+            '      <pci busid="0000:0e:00.0" class="0x020000" link_speed="16.0 GT/s PCIe" link_width="16"/>\n'
+            '    </pci>\n  </cpu>\n</system>\n')
+    assert gpu_links(dump) == {"0000:0b:00.0": {"link_speed": "16.0 GT/s PCIe", "link_width": "16", "nvlink": 6},
+                               "0000:0c:00.0": {"link_speed": "", "link_width": "0"}}

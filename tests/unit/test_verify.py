@@ -234,6 +234,46 @@ def test_peer_checks_with_two_gpus():
     assert statuses(report)["p2p"] == "fail" and statuses(report)["nccl_allreduce"] == "skip"
 
 
+def nccl_with(topology):
+    nccl = {"version": 22304, "devices": 2, "results": [{"bytes": 8 << 20, "busbw_gbps": 30.0, "verified": True}]}
+    return nccl if topology is None else dict(nccl, topology=topology)
+
+
+def topology_checks(topology):
+    two = [Expected(f"0000:{b:02x}:00.0", "10de", "2330", "030200", 5, 16, "x") for b in (0x1b, 0x2b)]
+    buses = ["0000:01:00.0", "0000:02:00.0"]
+    data = verifier_json(buses=buses, p2p={"bus_ids": buses, "access": [[False, False], [False, False]],
+                                           "bandwidth": {}}, nccl=nccl_with(topology))
+    report = evaluate(parse_probe(probe_text([gpu_line(1), gpu_line(2)])), parse_verifier(data), two)
+    return report, [c for c in report["checks"] if c["id"] == "nccl_topology"]
+
+
+def test_nccls_view_beside_the_files_is_a_warning_where_they_differ():
+    link = {"link_speed": "16.0 GT/s PCIe", "link_width": "16"}
+    same = {"file": "/etc/gpuvfio/nccl-topo.xml", "source": "gpuvfio", "error": None,
+            "planned": {"0000:01:00.0": link, "0000:02:00.0": link}, "nccl": {"0000:01:00.0": link,
+                                                                           "0000:02:00.0": dict(link, nvlink=4)}}
+    report, (view,) = topology_checks(same)
+    assert view["status"] == "pass" and view["expected"] == ("0000:01:00.0 16.0 GT/s PCIe x16, "
+                                                            "0000:02:00.0 16.0 GT/s PCIe x16")
+    assert view["observed"].endswith("0000:02:00.0 16.0 GT/s PCIe x16 +4 NVLink")
+    assert report["facts"]["nccl"]["topology"] == same  # both views in the JSON, as the guest gave them
+    other = dict(same, nccl={"0000:01:00.0": dict(link, link_width="8"), "0000:02:00.0": link})
+    report, (view,) = topology_checks(other)
+    assert view["status"] == "warn" and report["ok"]
+    assert "0000:01:00.0 link_width '8', the file '16'" in view["reason"] and "/etc/gpuvfio/nccl-topo.xml" in view["reason"]
+    report, (view,) = topology_checks(dict(same, nccl=None, error="NCCL wrote no topology dump (x)"))
+    assert view["status"] == "warn" and view["reason"] == "NCCL wrote no topology dump (x)" and report["ok"]
+    report, (view,) = topology_checks(dict(same, file=None, source=None, planned=None))
+    assert view["status"] == "skip"
+
+
+def test_a_verifier_from_before_the_view_gets_no_topology_check():
+    """Recorded runs and older verifiers have no nccl.topology: nothing is judged from it."""
+    report, views = topology_checks(None)
+    assert views == [] and report["ok"]
+
+
 def test_no_devices_assigned():
     report = evaluate(parse_probe(probe_text([])), None, [])
     assert set(statuses(report).values()) == {"skip"} and report["ok"]
@@ -251,7 +291,12 @@ def test_a_verifier_that_failed_is_a_failed_check():
     lambda d: d.update(nccl={"results": [{"bytes": 1}]}),
     lambda d: d.update(p2p={"bandwidth": {"a->b": {"error": "", "verified": True}}}),
     lambda d: d.update(p2p={"bandwidth": {"a->b": {"error": None, "verified": True, "median": "x"}}}),
-    lambda d: d["nvml"]["devices"][0].update(link_idle={"current_gen": "5"})])
+    lambda d: d["nvml"]["devices"][0].update(link_idle={"current_gen": "5"}),
+    lambda d: d.update(nccl={"results": [], "topology": []}),
+    lambda d: d.update(nccl={"results": [], "topology": {"file": 1}}),
+    lambda d: d.update(nccl={"results": [], "topology": {"nccl": {"0000:01:00.0": {"link_width": 16}}}}),
+    lambda d: d.update(nccl={"results": [], "topology": {"planned": {"0000:01:00.0": "x"}}}),
+    lambda d: d.update(nccl={"results": [], "topology": {"nccl": {"b": {"nvlink": "many"}}}})])
 def test_malformed_verifier_answers_are_refused(mutate):
     data = verifier_data()
     mutate(data)

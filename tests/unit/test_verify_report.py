@@ -62,6 +62,14 @@ class Guest:
         return 0, b"", b""
 
 
+TWO = [Expected(f"0000:{b:02x}:00.0", "10de", "2330", "030200", 5, 16, "x") for b in (0x1b, 0x2b)]
+TWO_BUSES = ["0000:01:00.0", "0000:02:00.0"]
+LINK = {"link_speed": "16.0 GT/s PCIe", "link_width": "16"}
+# The all-reduce ran with gpuvfio's file; NCCL's view (its dump) differs for one GPU: a warning.
+NCCL_VIEW = {"version": 22304, "devices": 2, "results": [{"bytes": 8 << 20, "busbw_gbps": 30.0, "verified": True}],
+             "topology": {"file": "/etc/gpuvfio/nccl-topo.xml", "source": "gpuvfio", "error": None,
+                          "planned": {"0000:01:00.0": LINK, "0000:02:00.0": LINK},
+                          "nccl": {"0000:01:00.0": LINK, "0000:02:00.0": dict(LINK, link_width="8")}}}
 GUESTS = {
     "pass": (Guest(probe_text([GPU_LINE, AUDIO_LINE]), verifier_json()), [H100, AUDIO], {}),
     "slow": (Guest(probe_text([GPU_LINE]), verifier_json(h2d=20.0, gen=4)), [H100], {}),
@@ -74,6 +82,9 @@ GUESTS = {
     "nodriver": (Guest(probe_text([gpu_line(1, driver="-")], dmesg=["NVRM: bad"]), verifier_json()), [H100], {}),
     "none-expected": (Guest(probe_text([GPU_LINE, AUDIO_LINE]), verifier_json()), [], {}),
     "nobw": (Guest(probe_text([GPU_LINE, AUDIO_LINE]), verifier_json()), [H100], {"bandwidth": False}),
+    "nccl_view": (Guest(probe_text([gpu_line(1), gpu_line(2)]), verifier_json(
+        buses=TWO_BUSES, p2p={"bus_ids": TWO_BUSES, "access": [[False, False], [False, False]], "bandwidth": {}},
+        nccl=NCCL_VIEW)), TWO, {}),
 }
 
 
@@ -102,7 +113,11 @@ def test_the_verdicts_of_the_guests_above():
     """The golden files are not vacuous: the guests above pass and fail where they should."""
     outcomes = {name: verify_guest(session, expected, **kwargs).outcome
                 for name, (session, expected, kwargs) in GUESTS.items()}
-    assert {n for n, o in outcomes.items() if o is Outcome.PASS} == {"pass", "none-expected", "nobw", "mig"}
+    assert {n for n, o in outcomes.items() if o is Outcome.PASS} == {"pass", "none-expected", "nobw", "mig",
+                                                                     "nccl_view"}
+    view = verify_guest(*GUESTS["nccl_view"][:2])
+    assert [(c.check_id, c.status) for c in view.checks if c.check_id == "nccl_topology"] == [
+        ("nccl_topology", CheckStatus.WARN)]
     probe = verify_guest(*GUESTS["probe_fails"][:2])
     assert [(c.check_id, c.status) for c in probe.checks] == [("probe", CheckStatus.FAIL)]
     mig = verify_guest(*GUESTS["mig"][:2])

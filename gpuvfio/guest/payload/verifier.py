@@ -13,7 +13,8 @@ against a non-repeating pattern, on the GPU. Host-device latency is a pointer ch
 pinned host memory (one dependent PCIe read per hop); the API overhead of a small copy is
 reported apart. With two or more GPUs: the peer access matrix, peer copy bandwidth (data
 checked), and with libnccl.so.2 an all-reduce reported as nccl-tests does (busbw = algbw x
-2(n-1)/n). The kernels are gpuvfio/guest/payload/kernels.cu as PTX for Pascal and newer;
+2(n-1)/n), run with gpuvfio's NCCL topology file and with NCCL's own view of the topology
+(NCCL_TOPO_DUMP_FILE) reported beside the file's. The kernels are gpuvfio/guest/payload/kernels.cu as PTX for Pascal and newer;
 the driver layer (NVML, CUDA, NCCL through ctypes; one GPU's resources) is gpuvfio_nvapi.py.
 
 It only gathers facts; gpuvfio/guest/verify.py on the host turns them into checks against
@@ -24,16 +25,26 @@ one line ``GPUVFIO-VERIFIER <json>`` on stdout.
 
 import ctypes
 import json
+import os
 import random
+import re
+import shutil
 import statistics
 import struct
 import sys
+import tempfile
 import time
 import traceback
 
 from gpuvfio_nvapi import PTR, SIZE, U64, Cuda, Device, Failure, NumaPlacement, Nvml, entry, load, seconds
 
 MARKER = "GPUVFIO-VERIFIER"
+# Where gpuvfio attach writes the guest's NCCL topology file (gpuvfio.domain.nccl_topo.GUEST_FILE;
+# a test holds the two equal: this program imports nothing of gpuvfio).
+PLAN_TOPO_FILE = "/etc/gpuvfio/nccl-topo.xml"
+TOPO_BYTES = 1 << 20
+TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)((?:\s+[\w.-]+\s*=\s*\"[^\"]*\")*)\s*(/?)>")
+ATTR = re.compile(r"([\w.-]+)\s*=\s*\"([^\"]*)\"")
 
 
 def same_everywhere(call, ptr, nbytes, value, chunk=16 << 20):
@@ -227,6 +238,83 @@ def peers(devices, opts):
     return {"bus_ids": [d.bus_id for d in devices], "access": access, "bandwidth": bandwidth}
 
 
+def gpu_links(text):
+    """The link attributes of each GPU's <pci> node in an NCCL topology XML, by lower-case bus id:
+    a <pci> whose class is 0x03... or that holds a <gpu> (NCCL's dump), with the count of NVLinks
+    NCCL found where it lists any. NCCL writes its dump's values unescaped
+    (src/graph/xml.cc ncclTopoDumpXmlRec, v2.30.7-1): read tag by tag, not as strict XML."""
+    found, stack = {}, []
+    for match in TAG.finditer(text):
+        closing, name, attrs, empty = match.groups()
+        if closing:
+            while stack and stack.pop()[0] != name:
+                pass
+            continue
+        attrs = dict(ATTR.findall(attrs))
+        pci = next((entry for tag, entry in reversed(stack) if tag == "pci"), None)
+        entry = None
+        if name == "pci" and attrs.get("busid"):
+            entry = {"link_speed": attrs.get("link_speed"), "link_width": attrs.get("link_width"),
+                     "gpu": attrs.get("class", "").lower().startswith("0x03")}
+            found[attrs["busid"].lower()] = entry
+        elif name == "gpu" and pci is not None:
+            pci["gpu"] = True
+        elif name == "nvlink" and pci is not None:
+            pci["nvlink"] = pci.get("nvlink", 0) + int(attrs.get("count") or 1)
+        if not empty:
+            stack.append((name, entry))
+    out = {}
+    for bus, entry in found.items():
+        if entry.pop("gpu"):
+            out[bus] = entry
+    return out
+
+
+def read_text(path):
+    with open(path, "rb") as handle:
+        return handle.read(TOPO_BYTES).decode("utf-8", "replace")
+
+
+class TopologyView(object):
+    """NCCL_TOPO_FILE and NCCL_TOPO_DUMP_FILE for the all-reduce, set before NCCL starts: NCCL
+    reads both at init through ncclGetEnv, from the environment first (docs/env.rst; src/init.cc
+    and src/graph/topo.cc ncclTopoGetSystem, v2.30.7-1). gpuvfio's file, where the guest has it,
+    wins over one the environment names (that file is what the host planned); the dump goes to a
+    directory of its own, written by rank 0 (NCCL_TOPO_DUMP_FILE_RANK) after detection."""
+
+    def __init__(self, opts):
+        plan = opts.nccl_topo_file or os.path.join(opts.root, PLAN_TOPO_FILE.lstrip("/"))
+        self.file = self.source = None
+        if os.path.isfile(plan):
+            self.file, self.source = plan, "gpuvfio"
+            os.environ["NCCL_TOPO_FILE"] = plan
+        elif os.environ.get("NCCL_TOPO_FILE"):
+            self.file, self.source = os.environ["NCCL_TOPO_FILE"], "environment"
+        self.directory = tempfile.mkdtemp(prefix="gpuvfio-nccl-")
+        self.dump = os.path.join(self.directory, "topology.xml")
+        os.environ["NCCL_TOPO_DUMP_FILE"] = self.dump
+        os.environ["NCCL_TOPO_DUMP_FILE_RANK"] = "0"
+
+    def report(self):
+        """The file's GPUs (``planned``) beside NCCL's (``nccl``), each by bus id."""
+        out = {"file": self.file, "source": self.source, "planned": None, "nccl": None, "error": None}
+        problems = []
+        if self.file is not None:
+            try:
+                out["planned"] = gpu_links(read_text(self.file))
+            except (OSError, ValueError) as exc:
+                problems.append("the topology file could not be read: %s" % exc)
+        try:
+            out["nccl"] = gpu_links(read_text(self.dump))
+        except OSError:
+            problems.append("NCCL wrote no topology dump (NCCL_TOPO_DUMP_FILE needs NCCL 2.6 or later)")
+        out["error"] = "; ".join(problems) or None
+        return out
+
+    def close(self):
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class Nccl(object):
     def __init__(self):
         self.lib = load("libnccl.so.2", "NCCL")
@@ -242,13 +330,19 @@ class Nccl(object):
 
 def allreduce(devices, opts, sizes=(8 << 20, 64 << 20)):
     """An all-reduce over every GPU, reported as nccl-tests does: algbw = bytes / time, busbw =
-    algbw x 2(n-1)/n (nccl-tests doc/PERFORMANCE.md), rank k contributes k + 1 everywhere."""
-    nccl, n = Nccl(), len(devices)
+    algbw x 2(n-1)/n (nccl-tests doc/PERFORMANCE.md), rank k contributes k + 1 everywhere; with
+    the topology NCCL worked from (TopologyView) beside gpuvfio's file."""
+    view = TopologyView(opts)
+    try:
+        nccl, n = Nccl(), len(devices)
+        comms = (ctypes.c_void_p * n)()
+        version = ctypes.c_int()
+        nccl.call("ncclGetVersion", ctypes.byref(version))
+        nccl.call("ncclCommInitAll", comms, n, (ctypes.c_int * n)(*(d.index for d in devices)))
+        topology = view.report()
+    finally:
+        view.close()
     call = devices[0].cuda.call
-    version = ctypes.c_int()
-    nccl.call("ncclGetVersion", ctypes.byref(version))
-    comms = (ctypes.c_void_p * n)()
-    nccl.call("ncclCommInitAll", comms, n, (ctypes.c_int * n)(*(d.index for d in devices)))
     results = []
     try:
         for nbytes in sorted(set(min(s, devices[0].size) for s in sizes + (devices[0].size,))):
@@ -294,7 +388,7 @@ def allreduce(devices, opts, sizes=(8 << 20, 64 << 20)):
             if comm:
                 nccl.lib.ncclCommDestroy(ctypes.c_void_p(comm))
     return {"version": version.value, "devices": n, "iterations": opts.nccl_iters, "op": "sum", "dtype": "float32",
-            "results": results}
+            "results": results, "topology": topology}
 
 
 def stage(out, key, func, *args):
@@ -368,6 +462,9 @@ def main(argv):
     parser.add_argument("--nccl-iters", type=int, default=10, help="timed all-reduces per size")
     parser.add_argument("--no-bandwidth", action="store_true")
     parser.add_argument("--root", default="/", help="where /sys is read from (a recorded tree in tests)")
+    parser.add_argument("--nccl-topo-file", default="",
+                        help="the NCCL topology file the all-reduce runs with (default: gpuvfio's, %s under "
+                             "--root, where it exists)" % PLAN_TOPO_FILE)
     parser.add_argument("--devices", default="",
                         help="measure only these PCI addresses (comma-separated; the bare-metal baseline)")
     args = parser.parse_args(argv)
