@@ -14,14 +14,17 @@ from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.tables import from_table, options
+from gpuvfio.ops.cloud_init import plan_seed, write_seed
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context, check_uri
-from gpuvfio.errors import InputError
+from gpuvfio.ops.plans import Verdict
+from gpuvfio.ops.targets import ssh_from_table
+from gpuvfio.errors import InputError, Refused
 from gpuvfio.files import check_output_path, write_output
 from gpuvfio.ops.domains import (NCCL_GUEST_FILE, define_domain, domain_request, existing_domain,
                                  nccl_topology_file, provision_xml)
 from gpuvfio.ops.selection import check_devices, resolve
-from gpuvfio.options import DOMAIN
+from gpuvfio.options import DOMAIN, SSH
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
@@ -42,6 +45,7 @@ def xml_cmd(
     addresses: Devices = None,
     device_ids: DeviceIds = None,
     domain: dict = options(DOMAIN, "xml"),
+    ssh: dict = options(SSH, "xml"),
     define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
     update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
     connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
@@ -55,7 +59,11 @@ def xml_cmd(
     """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
     from the BARs), or a vGPU; --define defines it idempotently."""
     check_uri(connect, source="--connect")
+    cloud_init = ssh.pop("cloud_init")
     request = domain_request(**domain)
+    if cloud_init is None and any(value is not None for value in ssh.values()):
+        raise InputError("--ssh-user and --ssh-key go with --cloud-init here: the user and key the seed lets in")
+    target = ssh_from_table(ssh, timeout=SSH["timeout"].default) if cloud_init is not None else None
     check_devices(addresses, device_ids, required=True)
     if nccl_topo is not None:
         if nccl_topo == "-" or request.mdev or request.vgpu:
@@ -64,10 +72,18 @@ def xml_cmd(
         check_output_path(nccl_topo)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
         wanted = resolve(host, addresses, device_ids)
+        seed = None
+        if target is not None:
+            seed = plan_seed(ctx, request.name, cloud_init, ssh=target, forward_port=request.user_net_ssh_port)
+            for check in seed.checks:
+                if check.verdict is Verdict.WARN:
+                    say(f"warning: {check.message}")
+            if seed.refusals:
+                raise Refused("; ".join(seed.refusals))
         # With --define, the domain it would replace: a running one's hugepages count as its own.
         existing = existing_domain(ctx, request.name, uri=connect) if define else None
         provisioned = provision_xml(ctx, wanted, request, replacing=existing, uri=connect,
-                                    ask_libvirt=define or connect is not None)
+                                    ask_libvirt=define or connect is not None, seed_iso=cloud_init)
         for warning in provisioned.spec.warnings:
             say(f"warning: {warning}")
         for note in provisioned.spec.notes:
@@ -80,6 +96,11 @@ def xml_cmd(
             write_output(nccl_topo, nccl_topology_file(ctx, provisioned))
             say(f"wrote {nccl_topo}: a PREDICTION of the guest's bus ids (firmware numbers them at boot); attach "
                 f"writes the file from what the guest shows, as {NCCL_GUEST_FILE}")
+        if seed is not None and dry_run:
+            say(f"dry run: {seed.describe()}: not written")
+        elif seed is not None:  # before the define: the domain's cdrom and the pin are there first
+            write_seed(ctx, seed)
+            say(seed.describe())
         # A dry run asks libvirt the same question and stops before defineXML: "would_define",
         # "unchanged", or the differences ("would_update" with --update, else "differs": exit 1).
         result = define_domain(ctx, provisioned.xml, uri=connect, update=update,
@@ -90,7 +111,8 @@ def xml_cmd(
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,
                    "notes": provisioned.spec.notes, "topology": provisioned.layout_json(),
                    "address_space": provisioned.spec.address.to_json() if provisioned.spec.address else None,
-                   "versions": [row.to_json() for row in provisioned.spec.versions], "define": result})
+                   "versions": [row.to_json() for row in provisioned.spec.versions], "define": result}
+                  | ({"cloud_init": seed.to_json()} if seed is not None else {}))
     elif result is None:
         sys.stdout.write(provisioned.xml)
     else:

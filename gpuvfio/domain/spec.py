@@ -89,6 +89,8 @@ class DomainSpec:
     firmware_features: list[tuple[str, bool]] = field(default_factory=lambda: [("secure-boot", False)])
     rom_bar: str | None = None  # on | off for the GPUs' hostdevs
     rom_file: str | None = None
+    # A cloud-init NoCloud seed image (gpuvfio.domain.cloud_init), attached as a read-only cdrom.
+    seed_iso: str | None = None
 
     @property
     def qemu_args(self) -> list[str]:

@@ -9,6 +9,8 @@ the run itself (which makes it under the run lock and then executes its steps in
   connection, the other domains' vCPU pins (gpuvfio.ops.domains.provision_xml);
 * the bind, with the run's checks (``require_unused``: a domain using the devices refuses,
   a broken device refuses) -- the very BindOperation the run applies;
+* with ``--cloud-init``, the seed (gpuvfio.ops.cloud_init): written and its host key pinned
+  before the define, so the first SSH connection meets a pinned key;
 * the define (new, unchanged, or the differences against libvirt's definition), the start,
   the SSH target, the verification and the NCCL topology file.
 """
@@ -23,6 +25,7 @@ from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops import binding
 from gpuvfio.ops.binding import BindOperation
+from gpuvfio.ops.cloud_init import SeedPlan, plan_seed
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.domains import Existing, Provisioned, define_domain, existing_domain, provision_xml
 from gpuvfio.ops.plans import Plan, Verdict
@@ -31,11 +34,12 @@ from gpuvfio.ops.verify_options import VerifyOptions
 from gpuvfio.virt.connection import default_uri
 
 __all__ = ["AttachPlan", "plan_attach", "placement_json", "STEP_BIND", "STEP_PARTITION", "STEP_DEFINE",
-           "STEP_START", "STEP_FIND", "STEP_SSH", "STEP_VERIFY", "STEP_NCCL"]
+           "STEP_START", "STEP_FIND", "STEP_SSH", "STEP_VERIFY", "STEP_NCCL", "STEP_SEED"]
 
 # The steps of an attach, by the names the run records them under.
 STEP_BIND, STEP_PARTITION, STEP_DEFINE, STEP_START = "bind", "activate partition", "define", "start"
 STEP_FIND, STEP_SSH, STEP_VERIFY, STEP_NCCL = "find address", "wait for ssh", "verify", "nccl topology"
+STEP_SEED = "cloud-init seed"
 
 
 @dataclass
@@ -46,6 +50,7 @@ class AttachPlan(Plan):
     uri: str | None = None
     ssh: SshOptions | None = None
     verify: VerifyOptions | None = None
+    seed: SeedPlan | None = None  # --cloud-init: the seed the run writes before the define
 
     @property
     def gpus(self) -> list[PciAddress]:
@@ -58,11 +63,15 @@ class AttachPlan(Plan):
 
 def plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
                 uri: str | None = None, policy: BindPolicy = BindPolicy(),
-                verify: VerifyOptions | None = None, ask_libvirt: bool = True) -> AttachPlan:
+                verify: VerifyOptions | None = None, ask_libvirt: bool = True,
+                cloud_init: str | None = None) -> AttachPlan:
     """What ``attach`` will do and every refusal it will meet; reads only (bad input raises).
     ``ask_libvirt=False`` (a preview of a recorded host without --connect): the plan says
-    what it could not ask (an existing domain, the QEMU version, the other domains' pins)."""
+    what it could not ask (an existing domain, the QEMU version, the other domains' pins).
+    ``cloud_init``: where the cloud-init seed goes (gpuvfio.ops.cloud_init)."""
     plan = AttachPlan("attach", request.name, uri=uri, ssh=ssh, verify=verify)
+    if cloud_init is not None:  # bad input first; the seed's own refusals join the plan's checks
+        plan.seed = plan_seed(ctx, request.name, cloud_init, ssh=ssh, forward_port=request.user_net_ssh_port)
     name = request.name
     existing = None
     if not ask_libvirt:
@@ -90,7 +99,8 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
                 policy: BindPolicy, ssh: SshOptions, verify: VerifyOptions | None, *, asked: bool) -> AttachPlan:
     name, uri, existing = request.name, plan.uri, plan.existing
     try:
-        provisioned = provision_xml(ctx, addresses, request, uri=uri, ask_libvirt=asked)
+        provisioned = provision_xml(ctx, addresses, request, uri=uri, ask_libvirt=asked,
+                                    seed_iso=plan.seed.path if plan.seed is not None else None)
     except InputError:
         raise
     except GpuvfioError as exc:  # the domain cannot be built here (pages, NUMA, address space, fabric)
@@ -109,6 +119,10 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
         _plan_bind(ctx, plan, provisioned, policy, (uri or default_uri()) if asked else binding.NO_LIBVIRT, name)
     if spec.fabric is not None and spec.fabric.partition is not None:
         plan.step(STEP_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
+    if plan.seed is not None:
+        plan.checks += list(plan.seed.checks)
+        plan.details["cloud_init"] = plan.seed.to_json()
+        plan.step(STEP_SEED, plan.seed.describe())
     if existing is not None and existing.ours:
         defined = define_domain(ctx, provisioned.xml, uri=uri, update=True, dry_run=True)
         plan.changes = list(defined.changes)

@@ -65,11 +65,13 @@ class Provisioned:
 
 
 def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *,
-                  replacing: "Existing | None" = None, uri: str | None = None, ask_libvirt: bool = False) -> Provisioned:
+                  replacing: "Existing | None" = None, uri: str | None = None, ask_libvirt: bool = False,
+                  seed_iso: str | None = None) -> Provisioned:
     """``replacing``: the domain of that name as it is; when it runs, the hugepages it holds count
     as free for its new definition (a re-run of the same request must come out the same).
     ``ask_libvirt``: a libvirt connection (``uri``) is in use, so the QEMU version comes from it
-    when the request does not name one."""
+    when the request does not name one. ``seed_iso``: a cloud-init seed image the guest gets as
+    a cdrom (gpuvfio.ops.cloud_init writes it)."""
     if ask_libvirt:
         qemu, lib = connection_versions(ctx.libvirt(uri))
         request = dataclasses.replace(request, qemu_version=request.qemu_version or qemu, libvirt_version=lib)
@@ -84,6 +86,7 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
     # rest of its node, which would leave a second guest nothing.
     pinned = pinned_elsewhere(ctx.libvirt(uri), request.name, kinds=VCPU_PINS) if ask_libvirt else None
     spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held, pinned=pinned)
+    spec.seed_iso = seed_iso
     if fabric is not None:
         spec.fabric = fabric
         spec.notes = [line.message for line in fabric.lines if line.status != FABRIC_WARN] + spec.notes

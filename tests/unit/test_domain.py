@@ -48,6 +48,13 @@ CASES = {
                                     "--vcpus", "4", "--memory", "8G"]),
     "epyc-a10-sriov-vgpu": ("epyc-mixed", ["0000:41:00.0", "--name", "a10-vgpu", "--vgpu", "NVIDIA A10-4Q",
                                            "--vcpus", "4", "--memory", "8G", "--hugepages", "2M"]),
+    # A stock cloud image's guest: the cloud-init seed as a read-only SATA cdrom (a dry run: the
+    # seed itself, with its fresh host key, is tests/unit/test_cloud_init.py's).
+    "dgx-1gpu-cloud-init": ("dgx-h100", ["0000:9d:00.0", "--name", "h100-cloud", "--vcpus", "8", "--memory", "16G",
+                                         "--disk", "/var/lib/libvirt/images/debian-12-genericcloud-amd64.qcow2",
+                                         "--user-net-ssh-port", "2222", "--cloud-init",
+                                         "/var/lib/libvirt/boot/h100-cloud-seed.iso", "--ssh-key", "{ssh_key}",
+                                         "--dry-run"]),
     "dgx-tcg-bios": ("dgx-h100", ["0000:1b:00.0", "--name", "tcg", "--vcpus", "2", "--memory", "2G",
                                   "--virt-type", "qemu", "--firmware", "bios", "--numa", "none"]),
 }
@@ -71,9 +78,14 @@ def generated(tmp_path_factory):
 
     from gpuvfio.cli import main
 
+    from gpuvfio.domain.cloud_init import generate_host_key
+
+    key = tmp_path_factory.mktemp("key") / "id_ed25519"
+    key.write_text(generate_host_key().private)
     out = {}
     for case, (sample, args) in CASES.items():
         buffer = io.StringIO()
+        args = [str(key) if arg == "{ssh_key}" else arg for arg in args]
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(io.StringIO()):
             assert main(["--root", sample_path(sample), "xml", *args]) == 0, case
         out[case] = buffer.getvalue()
