@@ -2,7 +2,9 @@
 attach service binds two GPUs under a host switch (a simulated kernel answers the sysfs
 writes), defines and starts the guest on libvirt's test driver, reaches it over real SSH
 (this machine behind dropbear, tests/lanes/hypervisor.py), runs the probe there and writes
-/etc/gpuvfio/nccl-topo.xml from the bus ids the guest shows. The stand-in guest's PCI tree is
+/etc/gpuvfio/nccl-topo.xml from the bus ids the guest shows, and names it in the guest's
+/etc/nccl.conf (the admin's lines kept, an earlier NCCL_TOPO_FILE replaced and said), where
+NCCL finds it by itself. The stand-in guest's PCI tree is
 built as the plan's guest tree (root port, emulated switch, two GPUs), under the root its
 probe reads (GPUVFIO_PROBE_ROOT); a guest unlike the plan gets no file, and says why.
 """
@@ -27,6 +29,7 @@ libvirt = pytest.importorskip("libvirt")
 L40S = ("10de", "26b9", "030200")
 GPUS = ["0000:03:00.0", "0000:04:00.0"]
 GUEST_FILE = os.path.join("etc", "gpuvfio", "nccl-topo.xml")
+GUEST_CONF = os.path.join("etc", "nccl.conf")
 
 
 def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16), first_bus: int = 1, bridge_link=(5, 16),
@@ -89,10 +92,19 @@ def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, ssh_lane, m
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
     guest = _gpu_tree(str(tmp_path / "guest-tree"), switch=True, gpu_link=(1, 1), first_bus=0x0a,
                       bridge_link=(1, 1), gpus=GUEST_GPUS)
+    os.makedirs(os.path.join(guest.root, "etc"), exist_ok=True)
+    with open(os.path.join(guest.root, GUEST_CONF), "wb") as handle:  # an admin's file
+        handle.write(b"# site\nNCCL_DEBUG=WARN\r\nNCCL_TOPO_FILE=/opt/site.xml\nNCCL_IB_HCA=mlx5")
     result = _attach(tmp_path, ssh_lane, guest.root, "nccl-2gpu")
     assert result.ok
     written = result.nccl_topology.to_json()
     assert written["written"] is True and written["path"] == "/etc/gpuvfio/nccl-topo.xml", written
+    assert written["conf"] == {"path": "/etc/nccl.conf", "change": "replaced", "previous": "/opt/site.xml",
+                               "error": None}
+    with open(os.path.join(guest.root, GUEST_CONF), "rb") as handle:
+        assert handle.read() == (b"# site\nNCCL_DEBUG=WARN\r\nNCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n"
+                                 b"NCCL_IB_HCA=mlx5")
+    assert written["use"].startswith("/etc/nccl.conf carries NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml")
     with open(os.path.join(guest.root, GUEST_FILE), encoding="utf-8") as handle:
         text = handle.read()
     assert text == written["xml"]
@@ -116,6 +128,7 @@ def test_a_guest_unlike_the_plan_gets_no_file_and_a_reason(tmp_path, ssh_lane, m
     written = result.nccl_topology.to_json()
     assert written["written"] is False and "switch" in written["error"], written
     assert not os.path.exists(os.path.join(flat.root, GUEST_FILE))
+    assert not os.path.exists(os.path.join(flat.root, GUEST_CONF))  # no file: nccl.conf left alone
 
 
 def test_an_attach_while_another_run_holds_the_lock_is_refused_naming_it(tmp_path, monkeypatch):

@@ -63,8 +63,8 @@ def reads(data: bytes | None) -> dict[bytes, bytes]:
 
 ADMIN = (b"# site defaults\n"
          b"NCCL_DEBUG=WARN\r\n"
-         b"export NCCL_TOPO_FILE=/not/read\n"  # NCCL does not understand export: another key
-         b" NCCL_TOPO_FILE=/leading/space\n"  # a leading space: another key
+         b"export NCCL_TOPO_FILE=/opt/not-read\n"  # NCCL does not understand export: another key
+         b" NCCL_TOPO_FILE=/opt/leading-space\n"  # a leading space: another key
          b"NCCL_SOCKET_IFNAME==eth0\n"  # the value is "=eth0"
          b"no equals sign here\n"
          b"\n"
@@ -84,7 +84,7 @@ def test_an_admins_file_is_kept_byte_for_byte_and_our_line_added():
     assert merged.text.startswith(ADMIN + b"\n")  # a newline ends the admin's last line, nothing else moves
     before, after = reads(ADMIN), reads(merged.text)
     assert after.pop(KEY.encode()) == OURS.encode() and after == before
-    assert before[b"export NCCL_TOPO_FILE"] == b"/not/read" and before[b" NCCL_TOPO_FILE"] == b"/leading/space"
+    assert before[b"export NCCL_TOPO_FILE"] == b"/opt/not-read" and before[b" NCCL_TOPO_FILE"] == b"/opt/leading-space"
     assert before[b"NCCL_SOCKET_IFNAME"] == b"=eth0" and before[b"NCCL_DEBUG"] == b"WARN"
 
 
@@ -123,11 +123,11 @@ def test_a_commented_or_empty_key_is_not_ours():
 def test_a_line_longer_than_nccls_buffer_is_read_as_nccl_reads_it():
     """fgets reads 4095 bytes at a time: the tail of a longer line is a record of its own. A tail
     that reads as NCCL_TOPO_FILE=... is what NCCL takes; ours must come before it."""
-    long_line = b"NCCL_X=" + b"a" * (4095 - 7) + b"NCCL_TOPO_FILE=/from/the/tail\n"
-    assert reads(long_line)[KEY.encode()] == b"/from/the/tail"
+    long_line = b"NCCL_X=" + b"a" * (4095 - 7) + b"NCCL_TOPO_FILE=/opt/from-the-tail\n"
+    assert reads(long_line)[KEY.encode()] == b"/opt/from-the-tail"
     assert [r.offset for r in records(long_line)] == [0, 4095]
     merged = merge(long_line, OURS)
-    assert merged.change is ConfChange.REPLACED and merged.previous == "/from/the/tail"
+    assert merged.change is ConfChange.REPLACED and merged.previous == "/opt/from-the-tail"
     assert merged.text.endswith(long_line)  # the admin's line is kept whole
     assert reads(merged.text)[KEY.encode()] == OURS.encode()
     # A long NCCL_TOPO_FILE line itself is replaced whole, its tail with it.
