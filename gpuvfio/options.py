@@ -28,7 +28,9 @@ KINDS = ("str", "int", "float", "bool", "path", "list")
 USER_PATTERN = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
 USER = re.compile(USER_PATTERN)
 CLI_COMMANDS = ("xml", "attach", "verify")
-ANSIBLE_MODULES = ("gpuvfio_domain", "gpuvfio_verify")
+# The Ansible modules that take the table's options, by their FQCN (the gpuvfio.gpuvfio collection in
+# playbooks/collections/): the name also keeps them apart from the commands of the same word.
+ANSIBLE_MODULES = ("gpuvfio.gpuvfio.domain", "gpuvfio.gpuvfio.verify")
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class OptionSet:
 
 BOTH = ("xml", "attach")
 GUEST_CMDS = ("verify", "attach")
-DOM = ("gpuvfio_domain",)
+DOM = ("gpuvfio.gpuvfio.domain",)
 MODULES = ANSIBLE_MODULES
 GUEST = ("guest",)
 MAX_VCPUS = 4096  # gpuvfio.domain.request takes its bound from here
@@ -198,7 +200,7 @@ SSH = OptionSet(
     Option("trust_on_first_use", "bool", "Accept and record an unknown host key.", False, cli=GUEST_CMDS,
            ansible=MODULES, spec=GUEST_SSH),
     Option("timeout", "float", "Seconds to wait for SSH.", 60.0, above=0, maximum=SECONDS, cli=("verify",),
-           ansible=("gpuvfio_verify",)),
+           ansible=("gpuvfio.gpuvfio.verify",)),
     Option("boot_timeout", "float", "Seconds from start until SSH answers.", 300.0, above=0, maximum=SECONDS,
            cli=("attach",), ansible=DOM, spec=GUEST_SSH),
 )
@@ -246,7 +248,7 @@ RUN = OptionSet(
 SETS = (DOMAIN, SSH, VERIFY, RUN)
 
 
-# The Ansible side: argument specs and the DOCUMENTATION options, generated into playbooks/ by
+# The Ansible side: argument specs and the DOCUMENTATION options, generated into the collection by
 # python -m gpuvfio.cli.generate (modules are read by ansible-doc without being run, so the
 # text is committed; tests/unit/test_option_table.py fails while it differs).
 _ANSIBLE_TYPES = {"str": "str", "path": "path", "int": "int", "float": "float", "bool": "bool", "list": "list"}

@@ -90,12 +90,18 @@ def run_on_pty(args: list[str], env: dict, columns: int | None = None) -> bytes:
     return b"".join(chunks)
 
 
-# Runs an Ansible module file as Ansible does (module_utils on its path, the arguments handed in):
-# argv REPO MODULE ARGS-JSON. ansible-core 2.19 reads arguments through patch_module_args only.
+# The Ansible collection gpuvfio.gpuvfio in the checkout, and where its modules lie (by their short
+# names: facts, device, domain, verify, host_info).
+ANSIBLE_COLLECTIONS = os.path.join(REPO, "playbooks", "collections")
+ANSIBLE_MODULES_DIR = os.path.join(ANSIBLE_COLLECTIONS, "ansible_collections", "gpuvfio", "gpuvfio", "plugins",
+                                   "modules")
+
+# Runs an Ansible module file as Ansible does (the collection importable as ansible_collections.*,
+# the arguments handed in): argv REPO MODULE ARGS-JSON. ansible-core 2.19 reads arguments through
+# patch_module_args only.
 ANSIBLE_MODULE_DRIVER = r"""
 import json, os, runpy, sys
-import ansible.module_utils
-ansible.module_utils.__path__.append(os.path.join(sys.argv[1], "playbooks", "module_utils"))
+sys.path.insert(0, os.path.join(sys.argv[1], "playbooks", "collections"))
 from ansible.module_utils import basic
 try:
     from ansible.module_utils.testing import patch_module_args  # ansible-core >= 2.19

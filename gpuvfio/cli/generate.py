@@ -17,10 +17,15 @@ from gpuvfio.files import user_dir
 from gpuvfio.options import ANSIBLE_MODULES, SETS, ansible_options, argument_spec, documentation_options
 from gpuvfio.testbed.schema import schema_text
 
-__all__ = ["SCHEMA", "ARGUMENT_SPECS", "BEGIN", "END", "generated", "argument_specs_text", "with_documentation"]
+__all__ = ["SCHEMA", "COLLECTION", "ARGUMENT_SPECS", "BEGIN", "END", "module_path", "generated", "argument_specs_text",
+           "with_documentation"]
 
 SCHEMA = os.path.join("docs", "testbed-spec.schema.json")
-ARGUMENT_SPECS = os.path.join("playbooks", "module_utils", "gpuvfio_options.py")
+# The Ansible collection gpuvfio.gpuvfio: ansible-galaxy and ansible-test take a collection only at
+# ansible_collections/NAMESPACE/NAME/, and collections/ beside the playbooks is where
+# ansible-playbook looks first (ansible-core 2.19, "Installing collections adjacent to playbooks").
+COLLECTION = os.path.join("playbooks", "collections", "ansible_collections", "gpuvfio", "gpuvfio")
+ARGUMENT_SPECS = os.path.join(COLLECTION, "plugins", "module_utils", "options.py")
 # The lines in a module's DOCUMENTATION between which its declared options are written.
 BEGIN = "  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.\n"
 END = "  # End of the generated options.\n"
@@ -61,12 +66,17 @@ def with_documentation(text: str, module: str) -> str:
     return head + BEGIN + documentation_options(module) + END + tail
 
 
+def module_path(module: str) -> str:
+    """The file of a module named by its FQCN (gpuvfio.gpuvfio.domain), in the repository."""
+    return os.path.join(COLLECTION, "plugins", "modules", module.rsplit(".", 1)[-1] + ".py")
+
+
 def generated(repository: str) -> dict[str, str]:
     """Each generated file (a path in ``repository``) and the text it should have."""
     tree = user_dir(repository)
     out = {SCHEMA: schema_text(), ARGUMENT_SPECS: argument_specs_text()}
     for module in ANSIBLE_MODULES:
-        path = os.path.join("playbooks", "library", f"{module}.py")
+        path = module_path(module)
         out[path] = with_documentation(tree.text(path) or "", module)
     return out
 

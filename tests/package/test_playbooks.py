@@ -1,4 +1,7 @@
-"""The playbooks, the role and the Vagrant dev box as users run them (the package lane):
+"""The playbooks, the role and the Vagrant dev box as users run them (the package lane); the
+playbooks are those of the collection gpuvfio.gpuvfio (playbooks/collections/), run through the
+one-line wrappers in playbooks/ (the collection built, installed and sanity-tested:
+tests/package/test_collection.py):
 
 * ansible-playbook --syntax-check and ansible-lint (production profile) for every playbook;
 * real ansible-playbook runs against 8 simulated hosts at once (the four sample fixtures,
@@ -192,7 +195,7 @@ def test_secrets_stay_out_of_the_output(ansible_env, tmp_path):
                        "devices": ["0000:1b:00.0"], "uri": "test:///default", "memory": "4G",
                        "stop_services": True, "ssh_private_key": f"-----BEGIN KEY-----\n{secret}\n-----END KEY-----"})
     proc = subprocess.run([os.path.join(VENV_BIN, "ansible"), "localhost", "-c", "local", "-i", "localhost,",
-                           "-m", "gpuvfio_domain", "-a", args, "--check", "-vvv",
+                           "-m", "gpuvfio.gpuvfio.domain", "-a", args, "--check", "-vvv",
                            "-e", f"ansible_python_interpreter={sys.executable}"],
                           cwd=PLAYBOOKS, capture_output=True, text=True, env=ansible_env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -498,11 +501,11 @@ def test_role_installs_a_wheel_built_from_this_checkout_never_a_bare_name(ansibl
   tasks:
     - name: The role's install tasks
       ansible.builtin.include_role:
-        name: gpuvfio
+        name: gpuvfio.gpuvfio.gpuvfio
         tasks_from: install
 """)
     env = {k: v for k, v in ansible_env.items() if k != "PYTHONPATH"}  # only what the venv gets
-    env["ANSIBLE_ROLES_PATH"] = os.path.join(PLAYBOOKS, "roles")
+    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(PLAYBOOKS, "collections")  # the role in the checkout
     rc, data, err = _playbook(env, "-i", "localhost,", str(play), "-e", "gpuvfio_package=gpuvfio")
     assert rc != 0 and "is a name" in _failures(data), _failures(data) or err[-2000:]
     assert not (tmp_path / "venv").exists()

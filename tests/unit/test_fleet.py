@@ -1,9 +1,10 @@
-"""The Ansible modules in playbooks/library, in-process, as Ansible's module-testing
-conventions run them (``ansible.module_utils.testing.patch_module_args``, exit_json/fail_json
-captured): on the bundled sample hosts and on a small built host whose sysfs writes a
-simulated kernel answers (tests/simkernel.py), and each module's DOCUMENTATION held to its
-argument_spec. The playbooks, the role and the Vagrant box as users run them, with the real
-ansible-playbook, ansible-lint and vagrant: tests/package/test_playbooks.py.
+"""The modules of the Ansible collection gpuvfio.gpuvfio (playbooks/collections/), in-process,
+as Ansible's module-testing conventions run them (``ansible.module_utils.testing.
+patch_module_args``, exit_json/fail_json captured): on the bundled sample hosts and on a small
+built host whose sysfs writes a simulated kernel answers (tests/simkernel.py), and each
+module's DOCUMENTATION held to its argument_spec and attributes. The playbooks, the role and the Vagrant box as users run them, with
+the real ansible-playbook, ansible-lint and vagrant: tests/package/test_playbooks.py; the
+collection built, installed, documented and sanity-tested: tests/package/test_collection.py.
 
 Needs ansible-core in the venv. Without it the tests skip, except under ``make test``
 (GPUVFIO_REQUIRE_LANES=1), where a missing tool fails them.
@@ -20,14 +21,12 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLAYBOOKS = os.path.join(REPO, "playbooks")
-PLAYBOOK_FILES = ["host-prep.yml", "inventory.yml", "attach.yml", "verify.yml", "testbed.yml"]
-VENV_BIN = os.path.dirname(sys.executable)
 SAMPLES = os.path.join(REPO, "gpuvfio", "samples")
+MODULE_NAMES = ("facts", "device", "domain", "verify", "host_info")  # gpuvfio.gpuvfio.<name>
 
 sys.path.insert(0, REPO)
 
-from tests.conftest import need_tool  # noqa: E402
+from tests.conftest import ANSIBLE_COLLECTIONS, ANSIBLE_MODULES_DIR, need_tool  # noqa: E402
 
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB  # noqa: E402
 
@@ -42,16 +41,14 @@ class ModuleExit(Exception):
 
 @pytest.fixture(scope="module")
 def modules():
-    """The modules in playbooks/library, imported as Ansible would run them."""
+    """The collection's modules (by their short names), imported as Ansible would run them: the
+    collection's module_utils as ansible_collections.gpuvfio.gpuvfio.plugins.module_utils."""
     need_tool(importlib.util.find_spec("ansible") is not None, "ansible-core")
-    import ansible.module_utils
-
-    utils = os.path.join(PLAYBOOKS, "module_utils")
-    if utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(utils)
+    if ANSIBLE_COLLECTIONS not in sys.path:
+        sys.path.insert(0, ANSIBLE_COLLECTIONS)
     loaded = {}
-    for name in ("gpuvfio_facts", "gpuvfio_device", "gpuvfio_domain", "gpuvfio_verify", "gpuvfio_host_info"):
-        path = os.path.join(PLAYBOOKS, "library", f"{name}.py")
+    for name in MODULE_NAMES:
+        path = os.path.join(ANSIBLE_MODULES_DIR, f"{name}.py")
         spec = importlib.util.spec_from_file_location(f"_fleet_{name}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -174,7 +171,7 @@ def _driver(root, address):
 def test_facts_module_reports_the_workstation_non_viable_group(run_module):
     root = os.path.join(SAMPLES, "workstation.host")
     for check in (False, True):
-        failed, result = run_module("gpuvfio_facts", {"root": root}, check=check)
+        failed, result = run_module("facts", {"root": root}, check=check)
         assert not failed, result
         assert result["changed"] is False
         summary = result["ansible_facts"]["gpuvfio"]["summary"]
@@ -187,7 +184,7 @@ def test_facts_module_reports_the_workstation_non_viable_group(run_module):
 
 
 def test_facts_module_reports_eight_h100s_on_the_dgx(run_module):
-    failed, result = run_module("gpuvfio_facts", {"root": os.path.join(SAMPLES, "dgx-h100.host"),
+    failed, result = run_module("facts", {"root": os.path.join(SAMPLES, "dgx-h100.host"),
                                                   "gather": ["devices"]})
     assert not failed, result
     facts = result["ansible_facts"]["gpuvfio"]
@@ -200,7 +197,7 @@ def test_facts_module_reports_eight_h100s_on_the_dgx(run_module):
 
 
 def test_facts_module_fails_with_gpuvfio_message(run_module, tmp_path):
-    failed, result = run_module("gpuvfio_facts", {"root": str(tmp_path / "nowhere")})
+    failed, result = run_module("facts", {"root": str(tmp_path / "nowhere")})
     assert failed and result["exit_code"] == 2
     assert "nowhere" in result["msg"]
 
@@ -211,7 +208,7 @@ def test_host_info_module_reads_a_sample_root(run_module, built_host, tmp_path):
     root = tmp_path / "epyc"
     with open(os.path.join(SAMPLES, "epyc-mixed.host"), encoding="utf-8") as handle:
         load_fixture(handle.read(), str(root))
-    failed, result = run_module("gpuvfio_host_info", {"root": str(root), "paths": ["/etc/os-release", "/nope"],
+    failed, result = run_module("host_info", {"root": str(root), "paths": ["/etc/os-release", "/nope"],
                                                       "machine_paths": [sys.executable]})
     assert not failed, result
     assert result["os_family"] == "redhat" and "rhel" in result["os_ids"]
@@ -225,7 +222,7 @@ def test_host_info_module_reads_a_sample_root(run_module, built_host, tmp_path):
 def test_device_module_binds_with_plan_in_check_mode_then_for_real_then_not_again(run_module, built_host):
     root, state, kernel = built_host
     args = {"root": root, "state_dir": state, "devices": [GPU], "state": "vfio"}
-    failed, result = run_module("gpuvfio_device", args, check=True, diff=True, context=built_host.context)
+    failed, result = run_module("device", args, check=True, diff=True, context=built_host.context)
     assert not failed, result
     assert result["changed"] is True
     assert result["plan"]["result"] == "dry_run" and result["plan"]["steps"]
@@ -233,43 +230,43 @@ def test_device_module_binds_with_plan_in_check_mode_then_for_real_then_not_agai
     assert "0000:01:00.0: nvidia" in result["diff"]["before"] and "0000:01:00.0: vfio-pci" in result["diff"]["after"]
     assert _driver(root, GPU) == "nvidia" and not os.path.exists(os.path.join(state, "journal.json"))
 
-    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
+    failed, result = run_module("device", args, context=built_host.context)
     assert not failed, result
     assert result["changed"] is True and result["plan"]["result"] == "applied"
     assert _driver(root, GPU) == _driver(root, AUDIO) == "vfio-pci"
     assert result["drivers"]["after"] == {GPU: "vfio-pci", AUDIO: "vfio-pci"}
     assert "diff" not in result  # only with --diff
 
-    failed, result = run_module("gpuvfio_device", args, check=True, context=built_host.context)
+    failed, result = run_module("device", args, check=True, context=built_host.context)
     assert not failed and result["changed"] is False, result
-    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
+    failed, result = run_module("device", args, context=built_host.context)
     assert not failed and result["changed"] is False, result
 
     back = dict(args, state="host")
-    failed, result = run_module("gpuvfio_device", back, check=True, diff=True, context=built_host.context)
+    failed, result = run_module("device", back, check=True, diff=True, context=built_host.context)
     assert not failed and result["changed"] is True and _driver(root, GPU) == "vfio-pci"
     assert "0000:01:00.1: snd_hda_intel" in result["diff"]["after"]
     # the GPU's address gives back its whole group
-    failed, result = run_module("gpuvfio_device", back, context=built_host.context)
+    failed, result = run_module("device", back, context=built_host.context)
     assert not failed and result["changed"] is True, result
     assert _driver(root, GPU) == "nvidia" and _driver(root, AUDIO) == "snd_hda_intel"
-    failed, result = run_module("gpuvfio_device", back, context=built_host.context)
+    failed, result = run_module("device", back, context=built_host.context)
     assert not failed and result["changed"] is False, result
 
 
 def test_device_module_persists_with_a_diff_and_is_idempotent(run_module, built_host):
     root, state, _kernel = built_host
     args = {"root": root, "state_dir": state, "devices": [GPU], "state": "persisted"}
-    failed, result = run_module("gpuvfio_device", args, check=True, diff=True, context=built_host.context)
+    failed, result = run_module("device", args, check=True, diff=True, context=built_host.context)
     assert not failed and result["changed"] is True, result
     assert 'KERNEL=="0000:01:00.0"' in result["diff"]["prepared"]
     assert not os.path.exists(os.path.join(root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
-    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
+    failed, result = run_module("device", args, context=built_host.context)
     assert not failed and result["changed"] is True
     assert os.path.exists(os.path.join(root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
-    failed, result = run_module("gpuvfio_device", args, context=built_host.context)
+    failed, result = run_module("device", args, context=built_host.context)
     assert not failed and result["changed"] is False
-    failed, result = run_module("gpuvfio_device", dict(args, state="unpersisted"), context=built_host.context)
+    failed, result = run_module("device", dict(args, state="unpersisted"), context=built_host.context)
     assert not failed and result["changed"] is True
     assert not os.path.exists(os.path.join(root, "etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules"))
 
@@ -280,16 +277,16 @@ def test_device_module_fails_with_the_refusal_in_check_mode_too(run_module, tmp_
     root = tmp_path / "ws"
     with open(os.path.join(SAMPLES, "workstation.host"), encoding="utf-8") as handle:
         load_fixture(handle.read(), str(root))
-    failed, result = run_module("gpuvfio_device", {"root": str(root), "devices": ["0000:04:00.0"]}, check=True)
+    failed, result = run_module("device", {"root": str(root), "devices": ["0000:04:00.0"]}, check=True)
     assert failed and result["exit_code"] == 1 and result["error"] == "Refused"
     assert result["msg"].startswith("refused: ") and "igc" in result["msg"]
     assert {c["id"] for c in result["report"]["refused"]} >= {"group_viable"}
-    failed, result = run_module("gpuvfio_device", {"root": str(root), "devices": ["0000:04:00.0"],
+    failed, result = run_module("device", {"root": str(root), "devices": ["0000:04:00.0"],
                                                    "state_dir": str(tmp_path / "s")})
     assert failed and not os.path.exists(tmp_path / "s" / "journal.json")
-    failed, result = run_module("gpuvfio_device", {"root": str(root), "devices": ["04:00.0.9"]})
+    failed, result = run_module("device", {"root": str(root), "devices": ["04:00.0.9"]})
     assert failed and result["exit_code"] == 2
-    failed, result = run_module("gpuvfio_device", {"root": os.path.join(SAMPLES, "workstation.host"),
+    failed, result = run_module("device", {"root": os.path.join(SAMPLES, "workstation.host"),
                                                    "devices": ["0000:04:00.0"]})
     assert failed and "fixture file" in result["msg"]
 
@@ -300,25 +297,25 @@ def test_device_module_takes_selectors_as_the_command_does(run_module, built_hos
     root, state, _kernel = built_host
     base = {"root": root, "state_dir": state, "state": "vfio"}
     for devices in (["01:00"], ["pci_0000_01_00_0"]):
-        failed, result = run_module("gpuvfio_device", dict(base, devices=devices), check=True,
+        failed, result = run_module("device", dict(base, devices=devices), check=True,
                                     context=built_host.context)
         assert not failed and result["devices"] == [GPU, AUDIO], result
-    failed, result = run_module("gpuvfio_device", dict(base, devices=["01:00"]), check=True,
+    failed, result = run_module("device", dict(base, devices=["01:00"]), check=True,
                                 context=built_host.context)
     assert result["selected"] == [f"selected 01:00 -> {GPU}, {AUDIO}"]
     # -d ids: the NVIDIA display function only (class 03xx), not the NIC
-    failed, result = run_module("gpuvfio_device", dict(base, device_ids=["10de::03xx"]), context=built_host.context)
+    failed, result = run_module("device", dict(base, device_ids=["10de::03xx"]), context=built_host.context)
     assert not failed and result["changed"] is True, result
     assert result["selected"] == [f"selected -d 10de::03xx -> {GPU}"]
     assert _driver(root, GPU) == _driver(root, AUDIO) == "vfio-pci" and _driver(root, NIC) == "igc"
     for bad in ({"devices": ["01:00.9"]}, {"device_ids": ["10de:zz"]}, {"devices": ["pci_0000_01_00"]}):
-        failed, result = run_module("gpuvfio_device", dict(base, **bad), context=built_host.context)
+        failed, result = run_module("device", dict(base, **bad), context=built_host.context)
         assert failed and result["exit_code"] == 2, (bad, result)
-    failed, result = run_module("gpuvfio_device", dict(base, devices=[1080]), context=built_host.context)  # 18:00 unquoted
+    failed, result = run_module("device", dict(base, devices=[1080]), context=built_host.context)  # 18:00 unquoted
     assert failed and result["exit_code"] == 2 and "quote device addresses" in result["msg"], result
-    failed, result = run_module("gpuvfio_device", dict(base, device_ids=["1af4:"]), context=built_host.context)
+    failed, result = run_module("device", dict(base, device_ids=["1af4:"]), context=built_host.context)
     assert failed and result["exit_code"] == 2 and "no PCI function" in result["msg"]
-    failed, result = run_module("gpuvfio_device", {"root": root, "state": "vfio"}, context=built_host.context)
+    failed, result = run_module("device", {"root": root, "state": "vfio"}, context=built_host.context)
     assert failed and "devices" in result["msg"] and "device_ids" in result["msg"]
 
 
@@ -332,12 +329,12 @@ def test_device_module_wants_all_matched_beyond_one_device(run_module, tmp_path)
         load_fixture(handle.read(), str(root))
     args = {"root": str(root), "state_dir": str(tmp_path / "s"), "device_ids": ["10de:2330"], "libvirt_uri": "none"}
     for check in (True, False):
-        failed, result = run_module("gpuvfio_device", args, check=check)
+        failed, result = run_module("device", args, check=check)
         assert failed and result["exit_code"] == 1 and "matches 8 devices" in result["msg"], result
         assert "add all_matched: true to act on all of them" in result["msg"]
         assert result["selected"][0].startswith("selected -d 10de:2330 -> 0000:1b:00.0, 0000:43:00.0")
     assert not os.path.exists(tmp_path / "s" / "journal.json")
-    failed, result = run_module("gpuvfio_device", dict(args, all_matched=True, stop_services=True), check=True)
+    failed, result = run_module("device", dict(args, all_matched=True, stop_services=True), check=True)
     assert not failed, result
     assert {"0000:1b:00.0", "0000:df:00.0", "0000:03:00.0"} <= set(result["devices"])  # NVSwitches come along
 
@@ -357,11 +354,11 @@ def test_domain_module_takes_selectors_and_the_rom_and_loader_options(run_module
         return [(a.get("bus"), a.get("slot"), a.get("function"))
                 for a in etree.fromstring(xml.encode()).iterfind("devices/hostdev/source/address")]
 
-    failed, result = run_module("gpuvfio_domain", args, check=True, context=built_host.context)
+    failed, result = run_module("domain", args, check=True, context=built_host.context)
     assert not failed, result
     assert "<rom file='/var/lib/gpuvfio/clean.rom'/>" in result["xml"], result["xml"]
     assert sources(result["xml"]) == [("0x01", "0x00", "0x0"), ("0x01", "0x00", "0x1")]  # the slot follows
-    failed, result = run_module("gpuvfio_domain", dict(args, rom_file=None, rom_bar="off", devices=[],
+    failed, result = run_module("domain", dict(args, rom_file=None, rom_bar="off", devices=[],
                                                        device_ids=["10de::0300"]), check=True,
                                 context=built_host.context)
     assert not failed, result
@@ -370,7 +367,7 @@ def test_domain_module_takes_selectors_and_the_rom_and_loader_options(run_module
     for bad in ({"rom_file": "/var/lib/gpuvfio/missing.rom"}, {"rom_file": "relative.rom"},
                 {"firmware": "efi", "loader": "/usr/share/OVMF/OVMF_CODE.fd"}, {"devices": ["1:2:3"]},
                 {"state": "running", "min_gbps": float("nan")}, {"state": "running", "link_efficiency": 1.5}):
-        failed, result = run_module("gpuvfio_domain", dict(args, **bad), check=True, context=built_host.context)
+        failed, result = run_module("domain", dict(args, **bad), check=True, context=built_host.context)
         assert failed and result["exit_code"] == 2, (bad, result)
 
 
@@ -383,35 +380,35 @@ def test_domain_module_defines_updates_and_removes_idempotently(run_module, buil
     # so an EFI domain never compares equal there (the qemu driver keeps it).
     args = {"root": root, "state_dir": state, "name": "train-0", "devices": [GPU], "uri": "test:///default",
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
-    failed, result = run_module("gpuvfio_domain", args, check=True, diff=True, context=ctx)
+    failed, result = run_module("domain", args, check=True, diff=True, context=ctx)
     assert not failed, result
     assert result["changed"] is True and result["define"]["result"] == "would_define"
     assert result["diff"]["before"] == "" and "<name>train-0</name>" in result["diff"]["after"]
-    failed, result = run_module("gpuvfio_domain", args, context=ctx)
+    failed, result = run_module("domain", args, context=ctx)
     assert not failed and result["define"]["result"] == "defined" and result["changed"] is True, result
-    failed, result = run_module("gpuvfio_domain", args, context=ctx)
+    failed, result = run_module("domain", args, context=ctx)
     assert not failed and result["define"]["result"] == "unchanged" and result["changed"] is False, result
 
     bigger = dict(args, vcpus=4)
-    failed, result = run_module("gpuvfio_domain", bigger, check=True, diff=True, context=ctx)
+    failed, result = run_module("domain", bigger, check=True, diff=True, context=ctx)
     assert not failed and result["changed"] is True and result["define"]["result"] == "differs"
-    failed, result = run_module("gpuvfio_domain", dict(bigger, update=False), context=ctx)
+    failed, result = run_module("domain", dict(bigger, update=False), context=ctx)
     assert not failed and result["changed"] is False and result["define"]["changes"]
-    failed, result = run_module("gpuvfio_domain", bigger, context=ctx)
+    failed, result = run_module("domain", bigger, context=ctx)
     assert not failed and result["define"]["result"] == "updated" and result["changed"] is True
-    failed, result = run_module("gpuvfio_domain", bigger, context=ctx)
+    failed, result = run_module("domain", bigger, context=ctx)
     assert not failed and result["changed"] is False
 
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, check=True, context=ctx)
+    failed, result = run_module("domain", {**args, "state": "absent"}, check=True, context=ctx)
     assert not failed and result["changed"] is True and result["plan"]["undefine"] is True
     assert lookup(shared, "train-0") is not None
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
+    failed, result = run_module("domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["changed"] is True and result["detach"]["undefined"] is True
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
+    failed, result = run_module("domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["changed"] is False
 
     # A domain gpuvfio did not make is not touched (a refusal: the host's state, exit status 1).
-    failed, result = run_module("gpuvfio_domain", {**args, "name": "test"}, context=ctx)
+    failed, result = run_module("domain", {**args, "name": "test"}, context=ctx)
     assert failed and "not created by gpuvfio" in result["msg"] and result["exit_code"] == 1
 
 
@@ -426,14 +423,14 @@ def test_domain_module_defined_then_running_attaches_to_that_definition(run_modu
     server, private_key = guest_server
     args = {"root": root, "state_dir": state, "name": "train-1", "devices": [GPU], "uri": "test:///default",
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
-    failed, result = run_module("gpuvfio_domain", args, context=ctx)
+    failed, result = run_module("domain", args, context=ctx)
     assert not failed and result["define"]["result"] == "defined", result
     uuid = lookup(built_host.libvirt, "train-1").UUIDString()
     target = {"ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
               "boot_timeout": 20}
     # A failing attach onto it (SSH refuses: no key given) undoes only what it did: the
     # domain stays defined as it was, the devices go back.
-    failed, result = run_module("gpuvfio_domain", dict(args, state="running", **target), context=ctx)
+    failed, result = run_module("domain", dict(args, state="running", **target), context=ctx)
     assert failed and "authentication" in result["msg"], result
     assert result["attach"]["define"]["result"] == "unchanged"
     assert result["attach"]["rolled_back"] == ["destroy", "restore devices"], result["attach"]
@@ -441,13 +438,13 @@ def test_domain_module_defined_then_running_attaches_to_that_definition(run_modu
     assert kernel.driver_of(GPU) == "nvidia"
     # verify=false: the "guest" probes the built host's own tree, where the GPU now sits on vfio-pci
     running = dict(args, state="running", ssh_private_key=private_key, verify=False, **target)
-    failed, result = run_module("gpuvfio_domain", running, context=ctx)
+    failed, result = run_module("domain", running, context=ctx)
     assert not failed, result["msg"]
     attach = result["attach"]
     assert attach["define"]["result"] == "unchanged" and attach["ok"] is True
     assert lookup(built_host.libvirt, "train-1").UUIDString() == uuid
     assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=ctx)
+    failed, result = run_module("domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["detach"]["restored"]["restored"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
 
 
@@ -462,7 +459,7 @@ def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, 
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
             "user_net_ssh_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
             "ssh_private_key": private_key, "verify": False}
-    failed, result = run_module("gpuvfio_domain", args, context=built_host.context)
+    failed, result = run_module("domain", args, context=built_host.context)
     assert not failed, result
     attach = result["attach"]
     # One GPU: no NCCL topology file to write (that needs two or more).
@@ -470,13 +467,13 @@ def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, 
     assert attach["nccl_topology"] is None
     assert attach["start_to_ssh_s"] is not None and attach["start_to_ssh_s"] >= 0
     assert attach["ssh"]["port"] == server.port and attach["ok"] is True
-    failed, result = run_module("gpuvfio_domain", {**args, "state": "absent"}, context=built_host.context)
+    failed, result = run_module("domain", {**args, "state": "absent"}, context=built_host.context)
     assert not failed and lookup(built_host.libvirt, "train-2") is None
 
 
 def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
     root, state, _kernel = built_host
-    failed, result = run_module("gpuvfio_domain", {"root": root, "state_dir": state, "name": "g", "devices": [GPU],
+    failed, result = run_module("domain", {"root": root, "state_dir": state, "name": "g", "devices": [GPU],
                                                    "uri": "test:///default", "state": "running", "vcpus": 2,
                                                    "memory": "2G", "hugepages": "none"}, check=True)
     assert not failed, result
@@ -504,7 +501,7 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
     try:
         with open(bare.client_key) as handle:
             key = handle.read()
-        failed, result = run_module("gpuvfio_verify", {
+        failed, result = run_module("verify", {
             "root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": bare.port,
             "known_hosts": bare.known_hosts, "expect_devices": [GPU], "ssh_private_key": key, "bandwidth": False})
         assert failed and result["report"]["ok"] is False  # an NVIDIA GPU and no CUDA: not a pass
@@ -518,7 +515,7 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
         args = {"root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": server.port,
                 "known_hosts": server.known_hosts, "expect_devices": ["pci_0000_01_00_0"],
                 "ssh_private_key": private_key, "bandwidth": False}
-        failed, result = run_module("gpuvfio_verify", args, check=True)
+        failed, result = run_module("verify", args, check=True)
         assert not failed and result["changed"] is False, result
         assert result["report"]["ok"] is True
         checks = {c["id"]: c for c in result["report"]["checks"]}
@@ -526,21 +523,20 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
         assert checks["driver"]["status"] == "pass"
         assert private_key.splitlines()[1] not in json.dumps(result)
         os.unlink(os.path.join(root, "sys", "bus", "pci", "devices", GPU, "driver"))
-        failed, result = run_module("gpuvfio_verify", args)
+        failed, result = run_module("verify", args)
         assert failed and result["msg"].startswith("verification failed: driver")
         assert result["report"]["ok"] is False
     finally:
         server.stop()
-    failed, result = run_module("gpuvfio_verify", {"root": root})
+    failed, result = run_module("verify", {"root": root})
     assert failed and "domain" in result["msg"] and "ssh_host" in result["msg"]
-    failed, result = run_module("gpuvfio_verify", {"root": root, "ssh_host": "127.0.0.1", "expect_devices": ["01:00.9"]})
+    failed, result = run_module("verify", {"root": root, "ssh_host": "127.0.0.1", "expect_devices": ["01:00.9"]})
     assert failed and result["exit_code"] == 2 and "01:00.9" in result["msg"]
-    failed, result = run_module("gpuvfio_verify", {"root": root, "ssh_host": "127.0.0.1", "min_gbps": -1.0})
+    failed, result = run_module("verify", {"root": root, "ssh_host": "127.0.0.1", "min_gbps": -1.0})
     assert failed and result["exit_code"] == 2 and "bandwidth" in result["msg"]
 
 
-@pytest.mark.parametrize("name", ["gpuvfio_facts", "gpuvfio_device", "gpuvfio_domain", "gpuvfio_verify",
-                                  "gpuvfio_host_info"])
+@pytest.mark.parametrize("name", MODULE_NAMES)
 def test_module_documentation_matches_its_argument_spec(modules, monkeypatch, name):
     """What ansible-test's validate-modules checks first: every option documented with the
     spec's type, default, choices and required, and nothing documented that is not there."""
@@ -551,16 +547,23 @@ def test_module_documentation_matches_its_argument_spec(modules, monkeypatch, na
         pass
 
     def capture(self, argument_spec, **kwargs):
-        raise Captured(argument_spec)
+        raise Captured(argument_spec, kwargs)
 
     monkeypatch.setattr(basic.AnsibleModule, "__init__", capture)
     with pytest.raises(Captured) as caught:
         modules[name].main()
-    spec = caught.value.args[0]
+    spec, kwargs = caught.value.args
     doc = yaml.safe_load(modules[name].DOCUMENTATION)
     yaml.safe_load(modules[name].EXAMPLES)
     yaml.safe_load(modules[name].RETURN)
     assert doc["module"] == name
+    # The attributes ansible-core 2.19 documents (action_common_attributes): check mode as the
+    # module declares it, diff mode, the platform.
+    attributes = doc["attributes"]
+    assert "ansible.builtin.action_common_attributes" in doc["extends_documentation_fragment"]
+    assert attributes["check_mode"]["support"] == ("full" if kwargs.get("supports_check_mode") else "none")
+    assert attributes["diff_mode"]["support"] in ("full", "partial", "none")
+    assert attributes["platform"]["platforms"] == "posix"
     assert set(doc["options"]) == set(spec)
     for option, rules in spec.items():
         documented = doc["options"][option]
@@ -572,18 +575,18 @@ def test_module_documentation_matches_its_argument_spec(modules, monkeypatch, na
 
 
 def test_failed_attach_gives_back_only_what_it_bound(run_module, built_host, guest_server):
-    """The role binds the GPU first (gpuvfio_device), then attaches: a failing attach must not
+    """The role binds the GPU first (gpuvfio.gpuvfio.device), then attaches: a failing attach must not
     give back a GPU it did not bind (on main its rollback released whatever gpuvfio held)."""
     root, state, kernel = built_host
     ctx = built_host.context
     server, _private_key = guest_server
-    failed, result = run_module("gpuvfio_device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
+    failed, result = run_module("device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
     assert not failed and kernel.driver_of(GPU) == "vfio-pci", result
     args = {"root": root, "state_dir": state, "name": "train-3", "devices": [GPU], "uri": "test:///default",
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
             "ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
             "boot_timeout": 10}
-    failed, result = run_module("gpuvfio_domain", args, context=ctx)  # no key: SSH refuses
+    failed, result = run_module("domain", args, context=ctx)  # no key: SSH refuses
     assert failed and result["attach"]["rolled_back"] == ["destroy", "undefine"], result["attach"]
     assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
 
@@ -597,11 +600,11 @@ def test_attach_refuses_a_gpu_another_domain_uses(run_module, built_host):
     ctx = built_host.context
     base = {"root": root, "state_dir": state, "devices": [GPU], "uri": "test:///default", "vcpus": 2,
             "memory": "2G", "hugepages": "none", "firmware": "bios"}
-    failed, result = run_module("gpuvfio_domain", dict(base, name="owner"), context=ctx)
+    failed, result = run_module("domain", dict(base, name="owner"), context=ctx)
     assert not failed, result
-    failed, result = run_module("gpuvfio_device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
+    failed, result = run_module("device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
     assert not failed and kernel.driver_of(GPU) == "vfio-pci", result
-    failed, result = run_module("gpuvfio_domain", dict(base, name="intruder", state="running", ssh_host="127.0.0.1",
+    failed, result = run_module("domain", dict(base, name="intruder", state="running", ssh_host="127.0.0.1",
                                                        ssh_port=1, boot_timeout=1), context=ctx)
     assert failed and result["exit_code"] == 1 and "libvirt domain(s) owner" in result["msg"], result
     assert lookup(built_host.libvirt, "intruder") is None and kernel.driver_of(GPU) == "vfio-pci"

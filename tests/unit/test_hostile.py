@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import ANSIBLE_MODULE_DRIVER, REPO, gpu_workstation
+from tests.conftest import ANSIBLE_MODULE_DRIVER, ANSIBLE_MODULES_DIR, REPO, gpu_workstation
 
 SEED = int(os.environ.get("GPUVFIO_HOSTILE_SEED", "20261201"))
 CASES = int(os.environ.get("GPUVFIO_HOSTILE_CASES", "48"))
@@ -41,7 +41,7 @@ COMMANDS = [
     ("unpersist-dry", ["unpersist", GPU, "--dry-run"]), ("dump-host", ["dump-host", "-"]),
     ("vgpu-types", ["vgpu", "types", GPU]), ("xml", ["xml", "--name", "hostile", GPU]),
     ("export", ["export", "kubevirt"]), ("vgpu-list", ["vgpu", "list", "--connect", "none"]),
-    ("ansible:gpuvfio_facts", {}), ("ansible:gpuvfio_host_info", {}),
+    ("ansible:facts", {}), ("ansible:host_info", {}),
     # The dry runs of the commands that change the host: a plan read from a hostile tree.
     ("attach-dry", ["attach", GPU, "--name", "hostile", "--firmware", "bios", "--ssh-host", "192.0.2.1", "--dry-run"]),
     ("restore-dry", ["restore", "--dry-run"]), ("unbind-dry", ["unbind", GPU, "--dry-run", "--connect", "none"]),
@@ -217,7 +217,7 @@ for name, argv in json.loads(sys.argv[2]):
         if name.startswith("ansible:"):
             try:
                 with patch_module_args(argv):
-                    runpy.run_path(os.path.join(REPO, "playbooks", "library", name.split(":")[1] + ".py"),
+                    runpy.run_path(os.path.join(MODULES_DIR, name.split(":")[1] + ".py"),
                                    run_name="__main__")
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 0
@@ -260,7 +260,8 @@ def _run_case(case: Case, picks) -> list[str]:
                 for name, args in picks]
     env = {k: v for k, v in os.environ.items() if k not in ("GPUVFIO_STATE_DIR", "GPUVFIO_ROOT")}
     env["COLUMNS"] = "120"
-    driver = ANSIBLE_MODULE_DRIVER + DRIVER.replace("REPO", repr(REPO)).replace("TIMEOUT", str(TIMEOUT))
+    driver = ANSIBLE_MODULE_DRIVER + DRIVER.replace("MODULES_DIR", repr(ANSIBLE_MODULES_DIR)).replace("REPO", repr(REPO)) \
+        .replace("TIMEOUT", str(TIMEOUT))
     try:
         proc = subprocess.run([sys.executable, "-c", driver, REPO, json.dumps(commands)], capture_output=True,
                               timeout=TIMEOUT * (len(commands) + 1), cwd=case.dir, env=env, stdin=subprocess.DEVNULL)

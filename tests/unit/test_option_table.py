@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import json
 import os
+import sys
 
 import pytest
 import typer
@@ -40,9 +41,9 @@ COMMAND_OWN = {
     "verify": {"domain", "expect_device", "expect_ids", "connect", "as_json", "root"},
 }
 MODULE_OWN = {
-    "gpuvfio_domain": {"root", "state_dir", "devices", "device_ids", "all_matched", "state", "uri", "update",
+    "gpuvfio.gpuvfio.domain": {"root", "state_dir", "devices", "device_ids", "all_matched", "state", "uri", "update",
                        "verify", "keep_on_failure", "stop_timeout", "restore_devices"},
-    "gpuvfio_verify": {"root", "state_dir", "domain", "uri", "expect_devices"},
+    "gpuvfio.gpuvfio.verify": {"root", "state_dir", "domain", "uri", "expect_devices"},
 }
 
 
@@ -93,15 +94,13 @@ def test_the_commands_take_the_tables_options(command):
 @pytest.fixture(scope="module")
 def modules():
     pytest.importorskip("ansible")
-    import ansible.module_utils
-
-    utils = os.path.join(PLAYBOOKS, "module_utils")
-    if utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(utils)
+    collections = os.path.join(PLAYBOOKS, "collections")  # ansible_collections.gpuvfio.gpuvfio
+    if collections not in sys.path:
+        sys.path.insert(0, collections)
     loaded = {}
-    for name in ANSIBLE_MODULES:
-        spec = importlib.util.spec_from_file_location(f"_options_{name}", os.path.join(PLAYBOOKS, "library",
-                                                                                       f"{name}.py"))
+    for name in ANSIBLE_MODULES:  # FQCNs: the file is the collection's plugins/modules/<last part>.py
+        spec = importlib.util.spec_from_file_location(f"_options_{name.replace('.', '_')}",
+                                                      os.path.join(REPO, generate.module_path(name)))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         loaded[name] = module
@@ -170,7 +169,7 @@ def test_the_modules_documentation_is_the_tables(modules, name):
 
 
 def test_the_generated_files_are_committed():
-    """docs/testbed-spec.schema.json, playbooks/module_utils/gpuvfio_options.py and the modules'
+    """docs/testbed-spec.schema.json, the collection's plugins/module_utils/options.py and the modules'
     DOCUMENTATION options are what python -m gpuvfio.cli.generate writes."""
     for path, text in generate.generated(REPO).items():
         with open(os.path.join(REPO, path), encoding="utf-8") as handle:
@@ -321,7 +320,7 @@ def added(option_set: OptionSet, option: Option) -> tuple[OptionSet, ...]:
     return tuple(edited if s is option_set else s for s in SETS)
 
 
-EVERYWHERE = dict(cli=("xml", "attach"), ansible=("gpuvfio_domain",), spec=("guest",))
+EVERYWHERE = dict(cli=("xml", "attach"), ansible=("gpuvfio.gpuvfio.domain",), spec=("guest",))
 MUTATIONS = {
     "added": lambda: added(DOMAIN, Option("balloon", "bool", "A memory balloon.", False, **EVERYWHERE)),
     "renamed": lambda: changed(DOMAIN, "console_log", name="serial_log"),

@@ -137,12 +137,16 @@ def test_modules_stay_small():
 def test_interfaces_reach_gpuvfio_only_through_its_services():
     """The Ansible modules (and their module_utils) parse, call gpuvfio.ops and map results."""
     allowed = FOUNDATION | {m for m in MODULES if m.startswith("gpuvfio.ops")}
-    for directory in ("library", "module_utils"):
-        base = os.path.join(REPO, "playbooks", directory)
-        for name in sorted(os.listdir(base)):
+    collection = os.path.join("playbooks", "collections", "ansible_collections", "gpuvfio", "gpuvfio")
+    seen = []
+    for directory in ("modules", "module_utils"):
+        base = os.path.join(collection, "plugins", directory)
+        for name in sorted(os.listdir(os.path.join(REPO, base))):
             if name.endswith(".py"):
-                for imported, _names, _local in _imports(os.path.join(base, name)):
-                    assert imported in allowed, f"playbooks/{directory}/{name} imports {imported}"
+                seen.append(name)
+                for imported, _names, _local in _imports(os.path.join(REPO, base, name)):
+                    assert imported in allowed, f"{base}/{name} imports {imported}"
+    assert "device.py" in seen and "common.py" in seen, seen
 
 
 def test_no_process_exit_that_skips_teardown():

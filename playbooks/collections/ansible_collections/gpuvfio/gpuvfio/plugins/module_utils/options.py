@@ -5,7 +5,7 @@
 and the option names of each set, for the modules to hand them to gpuvfio's services."""
 
 ARGUMENT_SPECS = {
-    'gpuvfio_domain': {
+    'gpuvfio.gpuvfio.domain': {
         'name': {'type': 'str', 'required': True},
         'vcpus': {'type': 'int', 'default': 4},
         'memory': {'type': 'str', 'default': '8G'},
@@ -51,7 +51,7 @@ ARGUMENT_SPECS = {
         'verify_timeout': {'type': 'float', 'default': 600.0},
         'stop_services': {'type': 'bool', 'default': False},
     },
-    'gpuvfio_verify': {
+    'gpuvfio.gpuvfio.verify': {
         'ssh_host': {'type': 'str'},
         'ssh_port': {'type': 'int'},
         'ssh_user': {'type': 'str'},

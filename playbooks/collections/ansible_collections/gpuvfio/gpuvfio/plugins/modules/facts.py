@@ -1,12 +1,12 @@
 #!/usr/bin/python
 # Apache-2.0, like gpuvfio.
-"""gpuvfio_facts: the host's GPUs, IOMMU groups and readiness, as facts."""
+"""gpuvfio.gpuvfio.facts: the host's GPUs, IOMMU groups and readiness, as facts."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpuvfio_facts
+module: facts
 short_description: GPU inventory, IOMMU groups and passthrough readiness of a KVM host
 description:
   - Reads the host through gpuvfio's Python API (the data of C(gpuvfio list --json),
@@ -34,18 +34,32 @@ options:
     description: Every PCI function and group (C(gpuvfio list --all)), not only NVIDIA devices.
     type: bool
     default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+attributes:
+  check_mode:
+    support: full
+    details: "Reads the host and changes nothing, the same in check mode."
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+    details: "Linux hosts (sysfs, vfio-pci, libvirt)."
+  facts:
+    support: full
 requirements:
   - gpuvfio (Python package) importable by the module's interpreter
 author:
-  - gpuvfio contributors
+  - gpuvfio contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Collect GPU facts
-  gpuvfio_facts:
+  gpuvfio.gpuvfio.facts:
 
 - name: Facts of a recorded host
-  gpuvfio_facts:
+  gpuvfio.gpuvfio.facts:
     root: /srv/fixtures/dgx-h100.host
 
 - name: Show the GPUs
@@ -66,8 +80,9 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio,
-                                                 require_gpuvfio, task_context)
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.common import (
+    COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, fail_gpuvfio, require_gpuvfio, task_context,
+)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding

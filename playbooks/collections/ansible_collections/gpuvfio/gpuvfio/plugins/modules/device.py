@@ -1,12 +1,12 @@
 #!/usr/bin/python
 # Apache-2.0, like gpuvfio.
-"""gpuvfio_device: PCI devices on vfio-pci or back on their host drivers, now or across reboots."""
+"""gpuvfio.gpuvfio.device: PCI devices on vfio-pci or back on their host drivers, now or across reboots."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpuvfio_device
+module: device
 short_description: Bind GPUs to vfio-pci, give them back, or make the binding survive reboots
 description:
   - C(state=vfio) moves the whole IOMMU group of each device to vfio-pci with gpuvfio's
@@ -85,30 +85,42 @@ options:
     description: Seconds to wait for another gpuvfio run to finish.
     type: float
     default: 30.0
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: "Returns gpuvfio's bind, restore or persist plan and changes nothing; a refused plan fails as the real run would."
+  diff_mode:
+    support: full
+    details: "The drivers before and after, or the persistence files' changes."
+  platform:
+    platforms: posix
+    details: "Linux hosts (sysfs, vfio-pci, libvirt)."
 requirements:
   - gpuvfio (Python package) importable by the module's interpreter
 author:
-  - gpuvfio contributors
+  - gpuvfio contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: GPU 0 and its audio function to vfio-pci
-  gpuvfio_device:
+  gpuvfio.gpuvfio.device:
     devices: ["0000:18:00.0"]
     state: vfio
 
 - name: Keep it there after a reboot
-  gpuvfio_device:
+  gpuvfio.gpuvfio.device:
     devices: ["0000:18:00.0"]
     state: persisted
 
 - name: Give it back to nvidia
-  gpuvfio_device:
+  gpuvfio.gpuvfio.device:
     devices: ["0000:18:00.0"]
     state: host
 
 - name: Every H100 SXM5 of an HGX board to vfio-pci (its NVSwitches come along)
-  gpuvfio_device:
+  gpuvfio.gpuvfio.device:
     device_ids: ["10de:2330"]
     all_matched: true
 """
@@ -143,9 +155,10 @@ persist:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
-                                                 check_libvirt_uri, driver_diff, fail_gpuvfio, finish, require_gpuvfio,
-                                                 resolve_devices, task_context)
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.common import (
+    COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices, check_libvirt_uri, driver_diff,
+    fail_gpuvfio, finish, require_gpuvfio, resolve_devices, task_context,
+)
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding

@@ -1,5 +1,6 @@
-# Shared by the gpuvfio_* modules in ../library: argument specs, the gpuvfio Context a task works
-# in, turning gpuvfio's typed errors into module failures, and Ansible's diff format.
+# Shared by the modules of the collection gpuvfio.gpuvfio (../modules): argument specs, the
+# gpuvfio Context a task works in, turning gpuvfio's typed errors into module failures, and
+# Ansible's diff format.
 # Apache-2.0, like gpuvfio.
 """Common helpers for the gpuvfio Ansible modules.
 
@@ -23,7 +24,7 @@ import re
 import sys
 import traceback
 
-from ansible.module_utils.gpuvfio_options import SETS
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.options import SETS
 
 STATE_ENV = "GPUVFIO_STATE_DIR"
 
@@ -61,7 +62,7 @@ except ImportError:  # pragma: no cover - reported through require_gpuvfio()
 def require_gpuvfio(module) -> None:
     if not HAS_GPUVFIO:
         module.fail_json(msg=f"the Python package gpuvfio is not importable by {sys.executable}: install it "
-                             "(playbooks/host-prep.yml does) or point ansible_python_interpreter "
+                             "(the playbook gpuvfio.gpuvfio.host_prep does) or point ansible_python_interpreter "
                              "(gpuvfio_python) at the interpreter that has it",
                          exception=IMPORT_ERROR)
 

@@ -1,12 +1,12 @@
 #!/usr/bin/python
 # Apache-2.0, like gpuvfio.
-"""gpuvfio_verify: in-guest checks of a guest with GPUs passed through."""
+"""gpuvfio.gpuvfio.verify: in-guest checks of a guest with GPUs passed through."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpuvfio_verify
+module: verify
 short_description: Check a guest over SSH - devices present, driver, CUDA, PCIe link, bandwidth
 description:
   - Runs gpuvfio's verifier in the guest (as C(gpuvfio verify)) and returns its report.
@@ -114,15 +114,26 @@ options:
     type: float
     default: 600.0
   # End of the generated options.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: "The checks only read the guest: they run the same in check mode."
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+    details: "Linux hosts (sysfs, vfio-pci, libvirt)."
 requirements:
   - gpuvfio and paramiko importable by the module's interpreter (libvirt-python with C(domain))
 author:
-  - gpuvfio contributors
+  - gpuvfio contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Verify train-0
-  gpuvfio_verify:
+  gpuvfio.gpuvfio.verify:
     domain: train-0
     known_hosts: /etc/gpuvfio/known_hosts
 """
@@ -136,10 +147,11 @@ report:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
-                                                 check_libvirt_uri, fail_gpuvfio, guest_ssh, private_key_file,
-                                                 require_gpuvfio, resolve_devices, table_values, task_context)
-from ansible.module_utils.gpuvfio_options import ARGUMENT_SPECS
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.common import (
+    COMMON_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices, check_libvirt_uri, fail_gpuvfio, guest_ssh,
+    private_key_file, require_gpuvfio, resolve_devices, table_values, task_context,
+)
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.options import ARGUMENT_SPECS
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import guests
@@ -150,7 +162,7 @@ def main(context_factory=None) -> None:
     module = AnsibleModule(
         argument_spec=dict(
             COMMON_ARGS,
-            **ARGUMENT_SPECS["gpuvfio_verify"],  # the SSH and verify options gpuvfio.options declares
+            **ARGUMENT_SPECS["gpuvfio.gpuvfio.verify"],  # the SSH and verify options gpuvfio.options declares
             domain=dict(type="str"),
             uri=dict(type="str"),
             expect_devices=dict(type="list", elements="str"),

@@ -1,12 +1,12 @@
 #!/usr/bin/python
 # Apache-2.0, like gpuvfio.
-"""gpuvfio_host_info: what host-prep needs to know about a host, before gpuvfio is installed."""
+"""gpuvfio.gpuvfio.host_info: what host-prep needs to know about a host, before gpuvfio is installed."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpuvfio_host_info
+module: host_info
 short_description: Distribution, CPU vendor, kernel, command line, modules and NUMA nodes of a host root
 description:
   - Reads C(etc/os-release), C(proc/cmdline), C(proc/sys/kernel/osrelease), C(proc/modules),
@@ -28,13 +28,24 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: "Reads the host and changes nothing, the same in check mode."
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+    details: "Linux hosts (sysfs, vfio-pci, libvirt)."
 author:
-  - gpuvfio contributors
+  - gpuvfio contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Read the host
-  gpuvfio_host_info:
+  gpuvfio.gpuvfio.host_info:
     root: /
     paths: [/etc/systemd/system/gpuvfio-hugepages.service]
     machine_paths: [/opt/gpuvfio/bin/python]

@@ -1,18 +1,18 @@
 #!/usr/bin/python
 # Apache-2.0, like gpuvfio.
-"""gpuvfio_domain: a libvirt guest with GPUs passed through: defined, running, or gone."""
+"""gpuvfio.gpuvfio.domain: a libvirt guest with GPUs passed through: defined, running, or gone."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpuvfio_domain
+module: domain
 short_description: Define, attach (start) and detach libvirt guests with GPUs passed through
 description:
   - C(state=defined) builds the domain with gpuvfio (q35, OVMF, one root port per device,
     NUMA cells, pinning, hugepages, MMIO window) and defines it idempotently; an existing
     domain is compared with what gpuvfio would set, and redefined under its UUID only when
-    it differs and C(update) is true. The devices are not bound; use M(gpuvfio_device).
+    it differs and C(update) is true. The devices are not bound; use M(gpuvfio.gpuvfio.device).
   - C(state=running) is C(gpuvfio attach) - bind, define, start, wait for SSH, verify
     (C(verify=false) skips the checks, not the SSH wait), everything undone on failure.
     A guest that already runs with the same definition is left alone.
@@ -284,15 +284,27 @@ options:
     type: bool
     default: false
   # End of the generated options.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: "Returns the plan (the domain XML, the binds, the attach steps) and changes nothing; a refused plan fails as the real run would."
+  diff_mode:
+    support: full
+    details: "The domain XML before and after."
+  platform:
+    platforms: posix
+    details: "Linux hosts (sysfs, vfio-pci, libvirt)."
 requirements:
   - gpuvfio and libvirt-python importable by the module's interpreter
 author:
-  - gpuvfio contributors
+  - gpuvfio contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Define train-0 with GPU 0
-  gpuvfio_domain:
+  gpuvfio.gpuvfio.domain:
     name: train-0
     devices: ["0000:18:00.0"]
     vcpus: 16
@@ -300,7 +312,7 @@ EXAMPLES = r"""
     disk: /var/lib/libvirt/images/train-0.qcow2
 
 - name: Start it, wait for SSH and verify the GPU inside
-  gpuvfio_domain:
+  gpuvfio.gpuvfio.domain:
     name: train-0
     devices: ["0000:18:00.0"]
     state: running
@@ -308,7 +320,7 @@ EXAMPLES = r"""
     known_hosts: /etc/gpuvfio/known_hosts
 
 - name: Detach it
-  gpuvfio_domain:
+  gpuvfio.gpuvfio.domain:
     name: train-0
     state: absent
 """
@@ -343,10 +355,11 @@ plan:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuvfio_common import (COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices,
-                                                 check_libvirt_uri, fail_gpuvfio, finish, guest_ssh, private_key_file,
-                                                 require_gpuvfio, resolve_devices, table_values, task_context)
-from ansible.module_utils.gpuvfio_options import ARGUMENT_SPECS
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.common import (
+    COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices, check_libvirt_uri, fail_gpuvfio,
+    finish, guest_ssh, private_key_file, require_gpuvfio, resolve_devices, table_values, task_context,
+)
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.options import ARGUMENT_SPECS
 
 if HAS_GPUVFIO:
     from gpuvfio.errors import Refused
@@ -451,7 +464,7 @@ def main(context_factory=None) -> None:
         argument_spec=dict(
             COMMON_ARGS,
             **DEVICE_ARGS,
-            **ARGUMENT_SPECS["gpuvfio_domain"],  # the domain, SSH and verify options gpuvfio.options declares
+            **ARGUMENT_SPECS["gpuvfio.gpuvfio.domain"],  # the domain, SSH and verify options gpuvfio.options declares
             state=dict(type="str", choices=["defined", "running", "absent"], default="defined"),
             uri=dict(type="str"),
             update=dict(type="bool", default=True),
