@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Annotated, Optional
 
 import typer
@@ -13,7 +12,7 @@ from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.plans import DryRun, command_context, needs_yes, show_plan
 from gpuvfio.cli.tables import from_table, options
-from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
 from gpuvfio.ops.context import check_uri, default_uri, live_context
 from gpuvfio.ops.attach_plan import plan_attach
@@ -110,14 +109,8 @@ def attach_cmd(
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-            seeded = {} if cloud_init is None else {"cloud_init": cloud_init}
-            if seeded and "cloud_init" not in inspect.signature(attach).parameters:
-                # the service that carries out attach's steps does not write the seed yet: say so
-                # in one line rather than fail half-way (the plan, --dry-run, shows the step)
-                raise Refused("attach --cloud-init: this gpuvfio plans the seed but cannot write it in a run yet; "
-                              "use gpuvfio xml --cloud-init ISO --define, then start the domain and verify it")
             result = attach(ctx, wanted, request, uri=connect, ssh=target, verify=settings,
-                            keep_on_failure=keep_on_failure, policy=policy, **seeded)
+                            keep_on_failure=keep_on_failure, policy=policy, cloud_init=cloud_init)
     except AttachFailed as exc:
         if as_json:
             emit_json(exc.result.to_json())

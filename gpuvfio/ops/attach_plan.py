@@ -142,12 +142,14 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
         where = f"{ssh.host}:{ssh.port or 22}"
     plan.step(STEP_SSH, f"{where} as {ssh.user or 'the SSH config User, else root'}, host key "
                         f"{'trusted on first use' if ssh.trust_on_first_use else 'pinned'}, until {ssh.timeout:g}s")
+    if len(plan.gpus) >= 2:  # NCCL's topology matters where there are GPUs to talk to each other
+        # Before verify: verify's all-reduce runs with the file and shows NCCL's view of it.
+        plan.step(STEP_NCCL, "write NCCL's topology file in the guest from the devices it shows, and "
+                             "NCCL_TOPO_FILE into its /etc/nccl.conf")
     if verify is not None:
         plan.step(STEP_VERIFY, "in the guest: devices, driver, CUDA, PCIe link"
                   + (", copy bandwidth" if verify.bandwidth else " (no bandwidth)")
                   + (", P2P" if len(plan.gpus) >= 2 else ""))
-    if len(plan.gpus) >= 2:  # NCCL's topology matters where there are GPUs to talk to each other
-        plan.step(STEP_NCCL, "write NCCL's topology file in the guest from the devices it shows")
     return plan
 
 

@@ -35,8 +35,9 @@ from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.fabric import read_fabric
 from gpuvfio.ops import binding, fabric
-from gpuvfio.ops.attach_plan import (STEP_BIND, STEP_DEFINE, STEP_FIND, STEP_NCCL, STEP_PARTITION, STEP_SSH,
-                                     STEP_START, STEP_VERIFY, AttachPlan, plan_attach)
+from gpuvfio.ops.attach_plan import (STEP_BIND, STEP_DEFINE, STEP_FIND, STEP_NCCL, STEP_PARTITION, STEP_SEED,
+                                     STEP_SSH, STEP_START, STEP_VERIFY, AttachPlan, plan_attach)
+from gpuvfio.ops.cloud_init import remove_seed, write_seed
 from gpuvfio.bind.fabric_manager import plan_detach as plan_partitions
 from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.ops.plans import Plan, Verdict
@@ -136,13 +137,16 @@ class AttachFailed(GpuvfioError):
 
 def attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
            uri: str | None = None, policy: BindPolicy = BindPolicy(),
-           verify: VerifyOptions | None = VerifyOptions(), keep_on_failure: bool = False) -> AttachResult:
+           verify: VerifyOptions | None = VerifyOptions(), keep_on_failure: bool = False,
+           cloud_init: str | None = None) -> AttachResult:
     """Plan (gpuvfio.ops.attach_plan), then carry out the plan's steps in order: bind, define,
-    start, wait for SSH, verify (``verify=None``: wait for SSH only). The run lock is held from
+    start, wait for SSH, verify (``verify=None``: wait for SSH only); ``cloud_init``: the NoCloud
+    seed image to write and attach first (gpuvfio.ops.cloud_init). The run lock is held from
     the plan to the verdict or the end of the undo: a bind, attach or vGPU create meanwhile
     waits, then is refused naming this run. A refused plan is the run's refusal, in its words."""
     with binding.operation_lock(ctx):
-        plan = plan_attach(ctx, addresses, request, ssh=ssh, uri=uri, policy=policy, verify=verify)
+        plan = plan_attach(ctx, addresses, request, ssh=ssh, uri=uri, policy=policy, verify=verify,
+                           cloud_init=cloud_init)
         plan.raise_if_refused()
         return run_attach(ctx, plan, keep_on_failure=keep_on_failure)
 
@@ -167,6 +171,10 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         # after the guest is stopped and before the devices go back).
         activated = fabric.activate(ctx, provisioned.spec.fabric)
         undo.append(("deactivate partition", lambda: fabric.deactivate(ctx, partition_ids=activated)))
+
+    def seed() -> None:
+        write_seed(ctx, plan.seed)
+        undo.append(("remove the cloud-init seed", lambda: remove_seed(plan.seed)))
 
     def define() -> None:
         defined = define_domain(ctx, provisioned.xml, uri=uri, update=True)
@@ -205,8 +213,8 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         result.nccl_topology = write_nccl_topology(ctx, state["session"], provisioned,
                                                    verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
 
-    actions = {STEP_BIND: bind, STEP_PARTITION: activate, STEP_DEFINE: define, STEP_START: start, STEP_FIND: find,
-               STEP_SSH: wait_for_ssh, STEP_VERIFY: check_guest, STEP_NCCL: nccl}
+    actions = {STEP_BIND: bind, STEP_PARTITION: activate, STEP_SEED: seed, STEP_DEFINE: define, STEP_START: start,
+               STEP_FIND: find, STEP_SSH: wait_for_ssh, STEP_VERIFY: check_guest, STEP_NCCL: nccl}
     try:
         try:
             for planned in plan.steps:
