@@ -118,17 +118,20 @@ MAX_VCPUS = 4096  # gpuvfio.domain.request takes its bound from here
 
 DOMAIN = OptionSet(
     "domain",
-    Option("name", "str", "Domain name.", required=True, cli=BOTH, ansible=DOM),
-    Option("vcpus", "int", "Guest vCPUs.", 4, minimum=1, maximum=MAX_VCPUS, cli=BOTH, ansible=DOM, spec=GUEST),
-    Option("memory", "str", "Guest memory: 64G, 64GiB, 65536M (a bare number in the spec: MiB).", "8G", cli=BOTH,
+    Option("name", "str", "Domain name.", required=True, metavar="NAME", cli=BOTH, ansible=DOM),
+    Option("vcpus", "int", "Guest vCPUs.", 4, minimum=1, maximum=MAX_VCPUS,
+           metavar="N", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("memory", "str", "Guest memory: 64G, 64GiB, 65536M (a bare number in the spec: MiB).", "8G",
+           metavar="SIZE", cli=BOTH,
            ansible=DOM, spec=GUEST),
     Option("hugepages", "str", "Backing pages: auto | none | 4K | 2M | 1G (also spelled 1g, 2MiB).", "auto",
-           cli=BOTH, ansible=DOM, spec=("variant",)),
+           metavar="SIZE", cli=BOTH, ansible=DOM, spec=("variant",)),
     Option("numa", "str", "auto | none | remote (a node without the devices) | a host NUMA node number.", "auto",
-           cli=BOTH, ansible=DOM, spec=("variant",)),
+           metavar="NODE", cli=BOTH, ansible=DOM, spec=("variant",)),
     Option("firmware", "str", "efi (UEFI: libvirt picks it from QEMU's firmware descriptors) | bios", "efi",
-           choices=("efi", "bios"), cli=BOTH, ansible=DOM, spec=GUEST),
-    Option("virt_type", "str", "kvm | qemu (TCG, for hosts without KVM)", "kvm", choices=("kvm", "qemu"), cli=BOTH,
+           choices=("efi", "bios"), metavar="efi|bios", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("virt_type", "str", "kvm | qemu (TCG, for hosts without KVM)", "kvm", choices=("kvm", "qemu"),
+           metavar="kvm|qemu", cli=BOTH,
            ansible=DOM, spec=GUEST),
     Option("loader", "path", "UEFI code image by path instead of libvirt's choice (with {nvram_template}).",
            metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
@@ -144,7 +147,8 @@ DOMAIN = OptionSet(
     Option("mdev", "str", "Legacy mdev vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",),
            ansible=DOM),
     Option("vgpu", "str", "SR-IOV vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",), ansible=DOM),
-    Option("uuid", "str", "mdev UUID (default: derived from name, GPU and type).", cli=("xml",), ansible=DOM),
+    Option("uuid", "str", "mdev UUID (default: derived from name, GPU and type).",
+           metavar="UUID", cli=("xml",), ansible=DOM),
     Option("disk", "path", "Boot disk image (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
     Option("kernel", "path", "Direct kernel boot (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM,
            spec=GUEST),
@@ -162,12 +166,13 @@ DOMAIN = OptionSet(
     Option("force", "bool", "Share cores / accept short hugepages; an attach also overrides the overridable bind "
            "checks.", False, cli=BOTH, ansible=DOM),
     Option("topology", "str", "auto | mirror | flat: mirror the host's PCIe switches and root complexes in the "
-           "guest (auto: for two or more devices).", "auto", choices=("auto", "mirror", "flat"), cli=BOTH,
+           "guest (auto: for two or more devices).", "auto", choices=("auto", "mirror", "flat"),
+           metavar="auto|mirror|flat", cli=BOTH,
            ansible=DOM, spec=GUEST),
     Option("p2p", "str", "auto | off | force: P2P cliques (x-nv-gpudirect-clique) for GPUs in IOMMU groups of "
            "their own, as far apart as NCCL's default P2P level allows on this CPU and never for GeForce cards; "
            "force: as far as the IOMMU groups allow, GeForce too (the plan warns).", "auto",
-           choices=("auto", "off", "force"), cli=BOTH, ansible=DOM, spec=GUEST),
+           choices=("auto", "off", "force"), metavar="auto|off|force", cli=BOTH, ansible=DOM, spec=GUEST),
     Option("qemu_version", "str", "QEMU version the domain will run on (default: asked from libvirt when a "
            "connection is used).", metavar="X.Y", cli=BOTH, ansible=DOM),
 )
@@ -177,12 +182,12 @@ SECONDS = 24 * 3600.0  # the longest wait any timeout takes (ops.context.checked
 
 SSH = OptionSet(
     "ssh",
-    Option("ssh_host", "str", "Guest address (default: discovered through libvirt).", cli=GUEST_CMDS,
+    Option("ssh_host", "str", "Guest address (default: discovered through libvirt).", metavar="HOST", cli=GUEST_CMDS,
            ansible=MODULES, spec=GUEST_SSH, key="host"),
     Option("ssh_port", "int", "Guest SSH port (default: discovered, else 22).", minimum=1, maximum=65535,
-           cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH, key="port"),
+           metavar="PORT", cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH, key="port"),
     Option("ssh_user", "str", "Guest user (default: the SSH config's User, else root).", pattern=USER_PATTERN,
-           cli=GUEST_CMDS + ("xml",), ansible=MODULES, spec=GUEST_SSH, key="user"),
+           metavar="USER", cli=GUEST_CMDS + ("xml",), ansible=MODULES, spec=GUEST_SSH, key="user"),
     Option("ssh_key", "path", "Private key file.", metavar="FILE", cli=GUEST_CMDS + ("xml",), ansible=MODULES,
            spec=GUEST_SSH, key="key"),
     Option("ssh_private_key", "str", "Private key content (kept out of logs); written to a mode 0600 temp file "
@@ -199,10 +204,11 @@ SSH = OptionSet(
            spec=GUEST_SSH),
     Option("trust_on_first_use", "bool", "Accept and record an unknown host key.", False, cli=GUEST_CMDS,
            ansible=MODULES, spec=GUEST_SSH),
-    Option("timeout", "float", "Seconds to wait for SSH.", 60.0, above=0, maximum=SECONDS, cli=("verify",),
+    Option("timeout", "float", "Seconds to wait for SSH.", 60.0, above=0, maximum=SECONDS,
+           metavar="SECONDS", cli=("verify",),
            ansible=("gpuvfio.gpuvfio.verify",)),
     Option("boot_timeout", "float", "Seconds from start until SSH answers.", 300.0, above=0, maximum=SECONDS,
-           cli=("attach",), ansible=DOM, spec=GUEST_SSH),
+           metavar="SECONDS", cli=("attach",), ansible=DOM, spec=GUEST_SSH),
 )
 
 RUN_SPEC = ("run",)
@@ -218,10 +224,11 @@ VERIFY = OptionSet(
     Option("min_gbps", "float", "Absolute bandwidth floor per direction in GB/s, instead of {link_efficiency}.",
            minimum=0.001, maximum=10000.0, metavar="GBPS", cli=GUEST_CMDS, ansible=MODULES, spec=RUN_SPEC),
     Option("size_mib", "int", "Copy buffer in MiB (default 512, as nvbandwidth).", minimum=1, maximum=64 * 1024,
-           cli=GUEST_CMDS, ansible=MODULES, spec=RUN_SPEC),
-    Option("copies", "int", "Copies per sample (default 16).", minimum=1, maximum=1000, cli=GUEST_CMDS,
+           metavar="MIB", cli=GUEST_CMDS, ansible=MODULES, spec=RUN_SPEC),
+    Option("copies", "int", "Copies per sample (default 16).", minimum=1, maximum=1000, metavar="N", cli=GUEST_CMDS,
            ansible=MODULES, spec=RUN_SPEC),
-    Option("samples", "int", "Samples, median reported (default 3).", minimum=1, maximum=1000, cli=GUEST_CMDS,
+    Option("samples", "int", "Samples, median reported (default 3).", minimum=1, maximum=1000,
+           metavar="N", cli=GUEST_CMDS,
            ansible=MODULES, spec=RUN_SPEC),
     Option("probe_timeout", "float", "Allow the in-guest probe this long (slow, emulated guests).", 120.0, above=0,
            maximum=SECONDS, metavar="SECONDS", cli=GUEST_CMDS, ansible=MODULES),

@@ -48,7 +48,9 @@ def xml_cmd(
     ssh: dict = options(SSH, "xml"),
     define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
     update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
-    connect: Annotated[Optional[str], typer.Option("--connect", metavar="URI")] = None,
+    connect: Annotated[Optional[str], typer.Option(
+        "--connect", metavar="URI",
+        help="libvirt URI (for --define, and to ask QEMU's version and other domains' pins).")] = None,
     nccl_topo: Annotated[Optional[str], typer.Option(
         "--nccl-topo", metavar="FILE", help="Also write the predicted NCCL topology file (NCCL_TOPO_FILE) for the "
         "guest; attach writes the real one inside the guest.")] = None,

@@ -135,9 +135,11 @@ def attach_cmd(
 
 
 @commands.command("detach")
-def detach_cmd(name: Annotated[str, typer.Argument(metavar="NAME", autocompletion=_complete_domain)],
+def detach_cmd(name: Annotated[str, typer.Argument(
+                   metavar="NAME", help="The libvirt domain.", autocompletion=_complete_domain)],
                connect: Connect = None,
-               timeout: Annotated[float, typer.Option("--timeout", help="Seconds for ACPI shutdown.")] = 60.0,
+               timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS",
+                                                              help="Seconds for ACPI shutdown.")] = 60.0,
                dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""
     check_uri(connect, source="--connect")

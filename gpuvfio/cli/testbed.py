@@ -102,7 +102,9 @@ def _print_plan(raw: dict) -> None:
 
 
 @testbed_app.command("run")
-def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option("--out", metavar="DIR")], connect: Connect = None,
+def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option(
+                "--out", metavar="DIR", help="Directory for the results and the report (made when missing).")],
+            connect: Connect = None,
             yes: Yes = False, here: HereOption = False, dry_run: DryRun = False, as_json: JsonOption = False,
             root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
@@ -150,7 +152,8 @@ def _finished(spec: Spec, out: str, host: str | None, as_json: bool) -> None:
 
 
 @testbed_app.command("report")
-def report_cmd(out: Annotated[str, typer.Argument(metavar="DIR")], as_json: JsonOption = False) -> None:
+def report_cmd(out: Annotated[str, typer.Argument(
+                  metavar="DIR", help="A testbed run's --out directory.")], as_json: JsonOption = False) -> None:
     """report.md, report.html (self-contained, with plots) and results.json from a run's results."""
     summary = write_report(out)
     if as_json:

@@ -78,7 +78,8 @@ def list_cmd(connect: Annotated[Optional[str], typer.Option(
 @vgpu_app.command("create")
 def create_cmd(address: Address,
                vgpu_type: Annotated[str, typer.Argument(metavar="TYPE", help="Type id or name.")],
-               uuid: Annotated[Optional[str], typer.Option("--uuid", help="mdev UUID (default: random).")] = None,
+               uuid: Annotated[Optional[str], typer.Option("--uuid", metavar="UUID",
+                                                           help="mdev UUID (default: random).")] = None,
                persist: Annotated[bool, typer.Option("--persist", help="Recreate it at boot (mdevctl's store, "
                                                                        "/etc/mdevctl.d).")] = False,
                dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
@@ -102,7 +103,9 @@ def create_cmd(address: Address,
 
 
 @vgpu_app.command("remove")
-def remove_cmd(instance: Annotated[str, typer.Argument(metavar="UUID|VF")], dry_run: DryRun = False,
+def remove_cmd(instance: Annotated[str, typer.Argument(
+                   metavar="UUID|VF", help="The mdev UUID, or the VF holding an SR-IOV vGPU.")],
+               dry_run: DryRun = False,
                as_json: JsonOption = False, root: RootOption = None) -> None:
     """Remove a vGPU instance gpuvfio created (an mdev UUID, or the VF address of an SR-IOV vGPU)."""
     if dry_run:

@@ -33,6 +33,8 @@ from gpuvfio.testbed.spec import guest_request_args, load_spec
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOKS = os.path.join(REPO, "playbooks")
 
+# What every command takes (gpuvfio.cli.lazy.GpuvfioCommand: -v after the command as before it).
+EVERY_COMMAND = {"verbose"}
 # What each command and module takes besides the table's options (their own, not shared).
 COMMAND_OWN = {
     "xml": {"addresses", "device_ids", "define", "update", "connect", "nccl_topo", "dry_run", "as_json", "root"},
@@ -80,7 +82,7 @@ def cli_differences(table, command: str, params: dict) -> list[str]:
             out.append(f"{command}: {option.flag} metavar {param.metavar}")
     names = {o.parameter for o in declared}
     out += [f"{command}: {name} is not in the table" for name in params
-            if name not in names and name not in COMMAND_OWN[command]]
+            if name not in names and name not in COMMAND_OWN[command] | EVERY_COMMAND]
     return out
 
 
