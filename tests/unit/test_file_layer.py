@@ -307,7 +307,8 @@ def test_the_layer_walks_beneath_its_top_without_links(tmp_path, outside):
 
 ANSIBLE_DRIVER = ANSIBLE_MODULE_DRIVER + """
 with patch_module_args(json.loads(sys.argv[3])):
-    runpy.run_path(os.path.join(sys.argv[1], "playbooks", "library", sys.argv[2] + ".py"), run_name="__main__")
+    runpy.run_path(os.path.join(sys.argv[1], "playbooks", "collections", "ansible_collections", "gpuvfio", "gpuvfio",
+                                "plugins", "modules", sys.argv[2] + ".py"), run_name="__main__")
 """
 
 @pytest.mark.parametrize("check", [False, True])
@@ -317,7 +318,7 @@ def test_the_ansible_device_module_never_persists_through_a_linked_etc(ws, outsi
     os.makedirs(os.path.join(ws.root, "etc"), exist_ok=True)
     os.symlink(str(outside), os.path.join(ws.root, "etc", "udev"))
     args = {"root": ws.root, "devices": [GPU], "state": "persisted", "_ansible_check_mode": check}
-    proc = subprocess.run([sys.executable, "-c", ANSIBLE_DRIVER, REPO, "gpuvfio_device", json.dumps(args)],
+    proc = subprocess.run([sys.executable, "-c", ANSIBLE_DRIVER, REPO, "device", json.dumps(args)],
                           capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": REPO}, stdin=subprocess.DEVNULL)
     result = json.loads(proc.stdout)

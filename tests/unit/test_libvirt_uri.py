@@ -255,10 +255,10 @@ def test_completion_opens_nothing_the_policy_refuses(cli, monkeypatch, tmp_path,
 
 
 @pytest.mark.parametrize("name, args", [
-    ("gpuvfio_device", {"devices": ["0000:01:00.0"], "libvirt_uri": "qemu+ext:///system?command=PROG"}),
-    ("gpuvfio_domain", {"name": "g", "devices": ["0000:01:00.0"], "uri": "qemu+ext:///system?command=PROG"}),
-    ("gpuvfio_domain", {"name": "g", "state": "absent", "uri": "qemu+ssh://hv1/system"}),
-    ("gpuvfio_verify", {"domain": "g", "uri": "qemu:///system?netcat=PROG"}),
+    ("device", {"devices": ["0000:01:00.0"], "libvirt_uri": "qemu+ext:///system?command=PROG"}),
+    ("domain", {"name": "g", "devices": ["0000:01:00.0"], "uri": "qemu+ext:///system?command=PROG"}),
+    ("domain", {"name": "g", "state": "absent", "uri": "qemu+ssh://hv1/system"}),
+    ("verify", {"domain": "g", "uri": "qemu:///system?netcat=PROG"}),
 ])
 @pytest.mark.parametrize("check", [True, False])
 def test_ansible_modules_refuse_the_uri_in_check_mode_too(run_module, tmp_path, program, name, args, check):
@@ -266,6 +266,6 @@ def test_ansible_modules_refuse_the_uri_in_check_mode_too(run_module, tmp_path, 
     ws = gpu_workstation(tmp_path / "host")
     args = {key: value.replace("PROG", str(prog)) if isinstance(value, str) else value for key, value in args.items()}
     failed, result = run_module(name, dict(args, root=ws.root, state_dir=str(tmp_path / "s")), check=check)
-    key = "libvirt_uri" if name == "gpuvfio_device" else "uri"
+    key = "libvirt_uri" if name == "device" else "uri"
     assert failed and result["exit_code"] == 2 and result["msg"].startswith(f"{key} "), result
     assert not canary.exists() and not os.path.exists(tmp_path / "s" / "journal.json")
