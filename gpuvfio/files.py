@@ -8,10 +8,10 @@ gpuvfio runs as root on trees it is given, so a path is never trusted for what i
   with O_NOFOLLOW: a link on the way is refused. Links are followed only where a caller means
   to, outside this layer's walk: sysfs's own links by ``HostRoot.resolve_in_sys`` (inside
   ``<root>/sys`` only), a host's /etc links by ``HostRoot.config_path`` (inside the root only).
-* A file is looked at (fstatat, no follow) before it is opened and must be a regular file
-  (sysfs attributes and procfs files are regular files too); it is opened O_NONBLOCK|O_NOCTTY
-  and checked again by fstat, so a FIFO never blocks us and a device is never opened (opening
-  /dev/watchdog arms it).
+* A file is looked at (fstatat, no follow; or the type its directory's listing gave) before it
+  is opened and must be a regular file (sysfs attributes and procfs files are regular files
+  too); it is opened O_NONBLOCK|O_NOCTTY and checked again by fstat, so a FIFO never blocks us
+  and a device is never opened (opening /dev/watchdog arms it).
 * Every read has a bound that fits what it reads; more is an error, not a truncation.
 * A write goes to a new temp file beside its target (O_EXCL|O_NOFOLLOW), is fsynced and renamed
   over the target in the same directory fd; directories are made one component at a time.
@@ -50,18 +50,12 @@ def split(rel: str) -> list[str]:
     return parts
 
 
+_KINDS = {stat.S_IFLNK: "a link", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device",
+          stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+
+
 def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a link"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _walk_error(exc: OSError, where: str):
@@ -90,21 +84,24 @@ def _component_error(exc: OSError, dir_fd: int, part: str, where: str):
     _walk_error(exc, where)
 
 
-def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = False) -> bytes | None:
+def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = False,
+            listed: os.DirEntry | None = None) -> bytes | None:
     """The bytes of the regular file ``name`` in an open directory, at most ``limit`` of them
     (more is UnsafePathError; with ``head``, the first ``limit`` bytes are the answer: a binary
     attribute read in part); None when there is none. A link, FIFO, device or directory there is
-    UnsafePathError."""
-    try:
-        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        return None
-    except OSError as exc:
-        _walk_error(exc, where)
-    if not stat.S_ISREG(before.st_mode):
-        raise NotRegular(f"{where} is {_kind(before.st_mode)}, not a regular file")
+    UnsafePathError. ``listed``: its entry in a listing of the directory (scan_fd) that the caller
+    holds; the type the listing gives (getdents' d_type) is the look before the open then."""
+    if listed is not None and listed.is_file(follow_symlinks=False):
+        before = None
+    else:
+        try:
+            before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            _walk_error(exc, where)
+        if not stat.S_ISREG(before.st_mode):
+            raise NotRegular(f"{where} is {_kind(before.st_mode)}, not a regular file")
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -113,12 +110,18 @@ def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = Fals
         _walk_error(exc, where)
     try:
         now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+        if not stat.S_ISREG(now.st_mode) or (
+                before is not None and (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino)):
             raise NotRegular(f"{where} changed while it was opened")
+        # A file that says its size (a regular file, a sysfs attribute: a page, or a binary
+        # attribute's size) is read in one read(2) of that size + 1; procfs says 0: read to EOF.
+        # Reaching the size it gave is the end: nothing that size or less reads on (fs/kernfs).
+        known = now.st_size
         chunks, size = [], 0
         while size <= limit:
+            want = limit + 1 - size
             try:
-                chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+                chunk = os.read(fd, min(want, known + 1) if known else min(want, 1 << 20))
             except OSError as exc:
                 # sysfs answers EIO/EINVAL/ENODEV/ENXIO for attributes a device does not implement
                 # (link speed without a PCIe capability): no value, not an error.
@@ -130,30 +133,42 @@ def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = Fals
                 break
             chunks.append(chunk)
             size += len(chunk)
+            if size == known:
+                break
         if size > limit:
             if head:
                 return b"".join(chunks)[:limit]
             raise UnsafePathError(f"{where} is larger than {limit} bytes")
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     finally:
         os.close(fd)
 
 
-def list_fd(dir_fd: int, where: str) -> list[str]:
-    """Names in an open directory, unsorted (the caller sorts what it shows)."""
+def scan_fd(dir_fd: int, where: str) -> dict[str, os.DirEntry]:
+    """The entries of an open directory by name, with the types its listing gives (read_at's
+    ``listed``): one getdents pass instead of a stat per name."""
     try:
-        return os.listdir(dir_fd)
+        with os.scandir(dir_fd) as entries:
+            return {entry.name: entry for entry in entries}
     except OSError as exc:
         raise HostReadError(f"cannot list {where}: {exc.strerror or exc}") from None
+
+
+def open_dir_at(dir_fd: int, name: str, where: str) -> int | None:
+    """The fd of directory ``name`` in an open directory (O_NOFOLLOW: a link there is refused);
+    None when it is missing. The caller closes it."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _component_error(exc, dir_fd, name, where)
 
 
 def write_attribute(path: str, data: bytes) -> None:
     """One write(2) to a sysfs attribute, as ``echo`` does it: no O_CREAT, no link followed, a
     regular file only (a FIFO planted in a tree is not written to: O_NONBLOCK and the check)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise
+    mode = os.lstat(path).st_mode  # FileNotFoundError: the caller's answer (the device is gone)
     if not stat.S_ISREG(mode):
         raise NotRegular(f"refusing to write {path}: it is {_kind(mode)}")
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC)
@@ -215,27 +230,19 @@ class Tree:
         try:
             for part in self.base + parts:
                 where = os.path.join(where, part)
-                try:
-                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    next_fd = None
-                except OSError as exc:
-                    _component_error(exc, fd, part, where)
-                if next_fd is None:
-                    if not create:
-                        os.close(fd)
-                        fd = -1
-                        return None
+                next_fd = open_dir_at(fd, part, where)
+                if next_fd is None and create:
                     try:
                         os.mkdir(part, mode, dir_fd=fd)
                     except FileExistsError:
                         pass  # made meanwhile (or a link planted): the open below decides
                     except OSError as exc:
                         _walk_error(exc, where)
-                    try:
-                        next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    except OSError as exc:
-                        _component_error(exc, fd, part, where)
+                    next_fd = open_dir_at(fd, part, where)
+                    if next_fd is None:
+                        raise HostReadError(f"cannot open {where}: removed while it was made")
+                if next_fd is None:
+                    return None
                 os.close(fd)
                 fd = next_fd
             result, fd = fd, -1
@@ -255,10 +262,9 @@ class Tree:
             fd = self.open_dir(split(rel))
         except UnsafePathError:
             return False
-        if fd is None:
-            return False
-        os.close(fd)
-        return True
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names in a directory beneath the top, sorted; empty when it does not exist."""
@@ -337,17 +343,8 @@ class Tree:
         dir_fd, name = self._parent(rel, create=True, mode=dir_mode)
         try:
             tmp = self._temp_name(dir_fd, name)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode,
-                         dir_fd=dir_fd)
             try:
-                try:
-                    view = memoryview(payload)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    if durable:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _write_new(dir_fd, tmp, payload, mode, durable)
                 self._check_replaceable(dir_fd, name, rel)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
@@ -389,16 +386,7 @@ class Tree:
             if link is not None:
                 os.symlink(link, tmp, dir_fd=dir_fd)
             else:
-                payload = data.encode("utf-8") if isinstance(data, str) else (data or b"")
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode,
-                             dir_fd=dir_fd)
-                try:
-                    view = memoryview(payload)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _write_new(dir_fd, tmp, data.encode("utf-8") if isinstance(data, str) else (data or b""), mode, True)
         except OSError as exc:
             raise GpuvfioError(f"cannot write {self.path(rel)}: {exc.strerror or exc}") from None
         finally:
@@ -431,9 +419,7 @@ class Tree:
             return True
         except FileNotFoundError:
             return False
-        except IsADirectoryError:
-            raise UnsafePathError(f"{self.path(rel)} is a directory (not removed)") from None
-        except OSError as exc:
+        except OSError as exc:  # IsADirectoryError among them
             if exc.errno == errno.EISDIR or exc.errno == errno.EPERM:
                 raise UnsafePathError(f"{self.path(rel)} is a directory (not removed)") from None
             raise GpuvfioError(f"cannot remove {self.path(rel)}: {exc.strerror or exc}") from None
@@ -505,11 +491,22 @@ class ReadOnlyTree(Tree):
         self._refuse("removing")
 
 
-def _unlink_quietly(dir_fd: int, name: str) -> None:
+def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool) -> None:
+    """A new file ``name`` (O_EXCL: never an existing one, nor through a link) with ``payload``."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=dir_fd)
     try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
 
 
 # -- single files a user names (an output file, a ROM image, a spec) --------------------------

@@ -437,3 +437,53 @@ def _config(vendor, device, klass, sv, sd, revision, is_bridge, multifunction, s
     else:
         struct.pack_into("<HH", cfg, 0x2C, int(sv, 16), int(sd, 16))
     return bytes(cfg)
+
+
+# -- generated hosts (benchmarks, and the inventory's before/after tests) -------------------------
+NIC_VFS = 127  # ConnectX-7 exposes up to 127 VFs per PF (mlx5 SRIOV_NUM_VFS)
+
+
+def _vf_address(bus: int, n: int) -> str:
+    """VF ``n`` of the PF at ``bus:00.0``: routing ID PF + 1 + n (First VF Offset 1, VF Stride 1,
+    ARI: the whole devfn byte is the function; PCIe base spec 9.3.3.9-10)."""
+    devfn = 1 + n
+    return f"0000:{bus:02x}:{devfn >> 3:02x}.{devfn & 7}"
+
+
+def build_sriov_server(root: str, *, switches_per_socket: int = 4, nic_vfs: int = NIC_VFS) -> HostBuilder:
+    """A two-socket HGX-class server with SR-IOV enabled everywhere: per socket
+    ``switches_per_socket`` PCIe switches, each with one GPU (H100 SXM5), two single-port
+    ConnectX-7 PFs with ``nic_vfs`` VFs each, and an NVMe drive; 4 NVSwitches behind a root
+    port of socket 0. The defaults give 16 PFs x 127 VFs beside 8 GPUs and 4 NVSwitches:
+    2,119 PCI functions, an IOMMU group for each VF."""
+    b = HostBuilder(root)
+    b.iommu("intel", 8)
+    per_socket = b.cpu_topology(2, 56, 2)
+    for node in (0, 1):
+        b.numa_node(node, per_socket[node], 1024, {1048576: (256, 256)})
+    gpu_bars = [(0, 16 * MiB, BAR32), (1, 128 * GiB, BAR64_PREF), (3, 32 * MiB, BAR64_PREF)]
+    for socket in (0, 1):
+        base = socket * 0x80
+        rb = b.root_bus(0, base, numa=socket)
+        b.function(rb, f"0000:{base:02x}:00.0", "8086", "09a2", "060000", reset_method=None)
+        for sw in range(switches_per_socket):
+            up_bus = base + 0x10 + sw * 0x08
+            rp = b.bridge(rb, f"0000:{base:02x}:{sw + 1:02x}.0", "8086", "352a", secondary_bus=up_bus,
+                          link=(5, 16))
+            up = b.bridge(rp, f"0000:{up_bus:02x}:00.0", "1000", "c030", secondary_bus=up_bus + 1, link=(5, 16))
+            ports = [b.bridge(up, f"0000:{up_bus + 1:02x}:{port:02x}.0", "1000", "c030",
+                              secondary_bus=up_bus + 2 + port, link=(5, 16)) for port in range(4)]
+            b.function(ports[0], f"0000:{up_bus + 2:02x}:00.0", "10de", "2330", "030200", driver="nvidia",
+                       link=(5, 16), bars=gpu_bars)
+            for port in (1, 2):
+                bus = up_bus + 2 + port
+                pf = b.function(ports[port], f"0000:{bus:02x}:00.0", "15b3", "1021", "020000",
+                                driver="mlx5_core", link=(5, 16), bars=[(0, 32 * MiB, BAR64_PREF)])
+                b.sriov(pf, nic_vfs, [_vf_address(bus, n) for n in range(nic_vfs)], "101e", "15b3", "020000",
+                        driver="mlx5_core", vf_bar=2 * MiB)
+            b.function(ports[3], f"0000:{up_bus + 5:02x}:00.0", "144d", "a80a", "010802", driver="nvme",
+                       link=(4, 4), bars=[(0, 16 * KiB, BAR32)])
+    sw = b.bridge(b.root_bus(0, 0x7f, numa=0), "0000:7f:01.0", "8086", "352a", secondary_bus=0x7e)
+    for n in range(4):
+        b.function(sw, f"0000:7e:{n:02x}.0", "10de", "22a3", "068000", driver="nvidia")
+    return b

@@ -11,7 +11,8 @@ from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of, say
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import Cell, Column, FormatOption, Listing, chosen_format, print_listing
-from gpuvfio.ops.inventory import DoctorReport, ListReport, doctor_report, dump_host, list_report, open_host
+from gpuvfio.ops.inventory import (DoctorReport, FunctionIndex, ListReport, doctor_report, dump_host, list_report,
+                                   open_host)
 from gpuvfio.ops.selection import check_devices, resolve
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
@@ -102,7 +103,9 @@ def list_cmd(
     check_devices(addresses, device_ids, required=False)
     fmt = chosen_format(output_format, as_json)
     with open_host(root_of(root)) as (host, label):
-        report = list_report(host, show_all=show_all, only=resolve(host, addresses, device_ids))
+        index = FunctionIndex(host)  # ids and groups of every function, read once for both
+        report = list_report(host, show_all=show_all, only=resolve(host, addresses, device_ids, index=index),
+                             index=index)
     if fmt == "json":
         emit_json(report.to_json())
         return

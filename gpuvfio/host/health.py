@@ -20,7 +20,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from gpuvfio.host.root import HostRoot
+from gpuvfio.host.root import HostRoot, SysDir
 from gpuvfio.numbers import hex_uint
 
 PCI_CAPABILITY_LIST = 0x34
@@ -63,14 +63,14 @@ def parse_config(data: bytes | None) -> tuple[bool | None, bool | None]:
     return True, None
 
 
-def read_health(host: HostRoot, device_dir: str, reset_method: list[str] | None) -> Health:
-    """Health of the function whose (resolved) sysfs directory is ``device_dir``."""
-    alive, flr = parse_config(host.read_head(os.path.join(device_dir, "config"), 256))
-    d3cold = host.read(os.path.join(device_dir, "d3cold_allowed"))
+def read_health(directory: SysDir, reset_method: list[str] | None) -> Health:
+    """Health of the function whose sysfs directory is open as ``directory``."""
+    alive, flr = parse_config(directory.data("config", 256, head=True))
+    d3cold = directory.text("d3cold_allowed")
     return Health(alive=alive, flr=flr, reset_method=reset_method,
-                  power_state=host.read(os.path.join(device_dir, "power_state")),
+                  power_state=directory.text("power_state"),
                   d3cold_allowed=None if d3cold is None else d3cold == "1",
-                  power_control=host.read(os.path.join(device_dir, "power", "control")))
+                  power_control=directory.text_in("power", "control"))
 
 
 def device_alive(host: HostRoot, address) -> bool | None:

@@ -18,7 +18,7 @@ from gpuvfio.host.groups import build_groups
 from gpuvfio.host.health import read_health
 from gpuvfio.host.model import Bar, IommuGroup, Link, MdevType, PciFunction, VgpuType
 from gpuvfio.host.numa import MAX_NODE
-from gpuvfio.host.root import HostRoot
+from gpuvfio.host.root import HostRoot, SysDir, SysDirs
 from gpuvfio.numbers import U64_MAX, decimal, hex_uint, uint
 
 PCI_DEVICES = ("bus", "pci", "devices")
@@ -97,45 +97,60 @@ def _address(name: str) -> PciAddress | None:
     return addr
 
 
-def read_function(host: HostRoot, address: PciAddress, *, names=None) -> PciFunction:
-    real_dir = host.resolve_in_sys(host.sys_path(*PCI_DEVICES, str(address)))
-    dir_fd = host.open_dir(real_dir)
-    try:
-        return _read_function(host, address, real_dir, dir_fd, names)
-    finally:
-        os.close(dir_fd)
+def read_function(host: HostRoot, address: PciAddress, *, names=None, dirs: SysDirs | None = None) -> PciFunction:
+    """Every attribute gpuvfio shows of one function; ``dirs``: the pass's open directories."""
+    if dirs is None:
+        with host.sys_dirs() as own:
+            return read_function(host, address, names=names, dirs=own)
+    with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+        return _read_function(host, address, directory, names)
 
 
-def read_ids(host: HostRoot, address: PciAddress) -> tuple[str, str, str]:
-    """(vendor, device, class) of one function, as read_function reads them, and nothing else:
-    what a device selector matches (three small reads instead of a function's dozen)."""
-    real_dir = host.resolve_in_sys(host.sys_path(*PCI_DEVICES, str(address)))
-    dir_fd = host.open_dir(real_dir)
-    try:
-        ids = tuple(_hex_id(host.read_at(dir_fd, name, real_dir), width)
-                    for name, width in (("vendor", 4), ("device", 4), ("class", 6)))
-    finally:
-        os.close(dir_fd)
+def _ids(directory: SysDir) -> tuple[str, str, str]:
+    ids = (_hex_id(directory.text("vendor"), 4), _hex_id(directory.text("device"), 4),
+           _hex_id(directory.text("class"), 6))
     if None in ids:
-        raise HostReadError(f"{real_dir}: missing or malformed vendor/device/class")
+        raise HostReadError(f"{directory.path}: missing or malformed vendor/device/class")
     return ids
 
 
-def _read_function(host: HostRoot, address: PciAddress, real_dir: str, dir_fd: int, names) -> PciFunction:
-    entries = set(host.list_fd(dir_fd, real_dir))
-    read_at, link_at = host.read_at, host.link_name_at
+def read_ids(host: HostRoot, address: PciAddress, dirs: SysDirs | None = None) -> tuple[str, str, str]:
+    """(vendor, device, class) of one function, as read_function reads them, and nothing else:
+    what a device selector matches (three small reads instead of a function's dozen)."""
+    if dirs is None:
+        with host.sys_dirs() as own:
+            return read_ids(host, address, own)
+    with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+        return _ids(directory)
 
-    def attr(name: str) -> str | None:
-        return read_at(dir_fd, name, real_dir) if name in entries else None
 
-    def link(name: str) -> str | None:
-        return link_at(dir_fd, name, real_dir) if name in entries else None
+@dataclass(frozen=True, slots=True)
+class FunctionIds:
+    """What a selector matches and an IOMMU group's viability looks at, read without the rest."""
 
-    vendor = _hex_id(attr("vendor"), 4)
-    device = _hex_id(attr("device"), 4)
-    klass = _hex_id(attr("class"), 6)
-    if vendor is None or device is None or klass is None:
-        raise HostReadError(f"{real_dir}: missing or malformed vendor/device/class")
+    vendor_id: str
+    device_id: str
+    class_id: str
+    iommu_group: int | None
+
+
+def scan_ids(host: HostRoot, dirs: SysDirs | None = None) -> dict[PciAddress, FunctionIds]:
+    """Every function's ids and IOMMU group: three reads and a readlink each, in one pass."""
+    if dirs is None:
+        with host.sys_dirs() as own:
+            return scan_ids(host, own)
+    found = {}
+    for address in list_addresses(host):
+        with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+            found[address] = FunctionIds(*_ids(directory), _int(directory.link("iommu_group")))
+    return found
+
+
+def _read_function(host: HostRoot, address: PciAddress, directory: SysDir, names) -> PciFunction:
+    real_dir = directory.path
+    entries = directory.entries
+    attr, link = directory.text, directory.link
+    vendor, device, klass = _ids(directory)
     fn = PciFunction(address=address, vendor_id=vendor, device_id=device, class_id=klass)
     fn.subsystem_vendor_id = _hex_id(attr("subsystem_vendor"), 4)
     fn.subsystem_device_id = _hex_id(attr("subsystem_device"), 4)
@@ -175,7 +190,7 @@ def _read_function(host: HostRoot, address: PciAddress, real_dir: str, dir_fd: i
     reset = attr("reset_method")
     fn.reset_method = reset.split() if reset is not None else None
     if not fn.is_bridge:
-        fn.health = read_health(host, real_dir, fn.reset_method)
+        fn.health = read_health(directory, fn.reset_method)
     if names is not None:
         fn.vendor_name = names.vendor(vendor)
         fn.device_name = names.device(vendor, device)
@@ -203,8 +218,12 @@ def list_addresses(host: HostRoot) -> list[PciAddress]:
     return sorted(a for a in addresses if a is not None)
 
 
-def read_functions(host: HostRoot, *, names=None) -> dict[PciAddress, PciFunction]:
-    return {a: read_function(host, a, names=names) for a in list_addresses(host)}
+def read_functions(host: HostRoot, addresses: list[PciAddress] | None = None, *,
+                   names=None) -> dict[PciAddress, PciFunction]:
+    """The functions ``addresses`` (every one by default) read whole, in one pass."""
+    with host.sys_dirs() as dirs:
+        return {a: read_function(host, a, names=names, dirs=dirs)
+                for a in (list_addresses(host) if addresses is None else addresses)}
 
 
 @dataclass(slots=True)
@@ -230,3 +249,45 @@ def read_inventory(host: HostRoot, *, names=None) -> Inventory:
     functions = read_functions(host, names=names)
     groups = build_groups(functions) if iommu_groups_present(host) else None
     return Inventory(functions, groups)
+
+
+class FunctionIndex:
+    """The host's functions with their ids and IOMMU groups (scan_ids), read on first use and
+    kept for one command: its selection and the list it shows read them once."""
+
+    def __init__(self, host: HostRoot) -> None:
+        self.host = host
+        self._ids: dict[PciAddress, FunctionIds] | None = None
+
+    @property
+    def ids(self) -> dict[PciAddress, FunctionIds]:
+        if self._ids is None:
+            self._ids = scan_ids(self.host)
+        return self._ids
+
+
+def read_selected(host: HostRoot, chosen: list[PciAddress], index: FunctionIndex, *, names=None) -> Inventory:
+    """The functions ``chosen`` read whole, and the IOMMU groups that hold them: what a list of a
+    few functions shows. A group is judged as build_groups judges it, on all its members (by
+    their ``iommu_group`` links, from the index); a member not chosen is read only for what
+    viability looks at: ids, driver and class name."""
+    with host.sys_dirs() as dirs:
+        functions = {a: read_function(host, a, names=names, dirs=dirs) for a in chosen}
+        if not iommu_groups_present(host):
+            return Inventory(functions, None)
+        wanted = {f.iommu_group for f in functions.values() if f.iommu_group is not None}
+        members = dict(functions)
+        for address, ids in index.ids.items():
+            if ids.iommu_group in wanted and address not in members:
+                members[address] = _member(host, address, ids, dirs, names)
+    return Inventory(functions, build_groups(members))
+
+
+def _member(host: HostRoot, address: PciAddress, ids: FunctionIds, dirs: SysDirs, names) -> PciFunction:
+    with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+        driver = directory.link("driver")
+    fn = PciFunction(address=address, vendor_id=ids.vendor_id, device_id=ids.device_id, class_id=ids.class_id,
+                     driver=driver, iommu_group=ids.iommu_group)
+    if names is not None:
+        fn.class_name = names.class_name(ids.class_id)
+    return fn

@@ -96,6 +96,9 @@ class HostRoot:
         if len(todo) > MAX_COMPONENTS:
             raise UnsafePathError(f"{path[:120]}...: too many path components")
         current, hops = top, 0
+        known = self._known_parent(path, top)
+        if known is not None:
+            current, todo = known, [os.path.basename(path)]
         while todo:
             candidate = os.path.join(current, todo.pop())
             cached = self._resolved.get(candidate)
@@ -131,9 +134,24 @@ class HostRoot:
             parts = [part for part in target_path[len(top):].split("/") if part]
             if len(parts) + len(todo) > MAX_COMPONENTS:
                 raise UnsafePathError(f"{candidate}: too many path components")
-            todo.extend(parts[::-1])
-            current = top
+            known = self._known_parent(target_path, top)
+            if known is not None:
+                todo.append(os.path.basename(target_path))
+                current = known
+            else:
+                todo.extend(parts[::-1])
+                current = top
         return current
+
+    def _known_parent(self, path: str, top: str) -> str | None:
+        """What ``path``'s directory resolved to in an earlier walk (inside ``top``): a walk starts
+        there instead of at ``top`` (a function's link leads under the bridges its siblings'
+        walks resolved), as the walk itself would have found it component by component."""
+        parent = os.path.dirname(path)
+        if len(parent) <= len(top):
+            return None
+        cached = self._resolved.get(parent)
+        return cached if cached is not None and self._inside(cached, top) else None
 
     def resolve_in_sys(self, path: str) -> str:
         """Resolve symlinks in ``path`` component by component, refusing any escape from sys.
@@ -207,18 +225,10 @@ class HostRoot:
         except HostReadError:
             return False
 
-    def open_dir(self, path: str) -> int:
-        """A directory fd for ``read_at``; ``path`` must already be resolved (resolve_in_sys)."""
-        fd = self.tree.open_dir(files.split(self._beneath(path)))
-        if fd is None:
-            raise HostReadError(f"cannot open {path}: missing")
-        return fd
-
-    def read_at(self, dir_fd: int, name: str, where: str) -> str | None:
-        """``read`` for a file in an open directory: the inventory's hot path (hundreds of
-        functions, a dozen files each)."""
-        data = files.read_at(dir_fd, name, files.ATTRIBUTE_LIMIT, f"{where}/{name}")
-        return None if data is None else data.decode("utf-8", "replace").strip()
+    def sys_dirs(self) -> "SysDirs":
+        """Directories under ``<root>/sys`` opened for one pass over them (an inventory); close it
+        (or use ``with``) at the end of the pass."""
+        return SysDirs(self)
 
     def link_name_at(self, dir_fd: int, name: str, where: str) -> str | None:
         """``link_name`` for a link in an open directory ``where``."""
@@ -279,11 +289,6 @@ class HostRoot:
         finally:
             os.close(dir_fd)
 
-    @staticmethod
-    def list_fd(dir_fd: int, where: str) -> list[str]:
-        """Names in an open directory (``open_dir``)."""
-        return files.list_fd(dir_fd, where)
-
     def listdir(self, path: str) -> list[str]:
         """Names in a directory, sorted; empty when the directory does not exist."""
         try:
@@ -300,3 +305,119 @@ class HostRoot:
             if "is not a directory" in str(exc):
                 return []
             raise
+
+
+class SysDir:
+    """One open directory under ``<root>/sys`` (a PCI function's) and, once asked for, its listing:
+    each attribute is one openat under the fd, the listing's type of it the look before the open
+    (files.read_at). Values are read as ``HostRoot.read`` reads them: stripped text, None when
+    absent; a link, FIFO or device in an attribute's place is an error."""
+
+    __slots__ = ("host", "fd", "path", "_entries")
+
+    def __init__(self, host: HostRoot, fd: int, path: str) -> None:
+        self.host, self.fd, self.path = host, fd, path
+        self._entries: dict[str, os.DirEntry] | None = None
+
+    def __enter__(self) -> "SysDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+    @property
+    def entries(self) -> dict[str, os.DirEntry]:
+        if self._entries is None:
+            self._entries = files.scan_fd(self.fd, self.path)
+        return self._entries
+
+    def _listed(self, name: str) -> os.DirEntry | None | bool:
+        """The entry of ``name`` when the directory was listed (False: listed and not there)."""
+        if self._entries is None:
+            return None
+        return self._entries.get(name, False)
+
+    def data(self, name: str, limit: int = files.ATTRIBUTE_LIMIT, *, head: bool = False) -> bytes | None:
+        listed = self._listed(name)
+        if listed is False:
+            return None
+        return files.read_at(self.fd, name, limit, f"{self.path}/{name}", head=head, listed=listed)
+
+    def text(self, name: str) -> str | None:
+        data = self.data(name)
+        return None if data is None else data.decode("utf-8", "replace").strip()
+
+    def link(self, name: str) -> str | None:
+        """The last component of the link ``name``'s target (``driver``, ``iommu_group``), checked
+        as ``HostRoot.link_name`` checks it and never followed."""
+        if self._listed(name) is False:
+            return None
+        return self.host.link_name_at(self.fd, name, self.path)
+
+    def text_in(self, sub: str, name: str) -> str | None:
+        """An attribute in a subdirectory (``power/control``): read under this fd when the listing
+        has a directory there; a link there (followed by sysfs's rules) or anything else is read
+        by its path through ``HostRoot.read``."""
+        entry = self.entries.get(sub)
+        if entry is None:
+            return None
+        if not entry.is_dir(follow_symlinks=False):
+            return self.host.read(os.path.join(self.path, sub, name))
+        fd = files.open_dir_at(self.fd, sub, f"{self.path}/{sub}")
+        if fd is None:
+            return None
+        try:
+            data = files.read_at(fd, name, files.ATTRIBUTE_LIMIT, f"{self.path}/{sub}/{name}")
+        finally:
+            os.close(fd)
+        return None if data is None else data.decode("utf-8", "replace").strip()
+
+
+class SysDirs:
+    """Directories under ``<root>/sys`` opened for one pass: the directories above them (a few
+    dozen bridges above a few thousand functions) are opened once, one component at a time
+    without following a link, and kept until ``close``; a function's own directory is then one
+    openat."""
+
+    def __init__(self, host: HostRoot) -> None:
+        self.host = host
+        self._prefix = host.root.rstrip("/") + "/"
+        self._fds: dict[tuple[str, ...], int] = {}
+
+    def __enter__(self) -> "SysDirs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def open(self, path: str) -> SysDir:
+        """The directory ``path`` names, its sysfs links resolved inside sys (resolve_in_sys)."""
+        real = self.host.resolve_in_sys(path)
+        fd = self._open(files.split(real[len(self._prefix):]))
+        if fd is None:
+            raise HostReadError(f"cannot open {real}: missing")
+        return SysDir(self.host, fd, real)
+
+    def _open(self, parts: list[str]) -> int | None:
+        if not parts:
+            return self.host.tree.open_dir([])
+        have = len(parts) - 1
+        while have > 0 and tuple(parts[:have]) not in self._fds:
+            have -= 1
+        fd = self._fds.get(tuple(parts[:have]))
+        if fd is None:  # the root itself, followed: the caller chose it
+            fd = self.host.tree.open_dir([])
+            if fd is None:
+                return None
+            self._fds[()] = fd
+        for depth in range(have, len(parts)):
+            fd = files.open_dir_at(fd, parts[depth], self._prefix + "/".join(parts[:depth + 1]))
+            if fd is None or depth == len(parts) - 1:
+                return fd
+            self._fds[tuple(parts[:depth + 1])] = fd
+        return None

@@ -15,15 +15,15 @@ from gpuvfio.errors import InputError
 from gpuvfio.host.doctor import FAIL, WARN, Check, run_doctor
 from gpuvfio.host.fixture import dump_host as record
 from gpuvfio.host.fixture import host_from_record, open_host
-from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.inventory import FunctionIndex, Inventory, read_inventory, read_selected
 from gpuvfio.host.kernel import KernelInfo, read_kernel
-from gpuvfio.host.model import IommuGroup, NumaNode, PciFunction
+from gpuvfio.host.model import NVIDIA_VENDOR, IommuGroup, NumaNode, PciFunction
 from gpuvfio.host.numa import read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
 from gpuvfio.virt.connection import connection_versions
 
-__all__ = ["ListReport", "DoctorReport", "HostIdentity", "Accelerator", "IommuMode", "list_report",
+__all__ = ["ListReport", "DoctorReport", "HostIdentity", "Accelerator", "IommuMode", "FunctionIndex", "list_report",
            "inventory_report", "doctor_report", "dump_host", "host_identity", "open_host", "host_from_record"]
 
 
@@ -63,10 +63,23 @@ class DoctorReport:
                 "numa_nodes": [n.to_json() for n in self.numa_nodes]}
 
 
-def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = ()) -> ListReport:
-    """What ``gpuvfio list`` shows: devices and the groups that hold them."""
-    inventory = read_inventory(host, names=PciIds.load(host))
-    return inventory_report(inventory, show_all=show_all, only=only)
+def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = (),
+                index: FunctionIndex | None = None) -> ListReport:
+    """What ``gpuvfio list`` shows: devices and the groups that hold them. Only what is shown is
+    read whole: every function for ``--all``; else the ids and groups of all (``index``, shared
+    with the selection that made ``only``), then the chosen functions and their groups."""
+    names = PciIds.load(host)
+    if show_all and not only:
+        return inventory_report(read_inventory(host, names=names), show_all=True)
+    index = index or FunctionIndex(host)
+    if only:
+        unknown = [str(a) for a in only if a not in index.ids]
+        if unknown:
+            raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+        chosen = sorted(set(only))
+    else:
+        chosen = [a for a, ids in index.ids.items() if ids.vendor_id == NVIDIA_VENDOR]
+    return inventory_report(read_selected(host, chosen, index, names=names), show_all=show_all, only=only)
 
 
 def inventory_report(inventory: Inventory, *, show_all: bool, only: list[PciAddress] = ()) -> ListReport:

@@ -16,7 +16,7 @@ from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.host.inventory import list_addresses, read_ids
+from gpuvfio.host.inventory import FunctionIndex, list_addresses, read_ids
 from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
 from gpuvfio.host.root import HostRoot
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
@@ -50,26 +50,33 @@ def parse_selectors(texts: list[str] | None, ids: list[str] | None) -> tuple[lis
     return [Selector.parse(t) for t in texts or []], [IdFilter.parse(t) for t in ids or []]
 
 
-def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None) -> Selection:
+def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None, *,
+           index: FunctionIndex | None = None) -> Selection:
     """The functions ``texts`` (selectors) and ``ids`` (-d filters, any of which may match) mean
-    on ``host``; with only -d, every function they match. InputError when nothing matches."""
+    on ``host``; with only -d, every function they match. InputError when nothing matches.
+    ``index``: the host's ids read once for the command (gpuvfio list reads them anyway)."""
     selectors, filters = parse_selectors(texts, ids)
     typed = [s.text for s in selectors] + [f"-d {f.text}" for f in filters]
     exact = [s.address for s in selectors]
     if exact and all(a is not None for a in exact) and not filters:
         return Selection(sorted(set(exact)), typed)
-    present = list_addresses(host)
+    present = list(index.ids) if index is not None else list_addresses(host)
     chosen = []
-    for address in present:
-        if selectors and not any(s.matches(address) for s in selectors):
-            continue
-        vendor, device, klass = read_ids(host, address)  # only what a selector looks at
-        named = any(s.address == address for s in selectors)
-        if klass.startswith(PCI_BRIDGE_CLASS) and not named:
-            continue
-        if filters and not any(f.matches(vendor, device, klass) for f in filters):
-            continue
-        chosen.append(address)
+    with host.sys_dirs() as dirs:
+        for address in present:
+            if selectors and not any(s.matches(address) for s in selectors):
+                continue
+            if index is not None:
+                found = index.ids[address]
+                vendor, device, klass = found.vendor_id, found.device_id, found.class_id
+            else:
+                vendor, device, klass = read_ids(host, address, dirs)  # only what a selector looks at
+            named = any(s.address == address for s in selectors)
+            if klass.startswith(PCI_BRIDGE_CLASS) and not named:
+                continue
+            if filters and not any(f.matches(vendor, device, klass) for f in filters):
+                continue
+            chosen.append(address)
     # An exact address that is not on the host stays, for the command's own message.
     on_host = set(present)
     chosen += [a for a in exact if a is not None and a not in on_host and not filters]
@@ -88,14 +95,14 @@ def check_devices(texts: list[str] | None, ids: list[str] | None, *, required: b
 
 
 def resolve(host: HostRoot, texts: list[str] | None, ids: list[str] | None, *, changes: bool = False,
-            yes: bool = False, yes_hint: str = "--yes",
-            tell: Callable[[str], None] = lambda line: None) -> list[PciAddress]:
+            yes: bool = False, yes_hint: str = "--yes", tell: Callable[[str], None] = lambda line: None,
+            index: FunctionIndex | None = None) -> list[PciAddress]:
     """The addresses the arguments mean on ``host`` (every interface: the CLI, the Ansible
     modules, the testbed spec); for a host change, what a selector expanded to is told, and more
     than one physical device needs ``yes``."""
     if not texts and not ids:
         return []
-    selection = select(host, texts, ids)
+    selection = select(host, texts, ids, index=index)
     if selection.expanded and changes:
         tell(f"selected {selection.describe()}")
         selection.confirm(yes, yes_hint)
