@@ -36,7 +36,7 @@ $(APT_STAMP): Makefile
 $(VENV_STAMP): pyproject.toml $(APT_STAMP)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' virtme-ng --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[test,report]' virtme-ng --config-settings editable_mode=compat
 	$(PY) -m compileall -q gpuvfio
 	@touch $@
 

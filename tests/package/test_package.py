@@ -123,6 +123,29 @@ def test_xml_from_the_installed_template(installed):
     assert "<name>a100</name>" in xml and "<hostdev mode='subsystem' type='pci'" in xml
 
 
+def test_attach_plans_from_the_installed_wheel(installed):
+    plan = json.loads(run(installed, "--root", os.path.join(SAMPLES, "epyc-mixed.host"), "attach", "0000:81:00.0",
+                          "--name", "t", "--ssh-host", "192.0.2.7", "--dry-run", "--json").stdout)
+    assert [s["step"] for s in plan["steps"]][:3] == ["bind", "define", "start"]
+
+
+def test_a_hypervisor_install_has_no_plotting_and_the_report_names_its_extra(installed, tmp_path):
+    """gpuvfio without extras (what a hypervisor installs) pulls no matplotlib or numpy; the report,
+    the one command that plots, says which extra to install and writes nothing."""
+    from tests.testbed_data import write_synthetic
+
+    python, _gpuvfio, env, cwd, _wheel = installed
+    for library in ("matplotlib", "numpy"):
+        probe = subprocess.run([python, "-c", f"import {library}"], capture_output=True, text=True, env=env, cwd=cwd)
+        assert probe.returncode == 1 and "ModuleNotFoundError" in probe.stderr, library
+    out = tmp_path / "run"
+    write_synthetic(str(out), reps=2)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    report = run(installed, "testbed", "report", str(out), code=1)
+    assert "pip install 'gpuvfio[report]'" in report.stderr and report.stderr.count("\n") == 1
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
 def test_testbed_plan(installed, tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC)
