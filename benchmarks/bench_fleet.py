@@ -3,7 +3,7 @@
 
 Each host is one of gpuvfio's sample fixtures loaded into its own directory (the four
 samples in turn: an HGX H100, an EPYC host, a host with the IOMMU off, a workstation),
-reached with ``ansible_connection=local``; the gpuvfio_facts module runs once per host
+reached with ``ansible_connection=local``; the gpuvfio.gpuvfio.facts module runs once per host
 (list + doctor + status), then the controller writes the fleet report. ``forks`` is the
 number of hosts unless ``--forks`` says otherwise. Reported: wall time of the whole
 ansible-playbook run, seconds per host, and hosts per second; the best of ``--runs``

@@ -21,15 +21,15 @@ from gpuvfio.host.numa import MAX_NODE, cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
-from gpuvfio.errors import GpuvfioError, Refused
+from gpuvfio.errors import Refused
 from gpuvfio.numbers import uint
 from gpuvfio.virt import lifecycle
-from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
+from gpuvfio.virt.connection import call, connection_versions, libvirt_module
 from gpuvfio.virt.define import DefineResult, define, difference
 from gpuvfio.virt.defined import DefinedDomain, read_defined
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
-__all__ = ["Provisioned", "provision_xml", "defined", "DefinedDomain", "complete_domains", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "defined", "DefinedDomain", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -183,26 +183,3 @@ def existing_domain(ctx: Context, name: str, *, uri: str | None = None, ours_onl
 def differences(wanted_xml: str, current_xml: str) -> list[str]:
     """What defining ``wanted_xml`` would change in ``current_xml`` (see gpuvfio.virt.define)."""
     return difference(wanted_xml, current_xml)
-
-
-def complete_domains(uri: str | None, incomplete: str) -> list[str]:
-    """Shell completion for a domain name: libvirt's domains (read-only connection) that start
-    with what was typed; nothing when libvirt does not answer, is not installed, or is remote (a
-    Tab must not start ssh or wait on the network)."""
-    uri = uri or default_uri()
-    scheme = uri.split(":", 1)[0]
-    if "+" in scheme and not scheme.endswith("+unix") or "://" in uri and uri.split("://", 1)[1][:1] not in ("/", ""):
-        return []
-    try:
-        libvirt = libvirt_module()
-        conn = libvirt.openReadOnly(uri)
-    except GpuvfioError:
-        return []
-    except libvirt.libvirtError:
-        return []
-    try:
-        return sorted(d.name() for d in conn.listAllDomains(0) if d.name().startswith(incomplete or ""))
-    except libvirt.libvirtError:
-        return []
-    finally:
-        conn.close()

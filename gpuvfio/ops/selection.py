@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.errors import InputError, Refused
 from gpuvfio.host.inventory import FunctionIndex, list_addresses, read_ids
 from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
 from gpuvfio.host.root import HostRoot
@@ -131,26 +131,3 @@ def the_gpu(host: HostRoot, addresses: list[PciAddress]) -> PciAddress:
         raise InputError(f"a vGPU takes one GPU, the selection holds {len(gpus)} "
                          f"({', '.join(map(str, gpus)) or 'no display function'})")
     return gpus[0]
-
-
-MAX_COMPLETIONS = 256
-
-
-def complete_devices(root: str | None, incomplete: str) -> list[str]:
-    """Shell completion for a device argument: the host's PCI functions that start with what was
-    typed, in the form it was typed (with or without the domain). Never raises: a completion that
-    cannot read the host offers nothing."""
-    try:
-        addresses = list_addresses(HostRoot(root or None))
-    except (GpuvfioError, OSError):
-        return []
-    typed = (incomplete or "").lower()
-    full = [str(a) for a in addresses]
-    if typed.count(":") < 2 and not typed.startswith("pci_"):  # BB:SS.F for domain 0000, as lspci shows
-        short = {a[len("0000:"):] for a in full if a.startswith("0000:")}
-        offered = sorted({a for a in short if a.startswith(typed)} | {a for a in full if a.startswith(typed)})
-    else:
-        offered = [a for a in full if a.startswith(typed)]
-        offered += [f"pci_{a.replace(':', '_').replace('.', '_')}" for a in full
-                    if f"pci_{a.replace(':', '_').replace('.', '_')}".startswith(typed)]
-    return offered[:MAX_COMPLETIONS]
