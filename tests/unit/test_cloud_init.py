@@ -61,16 +61,17 @@ def bare_host(tmp_path) -> HostRoot:
 
 
 def extract(seed: str, out) -> dict[str, str]:
-    """The image's files, read back by xorriso (Rock Ridge names)."""
+    """The image's files, read back by xorriso (Rock Ridge names; stdio: because xorriso takes a
+    path under /dev, such as /dev/shm, for a drive otherwise)."""
     out.mkdir()
-    subprocess.run([xorriso(), "-osirrox", "on", "-indev", seed, "-extract", "/", str(out)], check=True,
+    subprocess.run([xorriso(), "-osirrox", "on", "-indev", f"stdio:{seed}", "-extract", "/", str(out)], check=True,
                    capture_output=True, timeout=60)
     return {name: (out / name).read_text() for name in sorted(os.listdir(out))}
 
 
 def volume_id(seed: str) -> str:
-    done = subprocess.run([xorriso(), "-indev", seed, "-pvd_info"], capture_output=True, text=True, timeout=60,
-                          check=True)
+    done = subprocess.run([xorriso(), "-indev", f"stdio:{seed}", "-pvd_info"], capture_output=True, text=True,
+                          timeout=60, check=True)
     return [line.split(":", 1)[1].strip() for line in done.stdout.splitlines() if line.startswith("Volume Id")][0]
 
 
