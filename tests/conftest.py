@@ -174,6 +174,8 @@ def pytest_sessionstart(session):
 
 # Test files of many independent, long tests without module fixtures: spread over every worker.
 SPREAD = {"test_hostile.py", "test_fuzz.py"}
+# Test files that build a wheel from the checkout (pip wheel; the role's install task).
+WHEEL_BUILDS = {"test_package.py", "test_lowest_versions.py", "test_playbooks.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -186,7 +188,11 @@ def pytest_collection_modifyitems(config, items):
                                     f"{lane or 'no'} lane folder: move the file or drop the mark")
         if lane:
             item.add_marker(lane)
-        if item.path.name not in SPREAD:
+        if item.path.name in WHEEL_BUILDS:
+            # setuptools builds a wheel inside the source tree (build/, *.egg-info): two builds of
+            # the checkout at once race there, so the files that build one share a worker.
+            item.add_marker(pytest.mark.xdist_group("wheel builds"))
+        elif item.path.name not in SPREAD:
             # pytest-xdist --dist loadgroup: a file's tests stay on one worker (its module fixtures
             # -- a built wheel, an Ansible fleet -- are made once), except SPREAD's.
             item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), TESTS)))
