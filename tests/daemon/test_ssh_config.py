@@ -186,9 +186,9 @@ def test_a_testbeds_remote_hypervisor_takes_the_ssh_config_too(tmp_path, files):
                                     f"  IdentityFile {key}\n  UserKnownHostsFile {known}\n")
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(BASE + f'\n[host]\naddress = "hv-lab"\nknown_hosts = "{known}"\nssh_config = "{config}"\n')
-    target = session_for(load_spec(str(spec_path)).host, None).target
+    target = session_for(load_spec(str(spec_path)).host, None, Runner()).target
     assert (target.host, target.port, target.user, target.identity_files) == ("10.20.30.40", 2222, "ops", (key,))
     spec_path.write_text(BASE + f'\n[host]\naddress = "hv-lab"\nknown_hosts = "{known}"\nssh_config = "{config}"\n'
                                 'user = "root"\nport = 22\n')
-    target = session_for(load_spec(str(spec_path)).host, None).target
+    target = session_for(load_spec(str(spec_path)).host, None, Runner()).target
     assert (target.host, target.port, target.user) == ("10.20.30.40", 22, "root")
