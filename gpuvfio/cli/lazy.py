@@ -5,8 +5,8 @@ command runs.
 
 This is click's documented lazy-loading pattern ("Lazily Loading Subcommands", click 8.1
 docs/complex.rst: a Group whose ``list_commands`` names the commands and whose
-``get_command`` imports one), on typer's group class: typer 0.12+ builds the root group from
-``typer.Typer(cls=...)``. The index is held to the commands it names by a test
+``get_command`` imports one), on typer's group class: typer (0.27 and later, our floor) builds
+the root group from ``typer.Typer(cls=...)``. The index is held to the commands it names by a test
 (tests/unit/test_lazy_commands.py): the same names, the same one-line help.
 """
 
