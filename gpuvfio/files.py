@@ -54,7 +54,8 @@ _KINDS = {stat.S_IFLNK: "a link", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a 
           stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
 
 
-def _kind(mode: int) -> str:
+def kind_name(mode: int) -> str:
+    """'a link', 'a FIFO', ...: what a non-regular file is, for a message."""
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
@@ -101,7 +102,7 @@ def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = Fals
         except OSError as exc:
             _walk_error(exc, where)
         if not stat.S_ISREG(before.st_mode):
-            raise NotRegular(f"{where} is {_kind(before.st_mode)}, not a regular file")
+            raise NotRegular(f"{where} is {kind_name(before.st_mode)}, not a regular file")
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -170,7 +171,7 @@ def write_attribute(path: str, data: bytes) -> None:
     regular file only (a FIFO planted in a tree is not written to: O_NONBLOCK and the check)."""
     mode = os.lstat(path).st_mode  # FileNotFoundError: the caller's answer (the device is gone)
     if not stat.S_ISREG(mode):
-        raise NotRegular(f"refusing to write {path}: it is {_kind(mode)}")
+        raise NotRegular(f"refusing to write {path}: it is {kind_name(mode)}")
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -435,7 +436,7 @@ class Tree:
             except FileNotFoundError:
                 current = None
             if current is not None and not stat.S_ISREG(current.st_mode):
-                raise NotRegular(f"{self.path(rel)} is {_kind(current.st_mode)}, not a regular file")
+                raise NotRegular(f"{self.path(rel)} is {kind_name(current.st_mode)}, not a regular file")
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC,
                          mode, dir_fd=dir_fd)
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -462,7 +463,7 @@ class Tree:
         except FileNotFoundError:
             return
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            raise NotRegular(f"cannot write {self.path(rel)}: it is {_kind(mode)}")
+            raise NotRegular(f"cannot write {self.path(rel)}: it is {kind_name(mode)}")
 
 
 class ReadOnly(GpuvfioError):
@@ -531,7 +532,7 @@ def check_output_path(out: str) -> None:
         raise InputError(f"cannot write {out}: {tree.top} is not a directory")
     current = tree.lstat(name)
     if current is not None and not stat.S_ISREG(current.st_mode):
-        raise InputError(f"cannot write {out}: it is {_kind(current.st_mode)} (give a new name, a regular file, "
+        raise InputError(f"cannot write {out}: it is {kind_name(current.st_mode)} (give a new name, a regular file, "
                          "or - for stdout)")
 
 

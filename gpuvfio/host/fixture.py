@@ -24,7 +24,7 @@ import stat
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
-from gpuvfio.files import Tree, read_regular, scratch_dir, user_dir
+from gpuvfio.files import NotRegular, Tree, read_regular, scratch_dir, user_dir
 from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
@@ -32,6 +32,7 @@ from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
 from gpuvfio.host.nvlink import record_text as nvlink_record
 from gpuvfio.host.root import HostRoot
 from gpuvfio.settings import ROOT_ENV, Settings
+from gpuvfio.tree_filler import TreeFiller
 
 HEADER = "# gpuvfio host fixture v1"
 RECORD_LIMIT = 1 << 20  # a recorded file's first MiB (modules.dep is filtered afterwards)
@@ -278,29 +279,12 @@ def load_fixture(text: str, target: str) -> str:
     lines = text.splitlines()
     if not lines or lines[0].strip() != HEADER:
         raise InputError("not a gpuvfio host fixture (missing header line)")
-    tree = user_dir(target, create=True)
+    user_dir(target, create=True)  # made when missing (its parent must exist)
     top = os.path.realpath(target)
-    tree = Tree(top)
     links: list[tuple[int, str]] = []
     try:
-        for number, line in enumerate(lines[1:], start=2):
-            if not line or line.startswith("#"):
-                continue
-            kind, _, rest = line.partition(" ")
-            rel_esc, _, payload = rest.partition(" ")
-            try:
-                rel = _unesc(rel_esc)
-            except (UnicodeDecodeError, ValueError):
-                raise InputError(f"fixture line {number}: malformed path") from None
-            parts = rel.split("/")
-            if not rel or any(p in ("", ".", "..") or "\0" in p for p in parts):
-                raise InputError(f"fixture line {number}: unsafe path {rel!r}")
-            try:
-                _record(tree, kind, parts, payload, number, rel, top)
-            except UnsafePathError as exc:
-                raise InputError(f"fixture line {number}: {rel}: {exc}") from None
-            if kind == "L" and not _fd_link(parts):
-                links.append((number, rel))
+        with TreeFiller(Tree(top)) as tree:
+            _fill(tree, lines, top, links)
     except GpuvfioError as exc:
         if isinstance(exc, InputError):
             raise
@@ -312,7 +296,30 @@ def load_fixture(text: str, target: str) -> str:
     return target
 
 
-def _record(tree: Tree, kind: str, parts: list[str], payload: str, number: int, rel: str, top: str) -> None:
+def _fill(tree: TreeFiller, lines: list[str], top: str, links: list[tuple[int, str]]) -> None:
+    """Every record of a fixture's lines, written; the links that must be checked once all exist
+    are added to ``links``."""
+    for number, line in enumerate(lines[1:], start=2):
+        if not line or line.startswith("#"):
+            continue
+        kind, _, rest = line.partition(" ")
+        rel_esc, _, payload = rest.partition(" ")
+        try:
+            rel = _unesc(rel_esc)
+        except (UnicodeDecodeError, ValueError):
+            raise InputError(f"fixture line {number}: malformed path") from None
+        parts = rel.split("/")
+        if not rel or any(p in ("", ".", "..") or "\0" in p for p in parts):
+            raise InputError(f"fixture line {number}: unsafe path {rel!r}")
+        try:
+            _record(tree, kind, parts, payload, number, rel, top)
+        except UnsafePathError as exc:
+            raise InputError(f"fixture line {number}: {rel}: {exc}") from None
+        if kind == "L" and not _fd_link(parts):
+            links.append((number, rel))
+
+
+def _record(tree: TreeFiller, kind: str, parts: list[str], payload: str, number: int, rel: str, top: str) -> None:
     if kind == "D":
         tree.make_dir(rel)
     elif kind in ("F", "B"):
@@ -320,9 +327,10 @@ def _record(tree: Tree, kind: str, parts: list[str], payload: str, number: int, 
             data = _unesc(payload).encode("utf-8") if kind == "F" else bytes.fromhex(payload)
         except (ValueError, UnicodeError):
             raise InputError(f"fixture line {number}: bad {'text' if kind == 'F' else 'hex'} data") from None
-        if tree.lstat(rel) is not None and not stat.S_ISREG(tree.lstat(rel).st_mode):
-            raise InputError(f"fixture line {number}: {rel} is a link or a directory already")
-        tree.write(rel, data, durable=False)
+        try:
+            tree.write(rel, data)
+        except NotRegular:
+            raise InputError(f"fixture line {number}: {rel} is a link or a directory already") from None
     elif kind == "L":
         try:
             link_target = _unesc(payload)

@@ -7,6 +7,9 @@ links were exempt, and later records were written through links.
 from __future__ import annotations
 
 import os
+import random
+import signal
+import stat
 
 import pytest
 
@@ -83,3 +86,58 @@ def test_fd_links_stay_data(tmp_path):
 def test_malformed_records_are_bad_input(tmp_path, record, fragment):
     with pytest.raises(InputError, match=fragment):
         load_fixture(fixture("D sys", record), str(tmp_path / "root"))
+
+
+@pytest.mark.parametrize("plant", ["fifo", "device", "directory"])
+def test_a_planted_fifo_device_or_directory_is_refused_not_opened(tmp_path, plant):
+    """The loader writes into a directory the user named: what is already at a record's path and
+    is not a regular file is refused before any open (a FIFO would block, a device could act)."""
+    root = tmp_path / "root"
+    (root / "sys").mkdir(parents=True)
+    target = root / "sys" / "x"
+    if plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "device":
+        os.mknod(target, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    else:
+        target.mkdir()
+    signal.alarm(10)  # a blocking open would hang the test: fail it instead
+    try:
+        with pytest.raises(InputError, match="is a link or a directory already"):
+            load_fixture(fixture("D sys", "F sys/x data"), str(root))
+    finally:
+        signal.alarm(0)
+    assert os.lstat(target).st_mode & 0o170000 == {"fifo": stat.S_IFIFO, "device": stat.S_IFCHR,
+                                                   "directory": stat.S_IFDIR}[plant]
+
+
+def _tree(top: str) -> dict:
+    found = {}
+    for directory, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            rel = os.path.relpath(path, top)
+            if os.path.islink(path):
+                found[rel] = ("L", os.readlink(path))
+            elif os.path.isdir(path):
+                found[rel] = ("D",)
+            else:
+                with open(path, "rb") as handle:
+                    found[rel] = ("F", handle.read())
+    return found
+
+
+def test_records_in_any_order_load_the_same_tree(tmp_path):
+    """The loader keeps the directories of the current path open between records: a sample's
+    records shuffled (directories first, so every parent is there) load the same tree as in
+    their recorded order."""
+    sample = os.path.join(os.path.dirname(__file__), "..", "..", "gpuvfio", "samples", "pcie-switch.host")
+    with open(sample, encoding="utf-8") as handle:
+        header, *records = handle.read().splitlines()
+    shuffled = records[:]
+    random.Random(7).shuffle(shuffled)
+    shuffled.sort(key=lambda line: not line.startswith("D "))
+    in_order = load_fixture("\n".join([header, *records]), str(tmp_path / "a"))
+    any_order = load_fixture("\n".join([header, *shuffled]), str(tmp_path / "b"))
+    assert shuffled != records and len(_tree(in_order)) > 1000
+    assert _tree(in_order) == _tree(any_order)

@@ -11,7 +11,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "gpuvfio")
-FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.strictjson",
+FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.tree_filler",
+              "gpuvfio.strictjson",
               "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.options", "gpuvfio.settings",
               "gpuvfio.commands"}
 # What each layer may import besides itself and the foundation (README "Layout").
@@ -168,6 +169,7 @@ FILE_CALLS = {"open", "io.open", "os.open", "os.fdopen", "os.listdir", "os.scand
               "tarfile.open", "*.read_text", "*.write_text", "*.read_bytes", "*.write_bytes", "*.load_host_keys"}
 FILE_CALL_ALLOWED = {
     "gpuvfio.files": {"*"},
+    "gpuvfio.tree_filler": {"*"},  # the file layer's bulk writer, under its rules (a recording loaded)
     # sysfs's own links, resolved inside <root>/sys (and a host's /etc links inside the root).
     "gpuvfio.host.root": {"os.readlink"},
     # SSH: which ssh binary runs (a lookup on PATH, no file read); tarfile and the TOML/JSON
