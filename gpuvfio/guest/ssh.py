@@ -60,6 +60,8 @@ def _known_hosts_name(host: str, port: int) -> str:
 
 
 NOT_SSH = "not an SSH server"
+# What paramiko (SSHClient._auth, 3.x) raises when it has no key, agent or password to try.
+NO_KEY = "No authentication methods available"
 
 
 def banner_state(host: str, port: int) -> str | None:
@@ -182,6 +184,9 @@ class Session:
                 last = exc
             except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
                 client.close()
+                if str(exc) == NO_KEY:  # nothing to offer: no waiting makes one appear
+                    raise SshError(f"authentication to {target.label()} failed: no key to offer (give an SSH "
+                                   "key, an IdentityFile in the SSH config, or an agent)") from None
                 last = exc
             if time.monotonic() + delay > deadline:
                 raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "

@@ -588,6 +588,8 @@ def test_failed_attach_gives_back_only_what_it_bound(run_module, built_host, gue
             "boot_timeout": 10}
     failed, result = run_module("domain", args, context=ctx)  # no key: SSH refuses
     assert failed and result["attach"]["rolled_back"] == ["destroy", "undefine"], result["attach"]
+    # No key to offer is said at once, not waited on until boot_timeout runs out.
+    assert "no key to offer" in result["msg"] and result["attach"]["steps"][-1]["seconds"] < 5, result["attach"]
     assert kernel.driver_of(GPU) == "vfio-pci" and kernel.driver_of(AUDIO) == "vfio-pci"
 
 
