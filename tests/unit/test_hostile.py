@@ -21,8 +21,6 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from tests.conftest import ANSIBLE_MODULE_DRIVER, ANSIBLE_MODULES_DIR, REPO, gpu_workstation
 
 SEED = int(os.environ.get("GPUVFIO_HOSTILE_SEED", "20261201"))
@@ -191,9 +189,11 @@ class Case:
         return f"seed {SEED} case {self.number}: {self.mutation} at {self.target!r}"
 
 
-# One process per case runs its commands one after another, in-process as `gpuvfio` would (one
-# start-up instead of one per command); each under SIGALRM, which interrupts a blocking open or
-# read, so a hang is reported as one and the next command still runs.
+# One process runs a batch of cases' commands one after another, in-process as `gpuvfio` would
+# (one start-up instead of one per command), each in its case's directory and under SIGALRM,
+# which interrupts a blocking open or read, so a hang is reported as one and the next command
+# still runs. Each case has its own canary directory, so a read outside a root is still the
+# case's.
 DRIVER = r"""
 import io, signal, time, traceback
 sys.path.insert(0, REPO)
@@ -206,7 +206,8 @@ def alarm(*_):
     raise Hung()
 
 signal.signal(signal.SIGALRM, alarm)
-for name, argv in json.loads(sys.argv[2]):
+for number, directory, name, argv in json.loads(sys.argv[2]):
+    os.chdir(directory)
     out, err = io.StringIO(), io.StringIO()
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
@@ -230,7 +231,7 @@ for name, argv in json.loads(sys.argv[2]):
     finally:
         signal.alarm(0)
         sys.stdout, sys.stderr = saved
-    print(json.dumps({"name": name, "code": code, "problem": problem, "out": out.getvalue(), "err": err.getvalue(),
+    print(json.dumps({"case": number, "name": name, "code": code, "problem": problem, "out": out.getvalue(), "err": err.getvalue(),
                       "seconds": time.monotonic() - began}), flush=True)
 """
 
@@ -253,27 +254,49 @@ def _check(result: dict) -> list[str]:
 
 
 TIMES: list = []
+BATCH = 8  # cases to a process
 
 
-def _run_case(case: Case, picks) -> list[str]:
-    commands = [(name, dict(args, root=case.root) if name.startswith("ansible:") else ["--root", case.root, *args])
-                for name, args in picks]
+def run_commands(commands: list) -> tuple[dict, list[str]]:
+    """(case, directory, name, argv) entries run by DRIVER in one process: the results by case,
+    and what went wrong with the process itself (a hang past every alarm, an early end)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GPUVFIO_STATE_DIR", "GPUVFIO_ROOT")}
     env["COLUMNS"] = "120"
     driver = ANSIBLE_MODULE_DRIVER + DRIVER.replace("MODULES_DIR", repr(ANSIBLE_MODULES_DIR)).replace("REPO", repr(REPO)) \
         .replace("TIMEOUT", str(TIMEOUT))
+    by_case: dict = {}
     try:
         proc = subprocess.run([sys.executable, "-c", driver, REPO, json.dumps(commands)], capture_output=True,
-                              timeout=TIMEOUT * (len(commands) + 1), cwd=case.dir, env=env, stdin=subprocess.DEVNULL)
+                              timeout=TIMEOUT * (len(commands) + 1), env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return ["the case's process hung past every command's alarm"]
+        return by_case, ["the process hung past every command's alarm"]
     results = [json.loads(line) for line in proc.stdout.decode("utf-8", "replace").splitlines() if line.startswith("{")]
-    problems = [] if len(results) == len(commands) else [
-        f"the case's process ended early (exit {proc.returncode}): {proc.stderr.decode('utf-8', 'replace')[-600:]}"]
     for result in results:
-        problems += _check(result)
-        TIMES.append((result["seconds"], result["name"], case.label()))
-    return problems
+        by_case.setdefault(result["case"], []).append(result)
+    if len(results) == len(commands):
+        return by_case, []
+    return by_case, [f"the process ended early (exit {proc.returncode}) after {len(results)} of {len(commands)} "
+                     f"commands: {proc.stderr.decode('utf-8', 'replace')[-600:]}"]
+
+
+def _run_batch(batch: list) -> list[tuple]:
+    """The cases of a batch, each with its picks: (case, picks, problems) for each."""
+    commands = [(case.number, case.dir, name,
+                 dict(args, root=case.root) if name.startswith("ansible:") else ["--root", case.root, *args])
+                for case, picks in batch for name, args in picks]
+    for case, _picks in batch:
+        _age(case.canary)
+    before = {case.number: _canary_state(case.canary) for case, _picks in batch}
+    by_case, trouble = run_commands(commands)
+    outcome = []
+    for case, picks in batch:
+        problems = list(trouble)
+        for result in by_case.get(case.number, []):
+            problems += _check(result)
+            TIMES.append((result["seconds"], result["name"], case.label()))
+        problems += [f"outside the root: {p}" for p in _read_changes(before[case.number], _canary_state(case.canary))]
+        outcome.append((case, picks, problems))
+    return outcome
 
 
 def test_this_mount_shows_reads_through_access_times(tmp_path):
@@ -301,18 +324,12 @@ def test_hostile_trees_against_every_command(tmp_path):
         picks = case.rng.sample(COMMANDS, 4)
         jobs.append((case, picks))
 
-    def run_case(job):
-        case, picks = job
-        _age(case.canary)
-        before = _canary_state(case.canary)
-        problems = _run_case(case, picks)
-        problems += [f"outside the root: {p}" for p in _read_changes(before, _canary_state(case.canary))]
-        return case, picks, problems
-
+    batches = [jobs[start:start + BATCH] for start in range(0, len(jobs), BATCH)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for case, picks, problems in pool.map(run_case, jobs):
-            if problems:
-                failures.append(f"{case.label()} [{', '.join(n for n, _ in picks)}]:\n  " + "\n  ".join(problems))
+        for outcome in pool.map(_run_batch, batches):
+            for case, picks, problems in outcome:
+                if problems:
+                    failures.append(f"{case.label()} [{', '.join(n for n, _ in picks)}]:\n  " + "\n  ".join(problems))
     ran = sum(len(picks) for _case, picks in jobs)
     report = f"{len(failures)} of {CASES} cases ({ran} runs) failed:\n" + "\n".join(failures)
     if failures:
@@ -340,14 +357,17 @@ RESULT_HOSTILE = [b"{" * 100_000, b'{"variant": "pt", "kind": "passthrough", "re
                   b'{"variant": "pt", "variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {}}']
 
 
-@pytest.mark.parametrize("number", range(len(SPEC_HOSTILE) + len(RESULT_HOSTILE) + 3))
-def test_hostile_specs_and_results_against_the_testbed_commands(tmp_path, number):
-    canary = str(tmp_path / "outside")
+TESTBED_CASES = len(SPEC_HOSTILE) + len(RESULT_HOSTILE) + 3
+
+
+def _testbed_case(top, number: int):
+    """Case ``number``'s directory: a spec and a results directory, one of them hostile."""
+    case = top / f"testbed-{number}"
+    canary = str(case / "outside")
     _canary(canary)
-    before = _canary_state(canary)
-    out = tmp_path / "out"
+    out = case / "out"
     (out / "results" / "pt").mkdir(parents=True)
-    spec = tmp_path / "spec.toml"
+    spec = case / "spec.toml"
     spec.write_text(SPEC_OK)
     (out / "results" / "pt" / "rep-0.json").write_text(
         '{"variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {"h2d_gbps": 50.0}}')
@@ -357,27 +377,27 @@ def test_hostile_specs_and_results_against_the_testbed_commands(tmp_path, number
     elif extra < 0:
         (out / "results" / "pt" / "rep-1.json").write_bytes(RESULT_HOSTILE[number - len(SPEC_HOSTILE)])
     elif extra == 0:  # the whole results directory a link out
-        os.rename(out / "results", tmp_path / "moved")
+        os.rename(out / "results", case / "moved")
         os.symlink(canary, out / "results")
     elif extra == 1:
         os.symlink(os.path.join(canary, "secret"), out / "identity.json")
     else:
         os.mkfifo(out / "identity.json")
-    case = type("C", (), {"dir": str(tmp_path), "root": "/nonexistent"})()
-    problems = []
-    for name, args in (("testbed-plan", ["testbed", "plan", str(spec)]), ("testbed-report", ["testbed", "report",
-                                                                                              str(out)])):
-        argv = [sys.executable, "-m", "gpuvfio", *args]
-        try:
-            proc = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, cwd=case.dir, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, "PYTHONPATH": REPO})
-        except subprocess.TimeoutExpired:
-            problems.append(f"{name}: hung")
-            continue
-        text = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
-        if proc.returncode not in (0, 1, 2) or "Traceback" in text:
-            problems.append(f"{name}: exit {proc.returncode}: {text[-600:]}")
-        if CANARY_TEXT in text or RAW_CONTROL.search(text):
-            problems.append(f"{name}: printed something it must not: {text[-300:]!r}")
-    problems += _read_changes(before, _canary_state(canary))
-    assert not problems, problems
+    return str(case), canary, [("testbed-plan", ["testbed", "plan", str(spec)]),
+                               ("testbed-report", ["testbed", "report", str(out)])]
+
+
+def test_hostile_specs_and_results_against_the_testbed_commands(tmp_path):
+    """Every hostile spec and results directory against `testbed plan` and `testbed report`, in
+    one process (each command under its alarm, in its case's directory)."""
+    cases = [_testbed_case(tmp_path, number) for number in range(TESTBED_CASES)]
+    before = [_canary_state(canary) for _directory, canary, _commands in cases]
+    by_case, problems = run_commands([(number, directory, name, argv)
+                                      for number, (directory, _canary_dir, commands) in enumerate(cases)
+                                      for name, argv in commands])
+    for number, (_directory, canary, _commands) in enumerate(cases):
+        found = [problem for result in by_case.get(number, []) for problem in _check(result)]
+        found += _read_changes(before[number], _canary_state(canary))
+        problems += [f"case {number}: {problem}" for problem in found]
+    ran = sum(len(results) for results in by_case.values())
+    assert ran == 2 * TESTBED_CASES and not problems, problems
