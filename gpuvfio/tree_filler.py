@@ -13,17 +13,21 @@ import os
 import stat
 
 from gpuvfio.errors import GpuvfioError, HostReadError, UnsafePathError
-from gpuvfio.files import NotRegular, Tree, kind_name, open_dir_at, split
+from gpuvfio.files import NotRegular, Tree, kind_name, open_dir_at
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | _CLOEXEC
+_REWRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 
 
 class TreeFiller:
     """Many records written into one tree, in path order (a recording loaded): the fds of the
     directories on the current path stay open (at most its depth), so a record costs a few
     syscalls instead of a walk from the top. Tree's rules hold: every component is opened
-    O_NOFOLLOW (a link on the way is refused), only regular files are written (O_NOFOLLOW,
-    O_NONBLOCK, checked by fstat). Scratch content: no fsync. Use it as a context manager."""
+    O_NOFOLLOW (a link on the way is refused), only regular files are written (a new one
+    O_EXCL; one already there looked at first, then opened O_NOFOLLOW|O_NONBLOCK and checked by
+    fstat). Paths are lists of components. Scratch content: no fsync. A context manager."""
 
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
@@ -39,87 +43,115 @@ class TreeFiller:
             os.close(fd)
         self._fds, self._parts = [], []
 
+    def _where(self, parts: list[str]) -> str:
+        return self.tree.path("/".join(parts))
+
     def _dir(self, parts: list[str]) -> int:
-        keep = 0
-        while keep < min(len(parts), len(self._parts)) and parts[keep] == self._parts[keep]:
+        held = self._parts
+        keep, most = 0, min(len(parts), len(held))
+        while keep < most and parts[keep] == held[keep]:
             keep += 1
         for fd in self._fds[keep + 1:]:
             os.close(fd)
-        del self._fds[keep + 1:], self._parts[keep:]
+        del self._fds[keep + 1:], held[keep:]
         for part in parts[keep:]:
-            where = self.tree.path("/".join(self._parts + [part]))
-            fd = open_dir_at(self._fds[-1], part, where)
-            if fd is None:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=self._fds[-1])
-                except FileExistsError:
-                    pass  # a link planted there meanwhile: the open below refuses it
-                except OSError as exc:
-                    raise GpuvfioError(f"cannot make {where}: {exc.strerror or exc}") from None
-                fd = open_dir_at(self._fds[-1], part, where)
-                if fd is None:
-                    raise HostReadError(f"cannot open {where}: removed while it was made")
+            _check_component(part)
+            try:
+                fd = os.open(part, _DIR_FLAGS, dir_fd=self._fds[-1])
+            except FileNotFoundError:
+                fd = self._make(part)
+            except OSError:  # a link or a file there: open_dir_at says which, in words
+                fd = open_dir_at(self._fds[-1], part, self._where(held + [part])) or self._make(part)
             self._fds.append(fd)
-            self._parts.append(part)
+            held.append(part)
         return self._fds[-1]
 
-    def _parent(self, rel: str) -> tuple[int, str]:
-        parts = split(rel)
+    def _make(self, part: str) -> int:
+        where = self._where(self._parts + [part])
+        try:
+            os.mkdir(part, 0o755, dir_fd=self._fds[-1])
+        except FileExistsError:
+            pass  # a link planted there meanwhile: the open below refuses it
+        except OSError as exc:
+            raise GpuvfioError(f"cannot make {where}: {exc.strerror or exc}") from None
+        fd = open_dir_at(self._fds[-1], part, where)
+        if fd is None:
+            raise HostReadError(f"cannot open {where}: removed while it was made")
+        return fd
+
+    def _parent(self, parts: list[str]) -> tuple[int, str]:
         if not parts:
             raise UnsafePathError(f"refusing empty file name under {self.tree.path()}")
+        _check_component(parts[-1])
         return self._dir(parts[:-1]), parts[-1]
 
-    def lstat(self, rel: str) -> os.stat_result | None:
-        dir_fd, name = self._parent(rel)
+    def lstat(self, parts: list[str]) -> os.stat_result | None:
+        dir_fd, name = self._parent(parts)
         try:
             return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise HostReadError(f"cannot look at {self.tree.path(rel)}: {exc.strerror or exc}") from None
+            raise HostReadError(f"cannot look at {self._where(parts)}: {exc.strerror or exc}") from None
 
-    def make_dir(self, rel: str) -> None:
-        self._dir(split(rel))
+    def make_dir(self, parts: list[str]) -> None:
+        self._dir(parts)
 
-    def write(self, rel: str, data: bytes) -> None:
-        """``rel`` holds ``data``: a new file, or a regular file there rewritten (never a link,
-        a directory or a FIFO: NotRegular)."""
-        dir_fd, name = self._parent(rel)
-        try:  # looked at before the open: a device planted there is never opened
-            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            mode = stat.S_IFREG
-        if not stat.S_ISREG(mode):
-            raise NotRegular(f"{self.tree.path(rel)} is {kind_name(mode)} already")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
-        try:
-            fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    def write(self, parts: list[str], data: bytes) -> None:
+        """``parts`` holds ``data``: a new file, or a regular file there rewritten (never a link,
+        a directory, a FIFO or a device: NotRegular)."""
+        dir_fd, name = self._parent(parts)
+        try:  # O_EXCL: a new regular file, never anything that was there
+            fd = os.open(name, _NEW_FLAGS, 0o644, dir_fd=dir_fd)
+        except FileExistsError:
+            fd = self._reopen(dir_fd, name, parts)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise NotRegular(f"{self.tree.path(rel)} changed while it was opened") from None
-            raise GpuvfioError(f"cannot write {self.tree.path(rel)}: {exc.strerror or exc}") from None
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise NotRegular(f"{self.tree.path(rel)} is not a regular file")
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
 
-    def symlink(self, rel: str, target: str) -> None:
-        """``rel`` is a link to ``target`` (a file or link there is replaced; a directory is not)."""
-        dir_fd, name = self._parent(rel)
+    def _reopen(self, dir_fd: int, name: str, parts: list[str]) -> int:
+        """A file there already (a record written twice): looked at before the open, so a FIFO
+        or a device planted there is never opened."""
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegular(f"{self._where(parts)} is {kind_name(mode)} already")
         try:
-            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            mode = None
-        if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            raise NotRegular(f"{self.tree.path(rel)} is {kind_name(mode)} already")
+            fd = os.open(name, _REWRITE_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise NotRegular(f"{self._where(parts)} changed while it was opened") from None
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotRegular(f"{self._where(parts)} is not a regular file")
+        return fd
+
+    def symlink(self, parts: list[str], target: str) -> None:
+        """``parts`` is a link to ``target`` (a file or link there is replaced; a directory is not)."""
+        dir_fd, name = self._parent(parts)
         try:
-            if mode is not None:
-                os.unlink(name, dir_fd=dir_fd)
+            os.symlink(target, name, dir_fd=dir_fd)
+            return
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise NotRegular(f"{self._where(parts)} is {kind_name(mode)} already")
+        try:
+            os.unlink(name, dir_fd=dir_fd)
             os.symlink(target, name, dir_fd=dir_fd)
         except OSError as exc:
-            raise GpuvfioError(f"cannot write {self.tree.path(rel)}: {exc.strerror or exc}") from None
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
 
+
+def _check_component(part: str) -> None:
+    """One path component: never empty, '.', '..', nor holding '/' or NUL."""
+    if not part or part in (".", "..") or "/" in part or "\0" in part:
+        raise UnsafePathError(f"refusing path component {part!r}")

@@ -321,14 +321,14 @@ def _fill(tree: TreeFiller, lines: list[str], top: str, links: list[tuple[int, s
 
 def _record(tree: TreeFiller, kind: str, parts: list[str], payload: str, number: int, rel: str, top: str) -> None:
     if kind == "D":
-        tree.make_dir(rel)
+        tree.make_dir(parts)
     elif kind in ("F", "B"):
         try:
             data = _unesc(payload).encode("utf-8") if kind == "F" else bytes.fromhex(payload)
         except (ValueError, UnicodeError):
             raise InputError(f"fixture line {number}: bad {'text' if kind == 'F' else 'hex'} data") from None
         try:
-            tree.write(rel, data)
+            tree.write(parts, data)
         except NotRegular:
             raise InputError(f"fixture line {number}: {rel} is a link or a directory already") from None
     elif kind == "L":
@@ -343,10 +343,10 @@ def _record(tree: TreeFiller, kind: str, parts: list[str], payload: str, number:
             resolved = os.path.normpath(os.path.join(where, link_target))
             if os.path.isabs(link_target) or not resolved.startswith(top + "/"):
                 raise InputError(f"fixture line {number}: link {rel} leaves the root")
-        current = tree.lstat(rel)
+        current = tree.lstat(parts)
         if current is not None and stat.S_ISDIR(current.st_mode):
             raise InputError(f"fixture line {number}: {rel} is a directory already")
-        tree.symlink(rel, link_target)
+        tree.symlink(parts, link_target)
     else:
         raise InputError(f"fixture line {number}: unknown record {kind!r}")
 
