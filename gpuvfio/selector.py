@@ -99,11 +99,16 @@ class IdFilter:
                              "e.g. 10de: or 10de:2330 or 10de::0302)")
         return cls(value, _hex_field(match["vendor"]), _hex_field(match["device"]), _hex_field(match["klass"]))
 
-    def matches(self, vendor_id: str, device_id: str, class_id: str) -> bool:
-        def fits(field: tuple[int, int] | None, text: str) -> bool:
-            if field is None:
-                return True
-            number = hex_uint(text)
-            return number is not None and (number & field[1]) == (field[0] & field[1])
+    def vendor_fits(self, vendor_id: str) -> bool:
+        """The vendor part alone: a function whose vendor does not fit cannot match."""
+        return _fits(self.vendor, vendor_id)
 
-        return fits(self.vendor, vendor_id) and fits(self.device, device_id) and fits(self.klass, class_id[:4])
+    def matches(self, vendor_id: str, device_id: str, class_id: str) -> bool:
+        return _fits(self.vendor, vendor_id) and _fits(self.device, device_id) and _fits(self.klass, class_id[:4])
+
+
+def _fits(field: tuple[int, int] | None, text: str) -> bool:
+    if field is None:
+        return True
+    number = hex_uint(text)
+    return number is not None and (number & field[1]) == (field[0] & field[1])

@@ -134,18 +134,6 @@ class FunctionIds:
     iommu_group: int | None
 
 
-def scan_ids(host: HostRoot, dirs: SysDirs | None = None) -> dict[PciAddress, FunctionIds]:
-    """Every function's ids and IOMMU group: three reads and a readlink each, in one pass."""
-    if dirs is None:
-        with host.sys_dirs() as own:
-            return scan_ids(host, own)
-    found = {}
-    for address in list_addresses(host):
-        with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
-            found[address] = FunctionIds(*_ids(directory), _int(directory.link("iommu_group")))
-    return found
-
-
 def _read_function(host: HostRoot, address: PciAddress, directory: SysDir, names) -> PciFunction:
     real_dir = directory.path
     entries = directory.entries
@@ -252,34 +240,66 @@ def read_inventory(host: HostRoot, *, names=None) -> Inventory:
 
 
 class FunctionIndex:
-    """The host's functions with their ids and IOMMU groups (scan_ids), read on first use and
-    kept for one command: its selection and the list it shows read them once."""
+    """The host's functions, and what a selection or a list of a few of them looks at, each read
+    on first use and kept for one command: a function's vendor alone (most selections decide on
+    it: ``-d 10de:`` and the default NVIDIA list), its ids and group, an IOMMU group's members
+    (from the group's own directory, /sys/kernel/iommu_groups/N/devices: Documentation/ABI/
+    testing/sysfs-kernel-iommu_groups). Reads go through the caller's pass (``dirs``)."""
 
     def __init__(self, host: HostRoot) -> None:
         self.host = host
-        self._ids: dict[PciAddress, FunctionIds] | None = None
+        self._addresses: list[PciAddress] | None = None
+        self._vendors: dict[PciAddress, str] = {}
+        self._ids: dict[PciAddress, FunctionIds] = {}
 
     @property
-    def ids(self) -> dict[PciAddress, FunctionIds]:
-        if self._ids is None:
-            self._ids = scan_ids(self.host)
-        return self._ids
+    def addresses(self) -> list[PciAddress]:
+        if self._addresses is None:
+            self._addresses = list_addresses(self.host)
+        return self._addresses
+
+    def vendor(self, address: PciAddress, dirs: SysDirs) -> str:
+        if address in self._ids:
+            return self._ids[address].vendor_id
+        if address not in self._vendors:
+            with dirs.open(self.host.sys_path(*PCI_DEVICES, str(address))) as directory:
+                vendor = _hex_id(directory.text("vendor"), 4)
+                if vendor is None:
+                    raise HostReadError(f"{directory.path}: missing or malformed vendor")
+            self._vendors[address] = vendor
+        return self._vendors[address]
+
+    def ids(self, address: PciAddress, dirs: SysDirs) -> FunctionIds:
+        found = self._ids.get(address)
+        if found is None:
+            with dirs.open(self.host.sys_path(*PCI_DEVICES, str(address))) as directory:
+                found = FunctionIds(*_ids(directory), _int(directory.link("iommu_group")))
+            self._ids[address] = found
+        return found
+
+    def group_members(self, group: int, dirs: SysDirs) -> list[PciAddress]:
+        """The functions of IOMMU group ``group``: those its directory lists whose own
+        ``iommu_group`` link names it too (build_groups groups by that link)."""
+        listed = self.host.listdir(self.host.sys_path("kernel", "iommu_groups", str(group), "devices"))
+        present = set(self.addresses)
+        members = [a for a in map(_address, listed) if a is not None and a in present]
+        return sorted(a for a in members if self.ids(a, dirs).iommu_group == group)
 
 
 def read_selected(host: HostRoot, chosen: list[PciAddress], index: FunctionIndex, *, names=None) -> Inventory:
     """The functions ``chosen`` read whole, and the IOMMU groups that hold them: what a list of a
-    few functions shows. A group is judged as build_groups judges it, on all its members (by
-    their ``iommu_group`` links, from the index); a member not chosen is read only for what
-    viability looks at: ids, driver and class name."""
+    few functions shows. A group is judged as build_groups judges it, on all its members (the
+    group's directory, from the index); a member not chosen is read only for what viability
+    looks at: ids, driver and class name."""
     with host.sys_dirs() as dirs:
         functions = {a: read_function(host, a, names=names, dirs=dirs) for a in chosen}
         if not iommu_groups_present(host):
             return Inventory(functions, None)
-        wanted = {f.iommu_group for f in functions.values() if f.iommu_group is not None}
         members = dict(functions)
-        for address, ids in index.ids.items():
-            if ids.iommu_group in wanted and address not in members:
-                members[address] = _member(host, address, ids, dirs, names)
+        for group in sorted({f.iommu_group for f in functions.values() if f.iommu_group is not None}):
+            for address in index.group_members(group, dirs):
+                if address not in members:
+                    members[address] = _member(host, address, index.ids(address, dirs), dirs, names)
     return Inventory(functions, build_groups(members))
 
 

@@ -73,12 +73,14 @@ def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = (),
         return inventory_report(read_inventory(host, names=names), show_all=True)
     index = index or FunctionIndex(host)
     if only:
-        unknown = [str(a) for a in only if a not in index.ids]
+        present = set(index.addresses)
+        unknown = [str(a) for a in only if a not in present]
         if unknown:
             raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
         chosen = sorted(set(only))
     else:
-        chosen = [a for a, ids in index.ids.items() if ids.vendor_id == NVIDIA_VENDOR]
+        with host.sys_dirs() as dirs:
+            chosen = [a for a in index.addresses if index.vendor(a, dirs) == NVIDIA_VENDOR]
     return inventory_report(read_selected(host, chosen, index, names=names), show_all=show_all, only=only)
 
 

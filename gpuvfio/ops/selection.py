@@ -60,21 +60,22 @@ def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None
     exact = [s.address for s in selectors]
     if exact and all(a is not None for a in exact) and not filters:
         return Selection(sorted(set(exact)), typed)
-    present = list(index.ids) if index is not None else list_addresses(host)
+    index = index or FunctionIndex(host)
+    present = index.addresses
     chosen = []
     with host.sys_dirs() as dirs:
         for address in present:
             if selectors and not any(s.matches(address) for s in selectors):
                 continue
-            if index is not None:
-                found = index.ids[address]
-                vendor, device, klass = found.vendor_id, found.device_id, found.class_id
-            else:
-                vendor, device, klass = read_ids(host, address, dirs)  # only what a selector looks at
-            named = any(s.address == address for s in selectors)
-            if klass.startswith(PCI_BRIDGE_CLASS) and not named:
+            # A -d filter decides on the vendor alone for most functions: the rest of the ids
+            # are read only where the vendor fits (lspci -d reads no more).
+            if filters and not any(f.vendor_fits(index.vendor(address, dirs)) for f in filters):
                 continue
-            if filters and not any(f.matches(vendor, device, klass) for f in filters):
+            found = index.ids(address, dirs)
+            named = any(s.address == address for s in selectors)
+            if found.class_id.startswith(PCI_BRIDGE_CLASS) and not named:
+                continue
+            if filters and not any(f.matches(found.vendor_id, found.device_id, found.class_id) for f in filters):
                 continue
             chosen.append(address)
     # An exact address that is not on the host stays, for the command's own message.

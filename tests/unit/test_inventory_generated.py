@@ -99,9 +99,9 @@ def _selections(root: str) -> list[tuple[list[str] | None, list[str] | None, boo
     exact address, with and without --all."""
     host = HostRoot(root)
     index = FunctionIndex(host)
-    slots = sorted({f"{a.bus:02x}:{a.slot:02x}" for a in index.ids})
+    slots = sorted({f"{a.bus:02x}:{a.slot:02x}" for a in index.addresses})
     picks = [(None, None), (None, ["10de:"]), (None, ["::0302"]), (None, ["15b3:", "144d:"]),
-             ([str(next(iter(index.ids)))], None)] + [([slot], None) for slot in slots[:12]]
+             ([str(index.addresses[0])], None)] + [([slot], None) for slot in slots[:12]]
     return [(texts, ids, show_all) for texts, ids in picks for show_all in (False, True)]
 
 
