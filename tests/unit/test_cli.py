@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 import pytest
 
@@ -156,3 +157,28 @@ def test_shell_completion_offers_commands_options_devices_and_domains(cli, monke
         assert script.code == 0 and "_GPUVFIO_COMPLETE" in script.out, shell
     assert cli("completion", "tcsh").code == 2
     assert cli("--install-completion").code == 2  # typer's installer (writes ~/.bashrc) is not offered
+
+
+def test_bash_answers_a_command_name_as_gpuvfio_would(cli, monkeypatch, tmp_path):
+    """The bash script answers the first word itself (no process per Tab): bash runs the printed
+    function for the empty word, every prefix of every command name, a word no name starts with
+    and an option; what it offers is what gpuvfio's own completion offers. A word no name fits,
+    and any option, go to gpuvfio (here a stand-in program that says it was asked)."""
+    from gpuvfio.cli.lazy import COMMANDS
+
+    script = tmp_path / "gpuvfio.bash"
+    script.write_text(cli("completion", "bash").out)
+    asked = tmp_path / "gpuvfio"
+    asked.write_text("#!/bin/sh\necho ASKED\n")
+    asked.chmod(0o755)
+    words = sorted({""} | {name[:end] for name in COMMANDS for end in range(1, len(name) + 1)}) + ["zz", "--r"]
+    driver = ('source "$1"; shift; program=$1; shift\n'
+              'for word in "$@"; do COMP_WORDS=(gpuvfio "$word"); COMP_CWORD=1; COMPREPLY=()\n'
+              '  _gpuvfio_completion "$program"; echo "${COMPREPLY[*]}"; done\n')
+    proc = subprocess.run(["bash", "-c", driver, "bash", str(script), str(asked), *words], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    offered = dict(zip(words, proc.stdout.split("\n")))
+    for word in words[:-2]:
+        assert sorted(offered[word].split()) == sorted(_complete(cli, monkeypatch, f"gpuvfio {word}")), word
+    assert offered["zz"] == "ASKED" and offered["--r"] == "ASKED"
