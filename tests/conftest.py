@@ -237,6 +237,20 @@ def regenerate(request):
     return request.config.getoption("--regenerate")
 
 
+def golden_text(path: str, text: str, regenerate: bool) -> str:
+    """The golden file's text, for the caller to compare ``text`` with as it needs (exact JSON,
+    canonical XML). With --regenerate ``text`` is written there first; a missing golden file is
+    written too, and fails the test until it is reviewed and committed."""
+    if regenerate or not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        if not regenerate:
+            pytest.fail(f"golden file {path} was missing and has been written; review and commit it")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
 def build_fakecuda(out, *, nccl: bool = True, old_driver: bool = False) -> str:
     """tests/fakecuda into directory ``out``: libcuda.so.1 (+ the libnvidia-ml.so.1 link to it) and,
     with ``nccl``, libnccl.so.2 (tests/fakecuda/fakenccl.c, which drives the libcuda.so.1 next to it).

@@ -19,7 +19,7 @@ from gpuvfio.errors import Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.binding import (BindPolicy, BindReport, BindStatus, CheckStatus, HeldDevice, Mechanism, Override,
                                  PersistedOverrides, PersistReport, PersistStatus, PlanCheck)
-from tests.conftest import REPO, gpu_workstation
+from tests.conftest import REPO, golden_text, gpu_workstation
 from tests.contexts import sim_context
 from tests.make_samples import sample_path
 from tests.simkernel import SimKernel
@@ -43,14 +43,7 @@ CLI_CASES = {
 def golden(name: str, text: str, regenerate: bool) -> None:
     """``text`` (a command's --json line) is exactly the recorded one: same keys, order, values."""
     path = os.path.join(GOLDEN, f"{name}.json")
-    if regenerate or not os.path.exists(path):
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        if not regenerate:
-            pytest.fail(f"golden file {path} was missing and has been written; review and commit it")
-    with open(path, encoding="utf-8") as handle:
-        expected = handle.read()
+    expected = golden_text(path, text, regenerate)
     assert json.loads(text) == json.loads(expected), f"{name} differs from {path} (pytest --regenerate to accept)"
     assert text == expected, f"{name}: same values as {path}, but not the same text (key order?)"
 

@@ -10,6 +10,7 @@ from lxml import etree
 
 from gpuvfio.domain.render import validate
 from gpuvfio.errors import GpuvfioError
+from tests.conftest import golden_text
 from tests.make_samples import sample_path
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "domain")
@@ -95,14 +96,7 @@ def generated(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden(case, generated, regenerate):
     path = os.path.join(GOLDEN, f"{case}.xml")
-    if regenerate or not os.path.exists(path):
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as handle:
-            handle.write(generated[case])
-        if not regenerate:
-            pytest.fail(f"golden file {path} was missing and has been written; review and commit it")
-    with open(path) as handle:
-        expected = handle.read()
+    expected = golden_text(path, generated[case], regenerate)
     if canonical(generated[case]) != canonical(expected):
         diff = "".join(difflib.unified_diff(pretty(expected), pretty(generated[case]), "golden", "generated"))
         pytest.fail(f"{case} differs from {path} (pytest --regenerate to accept):\n{diff}")

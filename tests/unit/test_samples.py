@@ -6,6 +6,7 @@ import os
 import pytest
 
 from gpuvfio.host.fixture import load_fixture
+from tests.conftest import golden_text
 from tests.lspci import compare, lspci_available, lspci_records
 from tests.make_samples import REPO, SAMPLES, check, sample_path
 
@@ -146,14 +147,7 @@ def test_reports_are_their_goldens(name, cli, regenerate, tmp_path, monkeypatch)
         got[key] = {"exit": result.code, "json": result.json()}
     text = json.dumps(got, indent=1) + "\n"
     path = os.path.join(REPORT_GOLDEN, f"{name}.json")
-    if regenerate or not os.path.exists(path):
-        os.makedirs(REPORT_GOLDEN, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        if not regenerate:
-            pytest.fail(f"golden file {path} was missing and has been written; review and commit it")
-    with open(path, encoding="utf-8") as handle:
-        expected = handle.read()
+    expected = golden_text(path, text, regenerate)
     for key in REPORTS:  # the first report that differs, named
         assert json.dumps(got[key], indent=1) == json.dumps(json.loads(expected)[key], indent=1), (
             f"{name}: {key} differs from {path} (pytest --regenerate to accept)")

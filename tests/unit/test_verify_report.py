@@ -22,7 +22,7 @@ from gpuvfio.guest.verify import parse_probe, parse_verifier, verify_guest
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops import guests
 from gpuvfio.ops.context import Context
-from tests.conftest import REPO, gpu_workstation
+from tests.conftest import REPO, golden_text, gpu_workstation
 from tests.unit.test_verify import AUDIO_LINE, GPU_LINE, H100, gpu_line, probe_text, verifier_json
 
 GOLDEN = os.path.join(REPO, "tests", "golden", "verify")
@@ -90,11 +90,8 @@ GUESTS = {
 
 def golden(name: str, text: str, regenerate: bool) -> None:
     path = os.path.join(GOLDEN, f"{name}.json")
-    if regenerate:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-    with open(path, encoding="utf-8") as handle:
-        assert text == handle.read().rstrip("\n"), f"{name}: the JSON changed (keys, order or values)"
+    expected = golden_text(path, text + "\n", regenerate)
+    assert text == expected.rstrip("\n"), f"{name}: the JSON changed (keys, order or values)"
 
 
 @pytest.mark.parametrize("name", sorted(GUESTS))
