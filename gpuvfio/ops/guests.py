@@ -42,13 +42,14 @@ from gpuvfio.bind.fabric_manager import plan_detach as plan_partitions
 from gpuvfio.ops.context import Context, checked_seconds
 from gpuvfio.ops.plans import Plan, Verdict
 from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file
-from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VERIFY_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
-
-# The steps of a detach, by the names its plan gives them.
-STEP_STOP, STEP_UNDEFINE, STEP_DEACTIVATE, STEP_RESTORE = "stop", "undefine", "deactivate partition", "restore devices"
+# verify_options: for the CLI, the Ansible modules and the testbed, which reach it through here.
+from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
+
+# The steps of a detach, by the names its plan gives them.
+STEP_STOP, STEP_UNDEFINE, STEP_DEACTIVATE, STEP_RESTORE = "stop", "undefine", "deactivate partition", "restore devices"
 
 
 @dataclass(frozen=True)
