@@ -67,16 +67,18 @@ class TreeFiller:
         return self._fds[-1]
 
     def _make(self, part: str) -> int:
-        where = self._where(self._parts + [part])
         try:
             os.mkdir(part, 0o755, dir_fd=self._fds[-1])
         except FileExistsError:
             pass  # a link planted there meanwhile: the open below refuses it
         except OSError as exc:
-            raise GpuvfioError(f"cannot make {where}: {exc.strerror or exc}") from None
-        fd = open_dir_at(self._fds[-1], part, where)
+            raise GpuvfioError(f"cannot make {self._where(self._parts + [part])}: {exc.strerror or exc}") from None
+        try:
+            return os.open(part, _DIR_FLAGS, dir_fd=self._fds[-1])
+        except OSError:  # what is there now, in words (a link planted meanwhile, or gone)
+            fd = open_dir_at(self._fds[-1], part, self._where(self._parts + [part]))
         if fd is None:
-            raise HostReadError(f"cannot open {where}: removed while it was made")
+            raise HostReadError(f"cannot open {self._where(self._parts + [part])}: removed while it was made")
         return fd
 
     def _parent(self, parts: list[str]) -> tuple[int, str]:
