@@ -249,14 +249,25 @@ class FunctionIndex:
     def __init__(self, host: HostRoot) -> None:
         self.host = host
         self._addresses: list[PciAddress] | None = None
+        self._present: frozenset[PciAddress] = frozenset()
         self._vendors: dict[PciAddress, str] = {}
         self._ids: dict[PciAddress, FunctionIds] = {}
 
-    @property
-    def addresses(self) -> list[PciAddress]:
+    def _scan(self) -> None:
         if self._addresses is None:
             self._addresses = list_addresses(self.host)
+            self._present = frozenset(self._addresses)
+
+    @property
+    def addresses(self) -> list[PciAddress]:
+        self._scan()
         return self._addresses
+
+    @property
+    def present(self) -> frozenset[PciAddress]:
+        """The addresses, for membership tests."""
+        self._scan()
+        return self._present
 
     def vendor(self, address: PciAddress, dirs: SysDirs) -> str:
         if address in self._ids:
@@ -281,8 +292,7 @@ class FunctionIndex:
         """The functions of IOMMU group ``group``: those its directory lists whose own
         ``iommu_group`` link names it too (build_groups groups by that link)."""
         listed = self.host.listdir(self.host.sys_path("kernel", "iommu_groups", str(group), "devices"))
-        present = set(self.addresses)
-        members = [a for a in map(_address, listed) if a is not None and a in present]
+        members = [a for a in map(_address, listed) if a is not None and a in self.present]
         return sorted(a for a in members if self.ids(a, dirs).iommu_group == group)
 
 

@@ -73,8 +73,7 @@ def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = (),
         return inventory_report(read_inventory(host, names=names), show_all=True)
     index = index or FunctionIndex(host)
     if only:
-        present = set(index.addresses)
-        unknown = [str(a) for a in only if a not in present]
+        unknown = [str(a) for a in only if a not in index.present]
         if unknown:
             raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
         chosen = sorted(set(only))

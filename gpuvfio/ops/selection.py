@@ -79,8 +79,7 @@ def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None
                 continue
             chosen.append(address)
     # An exact address that is not on the host stays, for the command's own message.
-    on_host = set(present)
-    chosen += [a for a in exact if a is not None and a not in on_host and not filters]
+    chosen += [a for a in exact if a is not None and a not in index.present and not filters]
     if not chosen:
         raise InputError(f"no PCI function on this host matches {' '.join(typed)}")
     return Selection(sorted(set(chosen)), typed, expanded=True)
