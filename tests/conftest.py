@@ -173,7 +173,10 @@ def pytest_sessionstart(session):
 
 
 # Test files of many independent, long tests without module fixtures: spread over every worker.
-SPREAD = {"test_hostile.py", "test_fuzz.py"}
+# Whole, the longest of them (test_file_layer.py, 37 s of work) could be the last unit left
+# while the other worker waits.
+SPREAD = {"test_hostile.py", "test_fuzz.py", "test_file_layer.py", "test_output.py", "test_testbed.py",
+          "test_vgpu_scheduler.py", "test_binding.py", "test_output_escaping.py"}
 # Test files that build a wheel from the checkout (pip wheel; the role's install task).
 WHEEL_BUILDS = {"test_package.py", "test_lowest_versions.py", "test_playbooks.py"}
 
