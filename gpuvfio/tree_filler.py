@@ -8,7 +8,7 @@ its depth), so a record costs a few syscalls."""
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import stat
 
@@ -18,7 +18,6 @@ from gpuvfio.files import NotRegular, Tree, kind_name, open_dir_at
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | _CLOEXEC
-_REWRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 
 
 class TreeFiller:
@@ -26,8 +25,8 @@ class TreeFiller:
     directories on the current path stay open (at most its depth), so a record costs a few
     syscalls instead of a walk from the top. Tree's rules hold: every component is opened
     O_NOFOLLOW (a link on the way is refused), only regular files are written (a new one
-    O_EXCL; one already there looked at first, then opened O_NOFOLLOW|O_NONBLOCK and checked by
-    fstat). Paths are lists of components. Scratch content: no fsync. A context manager."""
+    O_EXCL; one already there is looked at, never opened, and replaced by a new one renamed over
+    it). Paths are lists of components. Scratch content: no fsync. A context manager."""
 
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
@@ -100,38 +99,49 @@ class TreeFiller:
         self._dir(parts)
 
     def write(self, parts: list[str], data: bytes) -> None:
-        """``parts`` holds ``data``: a new file, or a regular file there rewritten (never a link,
+        """``parts`` holds ``data``: a new file, or a regular file there replaced (never a link,
         a directory, a FIFO or a device: NotRegular)."""
         dir_fd, name = self._parent(parts)
         try:  # O_EXCL: a new regular file, never anything that was there
             fd = os.open(name, _NEW_FLAGS, 0o644, dir_fd=dir_fd)
         except FileExistsError:
-            fd = self._reopen(dir_fd, name, parts)
+            self._replace(dir_fd, name, parts, data)
+            return
         except OSError as exc:
             raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
+        self._write_all(fd, data, parts)
+
+    def _write_all(self, fd: int, data: bytes, parts: list[str]) -> None:
+        """``data`` into a new file's fd, which is closed; ENOSPC and the like in one line."""
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
         finally:
             os.close(fd)
 
-    def _reopen(self, dir_fd: int, name: str, parts: list[str]) -> int:
-        """A file there already (a record written twice): looked at before the open, so a FIFO
-        or a device planted there is never opened."""
-        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    def _replace(self, dir_fd: int, name: str, parts: list[str], data: bytes) -> None:
+        """A file there already (a record written twice): a regular file is replaced by a new one
+        beside it, renamed over it (as Tree.write: never written through, a hard link included);
+        anything else is refused, looked at without being opened."""
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
         if not stat.S_ISREG(mode):
             raise NotRegular(f"{self._where(parts)} is {kind_name(mode)} already")
+        temp = f".{name[:200]}.tmp-{os.getpid()}"
         try:
-            fd = os.open(name, _REWRITE_FLAGS, dir_fd=dir_fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp, dir_fd=dir_fd)
+            self._write_all(os.open(temp, _NEW_FLAGS, 0o644, dir_fd=dir_fd), data, parts)
+            os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise NotRegular(f"{self._where(parts)} changed while it was opened") from None
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
             raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise NotRegular(f"{self._where(parts)} is not a regular file")
-        return fd
 
     def symlink(self, parts: list[str], target: str) -> None:
         """``parts`` is a link to ``target`` (a file or link there is replaced; a directory is not)."""
@@ -143,7 +153,10 @@ class TreeFiller:
             pass
         except OSError as exc:
             raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
-        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError as exc:
+            raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
             raise NotRegular(f"{self._where(parts)} is {kind_name(mode)} already")
         try:

@@ -23,7 +23,7 @@ import re
 import stat
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
+from gpuvfio.errors import GpuvfioError, HostReadError, InputError
 from gpuvfio.files import NotRegular, Tree, read_regular, scratch_dir, user_dir
 from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
@@ -311,9 +311,13 @@ def _fill(tree: TreeFiller, lines: list[str], top: str, links: list[tuple[int, s
         parts = rel.split("/")
         if not rel or any(p in ("", ".", "..") or "\0" in p for p in parts):
             raise InputError(f"fixture line {number}: unsafe path {rel!r}")
+        if not _encodable(rel):
+            raise InputError(f"fixture line {number}: malformed path (not UTF-8)")
         try:
             _record(tree, kind, parts, payload, number, rel, top)
-        except UnsafePathError as exc:
+        except InputError:
+            raise
+        except GpuvfioError as exc:  # a link on the way, a name too long, no space left: this line
             raise InputError(f"fixture line {number}: {rel}: {exc}") from None
         if kind == "L" and not _fd_link(parts):
             links.append((number, rel))
@@ -338,6 +342,8 @@ def _record(tree: TreeFiller, kind: str, parts: list[str], payload: str, number:
             raise InputError(f"fixture line {number}: malformed link target") from None
         if not link_target or "\0" in link_target:
             raise InputError(f"fixture line {number}: empty link target")
+        if not _encodable(link_target):
+            raise InputError(f"fixture line {number}: malformed link target (not UTF-8)")
         if not _fd_link(parts):
             where = os.path.join(top, *parts[:-1])  # the link's real parent: walked without links
             resolved = os.path.normpath(os.path.join(where, link_target))
@@ -349,6 +355,15 @@ def _record(tree: TreeFiller, kind: str, parts: list[str], payload: str, number:
         tree.symlink(parts, link_target)
     else:
         raise InputError(f"fixture line {number}: unknown record {kind!r}")
+
+
+def _encodable(text: str) -> bool:
+    """A name the OS takes: \\ud800 escapes decode to lone surrogates, which UTF-8 has no bytes for."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_fixture(path: str) -> str:

@@ -10,11 +10,14 @@ import os
 import random
 import signal
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from gpuvfio.errors import InputError
 from gpuvfio.host.fixture import HEADER, load_fixture
+from tests.conftest import REPO
 
 FD = "proc/1/fd/9"
 
@@ -141,3 +144,33 @@ def test_records_in_any_order_load_the_same_tree(tmp_path):
     any_order = load_fixture("\n".join([header, *shuffled]), str(tmp_path / "b"))
     assert shuffled != records and len(_tree(in_order)) > 1000
     assert _tree(in_order) == _tree(any_order)
+
+
+def test_a_failed_write_is_one_line_with_its_record(tmp_path):
+    """A record whose bytes cannot be written (no space, a file-size limit) is the loader's one
+    line naming the record, not an OSError (a 64 MiB /dev/shm holds less than a large recording)."""
+    big = tmp_path / "big.host"
+    big.write_text(fixture("D sys", "B sys/config " + "00" * 300_000))
+    code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, (200 << 10, 200 << 10))\n"
+            "from gpuvfio.cli import main\nsys.exit(main(['--root', sys.argv[1], 'list']))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=60,
+                          cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "fixture line 3" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("record", ["F sys/a\\ud800 hi", "L sys/x \\udc80"])
+def test_a_path_or_target_with_no_utf8_bytes_is_bad_input(tmp_path, record):
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_fixture(fixture("D sys", record), str(tmp_path / "root"))
+
+
+def test_a_record_written_twice_replaces_the_file_never_writes_through_it(tmp_path, outside):
+    """Loaded into a directory that holds a hard link to a file outside, a record at the link's
+    name replaces the link's name; the file outside keeps its bytes."""
+    root = tmp_path / "root"
+    (root / "sys").mkdir(parents=True)
+    os.link(outside / "keep", root / "sys" / "x")
+    load_fixture(fixture("D sys", "F sys/x first", "F sys/x second"), str(root))
+    assert (root / "sys" / "x").read_text() == "second"
+    assert (outside / "keep").read_text() == "x"
