@@ -19,7 +19,11 @@ PARALLEL := -n auto --dist loadgroup
 # Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE): every
 # worker would otherwise compile and assertion-rewrite each test module again (11.6 s against
 # 3.6 s to collect tests/unit), and every command a test starts would compile what it imports.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest
+# It goes under the venv (PYTHONPYCACHEPREFIX, which pytest's rewriting honours too), not into
+# __pycache__ folders beside the sources.
+PYCACHE := $(CURDIR)/$(VENV)/pycache
+PYTEST := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(PYCACHE) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	$(PY) -m pytest
 
 .PHONY: all deps demo test test-fast bench samples sample-report docs clean
 
