@@ -24,7 +24,6 @@ import errno
 import os
 import stat
 import sys
-import tempfile
 
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
 
@@ -593,6 +592,8 @@ def scratch_dir(prefix: str):
     """A private temporary directory (0700), removed with everything in it afterwards (rmtree
     does not follow links). Memory-backed /dev/shm when it is there and TMPDIR is not set: a
     recorded host is thousands of small files."""
+    import tempfile  # here, where it is used: the root command and a live host's reads need none
+
     scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.environ.get("TMPDIR") else None
     with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch) as directory:
         yield directory

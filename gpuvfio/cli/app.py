@@ -12,7 +12,6 @@ errors into one line on stderr and an exit status, once:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Annotated, Callable, Optional
@@ -73,6 +72,8 @@ def emit_json(data) -> None:
     # -- C0, DEL, C1 with U+009B, the bidi controls, any non-ASCII -- is written as a \uXXXX
     # escape, so the output is valid JSON whose values load back intact and a terminal showing
     # it raw receives nothing it would act on.
+    import json  # here, where it is used: --help, completion and text output need none
+
     sys.stdout.write(json.dumps(data, ensure_ascii=True) + "\n")
 
 

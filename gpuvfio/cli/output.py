@@ -17,7 +17,6 @@ Markdown, HTML and plots.
 
 from __future__ import annotations
 
-import csv
 import sys
 from dataclasses import dataclass, field
 from typing import Annotated, Optional
@@ -148,6 +147,8 @@ def print_listing(listing: Listing, fmt: str, out=None, notes=None) -> None:
     none; a table, for a person at a terminal, shows them below it."""
     out = out or sys.stdout
     if fmt == "csv":
+        import csv  # here, where it is used: a table or plain text needs none
+
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow([c.title for c in listing.columns])
         for row in listing.rows:
