@@ -9,6 +9,9 @@ ConnectX-7 PFs with 127 VFs each behind PCIe switches, 4 NVSwitches: 2,119 PCI f
    every function, then the rest of the NVIDIA ones only);
 2. ``gpuvfio list --all --json`` <= 1.5x ``lspci -vmm -D -k`` (every function, whole).
 
+Beside each, its floor (benchmarks/typer_floor.py: the same command line parsed by typer alone)
+and gpuvfio's own time above it: its modules and the reading.
+
 Median of interleaved runs. Usage: benchmarks/bench_inventory.py [--runs N] [--json] [--strict]
 """
 
@@ -25,17 +28,19 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
-from ratios import GPUVFIO, Goal, base_env, load, measure, report  # noqa: E402
+from ratios import GPUVFIO, TYPER_FLOOR, Goal, base_env, load, measure, report  # noqa: E402
 from tests.hostbuilder import build_sriov_server  # noqa: E402
 
 
 def goals(root: str) -> list[Goal]:
     lspci = ["lspci", "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci"]
-    ours = [GPUVFIO, "--root", root, "list"]
+    ours, floor = [GPUVFIO, "--root", root, "list"], TYPER_FLOOR + ["--root", root, "list"]
+    selection, whole = ["-d", "10de:", "--json"], ["--all", "--json"]
     return [
-        Goal("list -d 10de: --json / lspci -d 10de: -vmm -D -k", ours + ["-d", "10de:", "--json"],
-             lspci + ["-d", "10de:", "-vmm", "-D", "-k"], 2.0),
-        Goal("list --all --json / lspci -vmm -D -k", ours + ["--all", "--json"], lspci + ["-vmm", "-D", "-k"], 1.5),
+        Goal("list -d 10de: --json / lspci -d 10de: -vmm -D -k", ours + selection,
+             lspci + ["-d", "10de:", "-vmm", "-D", "-k"], 2.0, floor=floor + selection),
+        Goal("list --all --json / lspci -vmm -D -k", ours + whole, lspci + ["-vmm", "-D", "-k"], 1.5,
+             floor=floor + whole),
     ]
 
 
