@@ -176,7 +176,7 @@ def pytest_sessionstart(session):
 # Whole, the longest of them (test_file_layer.py, 37 s of work) could be the last unit left
 # while the other worker waits.
 SPREAD = {"test_hostile.py", "test_fuzz.py", "test_file_layer.py", "test_output.py", "test_testbed.py",
-          "test_vgpu_scheduler.py", "test_binding.py", "test_output_escaping.py"}
+          "test_vgpu_scheduler.py", "test_binding.py", "test_output_escaping.py", "test_benchmarks.py"}
 # Test files that build a wheel from the checkout (pip wheel; the role's install task).
 WHEEL_BUILDS = {"test_package.py", "test_lowest_versions.py", "test_playbooks.py"}
 

@@ -1,10 +1,13 @@
-"""The benchmarks' floor (benchmarks/typer_floor.py) parses what ``gpuvfio list`` parses: the
-same options, flags and repeatable ones, of the same types, under the same root options. If it
-drifted, its time would no longer be the floor under gpuvfio's."""
+"""The start-up and inventory benchmarks (issue 25) as ``make bench`` runs them: each goal timed
+beside its anchor and, where it has one, its floor. The floor (benchmarks/typer_floor.py) parses
+what ``gpuvfio list`` parses: the same options, flags and repeatable ones, of the same types,
+under the same root options. If it drifted, its time would no longer be the floor under
+gpuvfio's."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -54,3 +57,35 @@ def test_the_floor_runs_as_the_benchmark_runs_it_and_loads_no_gpuvfio_module():
     assert proc.returncode == 0, proc.stderr[-2000:]
     # pydantic is there (typer coerced the values); gpuvfio is not.
     assert proc.stdout.split("\n")[-2] == "['pydantic']"
+
+
+def _bench(name: str) -> dict:
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", name), "--runs", "1", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _measured(goal: dict, floored: bool) -> None:
+    assert goal["ours_ms"] > 0 and goal["anchor_ms"] > 0 and goal["ratio"] > 0 and goal["goal"] > 0
+    assert ("floor_ms" in goal) is floored, goal["name"]
+    if floored:
+        assert goal["floor"][0] == sys.executable and goal["floor"][1].endswith("typer_floor.py")
+        assert goal["floor_ratio"] > 0 and goal["own_ms"] == round(goal["ours_ms"] - goal["floor_ms"], 2)
+
+
+def test_the_start_up_benchmark_runs_each_goal_beside_its_anchor_and_floor():
+    report = _bench("bench_startup.py")
+    names = [g["name"] for g in report["goals"]]
+    assert [n.split(" / ")[1].split(" (")[0] for n in names] == ["virt-install --version"] * 3 + ["lspci -nnk"]
+    for goal in report["goals"]:
+        _measured(goal, floored=goal["ours"][-1] in ("--help", "list"))
+
+
+def test_the_inventory_benchmark_reads_the_generated_host_beside_lspci_and_the_floor():
+    report = _bench("bench_inventory.py")
+    assert report["functions"] == 2119
+    for goal in report["goals"]:
+        _measured(goal, floored=True)
+        assert goal["anchor"][0] == "lspci" and goal["ours"][-1] == "--json"
+        assert goal["floor"][2:] == goal["ours"][1:]  # the same command line, parsed by typer alone
