@@ -24,6 +24,13 @@ from gpuvfio.numbers import U64_MAX, decimal, hex_uint, uint
 PCI_DEVICES = ("bus", "pci", "devices")
 
 
+def device_path(host: HostRoot, address: PciAddress) -> str:
+    """``<root>/sys/bus/pci/devices/<address>``, as ``HostRoot.sys_path`` builds it, without
+    checking parts that cannot be unsafe (an address prints as DDDD:BB:SS.F): an inventory asks
+    for it once or twice per function."""
+    return f"{host.sys}/bus/pci/devices/{address}"
+
+
 def _hex_id(text: str | None, width: int) -> str | None:
     if text is None:
         return None
@@ -102,7 +109,7 @@ def read_function(host: HostRoot, address: PciAddress, *, names=None, dirs: SysD
     if dirs is None:
         with host.sys_dirs() as own:
             return read_function(host, address, names=names, dirs=own)
-    with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+    with dirs.open(device_path(host, address)) as directory:
         return _read_function(host, address, directory, names)
 
 
@@ -120,7 +127,7 @@ def read_ids(host: HostRoot, address: PciAddress, dirs: SysDirs | None = None) -
     if dirs is None:
         with host.sys_dirs() as own:
             return read_ids(host, address, own)
-    with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+    with dirs.open(device_path(host, address)) as directory:
         return _ids(directory)
 
 
@@ -273,7 +280,7 @@ class FunctionIndex:
         if address in self._ids:
             return self._ids[address].vendor_id
         if address not in self._vendors:
-            with dirs.open(self.host.sys_path(*PCI_DEVICES, str(address))) as directory:
+            with dirs.open(device_path(self.host, address)) as directory:
                 vendor = _hex_id(directory.text("vendor"), 4)
                 if vendor is None:
                     raise HostReadError(f"{directory.path}: missing or malformed vendor")
@@ -283,7 +290,7 @@ class FunctionIndex:
     def ids(self, address: PciAddress, dirs: SysDirs) -> FunctionIds:
         found = self._ids.get(address)
         if found is None:
-            with dirs.open(self.host.sys_path(*PCI_DEVICES, str(address))) as directory:
+            with dirs.open(device_path(self.host, address)) as directory:
                 found = FunctionIds(*_ids(directory), _int(directory.link("iommu_group")))
             self._ids[address] = found
         return found
@@ -314,7 +321,7 @@ def read_selected(host: HostRoot, chosen: list[PciAddress], index: FunctionIndex
 
 
 def _member(host: HostRoot, address: PciAddress, ids: FunctionIds, dirs: SysDirs, names) -> PciFunction:
-    with dirs.open(host.sys_path(*PCI_DEVICES, str(address))) as directory:
+    with dirs.open(device_path(host, address)) as directory:
         driver = directory.link("driver")
     fn = PciFunction(address=address, vendor_id=ids.vendor_id, device_id=ids.device_id, class_id=ids.class_id,
                      driver=driver, iommu_group=ids.iommu_group)

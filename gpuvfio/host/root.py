@@ -19,7 +19,7 @@ import os
 import stat
 
 from gpuvfio import files
-from gpuvfio.errors import HostReadError, InputError, UnsafePathError
+from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
 from gpuvfio.settings import ROOT_ENV, Settings
 MAX_COMPONENTS = 128  # deeper than any sysfs device path (a switch tree of 30 levels is ~100)
 MAX_LINK_HOPS = 40  # the kernel's own limit on links in one lookup (MAXSYMLINKS)
@@ -383,6 +383,7 @@ class SysDirs:
         self.host = host
         self._prefix = host.root.rstrip("/") + "/"
         self._fds: dict[tuple[str, ...], int] = {}
+        self._held: dict[str, int] = {}  # a directory's fd by the path it was asked by (_hold)
 
     def __enter__(self) -> "SysDirs":
         return self
@@ -391,17 +392,67 @@ class SysDirs:
         self.close()
 
     def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
+        fds, self._fds, held, self._held = self._fds, {}, self._held, {}
+        for fd in [*fds.values(), *held.values()]:
             os.close(fd)
 
     def open(self, path: str) -> SysDir:
         """The directory ``path`` names, its sysfs links resolved inside sys (resolve_in_sys)."""
-        real = self.host.resolve_in_sys(path)
+        path = os.path.normpath(path)
+        real = self.host._resolved.get(path)
+        if real is None:
+            linked = self._open_linked(path)
+            if linked is not None:
+                return linked
+            real = self.host.resolve_in_sys(path)
         fd = self._open(files.split(real[len(self._prefix):]))
         if fd is None:
             raise HostReadError(f"cannot open {real}: missing")
         return SysDir(self.host, fd, real)
+
+    def _open_linked(self, path: str) -> SysDir | None:
+        """A device's directory reached through its link in a directory of links (sys/bus/pci/
+        devices/ADDR -> ../../../devices/pci0000:00/.../ADDR), as HostRoot._resolve reaches it in
+        the common case, with fewer steps: the link read under the held fd of its directory, the
+        target's directory (a bridge, shared by its siblings) resolved and held once, the
+        device's directory opened under it without following a link. Anything else (no link
+        there, an absolute one, a target outside sys, a link to a link) is None: the general
+        walk then says what it is, as it did before."""
+        links, name = os.path.split(path)
+        try:
+            links_fd = self._hold(links)
+            if links_fd is None:
+                return None
+            try:
+                target = os.readlink(name, dir_fd=links_fd)
+            except OSError:
+                return None
+            if os.path.isabs(target):
+                return None
+            # (target is relative: the join is a concatenation, as os.path.join would make it)
+            parent, _, base = os.path.normpath(f"{self.host._resolved[links]}/{target}").rpartition("/")
+            if base in ("", ".", "..") or not self.host._inside(parent, self.host.sys):
+                return None
+            parent_fd = self._hold(parent)
+            if parent_fd is None:
+                return None
+            real = f"{self.host._resolved[parent]}/{base}"
+            fd = files.open_dir_at(parent_fd, base, real)  # O_NOFOLLOW: not a link to a link
+        except GpuvfioError:
+            return None  # the general walk raises its own error for it
+        if fd is None:
+            return None
+        self.host._resolved[path] = real
+        return SysDir(self.host, fd, real)
+
+    def _hold(self, path: str) -> int | None:
+        """The fd of directory ``path`` (its links resolved inside sys), opened once a pass."""
+        fd = self._held.get(path)
+        if fd is None:
+            fd = self._open(files.split(self.host.resolve_in_sys(path)[len(self._prefix):]))
+            if fd is not None:
+                self._held[path] = fd
+        return fd
 
     def _open(self, parts: list[str]) -> int | None:
         if not parts:

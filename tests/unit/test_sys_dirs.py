@@ -1,0 +1,118 @@
+"""A pass's directories (gpuvfio.host.root.SysDirs): a device reached through its link in
+sys/bus/pci/devices is opened in fewer steps than the general walk (HostRoot.resolve_in_sys)
+takes, and must end where that walk ends, or fail as it fails, whatever the link is."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from gpuvfio.errors import GpuvfioError
+from gpuvfio.host.inventory import device_path, list_addresses, read_functions
+from gpuvfio.host.root import HostRoot
+from tests.conftest import gpu_workstation
+
+GPU = "0000:01:00.0"
+
+
+def _walked(root: str, path: str) -> str:
+    """Where the general walk ends for ``path`` on a fresh host (no cache), opened there as a
+    directory; or the error of either."""
+    try:
+        host = HostRoot(root)
+        real = host.resolve_in_sys(path)
+        with host.sys_dirs() as dirs, dirs.open(real) as directory:  # a real path: no link to take
+            return directory.path
+    except GpuvfioError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _opened(host: HostRoot, path: str) -> str:
+    try:
+        with host.sys_dirs() as dirs, dirs.open(path) as directory:
+            assert os.path.samestat(os.fstat(directory.fd), os.stat(directory.path, follow_symlinks=False))
+            return directory.path
+    except GpuvfioError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _relink(root: str, name: str, target: str) -> None:
+    link = os.path.join(root, "sys", "bus", "pci", "devices", name)
+    os.unlink(link)
+    os.symlink(target, link)
+
+
+def _real_gpu(root: str) -> str:
+    return os.path.realpath(os.path.join(root, "sys", "bus", "pci", "devices", GPU))
+
+
+def _alias_link(root: str) -> None:
+    """devices/GPU -> a link inside sys -> the device: the walk follows both."""
+    alias = os.path.join(root, "sys", "devices", "gpu-alias")
+    os.symlink(os.path.relpath(_real_gpu(root), os.path.dirname(alias)), alias)
+    _relink(root, GPU, "../../../devices/gpu-alias")
+
+
+def _linked_bridge(root: str) -> None:
+    """The device's bridge reached through a link inside sys: the walk follows it."""
+    real = _real_gpu(root)
+    bridge = os.path.dirname(real)
+    alias = os.path.join(root, "sys", "devices", "bridge-alias")
+    os.symlink(os.path.relpath(bridge, os.path.dirname(alias)), alias)
+    _relink(root, GPU, f"../../../devices/bridge-alias/{GPU}")
+
+
+def _directory_in_place(root: str) -> None:
+    """No link at all: a directory stands in devices/ (the walk takes it as it is)."""
+    real = _real_gpu(root)
+    link = os.path.join(root, "sys", "bus", "pci", "devices", GPU)
+    os.unlink(link)
+    shutil.copytree(real, link, symlinks=True)
+
+
+CASES = {
+    "as the kernel makes it": lambda root: None,
+    "a link to a link": _alias_link,
+    "a linked bridge": _linked_bridge,
+    "a directory, not a link": _directory_in_place,
+    "an absolute link": lambda root: _relink(root, GPU, _real_gpu(root)),
+    "a link out of sys": lambda root: _relink(root, GPU, "../../../../outside"),
+    "a link to nothing": lambda root: _relink(root, GPU, "../../../devices/none"),
+    "a link to a file": lambda root: _relink(root, GPU, os.path.relpath(
+        os.path.join(_real_gpu(root), "vendor"), os.path.join(root, "sys", "bus", "pci", "devices"))),
+    "a link to itself": lambda root: _relink(root, GPU, GPU),
+    "a link to ..": lambda root: _relink(root, GPU, ".."),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_path, case):
+    root = str(tmp_path / "host")
+    gpu_workstation(root)
+    os.makedirs(tmp_path / "outside" / "x")
+    CASES[case](root)
+    host = HostRoot(root)
+    for address in list_addresses(host):
+        path = device_path(host, address)
+        assert _opened(host, path) == _walked(root, path), address
+    # And again, with the pass's directories and the host's cache warm from the first.
+    with host.sys_dirs() as dirs:
+        for address in list_addresses(host):
+            path = device_path(host, address)
+            try:
+                with dirs.open(path) as directory:
+                    got = directory.path
+            except GpuvfioError as exc:
+                got = f"{type(exc).__name__}: {exc}"
+            assert got == _walked(root, path), address
+
+
+def test_a_pass_holds_each_directory_once_and_closes_every_fd(tmp_path):
+    root = str(tmp_path / "host")
+    gpu_workstation(root)
+    host = HostRoot(root)
+    before = len(os.listdir("/proc/self/fd"))
+    functions = read_functions(host)
+    assert len(os.listdir("/proc/self/fd")) == before and functions[next(iter(functions))].vendor_id
