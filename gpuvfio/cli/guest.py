@@ -16,7 +16,7 @@ from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
 from gpuvfio.ops.context import check_uri, default_uri, live_context
 from gpuvfio.ops.attach_plan import plan_attach
-from gpuvfio.ops.completion import domain_candidates
+from gpuvfio.ops.domain_completion import domain_candidates
 from gpuvfio.ops.domains import domain_request
 from gpuvfio.ops.guests import AttachFailed, attach, detach, parse_expect, plan_detach, verify, verify_options
 from gpuvfio.ops.targets import ssh_from_table

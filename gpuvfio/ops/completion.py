@@ -1,4 +1,5 @@
-"""What a Tab offers: candidate devices and libvirt domains, answered at once.
+"""What a Tab offers for a device: candidates answered at once (a domain's name:
+gpuvfio.ops.domain_completion, which only the guest commands load).
 
 Devices: the functions a passthrough command is for -- NVIDIA GPUs (class 03xx) and NVSwitches
 (class 0680) with the other functions of their slots (a GPU's audio and USB-C functions go with
@@ -8,26 +9,19 @@ spelling each, in the form being typed: ``BB:SS.F`` for domain 0000 as lspci pri
 node-device name) after ``pci_``. The read is light: the names under /sys/bus/pci/devices that
 match what was typed, then vendor and class of those only (gpuvfio.host.inventory.read_ids) and
 whether a function is a VF.
-
-Domains: only from a libvirt reached over a local socket, read-only, and only for as long as a
-person waits on a Tab (COMPLETION_WAIT); a daemon that does not answer offers nothing.
 """
 
 from __future__ import annotations
-
-import threading
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.inventory import PCI_DEVICES, list_addresses, read_ids
 from gpuvfio.host.model import DISPLAY_CLASS
 from gpuvfio.host.root import HostRoot
-from gpuvfio.virt.connection import default_uri, libvirt_module
 
-__all__ = ["device_candidates", "domain_candidates", "MAX_COMPLETIONS", "COMPLETION_WAIT"]
+__all__ = ["device_candidates", "MAX_COMPLETIONS"]
 
 MAX_COMPLETIONS = 200
-COMPLETION_WAIT = 2.0  # seconds a Tab waits on libvirt
 NVIDIA = "10de"
 NVSWITCH_CLASS = "0680"
 
@@ -72,42 +66,3 @@ def device_candidates(root: str | None, incomplete: str) -> list[str]:
     # The other functions of a GPU's or NVSwitch's slot go with it (whatever they match).
     chosen += [a for a in matching if a.device in wanted_slots]
     return [_spellings(a)[form] for a in sorted(set(chosen))][:MAX_COMPLETIONS]
-
-
-def _local(uri: str) -> bool:
-    """A URI libvirt reaches over a local socket (or in this process: test:///): a Tab must not
-    start ssh or wait on the network."""
-    scheme, _, rest = uri.partition(":")
-    if "+" in scheme and not scheme.endswith("+unix"):
-        return False
-    return not rest.startswith("//") or rest[2:3] in ("/", "")
-
-
-def domain_candidates(uri: str | None, incomplete: str, *, wait: float = COMPLETION_WAIT) -> list[str]:
-    """libvirt's domains that start with ``incomplete`` (read-only connection); nothing when
-    libvirt is remote, not installed, refuses, or does not answer within ``wait`` seconds."""
-    uri = uri or default_uri()
-    if not _local(uri):
-        return []
-    found: list[str] = []
-
-    def ask() -> None:
-        try:
-            libvirt = libvirt_module()
-        except GpuvfioError:
-            return
-        try:
-            conn = libvirt.openReadOnly(uri)
-            try:
-                found.extend(sorted(d.name() for d in conn.listAllDomains(0) if d.name().startswith(incomplete or "")))
-            finally:
-                conn.close()
-        except libvirt.libvirtError:
-            return
-
-    # A daemon can accept and never answer: the question runs beside the Tab, which waits no
-    # longer than a person does (a daemon thread: the process ends without it).
-    asking = threading.Thread(target=ask, name="complete-domains", daemon=True)
-    asking.start()
-    asking.join(wait)
-    return list(found) if not asking.is_alive() else []

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from gpuvfio.ops import completion
-from gpuvfio.ops.completion import device_candidates, domain_candidates
+from gpuvfio.ops import domain_completion
+from gpuvfio.ops.completion import device_candidates
+from gpuvfio.ops.domain_completion import domain_candidates
 from tests.conftest import gpu_workstation
 from tests.hostbuilder import build_sriov_server
 
@@ -77,4 +78,4 @@ def test_a_daemon_that_never_answers_offers_nothing_in_time(tmp_path, monkeypatc
     started = time.monotonic()
     assert domain_candidates(f"qemu+unix:///system?socket={path}", "", wait=1.0) == []
     assert time.monotonic() - started < 30  # it came back (a hang would hold the Tab forever)
-    assert completion.COMPLETION_WAIT <= 5
+    assert domain_completion.COMPLETION_WAIT <= 5
