@@ -27,7 +27,7 @@ for _path in (REPO, HERE):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from gpuvfio.host.fixture import dump_host  # noqa: E402
+from gpuvfio.host.recording import dump_host  # noqa: E402
 from gpuvfio.host.root import HostRoot  # noqa: E402
 
 try:

@@ -56,8 +56,8 @@ COMMANDS: dict[str, Entry] = {
                     "devices back."),
     "list": Entry("gpuvfio.cli.inventory", "commands", "Inventory: NVIDIA devices (or --all) with IOMMU group, "
                   "viability, driver, NUMA node, PCIe link and largest BAR."),
-    "doctor": Entry("gpuvfio.cli.inventory", "commands", "Host readiness checks for passthrough, each with a fix."),
-    "dump-host": Entry("gpuvfio.cli.inventory", "commands", "Record what gpuvfio reads from this host into a text "
+    "doctor": Entry("gpuvfio.cli.readiness", "commands", "Host readiness checks for passthrough, each with a fix."),
+    "dump-host": Entry("gpuvfio.cli.readiness", "commands", "Record what gpuvfio reads from this host into a text "
                        "fixture (bug reports, tests)."),
     "topo": Entry("gpuvfio.cli.topology", "commands", "GPU/NIC matrix like nvidia-smi topo -m (X, PIX, PXB, PHB, "
                   "NODE, SYS, NV#), CPU and NUMA affinity, NUMA distances and each device's place in the PCIe tree."),

@@ -21,7 +21,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding, domains, guests, vgpu
 from gpuvfio.ops.guests import VerifyReport
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.inventory import host_identity
+from gpuvfio.ops.identity import host_identity
 from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for, ssh_for
 from gpuvfio.testbed.report import out_tree, read_identity, result_files
 from gpuvfio.testbed.spec import Spec, Variant, boot_timeout as spec_boot_timeout

@@ -1,5 +1,5 @@
 from gpuvfio.address import PciAddress
-from gpuvfio.ops.inventory import doctor_report
+from gpuvfio.ops.readiness import doctor_report
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.nvidia import nvidia_holders
 from tests.conftest import gpu_workstation

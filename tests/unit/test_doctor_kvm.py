@@ -11,9 +11,10 @@ import subprocess
 
 import pytest
 
-from gpuvfio.host.fixture import dump_host, load_fixture
+from gpuvfio.host.fixture import load_fixture
+from gpuvfio.host.recording import dump_host
 from gpuvfio.host.root import HostRoot
-from gpuvfio.ops.inventory import doctor_report
+from gpuvfio.ops.readiness import doctor_report
 from tests.conftest import gpu_workstation
 
 

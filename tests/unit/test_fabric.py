@@ -23,7 +23,8 @@ from gpuvfio.bind.fabric_manager import (FabricManagerClient, FabricManagerError
 from gpuvfio.bind.journal import CorruptJournal, Journal
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.host.fabric import NVLINK_DISABLE, Partition, PartitionGpu, fabric_decision, read_fabric
-from gpuvfio.host.fixture import dump_host, load_fixture
+from gpuvfio.host.fixture import load_fixture
+from gpuvfio.host.recording import dump_host
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.root import HostRoot
 from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder

@@ -13,7 +13,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.health import parse_config, unassigned_bars
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.binding import status
-from gpuvfio.ops.inventory import doctor_report
+from gpuvfio.ops.readiness import doctor_report
 from gpuvfio.ops.reset import ResetMethod, reset
 from tests.unit.test_binding import AUDIO, GPU, NIC, PORT, A, Host
 

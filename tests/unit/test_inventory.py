@@ -114,7 +114,8 @@ def test_without_pci_ids_names_are_null(workstation):
 
 def test_list_and_doctor_reports_hold_the_host_model(workstation):
     from gpuvfio.host.model import IommuGroup, PciFunction
-    from gpuvfio.ops.inventory import doctor_report, list_report
+    from gpuvfio.ops.inventory import list_report
+    from gpuvfio.ops.readiness import doctor_report
 
     host = HostRoot(workstation.root)
     listing = list_report(host, show_all=False)
@@ -134,7 +135,7 @@ def test_list_and_doctor_reports_hold_the_host_model(workstation):
 
 
 def test_host_identity_is_typed_and_serialises_as_the_testbed_reads_it(workstation):
-    from gpuvfio.ops.inventory import IommuMode, host_identity
+    from gpuvfio.ops.identity import IommuMode, host_identity
 
     ident = host_identity(HostRoot(workstation.root), [A("0000:01:00.0"), A("0000:01:00.1")])
     assert ident.iommu_mode is IommuMode.TRANSLATED  # the workstation's command line has no iommu=pt

@@ -62,6 +62,13 @@ def test_a_command_loads_its_own_module_only():
     assert "gpuvfio.cli.inventory" in loaded
     assert loaded.isdisjoint(set(COMMAND_MODULES) - {"gpuvfio.cli.inventory"})
     assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
+    # Nor the services of other commands: the doctor's checks, a host's recording, binding's
+    # journal, libvirt's connection helpers, NVLink (gpuvfio.ops.readiness, gpuvfio.ops.identity,
+    # gpuvfio.ops.domain_completion hold them apart from what list runs).
+    elsewhere = ("gpuvfio.bind", "gpuvfio.virt", "gpuvfio.domain", "gpuvfio.guest", "gpuvfio.vgpu", "gpuvfio.testbed",
+                 "gpuvfio.ops.readiness", "gpuvfio.ops.identity", "gpuvfio.ops.domain_completion",
+                 "gpuvfio.host.doctor", "gpuvfio.host.recording", "gpuvfio.host.nvlink", "gpuvfio.host.kernel")
+    assert not [m for m in loaded if m.startswith(elsewhere)], sorted(m for m in loaded if m.startswith(elsewhere))
 
 
 def test_the_index_names_every_command_its_modules_declare():

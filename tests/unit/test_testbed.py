@@ -453,7 +453,8 @@ def test_describe_mig_backed_variant():
 
 def test_identity_describes_the_system(tmp_path):
     from gpuvfio.address import PciAddress
-    from gpuvfio.ops.inventory import host_identity, open_host
+    from gpuvfio.ops.identity import host_identity
+    from gpuvfio.ops.inventory import open_host
 
     with open_host(sample_path("dgx-h100")) as (host, _label):
         ident = host_identity(host, [PciAddress.parse("0000:1b:00.0"), PciAddress.parse("0000:43:00.0")]).to_json()
@@ -582,7 +583,7 @@ def test_identity_of_a_gpu_pci_ids_does_not_know(tmp_path, monkeypatch):
     attributes) and the run died with an AttributeError before the first variant."""
     from gpuvfio.address import PciAddress
     from gpuvfio.host.root import HostRoot
-    from gpuvfio.ops.inventory import host_identity
+    from gpuvfio.ops.identity import host_identity
     from tests.hostbuilder import HostBuilder
 
     empty = tmp_path / "pci.ids"

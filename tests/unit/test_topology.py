@@ -10,7 +10,8 @@ import pytest
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
-from gpuvfio.host.fixture import dump_host, load_fixture, open_host
+from gpuvfio.host.fixture import load_fixture, open_host
+from gpuvfio.host.recording import dump_host
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.nvlink import (RECORD, NvmlUnusable, parse_recording, read_from_nvml, read_nvlink,
                                  record_text)

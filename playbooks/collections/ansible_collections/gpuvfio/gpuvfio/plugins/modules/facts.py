@@ -86,7 +86,8 @@ from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.common import (
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding
-    from gpuvfio.ops.inventory import DoctorReport, ListReport, doctor_report, list_report
+    from gpuvfio.ops.inventory import ListReport, list_report
+    from gpuvfio.ops.readiness import DoctorReport, doctor_report
 
 
 def summarize(listing: ListReport, doctor: DoctorReport | None) -> dict:
