@@ -120,7 +120,10 @@ class HostRoot:
             hops += 1
             if hops > MAX_LINK_HOPS:
                 raise UnsafePathError(f"too many symlinks at {path}")
-            target = os.readlink(candidate)
+            try:
+                target = os.readlink(candidate)
+            except OSError as exc:  # replaced since the lstat
+                raise HostReadError(f"cannot read link {candidate}: {exc.strerror}") from None
             if os.path.isabs(target):
                 if not host_links:
                     raise UnsafePathError(f"{candidate} links to absolute path {target}")
@@ -383,7 +386,7 @@ class SysDirs:
         self.host = host
         self._prefix = host.root.rstrip("/") + "/"
         self._fds: dict[tuple[str, ...], int] = {}
-        self._held: dict[str, int] = {}  # a directory's fd by the path it was asked by (_hold)
+        self._plain: dict[str, tuple[str, ...] | None] = {}  # _plain_dir's answers
 
     def __enter__(self) -> "SysDirs":
         return self
@@ -392,8 +395,8 @@ class SysDirs:
         self.close()
 
     def close(self) -> None:
-        fds, self._fds, held, self._held = self._fds, {}, self._held, {}
-        for fd in [*fds.values(), *held.values()]:
+        fds, self._fds, self._plain = self._fds, {}, {}
+        for fd in fds.values():
             os.close(fd)
 
     def open(self, path: str) -> SysDir:
@@ -412,32 +415,33 @@ class SysDirs:
 
     def _open_linked(self, path: str) -> SysDir | None:
         """A device's directory reached through its link in a directory of links (sys/bus/pci/
-        devices/ADDR -> ../../../devices/pci0000:00/.../ADDR), as HostRoot._resolve reaches it in
-        the common case, with fewer steps: the link read under the held fd of its directory, the
-        target's directory (a bridge, shared by its siblings) resolved and held once, the
-        device's directory opened under it without following a link. Anything else (no link
-        there, an absolute one, a target outside sys, a link to a link) is None: the general
-        walk then says what it is, as it did before."""
+        devices/ADDR -> ../../../devices/pci0000:00/.../ADDR) in fewer steps than
+        HostRoot._resolve takes to reach it: the link read under the held fd of its directory,
+        the device's directory opened with O_NOFOLLOW under the held fd of the target's
+        directory (a bridge its siblings share). Only where the general walk would follow that
+        one link and no other: both directories have no link on their way (as sysfs makes
+        them), the target is relative, inside sys, within MAX_COMPONENTS and a directory. Else
+        None, and the general walk says what it is."""
         links, name = os.path.split(path)
         try:
-            links_fd = self._hold(links)
-            if links_fd is None:
+            links_key = self._plain_dir(links)
+            if links_key is None:
                 return None
             try:
-                target = os.readlink(name, dir_fd=links_fd)
+                target = os.readlink(name, dir_fd=self._fds[links_key])
             except OSError:
                 return None
             if os.path.isabs(target):
                 return None
-            # (target is relative: the join is a concatenation, as os.path.join would make it)
-            parent, _, base = os.path.normpath(f"{self.host._resolved[links]}/{target}").rpartition("/")
-            if base in ("", ".", "..") or not self.host._inside(parent, self.host.sys):
+            real = os.path.normpath(f"{links}/{target}")  # links is its own resolution
+            parent, _, base = real.rpartition("/")
+            if (base in ("", ".", "..") or not self.host._inside(parent, self.host.sys)
+                    or real[len(self.host.sys):].count("/") > MAX_COMPONENTS):
                 return None
-            parent_fd = self._hold(parent)
-            if parent_fd is None:
+            parent_key = self._plain_dir(parent)
+            if parent_key is None:
                 return None
-            real = f"{self.host._resolved[parent]}/{base}"
-            fd = files.open_dir_at(parent_fd, base, real)  # O_NOFOLLOW: not a link to a link
+            fd = files.open_dir_at(self._fds[parent_key], base, real)
         except GpuvfioError:
             return None  # the general walk raises its own error for it
         if fd is None:
@@ -445,14 +449,24 @@ class SysDirs:
         self.host._resolved[path] = real
         return SysDir(self.host, fd, real)
 
-    def _hold(self, path: str) -> int | None:
-        """The fd of directory ``path`` (its links resolved inside sys), opened once a pass."""
-        fd = self._held.get(path)
-        if fd is None:
-            fd = self._open(files.split(self.host.resolve_in_sys(path)[len(self._prefix):]))
-            if fd is not None:
-                self._held[path] = fd
-        return fd
+    def _plain_dir(self, path: str) -> tuple[str, ...] | None:
+        """The key of directory ``path``'s fd, held for the pass, when ``path`` has no link on its
+        way: opened one component at a time with O_NOFOLLOW, which refuses a link, so that the
+        general walk's resolutions (and its cache, which its limits depend on) are not asked.
+        None when a link is on the way or it cannot be opened."""
+        if path not in self._plain:
+            key: tuple[str, ...] | None = tuple(files.split(path[len(self._prefix):]))
+            if key not in self._fds:
+                try:
+                    fd = self._open(list(key))
+                except GpuvfioError:
+                    fd = None
+                if fd is None:
+                    key = None
+                else:
+                    self._fds[key] = fd
+            self._plain[path] = key
+        return self._plain[path]
 
     def _open(self, parts: list[str]) -> int | None:
         if not parts:

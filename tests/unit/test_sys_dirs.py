@@ -72,6 +72,31 @@ def _directory_in_place(root: str) -> None:
     shutil.copytree(real, link, symlinks=True)
 
 
+def _chained_bridge(root: str, links: int) -> None:
+    """The device's bridge behind a chain of ``links`` links inside sys: 40 is the walk's limit
+    (MAX_LINK_HOPS), with the device's own link one more."""
+    bridge = os.path.dirname(_real_gpu(root))
+    devices = os.path.join(root, "sys", "devices")
+    os.symlink(os.path.relpath(bridge, devices), os.path.join(devices, f"hop{links - 1}"))
+    for n in range(links - 1):
+        os.symlink(f"hop{n + 1}", os.path.join(devices, f"hop{n}"))
+    _relink(root, GPU, f"../../../devices/hop0/{GPU}")
+
+
+def _deep_device(root: str, components: int) -> None:
+    """The device's directory ``components`` components below sys (MAX_COMPONENTS is 128)."""
+    deep = os.path.join(root, "sys", "devices", *["d"] * (components - 2))
+    os.makedirs(deep)
+    shutil.copytree(_real_gpu(root), os.path.join(deep, GPU), symlinks=True)
+    _relink(root, GPU, "../../../devices/" + "d/" * (components - 2) + GPU)
+
+
+def _bridge_link(root: str, target: str) -> None:
+    devices = os.path.join(root, "sys", "devices")
+    os.symlink(target, os.path.join(devices, "bridge-alias"))
+    _relink(root, GPU, f"../../../devices/bridge-alias/{GPU}")
+
+
 CASES = {
     "as the kernel makes it": lambda root: None,
     "a link to a link": _alias_link,
@@ -84,7 +109,18 @@ CASES = {
         os.path.join(_real_gpu(root), "vendor"), os.path.join(root, "sys", "bus", "pci", "devices"))),
     "a link to itself": lambda root: _relink(root, GPU, GPU),
     "a link to ..": lambda root: _relink(root, GPU, ".."),
+    "a link to sys": lambda root: _relink(root, GPU, "../../.."),
+    "a bridge behind 39 links": lambda root: _chained_bridge(root, 39),
+    "a bridge behind 40 links": lambda root: _chained_bridge(root, 40),
+    "a device 128 components deep": lambda root: _deep_device(root, 128),
+    "a device 129 components deep": lambda root: _deep_device(root, 129),
+    "a bridge linked out of sys": lambda root: _bridge_link(root, "../../outside"),
+    "a bridge linked absolutely": lambda root: _bridge_link(root, os.path.dirname(_real_gpu(root))),
 }
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -93,26 +129,42 @@ def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_pat
     gpu_workstation(root)
     os.makedirs(tmp_path / "outside" / "x")
     CASES[case](root)
+    before = _fds()
     host = HostRoot(root)
-    for address in list_addresses(host):
-        path = device_path(host, address)
-        assert _opened(host, path) == _walked(root, path), address
-    # And again, with the pass's directories and the host's cache warm from the first.
-    with host.sys_dirs() as dirs:
-        for address in list_addresses(host):
-            path = device_path(host, address)
-            try:
-                with dirs.open(path) as directory:
-                    got = directory.path
-            except GpuvfioError as exc:
-                got = f"{type(exc).__name__}: {exc}"
-            assert got == _walked(root, path), address
+    addresses = list_addresses(host)
+    expected = {a: _walked(root, device_path(host, a)) for a in addresses}
+    # Each device on its own: a fresh host and pass.
+    for address in addresses:
+        fresh = HostRoot(root)
+        assert _opened(fresh, device_path(fresh, address)) == expected[address], address
+    # All in one pass, as an inventory reads them: siblings share the held bridges, and each
+    # device is opened twice (a selection's vendor, then the rest).
+    shared = HostRoot(root)
+    with shared.sys_dirs() as dirs:
+        for _round in range(2):
+            for address in addresses:
+                try:
+                    with dirs.open(device_path(shared, address)) as directory:
+                        got = directory.path
+                except GpuvfioError as exc:
+                    got = f"{type(exc).__name__}: {exc}"
+                assert got == expected[address], address
+    assert _fds() == before
 
 
 def test_a_pass_holds_each_directory_once_and_closes_every_fd(tmp_path):
     root = str(tmp_path / "host")
     gpu_workstation(root)
     host = HostRoot(root)
-    before = len(os.listdir("/proc/self/fd"))
+    before = _fds()
+    with host.sys_dirs() as dirs:
+        for _round in range(2):
+            for address in list_addresses(host):
+                with dirs.open(device_path(host, address)):
+                    pass
+        held = _fds() - before
+    # The root, sys, devices, bus, pci, devices and each bridge with functions under it, once.
+    bridges = {os.path.dirname(host.resolve_in_sys(device_path(host, a))) for a in list_addresses(host)}
+    assert held <= 6 + len(bridges) and _fds() == before
     functions = read_functions(host)
-    assert len(os.listdir("/proc/self/fd")) == before and functions[next(iter(functions))].vendor_id
+    assert _fds() == before and functions[next(iter(functions))].vendor_id
