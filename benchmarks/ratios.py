@@ -73,10 +73,10 @@ class Goal:
 def base_env(repo: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": repo}
     # Bytecode as an installed package has it (pip compiles a wheel's modules when it installs
-    # them): written beside the sources by the first, uncounted round and read after. Where the
-    # environment forbids writing it, every run would compile every module it imports again.
+    # them): written by the first, uncounted round (where PYTHONPYCACHEPREFIX says, else beside
+    # the sources) and read after. Where the environment forbids writing it, every run would
+    # compile every module it imports again.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.pop("PYTHONPYCACHEPREFIX", None)
     env.pop("GPUVFIO_ROOT", None)  # the live host, unless a goal names a root
     env.pop("_GPUVFIO_COMPLETE", None)
     return env

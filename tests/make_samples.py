@@ -5,7 +5,7 @@
     python tests/make_samples.py --check [NAME ...]        exit 1 if a committed file is stale
 
 Each sample (``tests/sample_hosts.py``) is built in a temporary directory with
-HostBuilder and recorded with ``gpuvfio.fixture.dump_host`` -- the same recorder
+HostBuilder and recorded with ``gpuvfio.host.recording.dump_host`` -- the same recorder
 ``gpuvfio dump-host`` uses on a live host -- so a sample is exactly what gpuvfio would
 have recorded on such a machine. Generation is deterministic: ``--check`` compares text.
 """
