@@ -423,6 +423,8 @@ class SysDirs:
         them), the target is relative, inside sys, within MAX_COMPONENTS and a directory. Else
         None, and the general walk says what it is."""
         links, name = os.path.split(path)
+        if not self.host._inside(links, self.host.sys):
+            return None  # the general walk refuses a path outside sys, wherever it leads
         try:
             links_key = self._plain_dir(links)
             if links_key is None:

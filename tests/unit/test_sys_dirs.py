@@ -152,6 +152,16 @@ def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_pat
     assert _fds() == before
 
 
+def test_a_link_outside_sys_into_it_is_refused_as_the_general_walk_refuses_it(tmp_path):
+    root = str(tmp_path / "host")
+    gpu_workstation(root)
+    elsewhere = os.path.join(root, "etc", "gpu")
+    os.makedirs(os.path.dirname(elsewhere), exist_ok=True)
+    os.symlink(os.path.relpath(_real_gpu(root), os.path.dirname(elsewhere)), elsewhere)
+    got = _opened(HostRoot(root), elsewhere)
+    assert got == _walked(root, elsewhere) and got.startswith("UnsafePathError")
+
+
 def test_a_pass_holds_each_directory_once_and_closes_every_fd(tmp_path):
     root = str(tmp_path / "host")
     gpu_workstation(root)
