@@ -250,6 +250,9 @@ RUN = OptionSet(
            "them.", False, cli=("attach",), ansible=DOM, spec=RUN_VARIANT),
     Option("force", "bool", "Bind groups with a foreign device or the console GPU anyway.", False,
            spec=RUN_VARIANT),
+    Option("take_host_devices", "bool", "DANGEROUS: take from the host what it runs on (a mounted disk, swap, an "
+           "interface with its routes or addresses, its console) when binding; the host loses it.", False,
+           cli=("attach",), ansible=DOM, spec=RUN_VARIANT),
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)

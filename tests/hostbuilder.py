@@ -88,6 +88,18 @@ class HostBuilder:
                                      "memory\t0\t1\t1\ndevices\t0\t1\t1\n")
         self.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet")
         self.modules([])
+        # What the host itself uses (gpuvfio.host.host_use): its block and net classes and PID 1's
+        # mounts and routes, as a host whose root is on a disk no PCI function here holds.
+        for sub in ("class/block", "class/net", "class/graphics", "class/drm", "class/vtconsole"):
+            os.makedirs(os.path.join(self.sys, sub), exist_ok=True)
+        self._mountinfo: list[str] = []
+        self._swaps: list[str] = []
+        self._routes: list[str] = []
+        self._routes6: list[str] = []
+        self._inet6: list[str] = []
+        self.mount("252:0", "/", "/dev/vda1", "ext4")
+        self._write_net()
+        _write(self.proc("swaps"), "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n")
 
     # -- kernel and firmware ----------------------------------------------------------
     def sys_path(self, *parts: str) -> str:
@@ -375,6 +387,121 @@ class HostBuilder:
         body = "ID    : vGPU Name\n" + "".join(f"{i:<5} : {n}\n" for i, n in types)
         _write(os.path.join(ndir, "creatable_vgpu_types"), body)
         _write(os.path.join(ndir, "current_vgpu_type"), f"{current}\n")
+
+    # -- what the host uses: block devices, mounts, swap, network, console -------------------
+    # The kernel's layouts (Documentation/ABI/stable/sysfs-block, testing/sysfs-class-net):
+    # a class entry links to the device's directory, beneath the PCI function that owns it.
+    def _class_link(self, cls: str, name: str, path: str) -> str:
+        os.makedirs(path, exist_ok=True)
+        _relink(self.sys_path("class", cls, name), path)
+        return path
+
+    def block(self, name: str, dev: str, *, fn: "Function | None" = None, sub: str = "nvme/nvme0",
+              disk: str | None = None) -> str:
+        """A disk below ``fn`` (in ``sub``: nvme/nvme0, ata1/host0/target0:0:0/0:0:0:0/block), a
+        partition of ``disk``, or a virtual one (devices/virtual/block) without ``fn``."""
+        if disk is not None:
+            path = os.path.join(os.path.realpath(self.sys_path("class", "block", disk)), name)
+            _write(os.path.join(path, "partition"), name[-1] + "\n")
+        elif fn is not None:
+            path = os.path.join(fn.path, sub, name)
+        else:
+            path = self.sys_path("devices", "virtual", "block", name)
+        self._class_link("block", name, path)
+        _write(os.path.join(path, "dev"), dev + "\n")
+        os.makedirs(os.path.join(path, "holders"), exist_ok=True)
+        os.makedirs(os.path.join(path, "slaves"), exist_ok=True)
+        return path
+
+    def holds(self, holder: str, *members: str) -> None:
+        """``holder`` (dm-N, mdN) stacked on ``members``: holders/ and slaves/ links both ways."""
+        hpath = os.path.realpath(self.sys_path("class", "block", holder))
+        for member in members:
+            mpath = os.path.realpath(self.sys_path("class", "block", member))
+            _relink(os.path.join(mpath, "holders", holder), hpath)
+            _relink(os.path.join(hpath, "slaves", member), mpath)
+
+    def dm(self, kname: str, dev: str, name: str, uuid: str, *members: str) -> str:
+        path = self.block(kname, dev)
+        _write(os.path.join(path, "dm", "name"), name + "\n")
+        _write(os.path.join(path, "dm", "uuid"), uuid + "\n")
+        self.holds(kname, *members)
+        return path
+
+    def md(self, kname: str, dev: str, level: str, *members: str) -> str:
+        path = self.block(kname, dev)
+        _write(os.path.join(path, "md", "level"), level + "\n")
+        self.holds(kname, *members)
+        return path
+
+    def mount(self, dev: str, point: str, source: str, fstype: str) -> None:
+        """A line of /proc/1/mountinfo (proc(5))."""
+        n = 20 + len(self._mountinfo)
+        self._mountinfo.append(f"{n} 1 {dev} / {point} rw,relatime shared:{n} - {fstype} {source} rw\n")
+        _write(self.proc("1", "mountinfo"), "".join(self._mountinfo))
+
+    def swap(self, filename: str) -> None:
+        self._swaps.append(f"{filename}\tpartition\t8388604\t0\t-2\n")
+        _write(self.proc("swaps"), "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n" + "".join(self._swaps))
+
+    def net(self, name: str, *, fn: "Function | None" = None, devtype: str | None = None) -> str:
+        """A network interface below ``fn``, or a virtual one (bond, bridge, vlan: ``devtype``)."""
+        path = os.path.join(fn.path, "net", name) if fn is not None else self.sys_path("devices", "virtual", "net", name)
+        self._class_link("net", name, path)
+        _write(os.path.join(path, "uevent"), f"INTERFACE={name}\n" + (f"DEVTYPE={devtype}\n" if devtype else ""))
+        _write(os.path.join(path, "operstate"), "up\n")
+        return path
+
+    def upper(self, lower: str, upper: str, *, master: bool = True) -> None:
+        """``lower`` enslaved to (or below) ``upper``: upper_X, and master for bonds and bridges."""
+        lpath = os.path.realpath(self.sys_path("class", "net", lower))
+        upath = os.path.realpath(self.sys_path("class", "net", upper))
+        _relink(os.path.join(lpath, f"upper_{upper}"), upath)
+        _relink(os.path.join(upath, f"lower_{lower}"), lpath)
+        if master:
+            _relink(os.path.join(lpath, "master"), upath)
+
+    def route(self, iface: str, dest: str, mask: str, gateway: str = "0.0.0.0") -> None:
+        """A line of /proc/net/route: addresses as the kernel prints them (hex of the network-order
+        word read in host order, little-endian here)."""
+        def hexed(a: str) -> str:
+            return "".join(f"{int(b):02X}" for b in reversed(a.split(".")))
+        flags = "0003" if gateway != "0.0.0.0" else "0001"
+        self._routes.append(f"{iface}\t{hexed(dest)}\t{hexed(gateway)}\t{flags}\t0\t0\t100\t{hexed(mask)}\t0\t0\t0\n")
+        self._write_net()
+
+    def route6(self, iface: str, dest: str, plen: int, gateway: str = "::") -> None:
+        import ipaddress
+        d, g = (ipaddress.IPv6Address(a).exploded.replace(":", "") for a in (dest, gateway))
+        self._routes6.append(f"{d} {plen:02x} {'0' * 32} 00 {g} 00000400 00000001 00000000 00000003 {iface:>8}\n")
+        self._write_net()
+
+    def inet6(self, iface: str, address: str, plen: int = 64, scope: int = 0) -> None:
+        import ipaddress
+        a = ipaddress.IPv6Address(address).exploded.replace(":", "")
+        self._inet6.append(f"{a} 02 {plen:02x} {scope:02x} 80 {iface:>8}\n")
+        self._write_net()
+
+    def _write_net(self) -> None:
+        _write(self.proc("1", "net", "route"), "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask"
+               "\t\tMTU\tWindow\tIRTT\n" + "".join(self._routes))
+        _write(self.proc("1", "net", "ipv6_route"), "".join(self._routes6))
+        _write(self.proc("1", "net", "if_inet6"), "".join(self._inet6))
+
+    def fb(self, fn: "Function", name: str = "fb0") -> None:
+        self._class_link("graphics", name, os.path.join(fn.path, "graphics", name))
+
+    def vtconsole(self, name: str, label: str, bound: bool) -> None:
+        path = self._class_link("vtconsole", name, self.sys_path("devices", "virtual", "vtconsole", name))
+        _write(os.path.join(path, "name"), label + "\n")
+        _write(os.path.join(path, "bind"), ("1" if bound else "0") + "\n")
+
+    def drm(self, fn: "Function", card: str, connectors: dict[str, bool]) -> None:
+        cpath = self._class_link("drm", card, os.path.join(fn.path, "drm", card))
+        for connector, lit in connectors.items():
+            path = self._class_link("drm", f"{card}-{connector}", os.path.join(cpath, f"{card}-{connector}"))
+            _write(os.path.join(path, "enabled"), ("enabled" if lit else "disabled") + "\n")
+            _write(os.path.join(path, "status"), ("connected" if lit else "disconnected") + "\n")
 
     # -- processes ------------------------------------------------------------------------
     def holder(self, pid: int, comm: str, device_nodes: list[str]) -> None:

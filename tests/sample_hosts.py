@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 
+from gpuvfio.address import PciAddress
+
 try:
     from tests.hostbuilder import (BAR32, BAR64_PREF, IO, MEM, MEM64, PREFETCH, SPEED, Function,
                                    GiB, HostBuilder, KiB, MiB, Node)
@@ -314,6 +316,26 @@ def build_dgx_h100(root: str) -> None:
                 b.function(rb, f"0000:{rbus:02x}:00.{fn}", INTEL, dev, SYSTEM_PERIPHERAL, revision="20",
                            reset_method=None, multifunction=True)
 
+    # What the host runs on: the storage ConnectX-7's two ports in a bond carry the default route;
+    # each compute ConnectX-7 carries its IPoIB subnet (NCCL's bootstrap and storage traffic).
+    dgx = b.functions
+    for fn in (0, 1):
+        b.net(f"enp41s0f{fn}np{fn}", fn=dgx[PciAddress.parse(f"0000:29:00.{fn}")])
+    b.net("bond0", devtype="bond")
+    for fn in (0, 1):
+        b.upper(f"enp41s0f{fn}np{fn}", "bond0")
+    b.route("bond0", "0.0.0.0", "0.0.0.0", "10.10.0.1")
+    b.route("bond0", "10.10.0.0", "255.255.252.0")
+    for rbus in (0x15, 0x3d, 0x4c, 0x5b, 0x97, 0xbd, 0xcb, 0xd9):
+        name = f"ibp{rbus + 3}s0"
+        b.net(name, fn=dgx[PciAddress.parse(f"0000:{rbus + 3:02x}:00.0")])
+        b.route(name, f"10.{rbus}.0.0", "255.255.0.0")
+    b.block("nvme0n1", "259:0", fn=dgx[PciAddress.parse("0000:19:00.0")])
+    b.block("nvme0n1p1", "259:1", disk="nvme0n1")
+    b.block("nvme0n1p2", "259:2", disk="nvme0n1")
+    b.mount("259:2", "/", "/dev/nvme0n1p2", "ext4")
+    b.mount("259:1", "/boot/efi", "/dev/nvme0n1p1", "vfat")
+
     # NVLink as NVML reports it on HGX H100: each GPU's 18 links go to the 4 NVSwitches (5/4/4/5).
     b.nvlink({f"0000:{bus:02x}:00.0": {"0000:03:00.0": 5, "0000:04:00.0": 4, "0000:05:00.0": 4, "0000:06:00.0": 5}
               for bus in (0x1b, 0x43, 0x52, 0x61, 0x9d, 0xc3, 0xd1, 0xdf)})
@@ -420,6 +442,28 @@ def build_workstation(root: str) -> None:
         b.function(rb, f"0000:00:1f.{fn}", INTEL, dev, klass, driver=driver, revision="11", bars=bars,
                    multifunction=True, reset_method=None)
 
+    # What the workstation runs on: its system disk is the SN850 (EFI partition, LUKS holding LVM
+    # with root and swap), the PM9A3 is a spare; the I225-V carries the default route; the 4090
+    # drives the console (nvidia-drm's framebuffer with fbcon bound, a monitor on DP-1).
+    ws = b.functions
+    b.block("nvme1n1", "259:0", fn=ws[PciAddress.parse("0000:05:00.0")], sub="nvme/nvme1")
+    b.block("nvme1n1p1", "259:1", disk="nvme1n1")
+    b.block("nvme1n1p2", "259:2", disk="nvme1n1")
+    b.dm("dm-0", "253:0", "luks-3f0c", "CRYPT-LUKS2-3f0c9a4e6b7d4c1f8a2b5d6e7f801234-luks-3f0c", "nvme1n1p2")
+    b.dm("dm-1", "253:1", "vg0-root", "LVM-Qx3kz0aVd2b8CwUq1Z8nY2mJ6tJ0vR3yHk9s7Q2nV1dEeWf4gH5iJ6kL7mN8oP9q", "dm-0")
+    b.dm("dm-2", "253:2", "vg0-swap", "LVM-Qx3kz0aVd2b8CwUq1Z8nY2mJ6tJ0vR3y7Rk2Lm4Np6Qr8St0Uv2Wx4Yz6Ab8Cd0E", "dm-0")
+    b.mount("253:1", "/", "/dev/mapper/vg0-root", "ext4")
+    b.mount("259:1", "/boot/efi", "/dev/nvme1n1p1", "vfat")
+    b.swap("/dev/dm-2")
+    b.block("nvme0n1", "259:3", fn=ws[PciAddress.parse("0000:02:00.0")])
+    b.net("enp3s0", fn=ws[PciAddress.parse("0000:03:00.0")])
+    b.route("enp3s0", "0.0.0.0", "0.0.0.0", "192.168.1.1")
+    b.route("enp3s0", "192.168.1.0", "255.255.255.0")
+    b.inet6("enp3s0", "fe80::2e0:4cff:fe68:1a2b", scope=0x20)
+    b.fb(ws[PciAddress.parse("0000:01:00.0")], "fb0")
+    b.vtconsole("vtcon0", "(S) dummy device", False)
+    b.vtconsole("vtcon1", "(M) frame buffer device", True)
+    b.drm(ws[PciAddress.parse("0000:01:00.0")], "card1", {"DP-1": True, "HDMI-A-1": False})
     b.holder(1187, "Xorg", ["/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia0", "/dev/nvidia1"])
     b.holder(1542, "gnome-shell", ["/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia0"])
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host import assignable
 from gpuvfio.host.fabric import Decision
+from gpuvfio.host.host_use import HostUseReader
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
@@ -176,6 +177,7 @@ class BindPolicy:
     force: bool = False  # override the checks marked overridable (foreign device in the group, boot VGA)
     stop_services: bool = False  # stop nvidia-persistenced / fabricmanager / DCGM (restore restarts them)
     allow_unsafe_host: bool = False  # ACS override, unsafe interrupts, no-IOMMU mode
+    take_host_devices: bool = False  # take what the host itself uses: its disks, network, console
 
 
 def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresses: list[PciAddress],
@@ -221,6 +223,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     originals = {a: (fns[a].driver, fns[a].driver_override) for a in devices}
     services = _service_checks(host, [fns[a] for a in moving], checks, policy.stop_services)
     _holder_checks(host, [fns[a] for a in moving], checks, set(services.units), services.kept)
+    _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
     for address in moving:
         fn = fns[address]
         if fn.boot_vga:
@@ -268,6 +271,53 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                           expect=VFIO_DRIVER))
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
                     groups=endpoints, steps=steps, checks=checks, services=services.units)
+
+
+TAKE_HOST_DEVICES = "--take-host-devices"
+
+
+def _host_use_checks(host: HostRoot, inventory: Inventory, moving: list[PciAddress], checks: list[PlanCheck],
+                     take: bool) -> None:
+    """What the host itself runs on (gpuvfio.host.host_use) refuses the bind of its function: its
+    mounted disks and swap, the interfaces that carry its routes and addresses, its console. A
+    function that is no GPU but that the host does not use stays plannable (NICs and disks go to
+    guests beside GPUs), and the plan says it is no GPU. A tree that cannot answer refuses
+    (fail closed). ``take``: the one override, the same flag everywhere."""
+    if not moving:
+        return
+    taken = f" (taken anyway: {TAKE_HOST_DEVICES})"
+    try:
+        reader = HostUseReader(host)
+    except GpuvfioError as exc:
+        checks.append(PlanCheck("host_use", WARN if take else REFUSE, str(exc) + (taken if take else
+                                f"; {TAKE_HOST_DEVICES} binds without knowing")))
+        return
+    clean = []
+    for address in moving:
+        uses = reader.uses(address)
+        for use in uses:
+            checks.append(PlanCheck("host_use", WARN, use.describe() + taken) if take else
+                          PlanCheck("host_use", REFUSE, f"{use.describe()}: the host loses it "
+                                    f"({TAKE_HOST_DEVICES} to take it anyway)"))
+        if not uses:
+            clean.append(address)
+        if not uses and not _gpu_or_companion(inventory, address):
+            fn = inventory.functions[address]
+            checks.append(PlanCheck("host_use", OK, f"{address} is not a GPU ({fn.class_name or fn.class_id}); "
+                                    "nothing on the host uses it"))
+    if clean:
+        checks.append(PlanCheck("host_use", OK, "the host itself does not use "
+                                + ", ".join(str(a) for a in clean) + " (no mounted disk, swap, route, address "
+                                "or console on them)"))
+
+
+def _gpu_or_companion(inventory: Inventory, address: PciAddress) -> bool:
+    """A display controller, an NVIDIA function (NVSwitch), or a function in a GPU's slot (its
+    audio, USB-C and serial-bus functions)."""
+    fn = inventory.functions[address]
+    if fn.is_gpu or fn.is_nvidia:
+        return True
+    return any(other.is_gpu for other in inventory.functions.values() if other.address.device == address.device)
 
 
 def _unsafe_host_checks(kernel: KernelInfo, checks: list[PlanCheck], allowed: bool) -> None:

@@ -19,6 +19,7 @@ from gpuvfio.ops.binding import BindPolicy, BindStatus, PersistReport, PersistSt
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.selection import check_devices, resolve
+from gpuvfio.options import RUN
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
@@ -32,6 +33,8 @@ StopServices = Annotated[bool, typer.Option("--stop-services", help="Stop nvidia
                                                                     "now; restore restarts them.")]
 AllowUnsafeHost = Annotated[bool, typer.Option("--allow-unsafe-host", help="DANGEROUS: bind even with ACS override, "
                                                                            "unsafe interrupts or no-IOMMU mode.")]
+# The one override of the host-use checks, named and worded as gpuvfio.options declares it for attach.
+TakeHostDevices = Annotated[bool, typer.Option(RUN["take_host_devices"].flag, help=RUN["take_host_devices"].help)]
 Connect = Annotated[Optional[str], typer.Option(
     "--connect", metavar="URI", help="libvirt to ask which domains use the devices (default: libvirt's default on "
                                      "this machine; 'none': do not ask).")]
@@ -50,14 +53,16 @@ def reporting_failure(as_json: bool, call):
 
 @commands.command("bind")
 def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, force: Force = False, stop_services: StopServices = False,
-             allow_unsafe_host: AllowUnsafeHost = False, connect: Connect = None,
+             allow_unsafe_host: AllowUnsafeHost = False, take_host_devices: TakeHostDevices = False,
+             connect: Connect = None,
              timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
              as_json: JsonOption = False, root: RootOption = None) -> None:
     """Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back on
     failure."""
     check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
-    policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host)
+    policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host,
+                        take_host_devices=take_host_devices)
     try:
         with command_context(root_of(root), dry_run, progress=progress_for(as_json), write_timeout=timeout,
                       lock_timeout=lock_timeout) as ctx:
@@ -180,13 +185,14 @@ def status_cmd(output_format: FormatOption = None, as_json: JsonOption = False, 
 
 
 def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, force: bool, as_json: bool,
-             lock_timeout: float, root: str | None) -> None:
+             lock_timeout: float, root: str | None, take_host_devices: bool = False) -> None:
     check_devices(addresses, device_ids, required=True)
     with command_context(root_of(root), dry_run, lock_timeout=lock_timeout) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
                          tell=progress_for(as_json))
         unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
-        report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force)
+        report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force,
+                                 take_host_devices=take_host_devices)
         _persist_output(report, remove, dry_run, as_json)
         if unconfirmed is not None:  # the diff shown; then refused, as the run is without --yes
             raise unconfirmed
@@ -209,6 +215,7 @@ def _persist_output(report: PersistReport, remove: bool, dry_run: bool, as_json:
 def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
                 force: Annotated[bool, typer.Option(
                     "--force", help="Persist a group that holds a foreign device too.")] = False,
+                take_host_devices: TakeHostDevices = False,
                 list_: Annotated[bool, typer.Option("--list", help="List the boot-time overrides (driverctl's and "
                                                               "gpuvfio's), as driverctl list-overrides.")] = False,
                 output_format: FormatOption = None,
@@ -216,8 +223,8 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
                 root: RootOption = None) -> None:
     """Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep)."""
     if list_:
-        if addresses or device_ids or dry_run or force:
-            raise InputError("--list takes no devices and no --dry-run/--force")
+        if addresses or device_ids or dry_run or force or take_host_devices:
+            raise InputError("--list takes no devices and no --dry-run/--force/--take-host-devices")
         fmt = chosen_format(output_format, as_json)
         with open_host(root_of(root)) as (host, _label):
             report = binding.persisted_overrides(host_context(host))
@@ -232,7 +239,7 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         return
     if output_format is not None:
         raise InputError("--format goes with --list")
-    _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root)
+    _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root, take_host_devices)
 
 
 @commands.command("unpersist")

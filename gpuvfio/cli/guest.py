@@ -97,7 +97,8 @@ def attach_cmd(
     settings = verify_options(**checks)  # checked even with --no-verify: bad input is bad input
     if no_verify:
         settings = None
-    policy = BindPolicy(force=domain["force"], stop_services=run["stop_services"])
+    policy = BindPolicy(force=domain["force"], stop_services=run["stop_services"],
+                        take_host_devices=run["take_host_devices"])
     if dry_run:
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=progress_for(as_json))

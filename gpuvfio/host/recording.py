@@ -14,6 +14,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError
 from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.fixture import HEADER
+from gpuvfio.host.host_use import CLASSES, PROC_FILES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
@@ -222,6 +223,7 @@ def dump_host(host: HostRoot) -> str:
             if host.exists(host.path(rel)):
                 rec.add("F", host.path(rel), "")
     _record_holders(rec, host)
+    _record_host_use(rec, host)
     return HEADER + "\n" + "\n".join(rec.lines) + "\n"
 
 
@@ -240,3 +242,46 @@ def _record_holders(rec: _Recorder, host: HostRoot) -> None:
                 held = True
         if held:
             rec.file(os.path.join(proc, pid, "comm"))
+
+
+# The attributes of a class device that gpuvfio.host.host_use reads, by class.
+_HOST_USE_ATTRS = {"block": ("dev", "partition", "dm/name", "dm/uuid", "md/level"), "net": ("uevent", "operstate"),
+                   "graphics": (), "drm": ("enabled", "status"), "vtconsole": ("name", "bind")}
+
+
+def _record_host_use(rec: _Recorder, host: HostRoot) -> None:
+    """What the host itself uses (gpuvfio.host.host_use): its class devices with their stacking
+    links (holders, uppers, master), mounted btrfs members, an NVMe subsystem's controller links,
+    and PID 1's mounts, swaps, routes and addresses."""
+    for cls in CLASSES:
+        directory = host.sys_path("class", cls)
+        rec.directory(directory)
+        for name in host.listdir(directory):
+            link = os.path.join(directory, name)
+            rec.link(link)
+            try:
+                real = host.resolve_in_sys(link)
+            except HostReadError:
+                continue
+            rec.directory(real)
+            for attr in _HOST_USE_ATTRS[cls]:
+                rec.file(os.path.join(real, attr))
+            for entry in host.listdir(real):
+                if entry == "master" or entry.startswith(("upper_", "lower_")):
+                    rec.link(os.path.join(real, entry))
+            for sub in ("holders", "slaves"):
+                if host.is_dir(os.path.join(real, sub)):
+                    rec.directory(os.path.join(real, sub))
+                for entry in host.listdir(os.path.join(real, sub)):
+                    rec.link(os.path.join(real, sub, entry))
+            subsystem = os.path.dirname(real)
+            if os.path.basename(os.path.dirname(subsystem)) == "nvme-subsystem":
+                for entry in host.listdir(subsystem):
+                    if re.fullmatch(r"nvme\d+", entry):
+                        rec.link(os.path.join(subsystem, entry))
+    btrfs = host.sys_path("fs", "btrfs")
+    for uuid in host.listdir(btrfs):
+        for name in host.listdir(os.path.join(btrfs, uuid, "devices")):
+            rec.link(os.path.join(btrfs, uuid, "devices", name))
+    for parts in PROC_FILES:
+        rec.file(host.path(*parts))

@@ -489,7 +489,7 @@ def status(ctx: Context) -> Status:
 
 
 def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,
-            force: bool = False, fault=None) -> PersistReport:
+            force: bool = False, take_host_devices: bool = False, fault=None) -> PersistReport:
     """gpuvfio persist / unpersist: the whole IOMMU group of each address, by address; the same
     group policy as bind (a group with a foreign device is refused unless forced)."""
     host = ctx.host
@@ -500,7 +500,7 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
     if remove:
         endpoints = set(addresses_in_groups(inventory, asked))
     else:  # what a bind of them would move (the group policy judges what was asked for)
-        endpoints = set(_check_persistable(ctx, asked, force))
+        endpoints = set(_check_persistable(ctx, asked, BindPolicy(force=force, take_host_devices=take_host_devices)))
     if dry_run:
         return _persist_changes(ctx, endpoints, remove, dry_run)
     # Planned and written under the lock: two persists at once must not lose each other's devices.
@@ -521,17 +521,18 @@ def persisted_overrides(ctx: Context) -> PersistedOverrides:
     return PersistedOverrides(store.overrides(ctx.host), store.mechanism(ctx.host))
 
 
-def _check_persistable(ctx: Context, addresses: list[PciAddress], force: bool) -> list[PciAddress]:
+def _check_persistable(ctx: Context, addresses: list[PciAddress], policy: BindPolicy) -> list[PciAddress]:
     """persist refuses what bind refuses (one policy): the IOMMU, group viability, boot VGA,
     SR-IOV, holders, health -- the boot VGA persisted to vfio-pci is a host without a console
     at the next boot, a foreign device in the group a host without its NIC. The devices a bind
     would move are what persists. In shared-NVSwitch mode the fabric's checks are about now (the
-    Fabric Manager running, a partition free), not about the boot: they do not refuse it."""
-    bind_plan, report = plan_report(ctx, addresses, BindPolicy(force=force), uri=NO_LIBVIRT)
+    Fabric Manager running, a partition free), not about the boot: they do not refuse it. What
+    the host runs on (host_use) refuses it too: persisted, the host boots without its disk."""
+    bind_plan, report = plan_report(ctx, addresses, policy, uri=NO_LIBVIRT)
     skip = set(NOT_FOR_PERSIST)
     if report.fabric is not None and report.fabric.mode == SHARED_NVSWITCH:
         skip.add("fabric")
-    refused = [c for c in bind_plan.refusals(force) if c.check_id not in skip]
+    refused = [c for c in bind_plan.refusals(policy.force) if c.check_id not in skip]
     if refused:
         overridable = any(c.overridable for c in refused)
         raise Refused("refused: " + "; ".join(dict.fromkeys(c.message for c in refused))

@@ -76,7 +76,8 @@ def ssh_for(spec: Spec, timeout: float | None = None) -> SshOptions:
 
 
 def policy_for(variant: Variant) -> BindPolicy:
-    return BindPolicy(force=variant.force, stop_services=variant.stop_services)
+    return BindPolicy(force=variant.force, stop_services=variant.stop_services,
+                      take_host_devices=variant.take_host_devices)
 
 
 def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False) -> dict:

@@ -93,6 +93,7 @@ class Variant:
     scheduler: str | None = None
     stop_services: bool = False
     force: bool = False
+    take_host_devices: bool = False
 
 
 @dataclass
@@ -235,6 +236,7 @@ def load_spec(path: str) -> Spec:
     verify = {o.name: run[o.name] for o in VERIFY.in_section("run") if o.name in run}
     stop_services = run.get("stop_services", RUN["stop_services"].default)
     force = run.get("force", RUN["force"].default)
+    take_host_devices = run.get("take_host_devices", RUN["take_host_devices"].default)
     variants_raw = data.get("variant")
     if not isinstance(variants_raw, list) or not variants_raw:
         fail("no [[variant]] tables: a testbed compares at least one variant")
@@ -282,7 +284,8 @@ def load_spec(path: str) -> Spec:
                      "scheduler")
         variants.append(Variant(name, kind, hugepages, numa, profile, scheduler,
                                 boolean("variant", index, raw, "stop_services", stop_services),
-                                boolean("variant", index, raw, "force", force)))
+                                boolean("variant", index, raw, "force", force),
+                                boolean("variant", index, raw, "take_host_devices", take_host_devices)))
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
                 variants=variants, host=_remote_host(data.get("host"), fail), verify=verify, gpu_ids=gpu_ids)
 

@@ -219,7 +219,7 @@ def quiet_dgx(tmp_path):
     with open(sample_path("dgx-h100"), encoding="utf-8") as handle:
         root = load_fixture(handle.read(), str(tmp_path / "dgx"))
     for name in os.listdir(os.path.join(root, "proc")):
-        if name.isdigit():
+        if name.isdigit() and name != "1":  # PID 1: the host's mounts and routes
             shutil.rmtree(os.path.join(root, "proc", name))
     return root
 

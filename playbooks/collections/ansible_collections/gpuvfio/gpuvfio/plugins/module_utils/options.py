@@ -50,6 +50,7 @@ ARGUMENT_SPECS = {
         'probe_timeout': {'type': 'float', 'default': 120.0},
         'verify_timeout': {'type': 'float', 'default': 600.0},
         'stop_services': {'type': 'bool', 'default': False},
+        'take_host_devices': {'type': 'bool', 'default': False},
     },
     'gpuvfio.gpuvfio.verify': {
         'ssh_host': {'type': 'str'},
@@ -87,6 +88,6 @@ SETS = {
         'verify_timeout',
     ),
     'run': (
-        'stop_services',
+        'stop_services', 'take_host_devices',
     ),
 }

@@ -68,6 +68,13 @@ options:
     description: Bind even with ACS override, unsafe interrupts or no-IOMMU mode. Dangerous.
     type: bool
     default: false
+  take_host_devices:
+    description: >-
+      DANGEROUS: take from the host what it runs on (a mounted disk, swap, an interface with its routes or
+      addresses, its console) when binding or persisting; the host loses it. Without it such a task fails and
+      names the chain (for example a partition holding LUKS holding LVM mounted on /).
+    type: bool
+    default: false
   libvirt_uri:
     description:
       - libvirt URI asked which domains use the devices before binding (a libvirt that does not
@@ -169,7 +176,8 @@ VFIO = "vfio-pci"
 def to_vfio(module, ctx, addresses) -> dict:
     params = module.params
     policy = binding.BindPolicy(force=params["force"], stop_services=params["stop_services"],
-                                allow_unsafe_host=params["allow_unsafe_host"])
+                                allow_unsafe_host=params["allow_unsafe_host"],
+                                take_host_devices=params["take_host_devices"])
     # The plan of the real run: a refusal fails the task in check mode exactly as it would for real.
     plan = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"], dry_run=True)
     devices = [str(a) for a in plan.devices]
@@ -215,7 +223,8 @@ def to_host(module, ctx, addresses) -> dict:
 
 
 def persistence(module, ctx, addresses, remove: bool) -> dict:
-    report = binding.persist(ctx, addresses, remove=remove, dry_run=module.check_mode, force=module.params["force"])
+    report = binding.persist(ctx, addresses, remove=remove, dry_run=module.check_mode, force=module.params["force"],
+                             take_host_devices=module.params["take_host_devices"] and not remove)
     changed = bool(report.changes)
     result = {"devices": [str(a) for a in report.devices], "persist": report.to_json(), "changed": changed}
     if changed:
@@ -234,6 +243,7 @@ def main(context_factory=None) -> None:
                            force=dict(type="bool", default=False),
                            stop_services=dict(type="bool", default=False),
                            allow_unsafe_host=dict(type="bool", default=False),
+                           take_host_devices=dict(type="bool", default=False),
                            libvirt_uri=dict(type="str"),
                            write_timeout=dict(type="float", default=10.0),
                            lock_timeout=dict(type="float", default=30.0)),

@@ -283,6 +283,12 @@ options:
       Stop NVIDIA services that hold the GPU while binding; restore restarts them.
     type: bool
     default: false
+  take_host_devices:
+    description: >-
+      DANGEROUS: take from the host what it runs on (a mounted disk, swap, an interface with its routes or
+      addresses, its console) when binding; the host loses it.
+    type: bool
+    default: false
   # End of the generated options.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -384,7 +390,8 @@ def xml_diff(before: str, after: str, name: str) -> dict:
 
 
 def policy(params):
-    return binding.BindPolicy(force=params["force"], stop_services=params["stop_services"])
+    return binding.BindPolicy(force=params["force"], stop_services=params["stop_services"],
+                              take_host_devices=params["take_host_devices"])
 
 
 def defined(module, ctx, uri, addresses) -> dict:
