@@ -191,8 +191,13 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
                          tell=progress_for(as_json))
         unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
-        report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force,
-                                 take_host_devices=take_host_devices)
+        try:
+            report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force,
+                                     take_host_devices=take_host_devices)
+        except Refused:
+            if unconfirmed is None:
+                raise
+            raise unconfirmed from None  # the run without --yes stops there first
         _persist_output(report, remove, dry_run, as_json)
         if unconfirmed is not None:  # the diff shown; then refused, as the run is without --yes
             raise unconfirmed

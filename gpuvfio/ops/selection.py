@@ -37,12 +37,15 @@ class Selection:
         return f"{' '.join(self.typed)} -> {', '.join(map(str, self.addresses))}"
 
     def confirm(self, yes: bool, yes_hint: str = "--yes") -> None:
-        """Refused when a selector expanded to more than one physical device and ``yes`` was not
-        given: a host change should not reach further than the admin looked. ``yes_hint``: how
-        the interface says yes (the CLI's --yes, a module's parameter)."""
-        if self.expanded and len(self.devices) > 1 and not yes:
-            raise Refused(f"{' '.join(self.typed)} matches {len(self.devices)} devices "
-                          f"({', '.join(map(str, self.addresses))}); add {yes_hint} to act on all of them")
+        """Refused when the selection reaches more than one physical device (slot) and ``yes`` was
+        not given: a host change should not reach further than the admin looked. Counted in
+        physical devices whatever the spelling: ``18:00 19:00`` and ``18:00.0 19:00.0`` both
+        name two GPUs, ``01:00`` (a GPU and its audio) one. ``yes_hint``: how the interface says
+        yes (the CLI's --yes, a module's parameter)."""
+        if len(self.devices) > 1 and not yes:
+            raise Refused(f"{' '.join(self.typed)} {'matches' if self.expanded else 'names'} "
+                          f"{len(self.devices)} physical devices ({', '.join(map(str, self.addresses))}); "
+                          f"add {yes_hint} to act on all of them")
 
 
 def parse_selectors(texts: list[str] | None, ids: list[str] | None) -> tuple[list[Selector], list[IdFilter]]:
@@ -103,8 +106,9 @@ def resolve(host: HostRoot, texts: list[str] | None, ids: list[str] | None, *, c
     if not texts and not ids:
         return []
     selection = select(host, texts, ids, index=index)
-    if selection.expanded and changes:
-        tell(f"selected {selection.describe()}")
+    if changes:
+        if selection.expanded:
+            tell(f"selected {selection.describe()}")
         selection.confirm(yes, yes_hint)
     return selection.addresses
 

@@ -169,7 +169,7 @@ def test_bind_applies_the_fabric_rules(dgx, cli):
     assert any(c.check_id == "fabric" and c.status is binding.CheckStatus.WARN and "NVreg_NvLinkDisable=1" in c.message
                for c in alone.checks)
     assert not set(SWITCHES) & set(alone.devices)
-    refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2)), "--dry-run", "--stop-services", "--connect", "none")
+    refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2)), "--dry-run", "--yes", "--stop-services", "--connect", "none")
     assert refused.code == 1 and "FABRIC_MODE=0" in refused.err
     set_mode(dgx, 1)  # shared NVSwitch, but no Fabric Manager to ask here: no partition can be matched
     refused = cli("--root", dgx, "bind", *map(str, gpus(1, 2, 3, 4)), "--dry-run", "--stop-services", "--connect", "none", "--json")

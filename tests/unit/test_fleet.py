@@ -330,7 +330,7 @@ def test_device_module_wants_all_matched_beyond_one_device(run_module, tmp_path)
     args = {"root": str(root), "state_dir": str(tmp_path / "s"), "device_ids": ["10de:2330"], "libvirt_uri": "none"}
     for check in (True, False):
         failed, result = run_module("device", args, check=check)
-        assert failed and result["exit_code"] == 1 and "matches 8 devices" in result["msg"], result
+        assert failed and result["exit_code"] == 1 and "matches 8 physical devices" in result["msg"], result
         assert "add all_matched: true to act on all of them" in result["msg"]
         assert result["selected"][0].startswith("selected -d 10de:2330 -> 0000:1b:00.0, 0000:43:00.0")
     assert not os.path.exists(tmp_path / "s" / "journal.json")

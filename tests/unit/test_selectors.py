@@ -100,7 +100,7 @@ def test_a_selector_reaching_two_devices_needs_yes(cli, ws):
     --yes; a dry run exits as the real run would."""
     refused = cli("--root", ws.root, "bind", "-d", "10de:", "--dry-run", "--connect", "none")
     assert refused.code == 1
-    assert "-d 10de: matches 2 devices (0000:01:00.0, 0000:01:00.1, 0000:04:00.0, 0000:04:00.1)" in refused.err
+    assert "-d 10de: matches 2 physical devices (0000:01:00.0, 0000:01:00.1, 0000:04:00.0, 0000:04:00.1)" in refused.err
     assert "add --yes" in refused.err and "Traceback" not in refused.err
     assert "selected -d 10de: -> 0000:01:00.0, 0000:01:00.1, 0000:04:00.0, 0000:04:00.1" in refused.err
     # With --yes it goes on to the plan, which refuses the second GPU's group (it shares it with a NIC).
@@ -110,6 +110,19 @@ def test_a_selector_reaching_two_devices_needs_yes(cli, ws):
     both = cli("--root", ws.root, "bind", "01:00", "-d", "10de:2684", "--dry-run", "--connect", "none", "--json")
     assert both.code == 0, both.err
     assert both.json()["devices"] == ["0000:01:00.0", "0000:01:00.1"]  # the group goes whole
+
+
+def test_yes_is_counted_in_physical_devices_whatever_the_spelling(cli, ws):
+    """Issue 33 item 6: two GPUs named by slot or by exact address both ask for --yes; a GPU and
+    its audio (one slot) do not, however spelled."""
+    for spelling in (["01:00", "04:00"], ["0000:01:00.0", "0000:04:00.0"], ["01:00.0", "pci_0000_04_00_0"]):
+        for command in (["bind"], ["persist"], ["attach", "--name", "vm", "--memory", "1G", "--no-verify"]):
+            refused = cli("--root", ws.root, *command, *spelling, "--dry-run")
+            assert refused.code == 1, (command, spelling)
+            assert "2 physical devices" in refused.err and "add --yes" in refused.err, refused.err
+    for spelling in (["01:00"], ["0000:01:00.0", "0000:01:00.1"], ["01:00.0", "01:00.1"]):
+        one = cli("--root", ws.root, "bind", *spelling, "--dry-run", "--connect", "none")
+        assert one.code == 0 and "add --yes" not in one.err, (spelling, one.err)
 
 
 def test_list_and_bad_selection(cli, ws):

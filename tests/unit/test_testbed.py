@@ -128,7 +128,7 @@ def test_plan_expands_the_specs_selectors_and_wants_yes_beyond_one_device(cli, t
     assert "<rom bar='off'/>" in plan["variants"][0]["xml"]
     spec = write(tmp_path, base.replace('gpus = ["0000:1b:00.0"]', 'gpu_ids = ["10de:2330"]'))
     refused = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec)
-    assert refused.code == 1 and "-d 10de:2330 matches 8 devices" in refused.err and "add --yes" in refused.err
+    assert refused.code == 1 and "-d 10de:2330 matches 8 physical devices" in refused.err and "add --yes" in refused.err
     assert refused.out == ""
     result = cli("--root", sample_path("dgx-h100"), "testbed", "plan", spec, "--yes", "--json")
     plan = result.json()
