@@ -25,12 +25,13 @@ from gpuvfio.bind.journal import known_hosts_file, make_state_dir, state_dir
 from gpuvfio.commands import CommandNotStarted
 from gpuvfio.domain.cloud_init import (META_DATA, USER_DATA, VOLUME_ID, HostKey, SeedDocuments, fingerprint,
                                        generate_host_key, seed_documents)
-from gpuvfio.errors import InputError, Refused
+from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import Tree, check_output_path, read_regular, scratch_dir, user_file
 from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Check, Verdict
 from gpuvfio.ops.targets import SshOptions, guest_target
+from gpuvfio.text import printable
 
 __all__ = ["SeedPlan", "plan_seed", "write_seed", "remove_seed", "pin_host_key", "known_hosts_name", "XORRISO",
            "FORWARD_HOST"]
@@ -39,6 +40,11 @@ XORRISO = "xorriso"
 XORRISO_PACKAGE = "xorriso"  # Debian, Ubuntu, Fedora and Arch all name the package so
 FORWARD_HOST = "127.0.0.1"  # where QEMU user networking forwards the guest's port 22 (gpuvfio.domain.spec)
 KEY_LIMIT = 64 << 10
+# The application identifier gpuvfio writes into its seed images (ISO 9660, ECMA-119 8.4.28: 128
+# characters at offset 574 of the primary volume descriptor, sector 16): an existing file at the
+# seed's path is replaced only when it carries it, since undo removes what is there.
+SEED_APP_ID = "GPUVFIO CLOUD-INIT SEED"
+_PVD_OFFSET, _APP_ID_OFFSET = 16 * 2048, 574
 SEED_LIMIT = 4 << 20  # two small documents in an ISO 9660 image: a few hundred KiB
 
 
@@ -111,6 +117,9 @@ def plan_seed(ctx: Context, name: str, path: str, *, ssh: SshOptions, forward_po
     except CommandNotStarted:
         checks.append(Check("cloud_init", Verdict.REFUSE, f"{XORRISO} is missing: install the {XORRISO_PACKAGE} "
                             "package (it makes the cloud-init seed image)"))
+    problem = _not_ours(path)
+    if problem:
+        checks.append(Check("cloud_init", Verdict.REFUSE, problem))
     host_key = generate_host_key()
     return SeedPlan(path, user, ssh.key, authorized, host_key, seed_documents(name, user, authorized, host_key),
                     ssh.known_hosts or known_hosts_file(ctx.host), pins, tuple(checks))
@@ -150,6 +159,9 @@ def write_seed(ctx: Context, seed: SeedPlan) -> None:
     defined or started. A refused plan is never written."""
     if seed.refusals:
         raise Refused("; ".join(seed.refusals))
+    problem = _not_ours(seed.path)  # asked again: the plan may be older than the file
+    if problem:
+        raise Refused(problem)
     with scratch_dir("gpuvfio-seed-") as directory:
         scratch = Tree(directory)
         scratch.write(USER_DATA, seed.documents.user_data, 0o600, durable=False)
@@ -157,7 +169,8 @@ def write_seed(ctx: Context, seed: SeedPlan) -> None:
         image = scratch.path("seed.iso")
         # genisoimage's options, as cloud-localds gives them (cloud-utils): Joliet and Rock Ridge
         # keep the file names as they are, which the NoCloud datasource looks up.
-        ctx.run([XORRISO, "-as", "genisoimage", "-output", image, "-volid", VOLUME_ID, "-joliet", "-rock",
+        ctx.run([XORRISO, "-as", "genisoimage", "-output", image, "-volid", VOLUME_ID, "-appid", SEED_APP_ID,
+                 "-joliet", "-rock",
                  scratch.path(USER_DATA), scratch.path(META_DATA)], 120.0)
         data = scratch.read("seed.iso", SEED_LIMIT)
     if not data:
@@ -165,6 +178,24 @@ def write_seed(ctx: Context, seed: SeedPlan) -> None:
     tree, name = user_file(seed.path)
     tree.write(name, data, 0o600)
     pin_host_key(ctx, seed)
+
+
+def _not_ours(path: str) -> str | None:
+    """Why the file at ``path`` must not be replaced (an undo would then delete it): anything
+    there but an earlier seed of gpuvfio's, known by its application identifier. None: nothing
+    there, or a seed of ours."""
+    tree, name = user_file(path)
+    if not tree.exists(name):
+        return None
+    try:
+        head = tree.read(name, _PVD_OFFSET + 2048, head=True) or b""
+    except GpuvfioError as exc:
+        return f"{printable(path)} exists and cannot be read as a seed ({exc}): gpuvfio does not replace it"
+    app_id = head[_PVD_OFFSET + _APP_ID_OFFSET:_PVD_OFFSET + _APP_ID_OFFSET + 128]
+    if head[_PVD_OFFSET:_PVD_OFFSET + 6] == b"\x01CD001" and app_id.rstrip(b" ") == SEED_APP_ID.encode():
+        return None
+    return (f"{printable(path)} exists and is not a cloud-init seed gpuvfio wrote: gpuvfio does not replace it "
+            "(an undone attach would delete it); name a new file, or move it away")
 
 
 def remove_seed(seed: SeedPlan) -> bool:

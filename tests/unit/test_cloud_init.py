@@ -234,3 +234,44 @@ def test_attach_plans_the_seed_before_the_define(cli, workstation, tmp_path, mon
     assert f"host key {plan['cloud_init']['host_key']['fingerprint']} pinned for 192.0.2.7 in " in step
     assert f"<source file='{seed}'/>" in plan["xml"]
     assert not seed.exists() and not state.exists()  # a plan writes nothing
+
+
+def test_a_file_that_is_not_our_seed_is_never_replaced(cli, tmp_path, monkeypatch):
+    """Issue 33 item 3: an undone attach removes the seed, so the seed path must be new, or an
+    earlier seed of gpuvfio's (its ISO 9660 application id): the user's file is refused, kept
+    byte for byte, and so is a seed another tool made (cloud-localds's: volume cidata too)."""
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    key = private_key(tmp_path)
+    mine = tmp_path / "important.iso"
+    mine.write_bytes(b"the user's own file\n" * 100)
+    foreign = tmp_path / "foreign-seed.iso"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "meta-data").write_text("instance-id: x\n")
+    subprocess.run([xorriso(), "-as", "genisoimage", "-output", str(foreign), "-volid", "cidata", "-joliet", "-rock",
+                    str(tmp_path / "docs" / "meta-data")], check=True, capture_output=True, timeout=60)
+    kept = {path: path.read_bytes() for path in (mine, foreign)}
+    for path in (mine, foreign):
+        result = cli("--root", sample_path("dgx-h100"), "xml", GPU, "--name", "h100", "--memory", "8G",
+                     "--user-net-ssh-port", "2222", "--cloud-init", str(path), "--ssh-key", key)
+        assert result.code == 1, result.err
+        assert f"{path} exists and is not a cloud-init seed gpuvfio wrote" in result.err
+        assert path.read_bytes() == kept[path]
+    # gpuvfio's own earlier seed is recognised and replaced by a fresh one.
+    ours = tmp_path / "ours.iso"
+    (tmp_path / "kh").write_text("")
+    with host_context(bare_host(tmp_path)) as ctx:
+        first = plan_seed(ctx, "vm1", str(ours), ssh=ssh_options(host="192.0.2.7", key=key,
+                                                                 known_hosts=str(tmp_path / "kh")))
+        write_seed(ctx, first)
+        again = plan_seed(ctx, "vm1", str(ours), ssh=ssh_options(host="192.0.2.7", key=key,
+                                                                 known_hosts=str(tmp_path / "kh")))
+        assert again.refusals == []
+        write_seed(ctx, again)
+        assert extract(str(ours), tmp_path / "x")["meta-data"] == again.documents.meta_data
+        # A file put there after the plan is still not replaced.
+        late = plan_seed(ctx, "vm2", str(tmp_path / "late.iso"), ssh=ssh_options(host="192.0.2.8", key=key,
+                                                                                   known_hosts=str(tmp_path / "kh")))
+        (tmp_path / "late.iso").write_bytes(b"appeared meanwhile")
+        with pytest.raises(Exception, match="not a cloud-init seed gpuvfio wrote"):
+            write_seed(ctx, late)
+        assert (tmp_path / "late.iso").read_bytes() == b"appeared meanwhile"
