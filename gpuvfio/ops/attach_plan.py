@@ -29,6 +29,7 @@ from gpuvfio.ops.cloud_init import SeedPlan, plan_seed
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.domains import Existing, Provisioned, define_domain, existing_domain, provision_xml
 from gpuvfio.ops.plans import Plan, Verdict
+from gpuvfio.ops.reach import reach_checks
 from gpuvfio.ops.targets import SshOptions
 from gpuvfio.ops.verify_options import VerifyOptions
 from gpuvfio.virt.connection import default_uri
@@ -115,6 +116,8 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
     plan.details["placement"] = placement_json(provisioned)
     plan.details["versions"] = [{"feature": r.feature, "needed": r.needed, "have": r.have, "status": r.status}
                                 for r in spec.versions]
+    # A guest that can boot and be reached, known before the bind changes anything.
+    plan.checks += reach_checks(ctx, request, ssh, uri=uri, asked=asked)
     if provisioned.passthrough:
         _plan_bind(ctx, plan, provisioned, policy, (uri or default_uri()) if asked else binding.NO_LIBVIRT, name)
     if spec.fabric is not None and spec.fabric.partition is not None:

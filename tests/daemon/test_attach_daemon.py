@@ -106,7 +106,10 @@ def test_guest_that_never_answers_times_out_cleanly(cli, daemon, image, state):
 def test_failing_start_leaves_nothing(cli, daemon, image, state):
     port = gl.free_port()
     bad = args(daemon, image, "nostart", port)
-    bad[bad.index("--kernel") + 1] = "/nonexistent/vmlinuz"
+    # A kernel that is there (the plan checks that) but that QEMU cannot load: libvirt's start fails.
+    empty = state / "empty-vmlinuz"
+    empty.write_bytes(b"")
+    bad[bad.index("--kernel") + 1] = str(empty)
     result = cli(*bad)
     assert result.code == 1 and "starting gpuvfio-nostart" in result.err
     assert "gpuvfio-nostart" not in domains(daemon)
@@ -123,3 +126,35 @@ def test_name_owned_by_someone_else(cli, daemon, image, state):
     finally:
         dom.undefine()
         conn.close()
+
+
+def test_a_guest_that_cannot_boot_or_be_reached_is_refused_before_anything_changes(cli, daemon, image, state):
+    """Issue 33 item 2, against a real libvirtd: a missing disk, a missing network, nothing to boot
+    and no way to SSH are refused by the dry run and by the run, which changes nothing; a sound
+    guest is planned with its boot source, network and SSH route checked."""
+    common = ["attach", "--name", "gpuvfio-reach", "--virt-type", "qemu", "--firmware", "bios", "--numa", "none",
+              "--hugepages", "none", "--vcpus", "1", "--memory", "256M", "--connect", daemon.uri]
+    missing = str(state / "missing.img")
+    cases = {
+        "missing disk": (["--disk", missing, "--user-net-ssh-port", "2299"],
+                         f"--disk {missing}: no such file or directory on this machine"),
+        "missing network": (["--kernel", image.kernel, "--network", "nosuchnet"],
+                            "libvirt network nosuchnet does not exist on this connection"),
+        "nothing to boot": (["--user-net-ssh-port", "2299"], "nothing to boot: give --disk IMAGE or --kernel FILE"),
+        "no way to ssh": (["--kernel", image.kernel], "no way to the guest's SSH: give --ssh-host"),
+    }
+    for case, (extra, words) in cases.items():
+        dry = cli(*common, *extra, "--dry-run", "--json")
+        assert dry.code == 1, (case, dry.err)
+        assert any(words in message for message in dry.json()["refused"]), (case, dry.json()["refused"])
+        run = cli(*common, *extra, "--ssh-host", "192.0.2.1") if case != "no way to ssh" else cli(*common, *extra)
+        assert run.code == 1 and words in run.err, (case, run.err)
+    conn = libvirt.open(daemon.uri)
+    try:
+        assert "gpuvfio-reach" not in [d.name() for d in conn.listAllDomains(0)]
+    finally:
+        conn.close()
+    sound = cli(*args(daemon, image, "reach", 2299), "--dry-run", "--json")
+    assert sound.code == 0, sound.err
+    checks = {c["id"]: c for c in sound.json()["checks"]}
+    assert checks["boot"]["status"] == checks["network"]["status"] == checks["ssh_route"]["status"] == "ok"

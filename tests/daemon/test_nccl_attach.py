@@ -23,6 +23,7 @@ from gpuvfio.ops.targets import SshOptions
 from tests.contexts import SharedConnection, sim_context
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
 from tests.simkernel import SimKernel
+from tests.unit.test_plan_attach import kernel_file
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -74,7 +75,8 @@ def _attach(tmp_path, hv, guest_root: str, name: str):
     ctx = sim_context(host.root, kernel, connect=lambda uri: shared)
     server = hv.start(str(tmp_path / f"guest-{name}"), env={"GPUVFIO_PROBE_ROOT": guest_root})
     try:
-        request = domain_request(name, vcpus=2, memory="2G", hugepages="none", firmware="bios")
+        request = domain_request(name, vcpus=2, memory="2G", hugepages="none", firmware="bios",
+                                 kernel=kernel_file(tmp_path))
         ssh = SshOptions(host="127.0.0.1", port=server.port, key=server.client_key,
                          known_hosts=server.known_hosts, timeout=20)
         result = guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",
@@ -156,7 +158,8 @@ def test_an_attach_while_another_run_holds_the_lock_is_refused_naming_it(tmp_pat
                              env={**os.environ, "PYTHONPATH": REPO})
     try:
         assert first.stdout.readline().strip() == "held"
-        request = domain_request("second-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios")
+        request = domain_request("second-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios",
+                                 kernel=kernel_file(tmp_path))
         ssh = SshOptions(host="127.0.0.1", port=22, timeout=1)
         with pytest.raises(LockTimeout, match=f"pid {first.pid}, gpuvfio attach first-vm 01:00, since "):
             guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",

@@ -17,7 +17,7 @@ from gpuvfio.ops.targets import SshOptions
 from tests.conftest import gpu_workstation
 from tests.contexts import SharedConnection, sim_context
 from tests.simkernel import SimKernel
-from tests.unit.test_plan_attach import AUDIO, GPU, _domains, tree_digest
+from tests.unit.test_plan_attach import AUDIO, GPU, _domains, kernel_file, tree_digest
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -33,7 +33,8 @@ def test_the_run_carries_out_the_plans_steps_and_its_placement(tmp_path, ssh_lan
     ctx = sim_context(host.root, kernel, connect=lambda uri: shared)
     server = ssh_lane.start(str(tmp_path / "guest"), env={"GPUVFIO_PROBE_ROOT": host.root})
     try:
-        request = domain_request("planned-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios")
+        request = domain_request("planned-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios",
+                                 kernel=kernel_file(tmp_path))
         ssh = SshOptions(host="127.0.0.1", port=server.port, key=server.client_key,
                          known_hosts=server.known_hosts, timeout=20)
         wanted = [PciAddress.parse(GPU), PciAddress.parse(AUDIO)]

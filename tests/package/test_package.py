@@ -125,7 +125,8 @@ def test_xml_from_the_installed_template(installed):
 
 def test_attach_plans_from_the_installed_wheel(installed):
     plan = json.loads(run(installed, "--root", os.path.join(SAMPLES, "epyc-mixed.host"), "attach", "0000:81:00.0",
-                          "--name", "t", "--ssh-host", "192.0.2.7", "--dry-run", "--json").stdout)
+                          "--name", "t", "--ssh-host", "192.0.2.7", "--kernel", "/boot/vmlinuz", "--dry-run",
+                          "--json").stdout)
     assert [s["step"] for s in plan["steps"]][:3] == ["bind", "define", "start"]
 
 

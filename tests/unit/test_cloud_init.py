@@ -55,6 +55,13 @@ def authorized_of(key_file: str) -> str:
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
+def disk_image(tmp_path):
+    """A boot disk the attach plan finds on this machine (issue 33 item 2)."""
+    path = tmp_path / "guest.img"
+    path.write_bytes(b"\0" * 512)
+    return path
+
+
 def bare_host(tmp_path) -> HostRoot:
     (tmp_path / "host").mkdir(exist_ok=True)
     return HostRoot(str(tmp_path / "host"))
@@ -224,7 +231,8 @@ def test_attach_plans_the_seed_before_the_define(cli, workstation, tmp_path, mon
     seed = tmp_path / "seed.iso"
     result = cli("--root", workstation.root, "attach", "01:00", "--name", "vm1", "--dry-run", "--json",
                  "--connect", "test:///default", "--ssh-host", "192.0.2.7", "--virt-type", "qemu",
-                 "--firmware", "bios", "--cloud-init", str(seed), "--ssh-key", private_key(tmp_path))
+                 "--firmware", "bios", "--cloud-init", str(seed), "--ssh-key", private_key(tmp_path),
+                 "--disk", str(disk_image(tmp_path)))
     assert result.code == 0, result.err
     plan = result.json()
     assert [s["step"] for s in plan["steps"]] == ["bind", "cloud-init seed", "define", "start", "wait for ssh",

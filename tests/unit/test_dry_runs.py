@@ -305,7 +305,9 @@ def test_a_dry_run_plan_raises_bad_input_not_a_plan(bound):
 def test_testbed_run_dry_run_is_testbed_plan_and_writes_no_out_dir(cli, workstation, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
     spec = tmp_path / "spec.toml"
-    spec.write_text('[guest]\ndisk = "/var/lib/libvirt/images/g.qcow2"\nvcpus = 2\nmemory = "2G"\n'
+    disk = tmp_path / "g.qcow2"  # a guest that can boot (issue 33 item 2)
+    disk.write_bytes(b"QFI\xfb")
+    spec.write_text(f'[guest]\ndisk = "{disk}"\nvcpus = 2\nmemory = "2G"\n'
                     'firmware = "bios"\n[guest.ssh]\nport = 2222\n\n[run]\ngpus = ["01:00"]\n\n[[variant]]\n'
                     'name = "pt"\nkind = "passthrough"\nhugepages = "none"\n')
     out = tmp_path / "out"

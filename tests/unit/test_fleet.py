@@ -421,7 +421,7 @@ def test_domain_module_defined_then_running_attaches_to_that_definition(run_modu
     root, state, kernel = built_host
     ctx = built_host.context
     server, private_key = guest_server
-    args = {"root": root, "state_dir": state, "name": "train-1", "devices": [GPU], "uri": "test:///default",
+    args = {"root": root, "state_dir": state, "name": "train-1", "devices": [GPU], "uri": "test:///default", "kernel": boot_file(root),
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios"}
     failed, result = run_module("domain", args, context=ctx)
     assert not failed and result["define"]["result"] == "defined", result
@@ -455,7 +455,7 @@ def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, 
 
     root, state, _kernel = built_host
     server, private_key = guest_server
-    args = {"root": root, "state_dir": state, "name": "train-2", "devices": [GPU], "uri": "test:///default",
+    args = {"root": root, "state_dir": state, "name": "train-2", "devices": [GPU], "uri": "test:///default", "kernel": boot_file(root),
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
             "user_net_ssh_port": server.port, "known_hosts": server.known_hosts, "boot_timeout": 20,
             "ssh_private_key": private_key, "verify": False}
@@ -471,11 +471,20 @@ def test_discovered_guest_address_keeps_the_ssh_options(run_module, built_host, 
     assert not failed and lookup(built_host.libvirt, "train-2") is None
 
 
+def boot_file(root: str) -> str:
+    """A kernel on this machine, for attach's plan to find (issue 33 item 2: a guest that can boot)."""
+    path = os.path.join(str(root), "boot-vmlinuz")
+    with open(path, "wb") as handle:
+        handle.write(bytes(512))
+    return path
+
+
 def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
     root, state, _kernel = built_host
     failed, result = run_module("domain", {"root": root, "state_dir": state, "name": "g", "devices": [GPU],
-                                                   "uri": "test:///default", "state": "running", "vcpus": 2,
-                                                   "memory": "2G", "hugepages": "none"}, check=True)
+                                           "uri": "test:///default", "state": "running", "vcpus": 2,
+                                           "memory": "2G", "hugepages": "none", "kernel": boot_file(root),
+                                           "network": "default"}, check=True)
     assert not failed, result
     assert result["changed"] is True
     plan = result["plan"]  # attach's own plan (gpuvfio.ops.attach_plan), as attach --dry-run prints it
@@ -582,7 +591,7 @@ def test_failed_attach_gives_back_only_what_it_bound(run_module, built_host, gue
     server, _private_key = guest_server
     failed, result = run_module("device", {"root": root, "state_dir": state, "devices": [GPU]}, context=ctx)
     assert not failed and kernel.driver_of(GPU) == "vfio-pci", result
-    args = {"root": root, "state_dir": state, "name": "train-3", "devices": [GPU], "uri": "test:///default",
+    args = {"root": root, "state_dir": state, "name": "train-3", "devices": [GPU], "uri": "test:///default", "kernel": boot_file(root),
             "vcpus": 2, "memory": "2G", "hugepages": "none", "firmware": "bios", "state": "running",
             "ssh_host": "127.0.0.1", "ssh_port": server.port, "known_hosts": server.known_hosts,
             "boot_timeout": 10}

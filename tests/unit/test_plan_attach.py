@@ -54,6 +54,13 @@ def foreign_domain():
     conn.close()
 
 
+def kernel_file(tmp_path) -> str:
+    """A kernel the attach plan finds on this machine (issue 33 item 2: a guest that can boot)."""
+    path = tmp_path / "vmlinuz"
+    path.write_bytes(b"\0" * 512)
+    return str(path)
+
+
 def _domains(conn) -> list[str]:
     return sorted(d.name() for d in conn.listAllDomains(0))
 
@@ -64,7 +71,8 @@ def test_attach_dry_run_changes_nothing_needs_no_yes_and_lists_the_runs_steps(cl
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
     before, domains = tree_digest(workstation.root), _domains(foreign_domain)
     result = cli("--root", workstation.root, "attach", "01:00", "--name", "vm1", "--dry-run", "--json",
-                 "--connect", "test:///default", "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios")
+                 "--connect", "test:///default", "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios",
+                 "--kernel", kernel_file(tmp_path))
     assert result.code == 0, result.err
     plan = result.json()
     assert plan["operation"] == "attach" and plan["result"] == "planned" and plan["refused"] == []
@@ -78,7 +86,8 @@ def test_attach_dry_run_changes_nothing_needs_no_yes_and_lists_the_runs_steps(cl
     assert _domains(foreign_domain) == domains
     # In text, the plan, then one line: nothing changed.
     text = cli("--root", workstation.root, "attach", "01:00", "--name", "vm1", "--dry-run",
-               "--connect", "test:///default", "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios")
+               "--connect", "test:///default", "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios",
+                 "--kernel", kernel_file(tmp_path))
     assert text.code == 0 and "attach vm1: planned" in text.out and "1. bind: move" in text.out
     assert "dry run: nothing changed; the run takes 5 steps" in text.err
 
@@ -89,7 +98,7 @@ def test_a_refused_attach_plan_is_the_runs_refusal_in_the_same_words(cli, workst
     with the error line the run prints, and the run changes nothing either."""
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
     args = ["--root", workstation.root, "attach", GPU, "--name", "vm-foreign", "--connect", "test:///default",
-            "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios"]
+            "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios", "--kernel", kernel_file(tmp_path)]
     before = tree_digest(workstation.root)
     dry = cli(*args, "--dry-run", "--json")
     run = cli(*args)
@@ -144,7 +153,9 @@ def test_testbed_plan_shows_for_each_variant_the_plan_attach_dry_run_prints(cli,
                                                                             monkeypatch):
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
     spec = tmp_path / "spec.toml"
-    spec.write_text('[guest]\ndisk = "/var/lib/libvirt/images/g.qcow2"\nvcpus = 2\nmemory = "2G"\nfirmware = "bios"\n'
+    disk = tmp_path / "g.qcow2"
+    disk.write_bytes(b"QFI\xfb")
+    spec.write_text(f'[guest]\ndisk = "{disk}"\nvcpus = 2\nmemory = "2G"\nfirmware = "bios"\n'
                     '[guest.ssh]\nport = 2222\n\n[run]\ngpus = ["01:00"]\n\n[[variant]]\nname = "pt"\nkind = "passthrough"\n'
                     'hugepages = "none"\n')
     testbed = cli("--root", workstation.root, "testbed", "plan", str(spec), "--json", "--yes")
@@ -153,7 +164,7 @@ def test_testbed_plan_shows_for_each_variant_the_plan_attach_dry_run_prints(cli,
     # [guest.ssh] port: QEMU user networking forwards 127.0.0.1:port to the guest's SSH.
     dry = cli("--root", workstation.root, "attach", "01:00", "--name", "gpuvfio-tb-pt", "--vcpus", "2",
               "--memory", "2G", "--firmware", "bios", "--hugepages", "none",
-              "--disk", "/var/lib/libvirt/images/g.qcow2", "--user-net-ssh-port", "2222",
+              "--disk", str(disk), "--user-net-ssh-port", "2222",
               "--ssh-host", "127.0.0.1", "--ssh-port", "2222", "--ssh-user", "root", "--dry-run", "--json")
     assert dry.code == 0, dry.err
     assert variant["plan"] == dry.json()
