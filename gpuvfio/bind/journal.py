@@ -28,6 +28,7 @@ from gpuvfio.files import Tree
 from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
+from gpuvfio.names import DRIVER_NAME
 from gpuvfio.settings import STATE_ENV
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
@@ -86,7 +87,7 @@ def make_state_dir(directory: Tree) -> None:
 
 # What a journal may hold, checked on every load: a journal that does not fit is not acted on
 # (a bogus original driver would have restore reprobe a device gpuvfio never held).
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:-]{0,63}")
+_NAME = DRIVER_NAME  # the one rule for the names a bind writes back (gpuvfio.names; plan_bind refuses others)
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UNITS = set(NVIDIA_SERVICES.values())
 _POLICIES = {"best-effort", "equal-share", "fixed-share"}

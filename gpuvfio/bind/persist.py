@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import HostRoot
+from gpuvfio.names import is_module_name
+from gpuvfio.text import printable
 
 UDEV_RULES = ("etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules")
 SOFTDEP = ("etc", "modprobe.d", "gpuvfio-vfio.conf")
@@ -176,9 +178,14 @@ def driver_module(host: HostRoot, driver: str) -> str | None:
     differ from them (xhci_hcd is xhci_pci, nvidia-gpu is i2c_nvidia_gpu). The driver's
     ``module`` link names it (drivers/base/module.c); a built-in driver has none."""
     try:
-        return host.link_name(host.sys_path("bus", "pci", "drivers", driver, "module"))
+        module = host.link_name(host.sys_path("bus", "pci", "drivers", driver, "module"))
     except GpuvfioError:
         return None
+    if module is not None and not is_module_name(module):
+        # It goes into modprobe.d: a newline there would be a line of modprobe's own (install X CMD).
+        raise Refused(f"refused: driver {printable(driver)}'s module link names {printable(repr(module))}, not a "
+                      "kernel module name: gpuvfio writes no softdep for it")
+    return module
 
 
 def uses_driverctl(host: HostRoot) -> bool:
@@ -251,6 +258,10 @@ def plan_persist(host: HostRoot, add: list[PciAddress], remove: list[PciAddress]
     softdep_path = _rel(*SOFTDEP)
     drivers = set(_SOFTDEP.findall(_read(host, softdep_path) or "")) | set(host_modules)
     drivers -= {"vfio-pci", "vfio_pci"}
+    bad = sorted(d for d in drivers if not is_module_name(d))
+    if bad:  # checked again where it is written (the file's own lines are the host's input too)
+        raise Refused(f"refused: {printable(', '.join(map(repr, bad)))} in {softdep_path} or the drivers "
+                      "is not a kernel module name: gpuvfio writes no softdep for it")
     softdep = HEADER + "".join(f"softdep {d} pre: vfio-pci\n" for d in sorted(drivers)) if wanted and drivers else None
     changes.append(FileChange(softdep_path, _read(host, softdep_path), softdep))
     load_path = _rel(*MODULES_LOAD)

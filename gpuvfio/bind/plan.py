@@ -18,6 +18,8 @@ from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host import assignable
 from gpuvfio.host.fabric import Decision
 from gpuvfio.host.host_use import HostUseReader
+from gpuvfio.names import is_driver_name
+from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
@@ -226,6 +228,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
     for address in moving:
         fn = fns[address]
+        _name_checks(fn, checks)
         if fn.boot_vga:
             fbs = ", ".join(kernel.framebuffers) or "no framebuffer listed"
             checks.append(PlanCheck("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
@@ -271,6 +274,16 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                           expect=VFIO_DRIVER))
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
                     groups=endpoints, steps=steps, checks=checks, services=services.units)
+
+
+def _name_checks(fn, checks: list[PlanCheck]) -> None:
+    """The driver and driver_override a bind journals and writes back must be names the journal
+    takes and sysfs can be given again (gpuvfio.names): refused before the first write, never a
+    journal gpuvfio cannot read back."""
+    for what, value in (("driver", fn.driver), ("driver_override", fn.driver_override)):
+        if value is not None and not is_driver_name(value):
+            checks.append(PlanCheck("names", REFUSE, f"{fn.address}: its {what} is {printable(repr(value))}, not a "
+                                    "kernel driver name: gpuvfio could not journal it and write it back"))
 
 
 TAKE_HOST_DEVICES = "--take-host-devices"
