@@ -12,7 +12,7 @@ import os
 
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.virt.uri import check_uri
+from gpuvfio.virt.uri import check_uri, names_a_test_file
 
 URI_ENV = "LIBVIRT_DEFAULT_URI"
 SYSTEM_URI = "qemu:///system"
@@ -46,6 +46,8 @@ def open_connection(uri: str, *, read_only: bool = False):
     try:
         return libvirt.openReadOnly(uri) if read_only else libvirt.open(uri)
     except libvirt.libvirtError as exc:
+        if names_a_test_file(uri):  # its parse errors quote the file: say which file, not what is in it
+            raise LibvirtError(f"libvirt's test driver could not load {uri}: not a configuration it takes") from None
         raise LibvirtError(f"cannot connect to libvirt at {uri}: {exc.get_error_message()}") from None
 
 

@@ -23,7 +23,6 @@ ALLOWED = [
     "qemu:///session",
     "QEMU:///system",
     "test:///default",
-    "test:///var/tmp/pytest-of-root/host.xml",  # the test driver on a node file, as the tests use it
     "test+unix:///default",
     "qemu+unix:///system",
     "qemu+unix:///system?socket=/nonexistent/libvirt-sock",
@@ -269,3 +268,46 @@ def test_ansible_modules_refuse_the_uri_in_check_mode_too(run_module, tmp_path, 
     key = "libvirt_uri" if name == "device" else "uri"
     assert failed and result["exit_code"] == 2 and result["msg"].startswith(f"{key} "), result
     assert not canary.exists() and not os.path.exists(tmp_path / "s" / "journal.json")
+
+
+def test_a_test_driver_file_is_a_regular_node_file_and_its_content_never_shows(tmp_path, cli):
+    """Issue 34 item 3: test:///PATH made libvirt print the first line of any file (a shadow-like
+    file's hash appeared) and a FIFO hung the command. The file is read through the file layer
+    (bounded, never a FIFO), must be a test driver <node>, and no error quotes it."""
+    import os
+    import threading
+
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$SECRETHASH$abcdef:19000:0:99999:7:::\n")
+    node = tmp_path / "host.xml"
+    node.write_text("<?xml version='1.0'?>\n<!-- the tests' node -->\n<node>\n</node>\n")
+    broken = tmp_path / "broken.xml"
+    broken.write_text("<node><domain type='test'>SECRETHASH<</node>\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert check_uri(f"test://{node}", source="--connect") == f"test://{node}"
+    for uri, words in ((f"test://{secret}", "is not a libvirt test driver configuration"),
+                       (f"test+unix://{secret}", "is not a libvirt test driver configuration"),
+                       (f"test://{fifo}", "it is a FIFO, not a regular file"),
+                       (f"test://{tmp_path}/none.xml", "does not exist"),
+                       ("test://hv1/default", "no host in its URI"),
+                       (f"test://{tmp_path}", "cannot be used")):
+        with pytest.raises(InputError, match=words) as info:
+            check_uri(uri, source="--connect")
+        assert "SECRETHASH" not in str(info.value)
+    # The commands: one line, exit 2, no content, and no hang on the FIFO (a thread would block).
+    done = []
+    worker = threading.Thread(target=lambda: done.append(cli("vgpu", "list",
+                                                             "--connect", f"test://{fifo}")))
+    worker.start()
+    worker.join(30)
+    assert done and done[0].code == 2 and "FIFO" in done[0].err
+    result = cli("vgpu", "list", "--connect", f"test://{secret}")
+    assert result.code == 2 and "SECRETHASH" not in result.out + result.err
+    # A <node> libvirt cannot load: the connection's error names the file, not its lines.
+    from gpuvfio.virt.connection import open_connection
+    from gpuvfio.errors import GpuvfioError
+
+    with pytest.raises(GpuvfioError) as info:
+        open_connection(f"test://{broken}")
+    assert "SECRETHASH" not in str(info.value) and str(broken) in str(info.value)
