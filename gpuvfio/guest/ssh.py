@@ -10,7 +10,6 @@ pipe cannot deadlock the remote side).
 
 from __future__ import annotations
 
-import io
 import os
 import shlex
 import socket
@@ -60,6 +59,9 @@ def _known_hosts_name(host: str, port: int) -> str:
 
 
 NOT_SSH = "not an SSH server"
+# The most a guest or a remote host may send for one command (stdout and stderr together): the
+# probe's report, a dump-host recording, a testbed's results archive are a few MiB at most.
+OUTPUT_LIMIT = 16 << 20
 # What paramiko (SSHClient._auth, 3.x) raises when it has no key, agent or password to try.
 NO_KEY = "No authentication methods available"
 
@@ -221,6 +223,10 @@ class Session:
         ``pty``: ask for a terminal, so that closing the channel (Ctrl-C here, a lost
         connection) hangs the remote command up -- ``ssh -t``; output then arrives merged
         on stdout. The exit status is asked for only after all output was read.
+
+        What a guest or remote host sends is bounded: past OUTPUT_LIMIT bytes of stdout and
+        stderr together the command is refused (SshError, one line) and its channel closed;
+        a streamed command (``on_output``) keeps only the last OUTPUT_LIMIT bytes instead.
         """
         import paramiko
 
@@ -247,19 +253,18 @@ class Session:
             if stdin is not None:
                 channel.sendall(stdin)
                 channel.shutdown_write()
-            out, err = io.BytesIO(), io.BytesIO()
+            out, err = _Bounded(on_output is not None), _Bounded(on_output is not None)
             deadline = time.monotonic() + timeout
             while True:
-                if channel.recv_ready():
-                    chunk = channel.recv(65536)
-                    out.write(chunk)
+                if channel.recv_ready() or channel.recv_stderr_ready():
+                    stream = out if channel.recv_ready() else err
+                    chunk = channel.recv(65536) if stream is out else channel.recv_stderr(65536)
+                    stream.write(chunk)
                     if on_output is not None:
                         on_output(chunk)
-                elif channel.recv_stderr_ready():
-                    chunk = channel.recv_stderr(65536)
-                    err.write(chunk)
-                    if on_output is not None:
-                        on_output(chunk)
+                    elif out.size + err.size > OUTPUT_LIMIT:
+                        raise SshError(f"{argv[0]} on {self.target.label()} sent more than "
+                                       f"{OUTPUT_LIMIT >> 20} MiB of output; refused")
                 elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 else:
@@ -297,6 +302,25 @@ class Session:
 
 
 KNOWN_HOSTS_LIMIT = 4 << 20
+
+
+class _Bounded:
+    """One output stream of a command: all of it up to OUTPUT_LIMIT (the caller refuses more),
+    or, streamed (``tail``), its last OUTPUT_LIMIT bytes."""
+
+    def __init__(self, tail: bool) -> None:
+        self.tail = tail
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while self.tail and self.size - len(self.chunks[0]) >= OUTPUT_LIMIT:
+            self.size -= len(self.chunks.pop(0))
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 def _load_known_hosts(keys, path: str) -> None:

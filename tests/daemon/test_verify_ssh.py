@@ -114,3 +114,36 @@ def test_a_guest_without_python_fails_closed(tmp_path, fakecuda_libdir):
     report, checks = judge(tmp_path, fakecuda_libdir, BASH_ENV=str(env_file))
     assert report["facts"]["python3"] is None
     assert checks["cuda"]["status"] == "fail" and "no python3" in checks["cuda"]["reason"] and not report["ok"]
+
+
+def test_what_a_guest_sends_is_bounded(tmp_path):
+    """Issue 34 item 4: 300 MB of probe output took the host to 669 MB resident. A real SSH
+    server on 127.0.0.1 floods: past OUTPUT_LIMIT the command is refused in one line, and a
+    streamed command keeps only its tail; memory stays near the limit, not the flood."""
+    import tracemalloc
+
+    from gpuvfio.guest.ssh import OUTPUT_LIMIT, SshError
+
+    server = hv.start(str(tmp_path / "hv"))
+    flood = ["head", "-c", str(3 * OUTPUT_LIMIT), "/dev/zero"]
+    try:
+        target = SshTarget("127.0.0.1", server.port, "root", server.client_key, server.known_hosts)
+        with Session(target) as session:
+            tracemalloc.start()
+            try:
+                with pytest.raises(SshError) as info:
+                    session.run_bytes(flood, timeout=120)
+                _now, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert str(info.value).endswith("sent more than 16 MiB of output; refused")
+            assert "\n" not in str(info.value)
+            assert peak < 2 * OUTPUT_LIMIT + (8 << 20), peak
+            seen = []
+            status, out, _err = session.run_bytes(flood, timeout=120, on_output=lambda c: seen.append(len(c)))
+            assert status == 0 and sum(seen) == 3 * OUTPUT_LIMIT
+            assert OUTPUT_LIMIT <= len(out) < OUTPUT_LIMIT + (1 << 20)
+            status, out, _err = session.run_bytes(["echo", "still usable"], timeout=30)
+            assert (status, out) == (0, b"still usable\n")
+    finally:
+        server.stop()
