@@ -165,21 +165,6 @@ def open_dir_at(dir_fd: int, name: str, where: str) -> int | None:
         _component_error(exc, dir_fd, name, where)
 
 
-def write_attribute(path: str, data: bytes) -> None:
-    """One write(2) to a sysfs attribute, as ``echo`` does it: no O_CREAT, no link followed, a
-    regular file only (a FIFO planted in a tree is not written to: O_NONBLOCK and the check)."""
-    mode = os.lstat(path).st_mode  # FileNotFoundError: the caller's answer (the device is gone)
-    if not stat.S_ISREG(mode):
-        raise NotRegular(f"refusing to write {path}: it is {kind_name(mode)}")
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegular(f"refusing to write {path}: not a regular file")
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 class Tree:
     """A top directory (followed: the caller chose it) and paths beneath it (never followed).
 
@@ -426,6 +411,38 @@ class Tree:
         finally:
             os.close(dir_fd)
 
+    def open_attribute(self, rel: str) -> int:
+        """A write-only fd of the attribute ``rel`` (a sysfs file: never made, never truncated),
+        reached through directory fds held from the top, each component O_NOFOLLOW: a link on
+        the way, swapped in since the path was planned, is refused, never written through. Only
+        a regular file with one link (every sysfs attribute has one; a hard link planted in a
+        tree would write into another file). FileNotFoundError: it is not there (the device is
+        gone); the caller closes the fd."""
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.path(rel))
+        try:
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC,
+                             dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EMLINK):
+                    raise UnsafePathError(f"refusing to write {self.path(rel)}: it is a link") from None
+                if exc.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK|O_WRONLY)
+                    raise NotRegular(f"refusing to write {self.path(rel)}: it is a FIFO") from None
+                raise
+            found = os.fstat(fd)
+            problem = (f"it is {kind_name(found.st_mode)}" if not stat.S_ISREG(found.st_mode) else
+                       f"it has {found.st_nlink} links (a sysfs attribute has one)" if found.st_nlink != 1 else None)
+            if problem:
+                os.close(fd)
+                raise NotRegular(f"refusing to write {self.path(rel)}: {problem}")
+            return fd
+        finally:
+            os.close(dir_fd)
+
     def open_lock(self, rel: str, mode: int = 0o600, *, dir_mode: int = 0o700) -> int:
         """A read-write fd of a regular lock file (made when missing), for flock."""
         dir_fd, name = self._parent(rel, create=True, mode=dir_mode)
@@ -438,9 +455,14 @@ class Tree:
                 raise NotRegular(f"{self.path(rel)} is {kind_name(current.st_mode)}, not a regular file")
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC,
                          mode, dir_fd=dir_fd)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+                # The lock is written (the holder's line): a hard link to another file would be
+                # emptied. Only a file gpuvfio made (one link) is a lock.
                 os.close(fd)
-                raise NotRegular(f"{self.path(rel)} is not a regular file")
+                raise NotRegular(f"{self.path(rel)} is not a lock gpuvfio made ("
+                                 + ("not a regular file" if not stat.S_ISREG(found.st_mode)
+                                    else f"it has {found.st_nlink} links") + "): move it away")
             return fd
         except OSError as exc:
             _walk_error(exc, self.path(rel))
@@ -490,6 +512,9 @@ class ReadOnlyTree(Tree):
     def remove(self, rel: str) -> bool:
         self._refuse("removing")
 
+    def open_attribute(self, rel: str) -> int:
+        self._refuse("writing")
+
 
 def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool) -> None:
     """A new file ``name`` (O_EXCL: never an existing one, nor through a link) with ``payload``."""
@@ -507,72 +532,6 @@ def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool)
 def _unlink_quietly(dir_fd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dir_fd)
-
-
-# -- single files a user names (an output file, a ROM image, a spec) --------------------------
-def user_file(path: str) -> tuple[Tree, str]:
-    """The directory a user named (followed: their choice) and the file's name in it."""
-    if not path or "\0" in path:
-        raise InputError("the path is empty")
-    full = os.path.abspath(path)
-    directory, name = os.path.split(full)
-    if not name:
-        raise InputError(f"{path} names a directory, not a file")
-    return Tree(directory), name
-
-
-def check_output_path(out: str) -> None:
-    """``out`` is a new name in an existing directory or a regular file (replaced): never a
-    device, a directory or a link (gpuvfio runs as root; a rename over /dev/null is a mistake)."""
-    if not out or "\0" in out:
-        raise InputError("the output path is empty")
-    tree, name = user_file(out)
-    if not os.path.isdir(tree.top):
-        raise InputError(f"cannot write {out}: {tree.top} is not a directory")
-    current = tree.lstat(name)
-    if current is not None and not stat.S_ISREG(current.st_mode):
-        raise InputError(f"cannot write {out}: it is {kind_name(current.st_mode)} (give a new name, a regular file, "
-                         "or - for stdout)")
-
-
-def write_output(out: str, text: str) -> None:
-    """Write a file the user named (checked as above), atomically; errors in one line."""
-    check_output_path(out)
-    tree, name = user_file(out)
-    tree.write(name, text)
-
-
-def read_regular(path: str, limit: int = TEXT_LIMIT, *, head: bool = False) -> bytes | None:
-    """The bytes of a regular file a user named (a spec, a ROM image, results), or None when
-    there is none; never read through a final link, never opened when it is a FIFO or a device,
-    never more than ``limit`` bytes. InputError, one line, otherwise."""
-    tree, name = user_file(path)
-    try:
-        return tree.read(name, limit, head=head)
-    except NotRegular as exc:
-        raise InputError(str(exc)) from None
-    except UnsafePathError as exc:
-        message = str(exc)
-        raise InputError(f"cannot read {path}: it is a link" if "is a link" in message else message) from None
-    except HostReadError as exc:
-        raise InputError(str(exc)) from None
-
-
-def user_dir(path: str, *, create: bool = False) -> Tree:
-    """A directory a user named (``OUT``; followed: their choice), made when ``create`` and
-    missing (its parent must exist; the new directory is made without following a link)."""
-    if not path or not path.strip() or "\0" in path:
-        raise InputError("the directory path is empty")
-    full = os.path.abspath(path)
-    if create and not os.path.isdir(full):
-        parent, name = os.path.split(full)
-        if not os.path.isdir(parent):
-            raise InputError(f"cannot make {path}: {parent} is not a directory")
-        try:
-            Tree(parent).make_dir(name)
-        except UnsafePathError as exc:
-            raise InputError(f"cannot make {path}: {exc}") from None
-    return Tree(full)
 
 
 def silence_stdout() -> None:

@@ -125,7 +125,7 @@ class SimKernel:
             raise OSError(fault["errno"], os.strerror(fault["errno"]))
 
     # -- the write(2) entry point (gpuvfio's SysfsWriter backend) ---------------------------
-    def __call__(self, path: str, data: bytes) -> None:
+    def __call__(self, path: str, data: bytes, fd: int | None = None) -> None:
         state = self._load()
         value = data.decode()
         state["writes"].append([os.path.relpath(path, self.root), value])

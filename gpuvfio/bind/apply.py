@@ -86,6 +86,9 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
     lane's hook to kill a bind half-way)."""
     if plan.nothing_to_do:
         return ApplyResult(BindStatus.NOTHING_TO_DO, [str(d) for d in plan.devices])
+    for step in plan.steps:  # every target as the writer will open it, before the first change
+        if step.path is not None:
+            writer.check(step.path)
     for address in plan.moving:
         # A device already in the journal keeps its *first* original: a second bind after
         # a half-finished one must not record vfio-pci as "the host driver".

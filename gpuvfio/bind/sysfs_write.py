@@ -8,9 +8,14 @@ answer. A child stuck in the kernel cannot be killed (uninterruptible sleep); we
 report it and leave it, and the caller marks the step *uncertain* in the journal so
 that ``restore`` reconciles with what sysfs shows later.
 
-The kernel side is a ``backend``: ``backend(path, data)`` performs one write or
-raises OSError. Production uses real ``write(2)``; the unit lane passes a simulated
-kernel that applies Linux's semantics to a tree in tmp_path.
+The target is opened here, in the parent, just before the write: its directory resolved
+afresh and opened through held directory fds beneath the root, every component O_NOFOLLOW, a
+regular file with one link (HostRoot.open_sys_attribute). A path planned earlier is never
+written by its string: a directory swapped for a link meanwhile is refused, not followed.
+
+The kernel side is a ``backend``: ``backend(path, data, fd)`` performs one write on ``fd`` or
+raises OSError. Production uses real ``write(2)``; the unit lane passes a simulated kernel
+that applies Linux's semantics to a tree in tmp_path.
 """
 
 from __future__ import annotations
@@ -22,11 +27,10 @@ import signal
 import time
 from typing import Callable
 
-from gpuvfio.errors import GpuvfioError, UnsafePathError
-from gpuvfio.files import write_attribute
+from gpuvfio.errors import GpuvfioError, HostReadError
 from gpuvfio.host.root import HostRoot
 
-Backend = Callable[[str, bytes], None]
+Backend = Callable[[str, bytes, int], None]
 DEFAULT_TIMEOUT = 10.0
 
 
@@ -47,9 +51,9 @@ class SysfsWriteTimeout(GpuvfioError):
                          f"(writer pid {pid} left behind; the kernel may still complete it)")
 
 
-def kernel_write(path: str, data: bytes) -> None:
-    """One write(2) to a sysfs attribute, as ``echo`` would do it (gpuvfio.files.write_attribute)."""
-    write_attribute(path, data)
+def kernel_write(path: str, data: bytes, fd: int) -> None:
+    """One write(2) to a sysfs attribute opened by HostRoot.open_sys_attribute, as ``echo`` does it."""
+    os.write(fd, data)
 
 
 class SysfsWriter:
@@ -58,16 +62,33 @@ class SysfsWriter:
         self.timeout = timeout
         self.backend = backend
 
-    def checked_path(self, path: str) -> str:
-        """The path must lie in <root>/sys once resolved, and not be a symlink itself."""
-        directory = self.host.resolve_in_sys(os.path.dirname(path))
-        full = os.path.join(directory, os.path.basename(path))
-        if os.path.islink(full):
-            raise UnsafePathError(f"refusing to write through symlink {full}")
-        return full
+    def check(self, path: str) -> None:
+        """Open ``path`` as write() will, and close it: a target the writer would refuse (a link
+        on the way, a hard link, a FIFO) refuses the operation before its first write."""
+        try:
+            os.close(self.host.open_sys_attribute(os.path.normpath(path)))
+        except FileNotFoundError:
+            pass  # the write reports a missing attribute as the kernel's ENOENT, in its step
+        except HostReadError as exc:
+            if not str(exc).startswith("missing "):
+                raise
 
     def write(self, path: str, value: str) -> None:
-        full = self.checked_path(path)
+        full = os.path.normpath(path)
+        try:
+            target = self.host.open_sys_attribute(full)
+        except FileNotFoundError:  # the device (or driver) is gone: the kernel's own answer
+            raise SysfsWriteError(full, value, errno.ENOENT, f"{os.strerror(errno.ENOENT)} (ENOENT)") from None
+        except HostReadError as exc:
+            if str(exc).startswith("missing "):
+                raise SysfsWriteError(full, value, errno.ENOENT, f"{os.strerror(errno.ENOENT)} (ENOENT)") from None
+            raise
+        try:
+            self._write_in_child(full, value, target)
+        finally:
+            os.close(target)
+
+    def _write_in_child(self, full: str, value: str, target: int) -> None:
         data = value.encode()
         read_fd, write_fd = os.pipe()
         pid = os.fork()
@@ -77,7 +98,7 @@ class SysfsWriter:
             try:
                 os.close(read_fd)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                self.backend(full, data)
+                self.backend(full, data, target)
             except OSError as exc:
                 code = exc.errno or errno.EIO
                 message = (exc.strerror or str(exc)).encode()[:200]

@@ -20,7 +20,7 @@ from gpuvfio.ops.context import Context, check_uri
 from gpuvfio.ops.plans import Verdict
 from gpuvfio.ops.targets import ssh_from_table
 from gpuvfio.errors import InputError, Refused
-from gpuvfio.files import check_output_path, write_output
+from gpuvfio.user_files import check_output_path, write_output
 from gpuvfio.ops.domains import (NCCL_GUEST_FILE, define_domain, domain_request, existing_domain,
                                  nccl_topology_file, provision_xml)
 from gpuvfio.ops.selection import check_devices, resolve

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuvfio.files import user_dir
+from gpuvfio.user_files import user_dir
 from gpuvfio.options import ANSIBLE_MODULES, SETS, ansible_options, argument_spec, documentation_options
 from gpuvfio.testbed.schema import schema_text
 

@@ -16,7 +16,7 @@ import typer.main
 
 from gpuvfio import __version__
 from gpuvfio.cli.app import SUMMARY, app
-from gpuvfio.files import user_dir
+from gpuvfio.user_files import user_dir
 
 # Every environment variable gpuvfio reads (tests/unit/test_docs.py checks each is in the source).
 ENVIRONMENT = (

@@ -14,7 +14,7 @@ from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
 from gpuvfio.commands import Runner
 from gpuvfio.errors import Refused
-from gpuvfio.files import user_dir
+from gpuvfio.user_files import user_dir
 from gpuvfio.ops.context import Context, check_uri, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.targets import recorded_known_hosts

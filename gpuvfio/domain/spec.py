@@ -21,7 +21,7 @@ from gpuvfio.domain.address_space import AddressPlan, plan_address_space
 from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused, UnsafePathError
-from gpuvfio.files import read_regular
+from gpuvfio.user_files import read_regular
 from gpuvfio.host import assignable
 from gpuvfio.host.firmware import find_ovmf, uefi_descriptors
 from gpuvfio.host.fabric import Decision

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.files import read_regular, user_file
+from gpuvfio.user_files import read_regular, user_file
 
 
 class SshError(GpuvfioError):

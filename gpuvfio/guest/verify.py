@@ -12,7 +12,7 @@ import dataclasses
 import time
 
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.files import read_regular
+from gpuvfio.user_files import read_regular
 from gpuvfio.guest.checks import FAIL, VerifyReport, check, judge, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program

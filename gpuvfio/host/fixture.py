@@ -22,7 +22,8 @@ import os
 import stat
 
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError
-from gpuvfio.files import NotRegular, Tree, read_regular, scratch_dir, user_dir
+from gpuvfio.files import NotRegular, Tree, scratch_dir
+from gpuvfio.user_files import read_regular, user_dir
 from gpuvfio.host.root import HostRoot
 from gpuvfio.settings import ROOT_ENV, Settings
 from gpuvfio.tree_filler import TreeFiller

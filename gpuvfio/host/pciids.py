@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from gpuvfio.files import HOST_TEXT_LIMIT, read_regular
+from gpuvfio.files import HOST_TEXT_LIMIT
+from gpuvfio.user_files import read_regular
 from gpuvfio.host.root import HostRoot
 
 PCI_IDS_LIMIT = HOST_TEXT_LIMIT  # pci.ids was 1.4 MB in 2024

@@ -84,7 +84,7 @@ class HostRoot:
             raise HostReadError(f"missing {path} (is {self.root} a host root with /sys?)")
         return path
 
-    def _resolve(self, path: str, top: str, *, host_links: bool) -> str:
+    def _resolve(self, path: str, top: str, *, host_links: bool, cached: bool = True) -> str:
         """``path`` with every link in it resolved, one component at a time (no recursion: input
         drives the depth), never leaving ``top``. sysfs's links are relative; an absolute one in
         a root would point at the live host, so it is refused (``host_links`` False). A host's
@@ -96,14 +96,14 @@ class HostRoot:
         if len(todo) > MAX_COMPONENTS:
             raise UnsafePathError(f"{path[:120]}...: too many path components")
         current, hops = top, 0
-        known = self._known_parent(path, top)
+        known = self._known_parent(path, top) if cached else None
         if known is not None:
             current, todo = known, [os.path.basename(path)]
         while todo:
             candidate = os.path.join(current, todo.pop())
-            cached = self._resolved.get(candidate)
-            if cached is not None:
-                current = cached
+            earlier = self._resolved.get(candidate) if cached else None
+            if earlier is not None:
+                current = earlier
                 continue
             try:
                 mode = os.lstat(candidate).st_mode
@@ -114,7 +114,8 @@ class HostRoot:
             except OSError as exc:
                 raise HostReadError(f"cannot read {candidate}: {exc.strerror}") from None
             if not stat.S_ISLNK(mode):
-                self._resolved[candidate] = candidate
+                if cached:
+                    self._resolved[candidate] = candidate
                 current = candidate
                 continue
             hops += 1
@@ -137,7 +138,7 @@ class HostRoot:
             parts = [part for part in target_path[len(top):].split("/") if part]
             if len(parts) + len(todo) > MAX_COMPONENTS:
                 raise UnsafePathError(f"{candidate}: too many path components")
-            known = self._known_parent(target_path, top)
+            known = self._known_parent(target_path, top) if cached else None
             if known is not None:
                 todo.append(os.path.basename(target_path))
                 current = known
@@ -168,6 +169,16 @@ class HostRoot:
         resolved = self._resolve(path, self.sys, host_links=False)
         self._resolved[path] = resolved
         return resolved
+
+    def open_sys_attribute(self, path: str) -> int:
+        """A write-only fd of the sysfs attribute ``path``: its directory resolved afresh (sysfs's
+        own links followed inside ``<root>/sys``, nothing taken from an earlier walk's cache),
+        then opened through held directory fds from the root, every component O_NOFOLLOW, the
+        attribute a regular file with one link (gpuvfio.files.Tree.open_attribute). Whatever
+        was swapped in since the plan resolved the path is refused, never written through."""
+        path = os.path.normpath(path)
+        directory = self._resolve(os.path.dirname(path), self.sys, host_links=False, cached=False)
+        return self.tree.open_attribute(os.path.relpath(os.path.join(directory, os.path.basename(path)), self.root))
 
     def config_path(self, *parts: str) -> str:
         """A configuration file of the host (``etc/os-release``), its symlinks followed the way

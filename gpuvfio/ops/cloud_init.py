@@ -26,7 +26,8 @@ from gpuvfio.commands import CommandNotStarted
 from gpuvfio.domain.cloud_init import (META_DATA, USER_DATA, VOLUME_ID, HostKey, SeedDocuments, fingerprint,
                                        generate_host_key, seed_documents)
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.files import Tree, check_output_path, read_regular, scratch_dir, user_file
+from gpuvfio.files import Tree, scratch_dir
+from gpuvfio.user_files import check_output_path, read_regular, user_file
 from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Check, Verdict

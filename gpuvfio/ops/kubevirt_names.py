@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.files import HOST_TEXT_LIMIT, read_regular
+from gpuvfio.files import HOST_TEXT_LIMIT
+from gpuvfio.user_files import read_regular
 
 NVIDIA_VENDOR = "10de"
 NAMESPACE = "nvidia.com"  # generic_device_plugin.go DeviceNamespace

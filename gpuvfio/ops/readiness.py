@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuvfio.bind.journal import journal_check
-from gpuvfio.files import check_output_path, write_output
+from gpuvfio.user_files import check_output_path, write_output
 from gpuvfio.host.doctor import FAIL, WARN, Check, run_doctor
 from gpuvfio.host.recording import dump_host as record
 from gpuvfio.host.inventory import read_inventory

@@ -27,7 +27,7 @@ import tarfile
 from gpuvfio import strictjson
 from gpuvfio.commands import Runner
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.files import read_regular, user_dir
+from gpuvfio.user_files import read_regular, user_dir
 from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_from_record

@@ -67,7 +67,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from gpuvfio.errors import InputError
-from gpuvfio.files import read_regular
+from gpuvfio.user_files import read_regular
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
 from gpuvfio.ops.context import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa

@@ -43,7 +43,7 @@ from typing import Callable, Iterable
 from urllib.parse import unquote
 
 from gpuvfio.errors import InputError
-from gpuvfio.files import read_regular
+from gpuvfio.user_files import read_regular
 
 UNSAFE_ENV = "GPUVFIO_ALLOW_UNSAFE_URI"
 DRIVERS = ("qemu", "test")

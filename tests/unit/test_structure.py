@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.tree_filler",
               "gpuvfio.strictjson",
-              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.names", "gpuvfio.options", "gpuvfio.settings",
+              "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.names", "gpuvfio.user_files", "gpuvfio.options", "gpuvfio.settings",
               "gpuvfio.commands"}
 # What each layer may import besides itself and the foundation (README "Layout").
 ALLOWED = {

@@ -24,10 +24,9 @@ def host(tmp_path):
 def test_write_happens_in_a_child(host):
     pids = []
 
-    def backend(path, data):
+    def backend(path, data, fd):
         pids.append(os.getpid())  # recorded in the child's memory only
-        with open(path, "wb") as handle:
-            handle.write(data)
+        os.write(fd, data)
 
     target = host.sys_path("bus", "pci", "devices", "0000:00:02.0", "driver_override")
     SysfsWriter(host, backend=backend).write(target, "vfio-pci\n")
@@ -36,7 +35,7 @@ def test_write_happens_in_a_child(host):
 
 
 def test_errno_is_reported_with_path_and_value(host):
-    def backend(path, data):
+    def backend(path, data, fd):
         raise OSError(errno.EBUSY, "Device or resource busy")
 
     target = host.sys_path("bus", "pci", "drivers", "nvidia", "unbind")
@@ -48,7 +47,7 @@ def test_errno_is_reported_with_path_and_value(host):
 
 
 def test_hanging_write_times_out(host):
-    def backend(path, data):
+    def backend(path, data, fd):
         time.sleep(3600)
 
     started = time.monotonic()
