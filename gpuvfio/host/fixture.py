@@ -24,12 +24,17 @@ import stat
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError
 from gpuvfio.files import NotRegular, Tree, scratch_dir
 from gpuvfio.user_files import read_regular, user_dir
-from gpuvfio.host.root import HostRoot
+from gpuvfio.host.root import MAX_COMPONENTS, HostRoot
 from gpuvfio.settings import ROOT_ENV, Settings
 from gpuvfio.tree_filler import TreeFiller
 
 HEADER = "# gpuvfio host fixture v1"
 FIXTURE_LIMIT = 256 << 20  # a recording of a host of thousands of functions is tens of MiB
+# Bounds on a recording's structure (it is input from anyone): a record's path no deeper than the
+# walks that read it, a record no longer than the recorder writes (a file's first MiB, each byte
+# at most four characters escaped), and a record count far above the 2,119-function host's.
+MAX_RECORD_CHARS = 5 << 20
+MAX_RECORDS = 2_000_000
 
 def _unesc(text: str) -> str:
     return codecs.decode(text, "unicode_escape")
@@ -54,6 +59,8 @@ def load_fixture(text: str, target: str) -> str:
     lines = text.splitlines()
     if not lines or lines[0].strip() != HEADER:
         raise InputError("not a gpuvfio host fixture (missing header line)")
+    if len(lines) > MAX_RECORDS + 1:
+        raise InputError(f"the host fixture has {len(lines) - 1} records; at most {MAX_RECORDS} are loaded")
     user_dir(target, create=True)  # made when missing (its parent must exist)
     top = os.path.realpath(target)
     links: list[tuple[int, str]] = []
@@ -77,6 +84,9 @@ def _fill(tree: TreeFiller, lines: list[str], top: str, links: list[tuple[int, s
     for number, line in enumerate(lines[1:], start=2):
         if not line or line.startswith("#"):
             continue
+        if len(line) > MAX_RECORD_CHARS:
+            raise InputError(f"fixture line {number}: {len(line)} characters; a record is at most "
+                             f"{MAX_RECORD_CHARS} (a recorded file's first MiB, escaped)")
         kind, _, rest = line.partition(" ")
         rel_esc, _, payload = rest.partition(" ")
         try:
@@ -86,6 +96,9 @@ def _fill(tree: TreeFiller, lines: list[str], top: str, links: list[tuple[int, s
         parts = rel.split("/")
         if not rel or any(p in ("", ".", "..") or "\0" in p for p in parts):
             raise InputError(f"fixture line {number}: unsafe path {rel!r}")
+        if len(parts) > MAX_COMPONENTS:
+            raise InputError(f"fixture line {number}: {len(parts)} path components; at most {MAX_COMPONENTS} "
+                             "(the file layer's walk)")
         if not _encodable(rel):
             raise InputError(f"fixture line {number}: malformed path (not UTF-8)")
         try:

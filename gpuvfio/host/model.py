@@ -257,11 +257,13 @@ _CPULIST_LIMIT = 1 << 16  # CPU numbers: the kernel's NR_CPUS tops out at 8192; 
 
 
 def parse_cpulist(text: str | None) -> list[int]:
-    """``0-3,8,10-11`` -> [0,1,2,3,8,10,11] (lib/bitmap.c bitmap_parselist format). Anything else
-    is a damaged host file: one line, not a traceback."""
-    cpus: list[int] = []
+    """``0-3,8,10-11`` -> [0,1,2,3,8,10,11] (lib/bitmap.c bitmap_parselist format), each CPU once
+    and in order. Anything else is a damaged host file: one line, not a traceback. The ranges
+    are merged before they are expanded, so a list that repeats ``0-8191`` thousands of times
+    (a hostile recording) costs its length, not its length times 8192."""
     if not text:
-        return cpus
+        return []
+    ranges: list[tuple[int, int]] = []
     for part in text.strip().split(","):
         if not part:
             continue
@@ -272,7 +274,13 @@ def parse_cpulist(text: str | None) -> list[int]:
         last = uint(hi, _CPULIST_LIMIT - 1) if dash else first
         if first is None or last is None or last < first:
             raise HostReadError(f"malformed CPU list {text.strip()[:60]!r}")
-        cpus.extend(range(first, last + 1))
+        ranges.append((first, last))
+    cpus: list[int] = []
+    end = -1  # the last CPU taken so far
+    for first, last in sorted(ranges):
+        if last > end:
+            cpus.extend(range(max(first, end + 1), last + 1))
+            end = last
     return cpus
 
 
