@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuvfio.guest.expect import Expected, Gates, cuda_not_expected
+from gpuvfio.guest.expect import LANE_GBPS, Expected, Gates, cuda_not_expected
+from gpuvfio.numbers import finite
 
 __all__ = ["CheckStatus", "Outcome", "CheckResult", "VerifyReport", "check", "judge", "evaluate", "report", "match",
            "MIG_WITHOUT_INSTANCES"]
@@ -276,6 +277,30 @@ def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:
         checks.append(check("cuda", FAIL, f">= {want} device(s)", count, f"{reason}{words}"))
 
 
+# What hardware can report (issue 34 item 5): a guest that reports more is lying or broken, and
+# fails, with the figure shown in a bounded form. PCIe widths: the base spec's x1 to x32.
+WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+MOST_GBPS = LANE_GBPS[max(LANE_GBPS)] * max(WIDTHS)  # one direction of the widest, fastest link
+MOST_MS = 3600e3  # a SAXPY launch that took more than an hour was not measured
+
+
+def shown(value) -> str:
+    """A number from a guest, printed in a bounded form (never 300 digits)."""
+    return f"{value:.4g}" if finite(value) else repr(value)[:40]
+
+
+def _plausible_link(link: dict) -> bool:
+    gen, width = link.get("current_gen"), link.get("current_width")
+    return isinstance(gen, int) and gen in LANE_GBPS and isinstance(width, int) and width in WIDTHS
+
+
+def _ceiling(gen: int | None, width: int | None, key: str) -> float:
+    """The most a copy can move over that link (both directions for bidir_total): the lane rate
+    after line coding times the width; the widest, fastest link when the link is not known."""
+    one_way = LANE_GBPS[gen] * width if gen in LANE_GBPS and width else MOST_GBPS
+    return one_way * (2 if key == "bidir_total" else 1)
+
+
 def _link_of(verifier, measured, address):
     link = (measured or {}).get("link_under_load")
     if isinstance(link, dict) and "error" not in link and link.get("current_gen"):
@@ -315,6 +340,15 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
     elif want is None:
         checks.append(check("pcie_link", SKIP, None, f"Gen{link['current_gen']} x{link['current_width']}",
                             "not observable here: the host knows no slot capability for this device", device))
+    elif not _plausible_link(link):
+        checks.append(check("pcie_link", FAIL, want, None, "the guest reports a link no PCIe device has (Gen "
+                            f"{shown(link.get('current_gen'))}, x{shown(link.get('current_width'))})", device))
+        link = None
+    elif link["current_gen"] > exp.link_gen or link["current_width"] > exp.link_width:
+        checks.append(check("pcie_link", FAIL, want, f"Gen{link['current_gen']} x{link['current_width']}",
+                            "above what the host slot allows (" + (exp.link_source or "the host") + "): no device "
+                            "trains past its slot, so this is not the device's link", device))
+        link = None
     else:
         seen = f"Gen{link['current_gen']} x{link['current_width']}"
         ok = link["current_gen"] >= exp.link_gen and link["current_width"] >= exp.link_width
@@ -338,8 +372,13 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
         floor = gates.floor(gen, width)
         for check_id, key in (("h2d_bandwidth", "h2d"), ("d2h_bandwidth", "d2h"), ("bidir_bandwidth", "bidir_total")):
             gbps = (measured.get(key) or {}).get("median")
+            ceiling = _ceiling(gen, width, key)
             if gbps is None:
                 checks.append(check(check_id, FAIL, reason=f"no {key} figure in the verifier's answer", device=device))
+            elif not finite(gbps) or not 0 <= gbps <= ceiling:
+                checks.append(check(check_id, FAIL, None, shown(gbps), f"no copy moves that: the link carries at "
+                                    f"most {ceiling:.1f} GB/s" + (f" (Gen{gen} x{width})" if gen and width else ""),
+                                    device))
             elif floor is None:
                 checks.append(check(check_id, SKIP, None, round(gbps, 2), "no link to derive a floor from "
                                     "(give --min-gbps)", device))
@@ -359,10 +398,12 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
     if compute is None:
         checks.append(check("compute", FAIL, reason=compute_problem or problem or "no SAXPY result", device=device))
     else:
-        ok = compute.get("verified") is True
+        launch = compute.get("launch_ms", 0)
+        ok = compute.get("verified") is True and finite(launch) and 0 <= launch <= MOST_MS
         checks.append(check("compute", PASS if ok else FAIL, "SAXPY result exact",
-                            f"{compute.get('launch_ms', 0):.3f} ms", None if ok else "the kernel computed wrong "
-                            "results", device))
+                            f"{launch:.3f} ms" if finite(launch) and 0 <= launch <= MOST_MS else shown(launch),
+                            None if ok else "the kernel computed wrong results" if compute.get("verified") is not True
+                            else "an implausible launch time", device))
 
 
 def _check_peers(checks, verifier, gpus: int) -> None:
@@ -382,9 +423,13 @@ def _check_peers(checks, verifier, gpus: int) -> None:
                                 "no GPU pair reports peer access (cuDeviceCanAccessPeer): copies go through the "
                                 "host; a clique (x-nv-gpudirect-clique) enables it where the host can route it"))
         else:
-            slowest = min(v["median"] for v in pairs.values())
-            checks.append(check("p2p", PASS, "peer copies move the right data",
-                                f"{len(pairs)} pair(s), slowest {slowest:.1f} GB/s"))
+            medians = [v.get("median") for v in pairs.values()]
+            if not all(finite(m) and 0 <= m <= MOST_GBPS * 2 for m in medians):
+                checks.append(check("p2p", FAIL, "peer copies move the right data", None,
+                                    "an implausible peer bandwidth: " + ", ".join(shown(m) for m in medians[:4])))
+            else:
+                checks.append(check("p2p", PASS, "peer copies move the right data",
+                                    f"{len(pairs)} pair(s), slowest {min(medians):.1f} GB/s"))
     nccl = verifier.get("nccl")
     if nccl is None:
         reason = errors.get("nccl", "NCCL did not run")
@@ -393,11 +438,14 @@ def _check_peers(checks, verifier, gpus: int) -> None:
             "no NCCL in the guest (libnccl.so.2): install it to measure an all-reduce" if not_there else reason)))
     else:
         results = nccl.get("results") or []
-        ok = bool(results) and all(r.get("verified") is True for r in results)
-        top = max(results, key=lambda r: r.get("bytes", 0)) if results else {}
+        sane = all(finite(r.get("busbw_gbps", 0)) and 0 <= r.get("busbw_gbps", 0) <= MOST_GBPS * 64
+                   and isinstance(r.get("bytes", 0), int) and 0 <= r.get("bytes", 0) < 1 << 50 for r in results)
+        ok = bool(results) and sane and all(r.get("verified") is True for r in results)
+        top = max(results, key=lambda r: r.get("bytes", 0)) if results and sane else {}
         checks.append(check("nccl_allreduce", PASS if ok else FAIL, f"sum over {gpus} GPUs exact",
                             f"busbw {top.get('busbw_gbps', 0):.1f} GB/s at {int(top.get('bytes', 0)) >> 20} MiB"
-                            if top else None, None if ok else "the all-reduce gave wrong sums"))
+                            if top else None, None if ok else "the all-reduce gave wrong sums" if sane
+                            else "implausible all-reduce figures"))
         if "topology" in nccl:
             _check_nccl_topology(checks, nccl["topology"])
 
