@@ -35,8 +35,9 @@ from gpuvfio.ops.targets import configured
 from gpuvfio.testbed.plan import plan
 from gpuvfio.testbed.report import REP, RESULT_LIMIT, out_tree
 from gpuvfio.testbed.run import recorded_results
-from gpuvfio.testbed.spec import NAME, SPEC_LIMIT, RemoteHost, Spec
+from gpuvfio.testbed.spec import MAX_VARIANTS, NAME, SPEC_LIMIT, RemoteHost, Spec
 
+MAX_MEMBERS = MAX_VARIANTS * 1001 + 2  # results/<variant>/rep-N.json of every variant, their folders, identity
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
 
 
@@ -123,7 +124,10 @@ def unpack_results(data: bytes, out: str) -> list[str]:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             members = []
-            for member in tar.getmembers():
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_MEMBERS:
+                    raise GpuvfioError(f"refusing the result archive from the hypervisor: more than {MAX_MEMBERS} "
+                                       "entries")
                 name = member.name.removeprefix("./").rstrip("/")
                 if name in ("", "."):
                     continue

@@ -107,6 +107,37 @@ def result_problem(record) -> str | None:
     for key in ("guest", "provisioning", "vgpu", "placement"):
         if record.get(key) is not None and not isinstance(record[key], dict):
             return f"{key} is not an object"
+    return _fields_problem(record, FIELDS)
+
+
+NUMBER, TEXT, NONE = (int, float), (str,), (type(None),)
+# The fields of a rep-N.json that the report reads, each with the types it takes where present
+# (what testbed run writes: gpuvfio.testbed.run.write_rep); a results file is input from a
+# hypervisor, so anything else is refused here, not met as a TypeError in describe().
+FIELDS = {
+    "guest": {"guest_kernel": TEXT + NONE, "driver_version": TEXT + NONE, "cuda_driver_version": NUMBER + TEXT + NONE,
+              "virtualization_mode": TEXT + NONE, "pcie_link_under_load": TEXT + NONE},
+    "provisioning": {"hugepages": TEXT + NUMBER, "numa": TEXT + NUMBER, "profile": TEXT, "scheduler": TEXT},
+    "vgpu": {"profile": TEXT, "kind": TEXT, "type": TEXT + (int,),
+             "mig_backed": (dict, type(None), {"slices": (int,), "memory_gb": NUMBER}),
+             "scheduler": (dict, type(None), {"policy": TEXT, "previous": TEXT + NONE})},
+    "placement": {"hugepage_kib": (int,) + NONE, "numa_nodeset": TEXT + NONE, "vcpus": (int,) + NONE},
+}
+
+
+def _fields_problem(record: dict, fields: dict, where: str = "") -> str | None:
+    for key, wanted in fields.items():
+        if key not in record:
+            continue
+        value = record[key]
+        nested = wanted if isinstance(wanted, dict) else (wanted[-1] if isinstance(wanted[-1], dict) else None)
+        types = tuple(t for t in (() if isinstance(wanted, dict) else wanted) if isinstance(t, type)) or (dict, type(None))
+        if isinstance(value, bool) or not isinstance(value, types):
+            return f"{where}{key} is not {' or '.join(t.__name__ for t in types)}"
+        if nested is not None and isinstance(value, dict):
+            problem = _fields_problem(value, nested, f"{where}{key}.")
+            if problem:
+                return problem
     return None
 
 
@@ -123,12 +154,12 @@ def describe(record: dict) -> str:
         text = f"vGPU {profile}" + (f" ({vgpu['kind']} type {vgpu['type']})" if vgpu.get("type") else "")
         mig = vgpu.get("mig_backed")
         if mig:
-            text += f", MIG-backed: {mig['slices']} slice(s), {mig['memory_gb']} GB"
+            text += f", MIG-backed: {mig.get('slices', '?')} slice(s), {mig.get('memory_gb', '?')} GB"
         parts.append(text)
     scheduler = vgpu.get("scheduler") or ({"policy": given["scheduler"]} if given.get("scheduler") else None)
     if scheduler:
-        parts.append(f"scheduler {scheduler['policy']}" + (f" (host default {scheduler['previous']})"
-                                                            if scheduler.get("previous") else ""))
+        parts.append(f"scheduler {scheduler.get('policy', '?')}" + (f" (host default {scheduler['previous']})"
+                                                                     if scheduler.get("previous") else ""))
     placed = record.get("placement") or {}
     if placed:
         pages = f"{placed['hugepage_kib']} KiB pages" if placed.get("hugepage_kib") else "4K pages"

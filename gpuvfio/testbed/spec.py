@@ -152,6 +152,7 @@ class _Lines:
 
 
 SPEC_LIMIT = 1 << 20  # a spec of hundreds of variants is a few dozen KiB
+MAX_VARIANTS = 256  # a plan per variant: 10,000 took 15 minutes to plan; past this, split the comparison
 
 
 def load_spec(path: str) -> Spec:
@@ -240,6 +241,9 @@ def load_spec(path: str) -> Spec:
     variants_raw = data.get("variant")
     if not isinstance(variants_raw, list) or not variants_raw:
         fail("no [[variant]] tables: a testbed compares at least one variant")
+    if len(variants_raw) > MAX_VARIANTS:
+        fail(f"{len(variants_raw)} [[variant]] tables: a testbed compares at most {MAX_VARIANTS} (each is a guest "
+             "provisioned, measured and torn down; split the comparison into several specs)")
     variants, names = [], set()
     for index, raw in enumerate(variants_raw):
         if not isinstance(raw, dict):

@@ -349,12 +349,20 @@ kind = "passthrough"
 SPEC_HOSTILE = [b"x = " + b"[" * 60_000 + b"]" * 60_000, b"\xff\xfe", SPEC_OK.encode().replace(b"pt", b"\x1b[2J"),
                 SPEC_OK.encode() + b"\n[guest]\nmemory = \"" + b"9" * 400 + b"G\"\n",
                 SPEC_OK.encode().replace(b"repetitions = 1", b"repetitions = nan"),
-                SPEC_OK.encode().replace(b"repetitions = 1", b"repetitions = " + b"9" * 4400)]
+                SPEC_OK.encode().replace(b"repetitions = 1", b"repetitions = " + b"9" * 4400),
+                # 10,000 variants planned for 15 minutes (issue 34): refused by their count, at once
+                SPEC_OK.encode() + b"".join(b'\n[[variant]]\nname = "v%d"\nkind = "passthrough"\n' % n
+                                            for n in range(10_000))]
+_VGPU = b'{"variant": "pt", "kind": "vgpu", "rep": 0, "metrics": {}, "vgpu": '
 RESULT_HOSTILE = [b"{" * 100_000, b'{"variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {"h2d_gbps": 1e999}}',
                   b'{"variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {"h2d_gbps": 5e-324}}',
                   b'{"variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {"h2d_gbps": ' + b"9" * 4400 + b"}}",
                   b'{"variant": "\\u001b[2J", "kind": "passthrough", "rep": 0, "metrics": {}}',
-                  b'{"variant": "pt", "variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {}}']
+                  b'{"variant": "pt", "variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {}}',
+                  # results that ended testbed report in TypeError/KeyError tracebacks (issue 34)
+                  _VGPU + b'{"profile": "A10-4Q", "mig_backed": "x"}}', _VGPU + b'{"scheduler": []}}',
+                  _VGPU + b'{"profile": "A10-4Q", "mig_backed": {}, "scheduler": {}}}', b"{}",
+                  b'{"variant": "pt", "kind": "passthrough", "rep": 0, "metrics": {}, "placement": {"vcpus": [1]}}']
 
 
 TESTBED_CASES = len(SPEC_HOSTILE) + len(RESULT_HOSTILE) + 3

@@ -529,7 +529,7 @@ def test_signals_during_teardown_wait_for_it():
     assert signal.getsignal(signal.SIGTERM) is not signals.handler
 
 
-def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
+def test_result_archive_from_a_hypervisor_is_checked(tmp_path, monkeypatch):
     """Only identity.json and results/<variant>/rep-N.json come in, as regular files; and only
     regular result files go up (root unpacks them there)."""
     import io
@@ -560,6 +560,15 @@ def test_result_archive_from_a_hypervisor_is_checked(tmp_path):
             unpack_results(archive(bad), str(tmp_path / "out"))
     with pytest.raises(GpuvfioError, match="damaged"):
         unpack_results(b"not a tar archive at all" * 40, str(tmp_path / "out"))
+    # Bounded in entries (issue 34 item 4): past what MAX_VARIANTS variants of 1000 repetitions
+    # make, the archive is refused before anything of it is written.
+    from gpuvfio.testbed import remote
+
+    monkeypatch.setattr(remote, "MAX_MEMBERS", 40)  # the rule, not 257,000 entries
+    many = archive(*[(f"./results/pt-1g/rep-{n}.json", b"{}", tarfile.REGTYPE) for n in range(remote.MAX_MEMBERS + 1)])
+    with pytest.raises(GpuvfioError, match=f"more than {remote.MAX_MEMBERS} entries"):
+        unpack_results(many, str(tmp_path / "many"))
+    assert not (tmp_path / "many").exists()
     out = tmp_path / "out"
     os.symlink("/etc/passwd", out / "results" / "pt-1g" / "rep-1.json")
     spec = tmp_path / "spec.toml"
@@ -632,3 +641,20 @@ def test_a_run_refuses_a_selection_a_later_variant_cannot_take_before_measuring(
                  "--connect", "test:///default")
     assert result.code == 2 and "variant v: a vGPU takes one GPU, the selection holds 2" in result.err, result.err
     assert not (out / "identity.json").exists() and not (out / "results").exists()
+
+
+def test_a_spec_has_at_most_max_variants(tmp_path):
+    """Issue 34 item 7: 10,000 variants planned for 15 minutes; past MAX_VARIANTS the spec is
+    refused at once, naming the count and what to do."""
+    from gpuvfio.testbed.spec import MAX_VARIANTS
+
+    base = GOOD.split("[[variant]]")[0]
+    spec = tmp_path / "many.toml"
+    spec.write_text(base + "".join(f'\n[[variant]]\nname = "v{n}"\nkind = "passthrough"\n'
+                                   for n in range(MAX_VARIANTS + 1)))
+    with pytest.raises(InputError, match=f"{MAX_VARIANTS + 1} \\[\\[variant\\]\\] tables: a testbed compares at most "
+                                         f"{MAX_VARIANTS}"):
+        load_spec(str(spec))
+    spec.write_text(base + "".join(f'\n[[variant]]\nname = "v{n}"\nkind = "passthrough"\n'
+                                   for n in range(MAX_VARIANTS)))
+    assert len(load_spec(str(spec)).variants) == MAX_VARIANTS
