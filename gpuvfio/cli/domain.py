@@ -121,6 +121,8 @@ def xml_cmd(
         say(f"{result['name']}: {result['result']}")
         for line in result["changes"]:  # libvirt's definition, diffed
             sys.stdout.write(printable(line) + "\n")
+        if result["result"] == "would_define":  # against nothing: every line of it is new
+            sys.stdout.write("".join(f"+ {line}\n" for line in provisioned.xml.splitlines()))
         if result["result"] == "differs":
             say("the domain exists and differs; nothing changed (--update to redefine)")
     if result is not None and result["result"] == "differs":

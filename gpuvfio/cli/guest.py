@@ -87,6 +87,8 @@ def attach_cmd(
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a failed attach as it is, for "
                                                                             "inspection.")] = False,
     dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None,
+    show_xml: Annotated[bool, typer.Option("--show-xml", help="With --dry-run: print the whole domain XML "
+                                                              "too (the plan shows its differences).")] = False,
 ) -> None:
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
     check_uri(connect, source="--connect")
@@ -105,7 +107,7 @@ def attach_cmd(
             unconfirmed = None if yes else needs_yes(ctx, addresses, device_ids)
             plan = plan_attach(ctx, wanted, request, uri=connect, ssh=target, verify=settings, policy=policy,
                                ask_libvirt=libvirt_not_asked(ctx, connect) is None, cloud_init=cloud_init)
-            show_plan(plan, as_json, unconfirmed=unconfirmed)
+            show_plan(plan, as_json, unconfirmed=unconfirmed, show_xml=show_xml)
         return
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:

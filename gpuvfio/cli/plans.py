@@ -45,7 +45,7 @@ def needs_yes(ctx, addresses, device_ids) -> Refused | None:
     return None
 
 
-def show_plan(plan: Plan, as_json: bool, *, unconfirmed: Refused | None = None) -> None:
+def show_plan(plan: Plan, as_json: bool, *, unconfirmed: Refused | None = None, show_xml: bool = False) -> None:
     """Print ``plan`` (text, or JSON with --json) and exit as its run would: a run without the
     --yes it needs is refused first, in its own words; a refused plan is refused with the
     plan's words; otherwise exit 0, nothing changed."""
@@ -54,7 +54,7 @@ def show_plan(plan: Plan, as_json: bool, *, unconfirmed: Refused | None = None) 
     if as_json:
         emit_json(plan.to_json())
     else:
-        render.print_operation_plan(plan.to_json())
+        render.print_operation_plan(plan.to_json(), show_xml=show_xml)
     if unconfirmed is not None:
         raise unconfirmed
     if plan.refused:

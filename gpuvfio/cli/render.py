@@ -126,7 +126,7 @@ def print_verify(report: dict, console=None) -> None:
         console.print(f"  bandwidth {bus}: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))
 
 
-def print_operation_plan(report: dict, console=None) -> None:
+def print_operation_plan(report: dict, console=None, *, show_xml: bool = False) -> None:
     """An operation's plan (gpuvfio.ops.plans.Plan as JSON): its checks (refusals in red), its
     steps in the order the run takes them, the notes, and the domain's differences against
     libvirt's definition."""
@@ -143,7 +143,62 @@ def print_operation_plan(report: dict, console=None) -> None:
             console.print(f"  {number}. {step['step']}" + (f": {step['detail']}" if step["detail"] else ""))
     for note in report["notes"]:
         console.print(f"  note: {note}")
+    _print_bind_steps(console, report.get("bind"))
+    _print_placement(console, report.get("placement"))
+    _print_verify(console, report.get("verify"))
     if report.get("changes"):
         console.print("[bold]Differences against libvirt's definition:[/]")
         for line in report["changes"]:
             console.print(f"  {line}")
+    elif report.get("xml") and report.get("changes") is not None:
+        console.print("[bold]Domain:[/] defined new" + ("" if show_xml else " (--show-xml prints its XML)"))
+    elif report.get("xml") and not show_xml:
+        console.print("[bold]Domain:[/] libvirt not asked what it holds (--show-xml prints the XML)")
+    if show_xml and report.get("xml"):
+        console.print("[bold]Domain XML:[/]")
+        console.print(report["xml"], markup=False, highlight=False)
+
+
+def _print_bind_steps(console, bind: dict | None) -> None:
+    """The bind's own steps (module loads, services stopped, each sysfs write and its file)."""
+    if not bind or not bind.get("steps"):
+        return
+    console.print("[bold]Bind steps:[/]")
+    for number, step in enumerate(bind["steps"], start=1):
+        console.print(f"  {number}. {step['description']}" + (f" ({step['path']})" if step.get("path") else ""))
+
+
+def _print_placement(console, placement: dict | None) -> None:
+    """Where the guest sits: each cell's vCPUs on host CPUs, its memory's node and page size."""
+    if not placement or not placement.get("cells"):
+        return
+    pages = f"{placement['hugepage_kib']} KiB hugepages" if placement.get("hugepage_kib") else "4 KiB pages"
+    console.print(f"[bold]Placement:[/] {pages}" + (", guest NUMA cells mirror the host's"
+                                                     if placement.get("guest_numa") else ""))
+    for cell in placement["cells"]:
+        pins = ", ".join(f"{v}->{c}" for v, c in zip(cell.get("vcpus", []), cell.get("host_cpus", [])))
+        node = cell.get("node")
+        memory = f"{(cell.get('memory_kib') or 0) // 1024} MiB on node {node}" if node is not None else \
+            f"{(cell.get('memory_kib') or 0) // 1024} MiB, not pinned"
+        console.print(f"  cell {node}: vCPU->host CPU {pins or 'not pinned'}; memory {memory}; emulator on "
+                      f"{_ranges(cell.get('emulator_cpus') or []) or 'any CPU'}")
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5] -> 0-2,5 (the kernel's cpulist form)."""
+    out: list[str] = []
+    for value in sorted(set(values)):
+        if out and value == int(out[-1].rpartition("-")[2]) + 1:
+            out[-1] = f"{out[-1].partition('-')[0]}-{value}"
+        else:
+            out.append(str(value))
+    return ",".join(out)
+
+
+def _print_verify(console, verify: dict | None) -> None:
+    if not verify:
+        return
+    console.print("[bold]Verify:[/] " + "; ".join(filter(None, (
+        verify.get("link"), f"copy bandwidth {verify['bandwidth_floor']}" if verify.get("bandwidth") else
+        "no bandwidth measured", f"probe within {verify.get('probe_timeout_s'):g}s, verifier within "
+        f"{verify.get('verify_timeout_s'):g}s"))))

@@ -34,7 +34,7 @@ from gpuvfio.ops.targets import SshOptions
 from gpuvfio.ops.verify_options import VerifyOptions
 from gpuvfio.virt.connection import default_uri
 
-__all__ = ["AttachPlan", "plan_attach", "placement_json", "STEP_BIND", "STEP_PARTITION", "STEP_DEFINE",
+__all__ = ["AttachPlan", "plan_attach", "placement_json", "verify_json", "STEP_BIND", "STEP_PARTITION", "STEP_DEFINE",
            "STEP_START", "STEP_FIND", "STEP_SSH", "STEP_VERIFY", "STEP_NCCL", "STEP_SEED"]
 
 # The steps of an attach, by the names the run records them under.
@@ -150,6 +150,7 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
         plan.step(STEP_NCCL, "write NCCL's topology file in the guest from the devices it shows, and "
                              "NCCL_TOPO_FILE into its /etc/nccl.conf")
     if verify is not None:
+        plan.details["verify"] = verify_json(verify)
         plan.step(STEP_VERIFY, "in the guest: devices, driver, CUDA, PCIe link"
                   + (", copy bandwidth" if verify.bandwidth else " (no bandwidth)")
                   + (", P2P" if len(plan.gpus) >= 2 else ""))
@@ -177,6 +178,17 @@ def _plan_bind(ctx: Context, plan: AttachPlan, provisioned: Provisioned, policy:
     moving = [str(a) for a in operation.plan.moving]
     plan.step(STEP_BIND, f"move {', '.join(moving)} to vfio-pci (with their IOMMU groups)" if moving
               else f"nothing to move: {', '.join(map(str, provisioned.passthrough))} already on vfio-pci")
+
+
+def verify_json(verify: VerifyOptions) -> dict:
+    """verify's thresholds and limits as the run applies them (attach's plan shows them)."""
+    gates = verify.gates
+    floor = (f">= {gates.min_gbps:g} GB/s per direction (--min-gbps)" if gates.min_gbps is not None else
+             f">= {gates.link_efficiency:.1%} of each GPU's host slot link per direction")
+    return {"bandwidth": verify.bandwidth, "bandwidth_floor": floor if verify.bandwidth else None,
+            "link": "each GPU's link at least what its host slot allows, never above it",
+            "probe_timeout_s": verify.probe_timeout, "verify_timeout_s": verify.timeout,
+            "size_mib": verify.size_mib, "copies": verify.copies, "samples": verify.samples}
 
 
 def placement_json(provisioned: Provisioned) -> dict:

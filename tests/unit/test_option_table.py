@@ -39,7 +39,7 @@ EVERY_COMMAND = {"verbose"}
 COMMAND_OWN = {
     "xml": {"addresses", "device_ids", "define", "update", "connect", "nccl_topo", "dry_run", "as_json", "root"},
     "attach": {"addresses", "device_ids", "yes", "connect", "no_verify", "keep_on_failure", "dry_run", "as_json",
-               "root"},
+               "root", "show_xml"},
     "verify": {"domain", "expect_device", "expect_ids", "connect", "as_json", "root"},
 }
 MODULE_OWN = {

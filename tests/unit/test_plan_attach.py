@@ -170,3 +170,34 @@ def test_testbed_plan_shows_for_each_variant_the_plan_attach_dry_run_prints(cli,
     assert variant["plan"] == dry.json()
     assert variant["refused"] == [] and [s["step"] for s in variant["plan"]["steps"]] == [
         "bind", "define", "start", "wait for ssh", "verify"]
+
+
+def test_the_text_dry_run_shows_everything_the_run_does(cli, workstation, tmp_path, monkeypatch):
+    """Issue 33 item 5: the text plan shows the bind's own steps with their sysfs files, the
+    placement (vCPU to host CPU, memory node, page size), verify's thresholds, and the domain
+    against libvirt (new here; --show-xml prints it whole)."""
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    args = ["--root", workstation.root, "attach", "01:00", "--name", "vm-shown", "--dry-run", "--connect",
+            "test:///default", "--ssh-host", "192.0.2.7", "--virt-type", "qemu", "--firmware", "bios",
+            "--kernel", kernel_file(tmp_path), "--min-gbps", "20"]
+    text = cli(*args)
+    assert text.code == 0, text.err
+    out = text.out
+    assert "Bind steps:" in out and f"{GPU}: driver_override <- vfio-pci (/sys/bus/pci/devices/{GPU}/driver_override)" \
+        in out and f"{GPU}: unbind from nvidia (/sys/bus/pci/drivers/nvidia/unbind)" in out
+    placement = cli(*args, "--json").json()["placement"]["cells"][0]
+    pins = ", ".join(f"{v}->{c}" for v, c in zip(placement["vcpus"], placement["host_cpus"]))
+    assert f"cell 0: vCPU->host CPU {pins}; memory {placement['memory_kib'] // 1024} MiB on node 0" in out
+    assert "Verify: each GPU's link at least what its host slot allows" in out and ">= 20 GB/s per direction" in out
+    assert "Domain: defined new (--show-xml prints its XML)" in out and "<domain" not in out
+    whole = cli(*args, "--show-xml")
+    assert whole.code == 0 and "Domain XML:" in whole.out and "<hostdev mode='subsystem' type='pci'" in whole.out
+
+
+def test_xml_define_dry_run_shows_what_it_would_define(cli, workstation, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    result = cli("--root", workstation.root, "xml", GPU, "--name", "vm-new-xml", "--define", "--dry-run",
+                 "--connect", "test:///default", "--virt-type", "qemu", "--firmware", "bios")
+    assert result.code == 0, result.err
+    assert "vm-new-xml: would_define" in result.err + result.out
+    assert "+ <domain type='qemu'" in result.out and "+ </domain>" in result.out
