@@ -430,17 +430,22 @@ class DetachResult:
 def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
            restore: bool = True) -> DetachResult:
     """Stop the guest, undefine it, give its devices back: the steps of its plan, in order. A
-    domain gpuvfio did not define is not touched."""
-    plan = plan_detach(ctx, name, uri=uri, timeout=timeout, restore=restore)
-    plan.raise_if_refused()
-    dom = lifecycle.lookup(ctx.libvirt(uri), name)
-    devices = [PciAddress.parse(a) for a in plan.details["devices"]]
-    how = lifecycle.stop(dom, timeout=plan.details["timeout"], monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
-    ctx.progress(f"{name}: {how}")
-    lifecycle.undefine(dom)
-    ctx.progress(f"{name}: undefined")
-    partitions = fabric.deactivate(ctx, devices=devices) if devices else []  # stop, deactivate, restore
-    restored = binding.release(ctx, devices) if devices and restore else None
+    domain gpuvfio did not define is not touched. Planned and carried out under the run lock, as
+    attach is: another run that holds it (an attach binding these devices) is waited for, and on
+    a timeout nothing is stopped (before, the plan was made outside the lock and the domain was
+    stopped and undefined before the release met the lock)."""
+    with binding.operation_lock(ctx):
+        plan = plan_detach(ctx, name, uri=uri, timeout=timeout, restore=restore)
+        plan.raise_if_refused()
+        dom = lifecycle.lookup(ctx.libvirt(uri), name)
+        devices = [PciAddress.parse(a) for a in plan.details["devices"]]
+        how = lifecycle.stop(dom, timeout=plan.details["timeout"], monotonic=ctx.clock.monotonic,
+                             sleep=ctx.clock.sleep)
+        ctx.progress(f"{name}: {how}")
+        lifecycle.undefine(dom)
+        ctx.progress(f"{name}: undefined")
+        partitions = fabric.deactivate(ctx, devices=devices) if devices else []  # stop, deactivate, restore
+        restored = binding.release(ctx, devices) if devices and restore else None
     return DetachResult(name, how, [str(d) for d in devices], partitions, restored, plan.step_names)
 
 
