@@ -4,7 +4,10 @@ through the Context, so no test patches gpuvfio's internals."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 
 from gpuvfio.bind.apply import Actions
 from gpuvfio.host.root import HostRoot
@@ -65,3 +68,21 @@ class SharedConnection:
 
     def close(self):
         return 0
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(state, command: str):
+    """The run lock in ``state`` held by another process, as a concurrent gpuvfio run holds it
+    (``command`` is what it says it runs); yields that process's pid."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, time\nfrom gpuvfio.bind.journal import RunLock\n"
+            "with RunLock(sys.argv[1], command=sys.argv[2]):\n"
+            "    print('held', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(state), command], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": repo})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()

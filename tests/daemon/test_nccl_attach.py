@@ -20,7 +20,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.domain.request import domain_request
 from gpuvfio.ops import guests
 from gpuvfio.ops.targets import SshOptions
-from tests.contexts import SharedConnection, sim_context
+from tests.contexts import SharedConnection, lock_held_elsewhere, sim_context
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
 from tests.simkernel import SimKernel
 from tests.unit.test_plan_attach import kernel_file
@@ -138,11 +138,7 @@ def test_an_attach_while_another_run_holds_the_lock_is_refused_naming_it(tmp_pat
     same GPUs meanwhile waits lock_timeout, then is refused naming the first (pid, command,
     since), before it changes anything (on main the lock was taken per step: a second attach
     between the first one's bind and define went through)."""
-    import subprocess
-    import sys
-
     from gpuvfio.bind.journal import LockTimeout
-    from tests.conftest import REPO
 
     state = tmp_path / "state"
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
@@ -151,21 +147,14 @@ def test_an_attach_while_another_run_holds_the_lock_is_refused_naming_it(tmp_pat
     shared = SharedConnection()
     ctx = sim_context(host.root, kernel, connect=lambda uri: shared)
     ctx.lock_timeout = 0.5
-    code = ("import sys, time\nfrom gpuvfio.bind.journal import RunLock\n"
-            "with RunLock(sys.argv[1], command='gpuvfio attach first-vm 01:00'):\n"
-            "    print('held', flush=True)\n    time.sleep(60)\n")
-    first = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": REPO})
     try:
-        assert first.stdout.readline().strip() == "held"
-        request = domain_request("second-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios",
-                                 kernel=kernel_file(tmp_path))
-        ssh = SshOptions(host="127.0.0.1", port=22, timeout=1)
-        with pytest.raises(LockTimeout, match=f"pid {first.pid}, gpuvfio attach first-vm 01:00, since "):
-            guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",
-                          verify=None)
-        assert kernel.writes() == [] and shared.conn.listDefinedDomains() == []
+        with lock_held_elsewhere(state, "gpuvfio attach first-vm 01:00") as first:
+            request = domain_request("second-vm", vcpus=2, memory="2G", hugepages="none", firmware="bios",
+                                     kernel=kernel_file(tmp_path))
+            ssh = SshOptions(host="127.0.0.1", port=22, timeout=1)
+            with pytest.raises(LockTimeout, match=f"pid {first}, gpuvfio attach first-vm 01:00, since "):
+                guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",
+                              verify=None)
+            assert kernel.writes() == [] and shared.conn.listDefinedDomains() == []
     finally:
-        first.kill()
-        first.wait()
         shared.conn.close()

@@ -358,13 +358,9 @@ def test_detach_is_planned_and_run_under_the_run_lock(cli, workstation, tmp_path
     """Issue 33 item 4: detach planned outside the lock, then stopped and undefined the domain
     before the release met the lock another run held. Now it waits for the lock first, and on a
     timeout leaves the domain as it was."""
-    import subprocess
-    import sys
-
     from gpuvfio.bind.journal import LockTimeout
     from gpuvfio.ops import guests
-    from tests.conftest import REPO
-    from tests.contexts import sim_context
+    from tests.contexts import lock_held_elsewhere, sim_context
 
     state = tmp_path / "state"
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
@@ -372,22 +368,14 @@ def test_detach_is_planned_and_run_under_the_run_lock(cli, workstation, tmp_path
                   "--connect", "test:///default", "--define", "--json")
     assert defined.code == 0, defined.err
     test_driver.lookupByName("locked-vm").create()
-    code = ("import sys, time\nfrom gpuvfio.bind.journal import RunLock\n"
-            "with RunLock(sys.argv[1], command='gpuvfio attach other 01:00'):\n"
-            "    print('held', flush=True)\n    time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": REPO})
     try:
-        assert holder.stdout.readline().strip() == "held"
-        with sim_context(workstation.root) as ctx:
+        with lock_held_elsewhere(state, "gpuvfio attach other 01:00"), sim_context(workstation.root) as ctx:
             ctx.lock_timeout = 0.5
             with pytest.raises(LockTimeout, match="gpuvfio attach other 01:00"):
                 guests.detach(ctx, "locked-vm", uri="test:///default", timeout=0)
         dom = test_driver.lookupByName("locked-vm")
         assert dom.isActive(), "stopped although another run held the lock"
     finally:
-        holder.kill()
-        holder.wait()
         dom = test_driver.lookupByName("locked-vm")
         if dom.isActive():
             dom.destroy()
