@@ -307,7 +307,13 @@ def _host_use_checks(host: HostRoot, inventory: Inventory, moving: list[PciAddre
         return
     clean = []
     for address in moving:
-        uses = reader.uses(address)
+        try:
+            uses = reader.uses(address)
+        except GpuvfioError as exc:  # a link out of sys up the stack, an unreadable attribute: fail closed
+            checks.append(PlanCheck("host_use", WARN if take else REFUSE, f"{address}: cannot tell what the host "
+                                    f"uses on it: {exc}" + (taken if take else f" ({TAKE_HOST_DEVICES} binds "
+                                                                               "without knowing)")))
+            continue
         for use in uses:
             checks.append(PlanCheck("host_use", WARN, use.describe() + taken) if take else
                           PlanCheck("host_use", REFUSE, f"{use.describe()}: the host loses it "

@@ -275,3 +275,14 @@ def test_the_override_is_one_option_everywhere(cli):
     from gpuvfio.testbed.schema import schema
     spec = json.dumps(schema())
     assert "take_host_devices" in spec
+
+
+def test_a_master_link_out_of_sys_refuses_as_a_check(cli, b):
+    """A link up the stack that leaves sys: the plan refuses naming it (fail closed), one line."""
+    b.net("eno1", fn=fn(b, NIC))
+    os.symlink("/etc", os.path.join(os.path.realpath(b.sys_path("class", "net", "eno1")), "master"))
+    result = dry_bind(cli, b.root, NIC)
+    assert result.code == 1 and "Traceback" not in result.err
+    found = refusals(result)
+    assert len(found) == 1 and found[0].startswith(f"{NIC}: cannot tell what the host uses on it: ")
+    assert "links to absolute path /etc" in found[0]
