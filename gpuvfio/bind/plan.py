@@ -227,19 +227,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     _holder_checks(host, [fns[a] for a in moving], checks, set(services.units), services.kept)
     _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
     for address in moving:
-        fn = fns[address]
-        _name_checks(fn, checks)
-        if fn.boot_vga:
-            fbs = ", ".join(kernel.framebuffers) or "no framebuffer listed"
-            checks.append(PlanCheck("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
-                                    "the host loses its display (--force to proceed)", overridable=True))
-        if fn.sriov_num_vfs and address not in addresses:
-            checks.append(PlanCheck("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
-                                    "disable them first (echo 0 > sriov_numvfs)"))
-        real = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
-        if not os.path.exists(os.path.join(real, "driver_override")):
-            checks.append(PlanCheck("driver_override", REFUSE, f"{address} has no driver_override attribute "
-                                    "(kernel older than 3.16?): gpuvfio binds only by address"))
+        _moving_checks(host, kernel, fns[address], address not in addresses, checks)
     for address in devices:
         health = fns[address].health
         if str(address) in (broken or {}):
@@ -274,6 +262,24 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                           expect=VFIO_DRIVER))
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
                     groups=endpoints, steps=steps, checks=checks, services=services.units)
+
+
+def _moving_checks(host: HostRoot, kernel: KernelInfo, fn, companion: bool, checks: list[PlanCheck]) -> None:
+    """What refuses moving one function: names the journal could not hold, the boot console,
+    SR-IOV VFs on a function taken along (``companion``), no driver_override attribute."""
+    address = fn.address
+    _name_checks(fn, checks)
+    if fn.boot_vga:
+        fbs = ", ".join(kernel.framebuffers) or "no framebuffer listed"
+        checks.append(PlanCheck("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
+                                "the host loses its display (--force to proceed)", overridable=True))
+    if fn.sriov_num_vfs and companion:
+        checks.append(PlanCheck("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
+                                "disable them first (echo 0 > sriov_numvfs)"))
+    real = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
+    if not os.path.exists(os.path.join(real, "driver_override")):
+        checks.append(PlanCheck("driver_override", REFUSE, f"{address} has no driver_override attribute "
+                                "(kernel older than 3.16?): gpuvfio binds only by address"))
 
 
 def _name_checks(fn, checks: list[PlanCheck]) -> None:

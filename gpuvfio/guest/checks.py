@@ -311,6 +311,34 @@ def _link_of(verifier, measured, address):
     return None, False
 
 
+def _check_link(checks, exp: Expected, link, under_load: bool, bandwidth: bool, errors: dict, device):
+    """pcie_link against the host slot; the link back, or None where it cannot be believed (a
+    link no device has, or above its slot: the bandwidth is then judged without it)."""
+    want = f"Gen{exp.link_gen} x{exp.link_width}" if exp.link_gen else None
+    if link is None:
+        checks.append(check("pcie_link", FAIL if bandwidth else SKIP, want, None,
+                            errors.get("nvml", "NVML could not read the GPU's link"), device))
+    elif not _plausible_link(link):
+        checks.append(check("pcie_link", FAIL, want, None, "the guest reports a link no PCIe device has (Gen "
+                            f"{shown(link.get('current_gen'))}, x{shown(link.get('current_width'))})", device))
+        link = None
+    elif want is None:
+        checks.append(check("pcie_link", SKIP, None, f"Gen{link['current_gen']} x{link['current_width']}",
+                            "not observable here: the host knows no slot capability for this device", device))
+    elif link["current_gen"] > exp.link_gen or link["current_width"] > exp.link_width:
+        checks.append(check("pcie_link", FAIL, want, f"Gen{link['current_gen']} x{link['current_width']}",
+                            "above what the host slot allows (" + (exp.link_source or "the host") + "): no device "
+                            "trains past its slot, so this is not the device's link", device))
+        link = None
+    else:
+        seen = f"Gen{link['current_gen']} x{link['current_width']}"
+        ok = link["current_gen"] >= exp.link_gen and link["current_width"] >= exp.link_width
+        checks.append(check("pcie_link", PASS if ok else (FAIL if under_load else WARN), want, seen,
+                            None if ok else "the GPU trained below what its host slot allows (" + exp.link_source
+                            + ")" + ("" if under_load else "; read idle, links train down when idle"), device))
+    return link
+
+
 def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth: bool) -> None:
     device = exp.address
     address = fn["address"] if fn else None
@@ -333,28 +361,7 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
         return
     measured = _by_bus(verifier.get("bandwidth") or {}, address)
     link, under_load = _link_of(verifier, measured, address)
-    want = f"Gen{exp.link_gen} x{exp.link_width}" if exp.link_gen else None
-    if link is None:
-        checks.append(check("pcie_link", FAIL if bandwidth else SKIP, want, None,
-                            errors.get("nvml", "NVML could not read the GPU's link"), device))
-    elif want is None:
-        checks.append(check("pcie_link", SKIP, None, f"Gen{link['current_gen']} x{link['current_width']}",
-                            "not observable here: the host knows no slot capability for this device", device))
-    elif not _plausible_link(link):
-        checks.append(check("pcie_link", FAIL, want, None, "the guest reports a link no PCIe device has (Gen "
-                            f"{shown(link.get('current_gen'))}, x{shown(link.get('current_width'))})", device))
-        link = None
-    elif link["current_gen"] > exp.link_gen or link["current_width"] > exp.link_width:
-        checks.append(check("pcie_link", FAIL, want, f"Gen{link['current_gen']} x{link['current_width']}",
-                            "above what the host slot allows (" + (exp.link_source or "the host") + "): no device "
-                            "trains past its slot, so this is not the device's link", device))
-        link = None
-    else:
-        seen = f"Gen{link['current_gen']} x{link['current_width']}"
-        ok = link["current_gen"] >= exp.link_gen and link["current_width"] >= exp.link_width
-        checks.append(check("pcie_link", PASS if ok else (FAIL if under_load else WARN), want, seen,
-                            None if ok else "the GPU trained below what its host slot allows (" + exp.link_source
-                            + ")" + ("" if under_load else "; read idle, links train down when idle"), device))
+    link = _check_link(checks, exp, link, under_load, bandwidth, errors, device)
     if not bandwidth:
         for check_id in ids[1:]:
             checks.append(check(check_id, SKIP, reason="not asked (--no-bandwidth)", device=device))
