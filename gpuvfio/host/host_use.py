@@ -52,8 +52,11 @@ REQUIRED = (("sys", "class", "block"), ("sys", "class", "net"), ("proc", "1", "m
 CLASSES = ("block", "net", "graphics", "drm", "vtconsole")
 PROC_FILES = (("proc", "1", "mountinfo"), ("proc", "swaps"), ("proc", "1", "net", "route"),
               ("proc", "1", "net", "ipv6_route"), ("proc", "1", "net", "if_inet6"))
-MAX_STACK = 64  # devices or interfaces followed up from one function (a stack is a handful)
-_PCI = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+# Devices or interfaces followed up from one function: a physical volume holds hundreds of LVs, a
+# port carries up to 4094 VLANs; past this the answer is "cannot tell", never "unused".
+MAX_STACK = 8192
+# A function's directory name: a VMD domain has five hex digits (10000:e1:00.0).
+_PCI = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 # A dm device's kind, by its uuid's prefix (cryptsetup: CRYPT-LUKS2-..., lvm2: LVM-..., multipath:
 # mpath-..., kpartx: partN-...).
 _DM_KINDS = (("CRYPT-LUKS", "LUKS"), ("CRYPT-", "dm-crypt"), ("LVM-", "LVM"), ("mpath-", "multipath"),
@@ -184,17 +187,26 @@ class HostUseReader:
                         said.add((device, loses))
                         found.append(HostUse(address, UseKind.STORAGE,
                                              tuple(self._block_label(n, i == 0) for i, n in enumerate(chain)), loses))
+        disks = [name for name in self.owned("block", address) if not name.startswith(("loop", "ram", "zram"))]
+        pools = sorted({source.partition("/")[0] for _dev, source, _point, fstype in self._mounts if fstype == "zfs"})
+        if disks and pools:
+            # ZFS opens its vdevs itself: the kernel lists no holder, and its mounts name the pool,
+            # not a device. Whether these disks are in it cannot be read here: fail closed.
+            found.append(HostUse(address, UseKind.STORAGE, (disks[0],), f"may be in the mounted ZFS pool "
+                                 f"{', '.join(pools)} (ZFS's disks have no holders in sysfs: gpuvfio cannot tell)"))
         return found
 
     def _stack(self, start: str, up, known: dict) -> list[tuple[str, ...]]:
-        """Every chain from ``start`` up the stack (breadth first, each device once, at most
-        MAX_STACK devices)."""
+        """Every chain from ``start`` up the stack (breadth first, each device once); a stack of
+        more than MAX_STACK devices is an error, not a shorter answer."""
         chains, seen, todo = [], {start}, deque([(start,)])
-        while todo and len(seen) <= MAX_STACK:
+        while todo:
             chain = todo.popleft()
             chains.append(chain)
             for name in up(chain[-1]):
                 if name not in seen and name in known:
+                    if len(seen) >= MAX_STACK:
+                        raise HostReadError(f"more than {MAX_STACK} devices stacked on {printable(start)}")
                     seen.add(name)
                     todo.append(chain + (name,))
         return chains
@@ -222,7 +234,7 @@ class HostUseReader:
         if dm_name:
             sources.add(f"/dev/mapper/{dm_name}")
         number = self._attr(entry, "dev")
-        points = [point for dev, source, point in self._mounts if dev == number or source in sources]
+        points = [point for dev, source, point, _fstype in self._mounts if dev == number or source in sources]
         uses = []
         if points:
             shown = ", ".join(points[:3]) + (f" and {len(points) - 3} more" if len(points) > 3 else "")
@@ -299,16 +311,16 @@ def _inside_sys(where: str, target: str) -> str:
     return rel
 
 
-def _mountinfo(text: str) -> list[tuple[str, str, str]]:
-    """(major:minor, source, mount point) of each mount (proc(5): the fields before the
-    separator ``-``, then the filesystem type and the source)."""
+def _mountinfo(text: str) -> list[tuple[str, str, str, str]]:
+    """(major:minor, source, mount point, filesystem type) of each mount (proc(5): the fields
+    before the separator ``-``, then the filesystem type and the source)."""
     mounts = []
     for line in text.splitlines():
         fields = line.split(" ")
         if "-" not in fields[6:] or len(fields) < 10:
             continue
         rest = fields[fields.index("-", 6) + 1:]
-        mounts.append((fields[2], rest[1] if len(rest) > 1 else "", fields[4]))
+        mounts.append((fields[2], rest[1] if len(rest) > 1 else "", fields[4], rest[0] if rest else ""))
     return mounts
 
 

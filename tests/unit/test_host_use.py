@@ -286,3 +286,48 @@ def test_a_master_link_out_of_sys_refuses_as_a_check(cli, b):
     found = refusals(result)
     assert len(found) == 1 and found[0].startswith(f"{NIC}: cannot tell what the host uses on it: ")
     assert "links to absolute path /etc" in found[0]
+
+
+def test_a_large_stack_is_followed_whole_and_a_huge_one_is_not_called_unused(cli, b, monkeypatch):
+    """64 LVs on one partition hid the mounted root (the walk stopped, then said "unused");
+    each LV is followed now, and a stack past MAX_STACK refuses as "cannot tell"."""
+    b.block("nvme0n1", "259:0", fn=fn(b, NVME))
+    b.block("nvme0n1p3", "259:3", disk="nvme0n1")
+    for n in range(100):
+        b.dm(f"dm-{n}", f"253:{n}", f"vg0-lv{n}", f"LVM-x{n}", "nvme0n1p3")
+    b.mount("253:99", "/", "/dev/mapper/vg0-lv99", "ext4")
+    assert refusals(dry_bind(cli, b.root, NVME)) == [
+        f"{NVME}: nvme0n1p3 holds LVM vg0-lv99, which is mounted on /: the host loses it "
+        "(--take-host-devices to take it anyway)"]
+    from gpuvfio.host import host_use
+
+    monkeypatch.setattr(host_use, "MAX_STACK", 50)
+    found = refusals(dry_bind(cli, b.root, NVME))
+    assert found == [f"{NVME}: cannot tell what the host uses on it: more than 50 devices stacked on nvme0n1p3 "
+                     "(--take-host-devices binds without knowing)"], found
+
+
+def test_a_vmd_domain_nvme_is_its_own_owner(b):
+    """Behind Intel VMD the NVMe's address has a five-digit domain (10000:e1:00.0): its disk is
+    its own, not the VMD controller's."""
+    vmd = fn(b, NVME)
+    path = os.path.join(vmd.path, "pci10000:e0", "10000:e0:06.0", "10000:e1:00.0", "nvme", "nvme0", "nvme0n1")
+    os.makedirs(path)
+    os.symlink(os.path.relpath(path, b.sys_path("class", "block")), b.sys_path("class", "block", "nvme0n1"))
+    with open(os.path.join(path, "dev"), "w") as handle:
+        handle.write("259:0\n")
+    os.makedirs(os.path.join(path, "holders"))
+    b.mount("259:0", "/", "/dev/nvme0n1", "xfs")
+    reader = HostUseReader(HostRoot(b.root))
+    assert [u.describe() for u in reader.uses(A("10000:e1:00.0"))] == ["10000:e1:00.0: nvme0n1 is mounted on /"]
+    assert reader.uses(A(NVME)) == []
+
+
+def test_a_zfs_host_cannot_tell_and_refuses(cli, b):
+    """ZFS opens its disks itself: sysfs lists no holder and its mounts name the pool. A disk of
+    a host that mounts ZFS is refused as unknown (fail closed)."""
+    b.block("nvme0n1", "259:0", fn=fn(b, NVME))
+    b.mount("0:42", "/", "rpool/ROOT/ubuntu", "zfs")
+    assert refusals(dry_bind(cli, b.root, NVME)) == [
+        f"{NVME}: nvme0n1 may be in the mounted ZFS pool rpool (ZFS's disks have no holders in sysfs: gpuvfio "
+        "cannot tell): the host loses it (--take-host-devices to take it anyway)"]
