@@ -422,17 +422,22 @@ class Tree:
         if dir_fd is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.path(rel))
         try:
+            # Looked at before it is opened: a device is never opened (opening /dev/watchdog arms
+            # it), a directory, FIFO or socket never met as an errno; then checked again by fstat.
+            before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            if not stat.S_ISREG(before):
+                kind = kind_name(before)
+                if stat.S_ISLNK(before):
+                    raise UnsafePathError(f"refusing to write {self.path(rel)}: it is a link")
+                raise NotRegular(f"refusing to write {self.path(rel)}: it is {kind}")
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC,
                              dir_fd=dir_fd)
             except FileNotFoundError:
                 raise
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.EMLINK):
-                    raise UnsafePathError(f"refusing to write {self.path(rel)}: it is a link") from None
-                if exc.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK|O_WRONLY)
-                    raise NotRegular(f"refusing to write {self.path(rel)}: it is a FIFO") from None
-                raise
+            except OSError as exc:  # replaced since it was looked at: refused, whatever it is now
+                raise NotRegular(f"refusing to write {self.path(rel)}: it changed while it was opened "
+                                 f"({exc.strerror or exc})") from None
             found = os.fstat(fd)
             problem = (f"it is {kind_name(found.st_mode)}" if not stat.S_ISREG(found.st_mode) else
                        f"it has {found.st_nlink} links (a sysfs attribute has one)" if found.st_nlink != 1 else None)

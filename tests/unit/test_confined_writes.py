@@ -99,3 +99,24 @@ def test_a_hard_linked_lock_is_refused_and_its_file_kept(h, tmp_path, cli):
     assert result.code != 0 and "not a lock gpuvfio made" in result.err
     assert canary.read_text() == "an outside file the lock must not empty\n"
     assert h.drivers()[GPU] == "nvidia"
+
+
+@pytest.mark.parametrize("kind", ["directory", "device", "socket"])
+def test_a_directory_device_or_socket_at_an_attribute_is_refused_in_one_line(h, cli, kind):
+    """The writer looks before it opens (a device is never opened), and says what it found: one
+    line, exit 1 or 2, never an IsADirectoryError traceback."""
+    import socket
+    import stat
+
+    path = h.builder.sys_path("bus", "pci", "drivers", "nvidia", "unbind")
+    os.unlink(path)
+    if kind == "directory":
+        os.mkdir(path)
+    elif kind == "device":
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    else:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+    with pytest.raises(GpuvfioError, match=f"refusing to write .*unbind: it is a {kind}"):
+        h.bind(GPU, uri="none")
+    assert h.drivers()[GPU] == "nvidia"
