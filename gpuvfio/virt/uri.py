@@ -122,12 +122,19 @@ def _check_test_file(uri: str, source: str) -> None:
     scheme, _sep, rest = uri.partition("://")
     if scheme.lower().partition("+")[0] != "test":
         return
-    authority, _slash, path = rest.partition("?")[0].partition("/")
+    authority, _slash, path = rest.partition("?")[0].partition("#")[0].partition("/")
     if authority:
         raise InputError(f"{source} {ascii(uri)}: the test driver runs in this process: no host in its URI")
     if path == "default":
         return
     where = "/" + path
+    # libvirt percent-decodes the path and the kernel follows its links and "..": the file read
+    # here must be the one libvirt opens, so only a canonical path is taken (no %, no . or ..,
+    # no link on the way).
+    if "%" in where or any(part in ("", ".", "..") for part in where.split("/")[1:]) \
+            or os.path.realpath(where) != where:
+        raise InputError(f"{source}: test driver configuration {ascii(where)} must be a canonical path (no %, "
+                         "no . or .., no link on the way)")
     try:
         data = read_regular(where, TEST_CONFIG_LIMIT)
     except InputError as exc:

@@ -311,3 +311,21 @@ def test_a_test_driver_file_is_a_regular_node_file_and_its_content_never_shows(t
     with pytest.raises(GpuvfioError) as info:
         open_connection(f"test://{broken}")
     assert "SECRETHASH" not in str(info.value) and str(broken) in str(info.value)
+
+
+def test_a_test_driver_path_must_be_the_file_libvirt_opens(tmp_path):
+    """libvirt percent-decodes the path and the kernel resolves links and ".." after them: a
+    path that is not canonical was checked as one file and opened as another (a FIFO: a hang)."""
+    import os
+
+    node = tmp_path / "a" / "node.xml"
+    node.parent.mkdir()
+    node.write_text("<node></node>\n")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "a" / "sub").mkdir()
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    for path in (f"{tmp_path}/a/sub/../node.xml", f"{tmp_path}/a/./node.xml", f"{tmp_path}/a/%6eode.xml",
+                 f"{tmp_path}/link/node.xml", f"{tmp_path}/a//node.xml"):
+        with pytest.raises(InputError, match="must be a canonical path"):
+            check_uri(f"test://{path}", source="--connect")
+    assert check_uri(f"test://{node}", source="--connect") == f"test://{node}"
