@@ -68,6 +68,15 @@ def make_fleet(out: str, hosts: int, python: str | None = None, extra_vars: dict
         if not os.path.isdir(os.path.join(root, "sys")):
             load_fixture(texts[sample], root)
         fleet[name] = {"sample": sample, "root": root, "state_dir": state}
+        # Each guest boots from a disk image on this machine and takes the test driver's network
+        # (it leases addresses): an attach plan refuses a guest that could not boot or be reached.
+        guests = []
+        for guest in SAMPLE_VARS[sample]["gpuvfio_guests"]:
+            image = os.path.join(out, "images", f"{name}-{guest['name']}.qcow2")
+            os.makedirs(os.path.dirname(image), exist_ok=True)
+            with open(image, "wb") as handle:
+                handle.write(b"QFI\xfb")
+            guests.append({**guest, "disk": image, "network": "default"})
         inventory_hosts[name] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": python,
@@ -76,6 +85,7 @@ def make_fleet(out: str, hosts: int, python: str | None = None, extra_vars: dict
             "gpuvfio_state_dir": state,
             "gpuvfio_libvirt_uri": "test:///default",
             **SAMPLE_VARS[sample],
+            "gpuvfio_guests": guests,
             **(extra_vars or {}),
         }
     inventory = {"all": {"children": {"gpu_hosts": {"hosts": inventory_hosts}}},

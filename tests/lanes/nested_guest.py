@@ -446,7 +446,8 @@ def main(config: dict) -> int:
             # the pinned host key apply to it all the same.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(CONSOLE_LOG)
-            run.gv("attach", "-v", "attach", *devices, "--name", name, *attach_common,
+            # --yes: the devices are three physical ones (one per switch port and node).
+            run.gv("attach", "-v", "attach", *devices, "--yes", "--name", name, *attach_common,
                    "--user-net-ssh-port", str(port),
                    "--ssh-key", image["client_key"], "--known-hosts", known_hosts, "--connect", uri,
                    "--boot-timeout", str(config.get("boot_timeout", 900)), "--console-log", CONSOLE_LOG,

@@ -191,8 +191,11 @@ def test_secrets_stay_out_of_the_output(ansible_env, tmp_path):
     with open(os.path.join(SAMPLES, "dgx-h100.host"), encoding="utf-8") as handle:
         load_fixture(handle.read(), str(root))
     secret = "SeCrEt-KeY-MaTeRiAl-42"
+    disk = tmp_path / "g.qcow2"  # a guest that can boot and be reached (its plan checks both)
+    disk.write_bytes(b"QFI\xfb")
     args = json.dumps({"root": str(root), "state_dir": str(tmp_path / "state"), "name": "g", "state": "running",
                        "devices": ["0000:1b:00.0"], "uri": "test:///default", "memory": "4G",
+                       "disk": str(disk), "network": "default",
                        "stop_services": True, "ssh_private_key": f"-----BEGIN KEY-----\n{secret}\n-----END KEY-----"})
     proc = subprocess.run([os.path.join(VENV_BIN, "ansible"), "localhost", "-c", "local", "-i", "localhost,",
                            "-m", "gpuvfio.gpuvfio.domain", "-a", args, "--check", "-vvv",
