@@ -27,7 +27,7 @@ import signal
 import time
 from typing import Callable
 
-from gpuvfio.errors import GpuvfioError, HostReadError
+from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.root import HostRoot
 
 Backend = Callable[[str, bytes, int], None]
@@ -69,9 +69,6 @@ class SysfsWriter:
             os.close(self.host.open_sys_attribute(os.path.normpath(path)))
         except FileNotFoundError:
             pass  # the write reports a missing attribute as the kernel's ENOENT, in its step
-        except HostReadError as exc:
-            if not str(exc).startswith("missing "):
-                raise
 
     def write(self, path: str, value: str) -> None:
         full = os.path.normpath(path)
@@ -79,10 +76,6 @@ class SysfsWriter:
             target = self.host.open_sys_attribute(full)
         except FileNotFoundError:  # the device (or driver) is gone: the kernel's own answer
             raise SysfsWriteError(full, value, errno.ENOENT, f"{os.strerror(errno.ENOENT)} (ENOENT)") from None
-        except HostReadError as exc:
-            if str(exc).startswith("missing "):
-                raise SysfsWriteError(full, value, errno.ENOENT, f"{os.strerror(errno.ENOENT)} (ENOENT)") from None
-            raise
         try:
             self._write_in_child(full, value, target)
         finally:

@@ -175,9 +175,16 @@ class HostRoot:
         own links followed inside ``<root>/sys``, nothing taken from an earlier walk's cache),
         then opened through held directory fds from the root, every component O_NOFOLLOW, the
         attribute a regular file with one link (gpuvfio.files.Tree.open_attribute). Whatever
-        was swapped in since the plan resolved the path is refused, never written through."""
+        was swapped in since the plan resolved the path is refused, never written through.
+        FileNotFoundError when the attribute or a directory on its way is not there (the device
+        or driver is gone: the kernel's own answer)."""
         path = os.path.normpath(path)
-        directory = self._resolve(os.path.dirname(path), self.sys, host_links=False, cached=False)
+        try:
+            directory = self._resolve(os.path.dirname(path), self.sys, host_links=False, cached=False)
+        except HostReadError as exc:
+            if str(exc).startswith("missing "):
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+            raise
         return self.tree.open_attribute(os.path.relpath(os.path.join(directory, os.path.basename(path)), self.root))
 
     def config_path(self, *parts: str) -> str:
