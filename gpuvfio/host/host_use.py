@@ -179,15 +179,16 @@ class HostUseReader:
     def _storage(self, address: PciAddress) -> list[HostUse]:
         block = self.entries["block"]
         found, said = [], set()
-        for start in self.owned("block", address):
-            for chain in self._stack(start, lambda name: self._holders(name), block):
+        owned = self.owned("block", address)
+        for start in owned:
+            for chain in self._stack(start, self._holders, block):
                 device = chain[-1]
                 for loses in self._block_uses(device):
                     if (device, loses) not in said:
                         said.add((device, loses))
                         found.append(HostUse(address, UseKind.STORAGE,
                                              tuple(self._block_label(n, i == 0) for i, n in enumerate(chain)), loses))
-        disks = [name for name in self.owned("block", address) if not name.startswith(("loop", "ram", "zram"))]
+        disks = [name for name in owned if not name.startswith(("loop", "ram", "zram"))]
         pools = sorted({source.partition("/")[0] for _dev, source, _point, fstype in self._mounts if fstype == "zfs"})
         if disks and pools:
             # ZFS opens its vdevs itself: the kernel lists no holder, and its mounts name the pool,
