@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, BindStatus, Step
+from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, BindStatus
+from gpuvfio.planning import Step, StepKind
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.health import return_problem
 from gpuvfio.host.root import HostRoot
@@ -130,26 +131,26 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
 
 
 def _execute(host: HostRoot, step: Step, writer: SysfsWriter, actions: Actions) -> None:
-    if step.kind == "modprobe":
+    if step.kind is StepKind.MODPROBE:
         actions.modprobe(step.name)
         if not os.path.isdir(host.sys_path("bus", "pci", "drivers", step.name)):
             raise GpuvfioError(f"module {step.name} loaded but sys/bus/pci/drivers/{step.name} did not appear")
         return
-    if step.kind == "stop_service":
+    if step.kind is StepKind.STOP_SERVICE:
         actions.stop_service(step.name)
         return
-    writer.write(step.path, step.value + "\n" if step.kind == "override" else step.value)
+    writer.write(step.path, step.value + "\n" if step.kind is StepKind.OVERRIDE else step.value)
     # Against a recorded tree nothing reacts to the writes; say so when it shows.
     hint = "" if host.root == "/" else f" (is {host.root} a live sysfs?)"
-    if step.kind == "override":
+    if step.kind is StepKind.OVERRIDE:
         got = current_override(host, step.address)
         if got != step.value:
             raise GpuvfioError(f"{step.address}: driver_override reads back {got!r}, not {step.value!r}")
-    elif step.kind == "unbind":
+    elif step.kind is StepKind.UNBIND:
         got = current_driver(host, step.address)
         if got is not None:
             raise GpuvfioError(f"{step.address}: still bound to {got} after unbind{hint}")
-    elif step.kind == "probe":
+    elif step.kind is StepKind.PROBE:
         got = current_driver(host, step.address)
         if got != step.expect:
             raise GpuvfioError(f"{step.address}: bound to {got or 'no driver'} after drivers_probe, "
@@ -234,19 +235,3 @@ def _restore_one(host: HostRoot, address: str, record: dict, writer: SysfsWriter
     got = current_driver(host, address)
     if got != original_driver:
         raise GpuvfioError(f"on {got or 'no driver'}, expected {original_driver or 'no driver'}")
-
-
-def give_back(host: HostRoot, addresses: list[PciAddress], writer: SysfsWriter) -> dict[str, str]:
-    """``gpuvfio unbind``: clear the override, leave vfio-pci, reprobe; no journal involved."""
-    result = {}
-    for address in addresses:
-        key = str(address)
-        device_dir = host.sys_path("bus", "pci", "devices", key)
-        if current_override(host, key) is not None:
-            writer.write(os.path.join(device_dir, "driver_override"), "\n")
-        if current_driver(host, key) == VFIO_DRIVER:
-            writer.write(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER, "unbind"), key)
-        if current_driver(host, key) is None:
-            writer.write(host.sys_path("bus", "pci", "drivers_probe"), key)
-        result[key] = current_driver(host, key) or "no driver"
-    return result

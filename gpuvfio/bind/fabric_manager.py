@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import Journal
-from gpuvfio.bind.plan import PlanCheck
 from gpuvfio.commands import CommandError, CommandNotStarted, CommandOutputLimit, CommandTimeout, Runner, last_line
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host.fabric import Decision, Partition, PartitionGpu
+from gpuvfio.planning import Check
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
 FMPM = "fmpm"
@@ -275,9 +275,9 @@ def plan_detach(journal: Journal, devices: list[PciAddress] | None = None) -> li
     return steps
 
 
-def plan_checks(decision: Decision) -> list[PlanCheck]:
+def plan_checks(decision: Decision) -> list[Check]:
     """The decision's lines as bind-plan checks (a refusal refuses the bind)."""
-    return [PlanCheck("fabric", line.status, line.message) for line in decision.lines]
+    return [Check("fabric", line.status, line.message) for line in decision.lines]
 
 
 def _state_of(client: FabricManagerClient, partition_id: int) -> bool:

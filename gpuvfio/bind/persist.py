@@ -26,6 +26,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.root import HostRoot
 from gpuvfio.names import is_module_name
 from gpuvfio.text import printable
+from gpuvfio.planning import Step, StepKind
 
 UDEV_RULES = ("etc", "udev", "rules.d", "61-gpuvfio-vfio-pci.rules")
 SOFTDEP = ("etc", "modprobe.d", "gpuvfio-vfio.conf")
@@ -134,10 +135,16 @@ class PersistReport:
     status: PersistStatus
     next_step: str | None = None
 
+    @property
+    def steps(self) -> list[Step]:
+        """The changes as steps of the run (commit writes them all, or none)."""
+        return [Step(StepKind.REMOVE_FILE if c.action is ChangeAction.REMOVE else StepKind.WRITE_FILE,
+                     path=c.path, detail=f"{c.action.value} {c.path}") for c in self.changes]
+
     def to_json(self) -> dict:
         out = {"devices": [str(a) for a in self.devices], "mechanism": self.mechanism.value,
                "changes": [{"path": c.path, "action": c.action.value, "diff": c.diff()} for c in self.changes],
-               "result": self.status.value}
+               "steps": [s.to_json() for s in self.steps], "result": self.status.value}
         if self.next_step is not None:
             out["next"] = self.next_step
         return out

@@ -19,6 +19,7 @@ from gpuvfio.host import assignable
 from gpuvfio.host.fabric import Decision
 from gpuvfio.host.host_use import HostUseReader
 from gpuvfio.names import is_driver_name
+from gpuvfio.planning import Check, CheckStatus, Step, StepKind
 from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
@@ -28,15 +29,6 @@ from gpuvfio.host.root import HostRoot
 
 VFIO_DRIVER = "vfio-pci"
 
-
-
-class CheckStatus(str, Enum):
-    """A bind check's verdict; ``skip``: the check could not be asked (libvirt not consulted)."""
-
-    OK = "ok"
-    REFUSE = "refuse"
-    WARN = "warn"
-    SKIP = "skip"
 
 
 OK, REFUSE, WARN, SKIP = CheckStatus.OK, CheckStatus.REFUSE, CheckStatus.WARN, CheckStatus.SKIP
@@ -52,50 +44,6 @@ class BindStatus(str, Enum):
 
 
 @dataclass(slots=True)
-class PlanCheck:
-    check_id: str
-    status: CheckStatus
-    message: str
-    overridable: bool = False
-
-    def __post_init__(self) -> None:
-        # The Fabric Manager's checks carry their verdicts as the same words (host.fabric).
-        self.status = CheckStatus(self.status)
-
-    def to_json(self) -> dict:
-        return {"id": self.check_id, "status": self.status.value, "message": self.message,
-                "overridable": self.overridable}
-
-
-@dataclass(slots=True)
-class Step:
-    kind: str  # modprobe | stop_service | override | unbind | probe
-    address: str | None = None
-    path: str | None = None
-    value: str | None = None
-    expect: str | None = None  # the driver the device must show after this step
-    name: str | None = None  # module or service name
-
-    def describe(self) -> str:
-        if self.kind == "modprobe":
-            return f"load module {self.name}"
-        if self.kind == "stop_service":
-            return f"stop service {self.name} (restarted by restore)"
-        if self.kind == "override":
-            return f"{self.address}: driver_override <- {self.value}"
-        if self.kind == "unbind":
-            return f"{self.address}: unbind from {self.name}"
-        return f"{self.address}: drivers_probe, expect {self.expect}"
-
-    def to_json(self, root: str | None = None) -> dict:
-        path = self.path
-        if root and path and path.startswith(root.rstrip("/") + "/"):
-            path = path[len(root.rstrip("/")):]  # as the host itself names it
-        return {"kind": self.kind, "address": self.address, "path": path, "value": self.value,
-                "expect": self.expect, "name": self.name, "description": self.describe()}
-
-
-@dataclass(slots=True)
 class BindPlan:
     requested: list[PciAddress]
     devices: list[PciAddress]  # endpoints that will end on vfio-pci
@@ -103,10 +51,10 @@ class BindPlan:
     originals: dict[PciAddress, tuple[str | None, str | None]]  # driver, driver_override
     groups: dict[PciAddress, int | None]
     steps: list[Step] = field(default_factory=list)
-    checks: list[PlanCheck] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     services: list[str] = field(default_factory=list)
 
-    def refusals(self, force: bool) -> list[PlanCheck]:
+    def refusals(self, force: bool) -> list[Check]:
         return [c for c in self.checks if c.status == REFUSE and not (force and c.overridable)]
 
     @property
@@ -128,15 +76,15 @@ class BindReport:
 
     devices: list[PciAddress]
     steps: list[Step]
-    checks: list[PlanCheck]
+    checks: list[Check]
     moving: list[PciAddress]
-    refused: list[PlanCheck]
+    refused: list[Check]
     root: str | None = None  # step paths are shown as the host beneath this root names them
     fabric: Decision | None = None
     status: BindStatus | None = None
 
     @classmethod
-    def of(cls, plan: BindPlan, refused: list[PlanCheck], *, root: str | None = None,
+    def of(cls, plan: BindPlan, refused: list[Check], *, root: str | None = None,
            fabric: Decision | None = None) -> "BindReport":
         return cls(list(plan.devices), list(plan.steps), list(plan.checks), list(plan.moving), list(refused),
                    root, fabric, BindStatus.NOTHING_TO_DO if plan.nothing_to_do else None)
@@ -190,10 +138,10 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
         raise InputError("no PCI address given")
     for address in addresses:
         assignable.endpoint(inventory, address)
-    checks: list[PlanCheck] = []
+    checks: list[Check] = []
     endpoints: dict[PciAddress, int | None] = {}
     if inventory.groups is not None:
-        checks.append(PlanCheck("iommu", OK, f"{kernel.iommu_vendor or 'an'} IOMMU with "
+        checks.append(Check("iommu", OK, f"{kernel.iommu_vendor or 'an'} IOMMU with "
                                 f"{len(inventory.groups)} groups"))
     seen: set[str] = set()
     for address in addresses:
@@ -208,15 +156,15 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
         for problem in problems:
             if problem.message not in seen:
                 seen.add(problem.message)
-                checks.append(PlanCheck(problem.check_id, REFUSE, problem.message, problem.overridable))
+                checks.append(Check(problem.check_id, REFUSE, problem.message, problem.overridable))
         if group is not None and f"group {group.group_id}" not in seen:
             members = ", ".join(str(d) for d in group.devices)
             if group.viable:
                 seen.add(f"group {group.group_id}")
-                checks.append(PlanCheck("group_viable", OK, f"group {group.group_id} is viable: {members}"))
+                checks.append(Check("group_viable", OK, f"group {group.group_id} is viable: {members}"))
             elif assignable.whole_group(inventory, address, addresses):
                 seen.add(f"group {group.group_id}")
-                checks.append(PlanCheck("group_viable", OK, f"group {group.group_id} goes whole: every device "
+                checks.append(Check("group_viable", OK, f"group {group.group_id} goes whole: every device "
                                         f"in it is asked for ({members})"))
     _unsafe_host_checks(kernel, checks, policy.allow_unsafe_host)
     devices = sorted(endpoints)
@@ -231,71 +179,71 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     for address in devices:
         health = fns[address].health
         if str(address) in (broken or {}):
-            checks.append(PlanCheck("health", REFUSE, f"{address} came back broken from its last guest "
+            checks.append(Check("health", REFUSE, f"{address} came back broken from its last guest "
                                     f"({(broken or {})[str(address)].get('reason', '?')}); gpuvfio reset {address}"))
         elif health is not None and health.alive is False:
-            checks.append(PlanCheck("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
+            checks.append(Check("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
                                     "dead, not free"))
     _domain_checks(libvirt, devices, checks)
     steps: list[Step] = []
     vfio_loaded = os.path.isdir(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER))
     if moving and not vfio_loaded:
         if kernel.module_available("vfio_pci") or "vfio_pci" in kernel.builtin_modules:
-            steps.append(Step("modprobe", name="vfio-pci"))
+            steps.append(Step(StepKind.MODPROBE, name="vfio-pci"))
         else:
-            checks.append(PlanCheck("vfio_modules", REFUSE, "vfio-pci is neither loaded nor in this kernel's "
+            checks.append(Check("vfio_modules", REFUSE, "vfio-pci is neither loaded nor in this kernel's "
                                     "modules (see gpuvfio doctor)"))
     if moving:
-        checks.append(PlanCheck("vfio_modules", OK, "vfio-pci " + ("loaded" if vfio_loaded else "loadable")))
+        checks.append(Check("vfio_modules", OK, "vfio-pci " + ("loaded" if vfio_loaded else "loadable")))
     for name in services.units:
-        steps.append(Step("stop_service", name=name))
+        steps.append(Step(StepKind.STOP_SERVICE, name=name))
     for address in moving:
         path = host.sys_path("bus", "pci", "devices", str(address), "driver_override")
-        steps.append(Step("override", str(address), path, VFIO_DRIVER))
+        steps.append(Step(StepKind.OVERRIDE, str(address), path, VFIO_DRIVER))
     for address in moving:
         driver = fns[address].driver
         if driver:
             path = host.sys_path("bus", "pci", "drivers", driver, "unbind")
-            steps.append(Step("unbind", str(address), path, str(address), expect=None, name=driver))
+            steps.append(Step(StepKind.UNBIND, str(address), path, str(address), expect=None, name=driver))
     for address in moving:
-        steps.append(Step("probe", str(address), host.sys_path("bus", "pci", "drivers_probe"), str(address),
+        steps.append(Step(StepKind.PROBE, str(address), host.sys_path("bus", "pci", "drivers_probe"), str(address),
                           expect=VFIO_DRIVER))
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
                     groups=endpoints, steps=steps, checks=checks, services=services.units)
 
 
-def _moving_checks(host: HostRoot, kernel: KernelInfo, fn, companion: bool, checks: list[PlanCheck]) -> None:
+def _moving_checks(host: HostRoot, kernel: KernelInfo, fn, companion: bool, checks: list[Check]) -> None:
     """What refuses moving one function: names the journal could not hold, the boot console,
     SR-IOV VFs on a function taken along (``companion``), no driver_override attribute."""
     address = fn.address
     _name_checks(fn, checks)
     if fn.boot_vga:
         fbs = ", ".join(kernel.framebuffers) or "no framebuffer listed"
-        checks.append(PlanCheck("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
+        checks.append(Check("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
                                 "the host loses its display (--force to proceed)", overridable=True))
     if fn.sriov_num_vfs and companion:
-        checks.append(PlanCheck("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
+        checks.append(Check("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
                                 "disable them first (echo 0 > sriov_numvfs)"))
     real = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
     if not os.path.exists(os.path.join(real, "driver_override")):
-        checks.append(PlanCheck("driver_override", REFUSE, f"{address} has no driver_override attribute "
+        checks.append(Check("driver_override", REFUSE, f"{address} has no driver_override attribute "
                                 "(kernel older than 3.16?): gpuvfio binds only by address"))
 
 
-def _name_checks(fn, checks: list[PlanCheck]) -> None:
+def _name_checks(fn, checks: list[Check]) -> None:
     """The driver and driver_override a bind journals and writes back must be names the journal
     takes and sysfs can be given again (gpuvfio.names): refused before the first write, never a
     journal gpuvfio cannot read back."""
     for what, value in (("driver", fn.driver), ("driver_override", fn.driver_override)):
         if value is not None and not is_driver_name(value):
-            checks.append(PlanCheck("names", REFUSE, f"{fn.address}: its {what} is {printable(repr(value))}, not a "
+            checks.append(Check("names", REFUSE, f"{fn.address}: its {what} is {printable(repr(value))}, not a "
                                     "kernel driver name: gpuvfio could not journal it and write it back"))
 
 
 TAKE_HOST_DEVICES = "--take-host-devices"
 
 
-def _host_use_checks(host: HostRoot, inventory: Inventory, moving: list[PciAddress], checks: list[PlanCheck],
+def _host_use_checks(host: HostRoot, inventory: Inventory, moving: list[PciAddress], checks: list[Check],
                      take: bool) -> None:
     """What the host itself runs on (gpuvfio.host.host_use) refuses the bind of its function: its
     mounted disks and swap, the interfaces that carry its routes and addresses, its console. A
@@ -308,7 +256,7 @@ def _host_use_checks(host: HostRoot, inventory: Inventory, moving: list[PciAddre
     try:
         reader = HostUseReader(host)
     except GpuvfioError as exc:
-        checks.append(PlanCheck("host_use", WARN if take else REFUSE, str(exc) + (taken if take else
+        checks.append(Check("host_use", WARN if take else REFUSE, str(exc) + (taken if take else
                                 f"; {TAKE_HOST_DEVICES} binds without knowing")))
         return
     clean = []
@@ -316,22 +264,22 @@ def _host_use_checks(host: HostRoot, inventory: Inventory, moving: list[PciAddre
         try:
             uses = reader.uses(address)
         except GpuvfioError as exc:  # a link out of sys up the stack, an unreadable attribute: fail closed
-            checks.append(PlanCheck("host_use", WARN if take else REFUSE, f"{address}: cannot tell what the host "
+            checks.append(Check("host_use", WARN if take else REFUSE, f"{address}: cannot tell what the host "
                                     f"uses on it: {exc}" + (taken if take else f" ({TAKE_HOST_DEVICES} binds "
                                                                                "without knowing)")))
             continue
         for use in uses:
-            checks.append(PlanCheck("host_use", WARN, use.describe() + taken) if take else
-                          PlanCheck("host_use", REFUSE, f"{use.describe()}: the host loses it "
+            checks.append(Check("host_use", WARN, use.describe() + taken) if take else
+                          Check("host_use", REFUSE, f"{use.describe()}: the host loses it "
                                     f"({TAKE_HOST_DEVICES} to take it anyway)"))
         if not uses:
             clean.append(address)
         if not uses and not _gpu_or_companion(inventory, address):
             fn = inventory.functions[address]
-            checks.append(PlanCheck("host_use", OK, f"{address} is not a GPU ({fn.class_name or fn.class_id}); "
+            checks.append(Check("host_use", OK, f"{address} is not a GPU ({fn.class_name or fn.class_id}); "
                                     "nothing on the host uses it"))
     if clean:
-        checks.append(PlanCheck("host_use", OK, "the host itself does not use "
+        checks.append(Check("host_use", OK, "the host itself does not use "
                                 + ", ".join(str(a) for a in clean) + " (no mounted disk, swap, route, address "
                                 "or console on them)"))
 
@@ -345,7 +293,7 @@ def _gpu_or_companion(inventory: Inventory, address: PciAddress) -> bool:
     return any(other.is_gpu for other in inventory.functions.values() if other.address.device == address.device)
 
 
-def _unsafe_host_checks(kernel: KernelInfo, checks: list[PlanCheck], allowed: bool) -> None:
+def _unsafe_host_checks(kernel: KernelInfo, checks: list[Check], allowed: bool) -> None:
     flag = " (--allow-unsafe-host to proceed anyway)"
     unsafe = []
     if kernel.param("pcie_acs_override") is not None:
@@ -357,12 +305,12 @@ def _unsafe_host_checks(kernel: KernelInfo, checks: list[PlanCheck], allowed: bo
         unsafe.append(("noiommu", "vfio enable_unsafe_noiommu_mode=Y: no DMA isolation"))
     for check_id, message in unsafe:
         if allowed:
-            checks.append(PlanCheck(check_id, WARN, message + " (allowed by --allow-unsafe-host)"))
+            checks.append(Check(check_id, WARN, message + " (allowed by --allow-unsafe-host)"))
         else:
-            checks.append(PlanCheck(check_id, REFUSE, message + flag))
+            checks.append(Check(check_id, REFUSE, message + flag))
 
 
-def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool) -> ServicePlan:
+def _service_checks(host: HostRoot, moving, checks: list[Check], stop: bool) -> ServicePlan:
     """Units to stop (with --stop-services), and units kept running on purpose: the Fabric
     Manager in shared-NVSwitch mode manages the NVSwitches for the guests' GPUs."""
     result = ServicePlan()
@@ -372,15 +320,15 @@ def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool)
     for unit, pids in running_services(host).items():
         listed = ", ".join(map(str, pids))
         if unit == FABRIC_MANAGER_UNIT and shared_nvswitch:
-            checks.append(PlanCheck("services", OK, f"{unit} (pid {listed}) runs in shared-NVSwitch mode "
+            checks.append(Check("services", OK, f"{unit} (pid {listed}) runs in shared-NVSwitch mode "
                                     "(FABRIC_MODE=1): it manages the NVSwitches for the guests and keeps running"))
             result.kept.add(unit)
         elif stop:
-            checks.append(PlanCheck("services", WARN, f"{unit} (pid {listed}) will be stopped and restarted by "
+            checks.append(Check("services", WARN, f"{unit} (pid {listed}) will be stopped and restarted by "
                                     "gpuvfio restore"))
             result.units.append(unit)
         else:
-            checks.append(PlanCheck("services", REFUSE, f"{unit} is running (pid {listed}) and keeps the GPU open; "
+            checks.append(Check("services", REFUSE, f"{unit} is running (pid {listed}) and keeps the GPU open; "
                                     "--stop-services stops it now and restore restarts it"))
     return result
 
@@ -388,7 +336,7 @@ def _service_checks(host: HostRoot, moving, checks: list[PlanCheck], stop: bool)
 _UNIT_COMMS = {unit: comm for comm, unit in NVIDIA_SERVICES.items()}
 
 
-def _holder_checks(host: HostRoot, moving, checks: list[PlanCheck], stopped: set[str], kept: set[str]) -> None:
+def _holder_checks(host: HostRoot, moving, checks: list[Check], stopped: set[str], kept: set[str]) -> None:
     """Processes holding a moving GPU's /dev/nvidiaN refuse the bind. Services being stopped
     let go of it; a service kept running (the Fabric Manager in shared-NVSwitch mode) holds
     only the NVSwitch and control nodes, and refuses the bind like anyone else if it holds the GPU."""
@@ -409,28 +357,28 @@ def _holder_checks(host: HostRoot, moving, checks: list[PlanCheck], stopped: set
         if mine:
             held_by.setdefault("; ".join(h.describe() for h in mine), []).append(str(fn.address))
     for described, addresses in held_by.items():
-        checks.append(PlanCheck("holders", REFUSE, f"{', '.join(addresses)}: {described}"
+        checks.append(Check("holders", REFUSE, f"{', '.join(addresses)}: {described}"
                                 " -- unbinding nvidia under them can hang in the kernel; stop them first"))
     shared = [h for h in holders if not holds_gpu(h) and h.comm not in kept_comms]
     if shared:
-        checks.append(PlanCheck("holders", WARN, "open on the driver, not on this GPU: "
+        checks.append(Check("holders", WARN, "open on the driver, not on this GPU: "
                                 + "; ".join(h.describe() for h in shared)))
     elif not any(c.check_id == "holders" for c in checks):
-        checks.append(PlanCheck("holders", OK, "no process holds the GPU's /dev/nvidia* node"))
+        checks.append(Check("holders", OK, "no process holds the GPU's /dev/nvidia* node"))
 
 
-def _domain_checks(libvirt: LibvirtView, devices: list[PciAddress], checks: list[PlanCheck]) -> None:
+def _domain_checks(libvirt: LibvirtView, devices: list[PciAddress], checks: list[Check]) -> None:
     if libvirt.error is not None:
-        checks.append(PlanCheck("libvirt", REFUSE, f"cannot ask libvirt which domains use these devices: "
+        checks.append(Check("libvirt", REFUSE, f"cannot ask libvirt which domains use these devices: "
                                 f"{libvirt.error} (start libvirtd, give --connect URI, or --connect none to bind "
                                 "without asking)"))
         return
     if libvirt.users is None:
-        checks.append(PlanCheck("libvirt", SKIP, libvirt.not_asked or "libvirt not consulted"))
+        checks.append(Check("libvirt", SKIP, libvirt.not_asked or "libvirt not consulted"))
         return
     busy = {a: names for a, names in libvirt.users.items() if names and a in devices}
     for address, names in sorted(busy.items()):
-        checks.append(PlanCheck("libvirt", REFUSE, f"{address} is assigned to libvirt domain(s) "
+        checks.append(Check("libvirt", REFUSE, f"{address} is assigned to libvirt domain(s) "
                                 f"{', '.join(sorted(names))}; detach it there first"))
     if not busy:
-        checks.append(PlanCheck("libvirt", OK, "no libvirt domain uses these devices"))
+        checks.append(Check("libvirt", OK, "no libvirt domain uses these devices"))

@@ -14,6 +14,7 @@ from gpuvfio.cli.plans import DryRun, command_context, needs_yes, preview
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
+from gpuvfio.ops import unbind as unbinding
 from gpuvfio.ops.reset import plan_reset, reset
 from gpuvfio.ops.binding import BindPolicy, BindStatus, PersistReport, PersistStatus
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
@@ -70,7 +71,8 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
                              tell=progress_for(as_json))
             unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
             try:
-                report = binding.bind(ctx, wanted, policy, uri=connect, dry_run=dry_run)
+                report = (binding.plan_operation(ctx, wanted, policy, uri=connect).shown() if dry_run else
+                          binding.bind(ctx, wanted, policy, uri=connect))
             except Refused as exc:
                 if unconfirmed is None:
                     raise
@@ -106,11 +108,11 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
     check_devices(addresses, device_ids, required=True)
     if dry_run:
         preview(root_of(root), addresses, device_ids, yes, as_json,
-                lambda ctx, wanted: binding.plan_unbind(ctx, wanted, uri=connect))
+                lambda ctx, wanted: unbinding.plan_unbind(ctx, wanted, uri=connect))
         return
     ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
-    result = reporting_failure(as_json, lambda: binding.unbind(ctx, wanted, uri=connect))
+    result = reporting_failure(as_json, lambda: unbinding.unbind(ctx, wanted, uri=connect))
     if as_json:
         emit_json(result.to_json())
         return
@@ -192,8 +194,8 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
                          tell=progress_for(as_json))
         unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
         try:
-            report = binding.persist(ctx, wanted, remove=remove, dry_run=dry_run, force=force,
-                                     take_host_devices=take_host_devices)
+            report = (binding.plan_persist if dry_run else binding.persist)(
+                ctx, wanted, remove=remove, force=force, take_host_devices=take_host_devices)
         except Refused:
             if unconfirmed is None:
                 raise

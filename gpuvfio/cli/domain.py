@@ -17,11 +17,11 @@ from gpuvfio.cli.tables import from_table, options
 from gpuvfio.ops.cloud_init import plan_seed, write_seed
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.context import Context, check_uri
-from gpuvfio.ops.plans import Verdict
+from gpuvfio.ops.plans import CheckStatus
 from gpuvfio.ops.targets import ssh_from_table
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.user_files import check_output_path, write_output
-from gpuvfio.ops.domains import (NCCL_GUEST_FILE, define_domain, domain_request, existing_domain,
+from gpuvfio.ops.domains import (NCCL_GUEST_FILE, domain_request, existing_domain, plan_define, run_define,
                                  nccl_topology_file, provision_xml)
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.options import DOMAIN, SSH
@@ -78,7 +78,7 @@ def xml_cmd(
         if target is not None:
             seed = plan_seed(ctx, request.name, cloud_init, ssh=target, forward_port=request.user_net_ssh_port)
             for check in seed.checks:
-                if check.verdict is Verdict.WARN:
+                if check.status is CheckStatus.WARN:
                     say(f"warning: {check.message}")
             if seed.refusals:
                 raise Refused("; ".join(seed.refusals))
@@ -103,12 +103,14 @@ def xml_cmd(
         elif seed is not None:  # before the define: the domain's cdrom and the pin are there first
             write_seed(ctx, seed)
             say(seed.describe())
-        # A dry run asks libvirt the same question and stops before defineXML: "would_define",
-        # "unchanged", or the differences ("would_update" with --update, else "differs": exit 1).
-        result = define_domain(ctx, provisioned.xml, uri=connect, update=update,
-                               dry_run=dry_run).to_json() if define else None
-        if result is not None and dry_run and update and result["result"] == "differs":
-            result["result"] = "would_update"
+        # The define's plan: what libvirt holds under the name, and what the run does to it. A dry
+        # run prints it ("would_define", "unchanged", "would_update", or "differs": exit 1).
+        plan = plan_define(ctx, provisioned.xml, uri=connect, update=update) if define else None
+        if plan is not None and plan.refused and plan.held is None:
+            raise plan.refusal()  # someone else's domain: not shown as a definition
+        result = plan.to_json()["define"] if plan is not None else None
+        if plan is not None and not dry_run and not plan.refused:
+            result = run_define(ctx, plan).to_json()
     if as_json:
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,
                    "notes": provisioned.spec.notes, "topology": provisioned.layout_json(),

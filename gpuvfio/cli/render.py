@@ -97,14 +97,26 @@ def print_plan(report: dict, console=None) -> None:
     console = console or make_console()
     report = printable_report(report, "markup")  # check messages quote the host's drivers and names
     console.print(f"[bold]Devices that end on vfio-pci:[/] {', '.join(report['devices']) or 'none'}")
-    for check in report["checks"]:
-        forced = " (overridable with --force)" if check["overridable"] and check["status"] == "refuse" else ""
+    _print_checks(console, report["checks"])
+    _print_steps(console, "Steps", report["steps"])
+
+
+def _print_checks(console, checks: list[dict]) -> None:
+    """Every check of a plan (gpuvfio.planning.Check as JSON), refusals in red."""
+    for check in checks:
+        forced = " (overridable with --force)" if check.get("overridable") and check["status"] == "refuse" else ""
         console.print(f"  [{PLAN_STYLE.get(check['status'], '')}]{check['status']:6}[/] {check['id']}: "
                       f"{check['message']}{forced}")
-    if report["steps"]:
-        console.print("[bold]Steps:[/]")
-        for number, step in enumerate(report["steps"], start=1):
-            console.print(f"  {number}. {step['description']}")
+
+
+def _print_steps(console, title: str, steps: list[dict] | None) -> None:
+    """A plan's steps (gpuvfio.planning.Step as JSON) in the order the run takes them, each
+    with the file it writes."""
+    if not steps:
+        return
+    console.print(f"[bold]{title}:[/]")
+    for number, step in enumerate(steps, start=1):
+        console.print(f"  {number}. {step['description']}" + (f" ({step['path']})" if step.get("path") else ""))
 
 
 VERIFY_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim", "expected": "cyan"}
@@ -134,16 +146,11 @@ def print_operation_plan(report: dict, console=None, *, show_xml: bool = False) 
     report = printable_report(report, "markup")  # messages quote the host's drivers and domain names
     verdict = {"refused": "[bold red]refused[/]", "nothing_to_do": "nothing to do", "planned": "planned"}
     console.print(f"[bold]{report['operation']} {report['target']}:[/] {verdict.get(report['result'], '')}")
-    for check in report["checks"]:
-        console.print(f"  [{PLAN_STYLE.get(check['status'], '')}]{check['status']:6}[/] {check['id']}: "
-                      f"{check['message']}")
-    if report["steps"]:
-        console.print("[bold]Steps:[/]")
-        for number, step in enumerate(report["steps"], start=1):
-            console.print(f"  {number}. {step['step']}" + (f": {step['detail']}" if step["detail"] else ""))
+    _print_checks(console, report["checks"])
+    _print_steps(console, "Steps", report["steps"])
     for note in report["notes"]:
         console.print(f"  note: {note}")
-    _print_bind_steps(console, report.get("bind"))
+    _print_steps(console, "Bind steps", (report.get("bind") or {}).get("steps"))
     _print_placement(console, report.get("placement"))
     _print_verify(console, report.get("verify"))
     if report.get("changes"):
@@ -157,15 +164,6 @@ def print_operation_plan(report: dict, console=None, *, show_xml: bool = False) 
     if show_xml and report.get("xml"):
         console.print("[bold]Domain XML:[/]")
         console.print(report["xml"], markup=False, highlight=False)
-
-
-def _print_bind_steps(console, bind: dict | None) -> None:
-    """The bind's own steps (module loads, services stopped, each sysfs write and its file)."""
-    if not bind or not bind.get("steps"):
-        return
-    console.print("[bold]Bind steps:[/]")
-    for number, step in enumerate(bind["steps"], start=1):
-        console.print(f"  {number}. {step['description']}" + (f" ({step['path']})" if step.get("path") else ""))
 
 
 def _print_placement(console, placement: dict | None) -> None:

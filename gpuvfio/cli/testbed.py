@@ -54,12 +54,13 @@ def _show_plan(spec: Spec, connect: str | None, yes: bool, as_json: bool, here: 
     else:
         with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
             report = plan(ctx, spec, uri=connect or spec.connect, yes=yes)
+    shown = report.to_json()
     if as_json:
-        emit_json(report)
+        emit_json(shown)
     else:
-        _print_plan(report)
-    if report["refused"]:
-        raise Refused(f"the run would refuse variant(s) {', '.join(report['refused'])}", report)
+        _print_plan(shown)
+    if report.refused:
+        raise Refused(f"the run would refuse variant(s) {', '.join(report.refused)}", shown)
 
 
 def _print_plan(raw: dict) -> None:
@@ -73,12 +74,12 @@ def _print_plan(raw: dict) -> None:
         sys.stdout.write(f"{line}\n")
     for variant, diff in zip(report["variants"], diffs):
         sys.stdout.write(f"== {variant['name']} ({variant['kind']})\n")
-        if "action" in variant:
-            sys.stdout.write(f"   {variant['action']}\n")
-            continue
         for refusal in variant["refused"]:
             sys.stdout.write(f"   REFUSED: {refusal}\n")
+        for note in variant["notes"]:
+            sys.stdout.write(f"   note: {note}\n")
         if "domain" not in variant:
+            _print_steps(variant["steps"])
             continue
         pages = f"{variant['hugepages_kib']} KiB pages" if variant['hugepages_kib'] else "4K pages"
         sys.stdout.write(f"   domain {variant['domain']}, {pages}, "
@@ -96,9 +97,16 @@ def _print_plan(raw: dict) -> None:
                              + f"; scheduler {vgpu['scheduler_note']}\n")
         for warning in variant["warnings"]:
             sys.stdout.write(f"   warning: {warning}\n")
+        _print_steps(variant["steps"])
         if "plan" in variant:  # attach's own plan (gpuvfio.ops.attach_plan), steps in the run's order
-            sys.stdout.write(f"   steps: {', '.join(step['step'] for step in variant['plan']['steps'])}\n")
+            sys.stdout.write(f"   attach steps: {', '.join(step['kind'] for step in variant['plan']['steps'])}\n")
         write_text(diff)
+
+
+def _print_steps(steps: list[dict]) -> None:
+    """The variant's steps, in the order testbed run takes them."""
+    for number, step in enumerate(steps, start=1):
+        sys.stdout.write(f"   {number}. {step['description']}\n")
 
 
 @testbed_app.command("run")

@@ -27,20 +27,14 @@ from gpuvfio.ops import binding
 from gpuvfio.ops.binding import BindOperation
 from gpuvfio.ops.cloud_init import SeedPlan, plan_seed
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.domains import Existing, Provisioned, define_domain, existing_domain, provision_xml
-from gpuvfio.ops.plans import Plan, Verdict
+from gpuvfio.ops.domains import DefinePlan, Existing, Provisioned, existing_domain, plan_define, provision_xml
+from gpuvfio.ops.plans import CheckStatus, Plan, StepKind
 from gpuvfio.ops.reach import reach_checks
 from gpuvfio.ops.targets import SshOptions
 from gpuvfio.ops.verify_options import VerifyOptions
 from gpuvfio.virt.connection import default_uri
 
-__all__ = ["AttachPlan", "plan_attach", "placement_json", "verify_json", "STEP_BIND", "STEP_PARTITION", "STEP_DEFINE",
-           "STEP_START", "STEP_FIND", "STEP_SSH", "STEP_VERIFY", "STEP_NCCL", "STEP_SEED"]
-
-# The steps of an attach, by the names the run records them under.
-STEP_BIND, STEP_PARTITION, STEP_DEFINE, STEP_START = "bind", "activate partition", "define", "start"
-STEP_FIND, STEP_SSH, STEP_VERIFY, STEP_NCCL = "find address", "wait for ssh", "verify", "nccl topology"
-STEP_SEED = "cloud-init seed"
+__all__ = ["AttachPlan", "plan_attach", "placement_json", "verify_json"]
 
 
 @dataclass
@@ -52,6 +46,7 @@ class AttachPlan(Plan):
     ssh: SshOptions | None = None
     verify: VerifyOptions | None = None
     seed: SeedPlan | None = None  # --cloud-init: the seed the run writes before the define
+    define: DefinePlan | None = None  # the define step's own plan (None: libvirt not asked, a preview)
 
     @property
     def gpus(self) -> list[PciAddress]:
@@ -60,6 +55,24 @@ class AttachPlan(Plan):
             return []
         functions = self.provisioned.inventory.functions
         return [a for a in self.provisioned.passthrough if functions[a].is_nvidia_gpu and a.function == 0]
+
+    @property
+    def placement(self) -> dict | None:
+        return placement_json(self.provisioned) if self.provisioned is not None else None
+
+    def extra_json(self) -> dict:
+        out: dict = {}
+        if self.provisioned is not None:
+            out["placement"] = self.placement
+            out["versions"] = [{"feature": r.feature, "needed": r.needed, "have": r.have, "status": r.status}
+                               for r in self.provisioned.spec.versions]
+        if self.bind is not None:
+            out["bind"] = self.bind.report
+        if self.seed is not None:
+            out["cloud_init"] = self.seed.to_json()
+        if self.verify is not None and self.provisioned is not None:
+            out["verify"] = verify_json(self.verify)
+        return out
 
 
 def plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
@@ -76,7 +89,7 @@ def plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainReques
     name = request.name
     existing = None
     if not ask_libvirt:
-        plan.check("libvirt", Verdict.WARN, binding.libvirt_not_asked(ctx, uri) or "libvirt not asked")
+        plan.check("libvirt", CheckStatus.WARN, binding.libvirt_not_asked(ctx, uri) or "libvirt not asked")
         return _plan_build(ctx, plan, addresses, request, policy, ssh, verify, asked=False)
     try:
         existing = existing_domain(ctx, name, uri=uri, ours_only=False)
@@ -90,7 +103,7 @@ def plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainReques
     elif existing is not None and existing.active:
         plan.refuse("domain", f"domain {name} is running; gpuvfio detach {name} first")
     else:
-        plan.check("domain", Verdict.OK, f"gpuvfio's domain {name} exists, stopped: redefined with its UUID"
+        plan.check("domain", CheckStatus.OK, f"gpuvfio's domain {name} exists, stopped: redefined with its UUID"
                    if existing is not None else f"no domain {name} yet: defined new")
     plan.existing = existing
     return _plan_build(ctx, plan, addresses, request, policy, ssh, verify, asked=True)
@@ -112,46 +125,41 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
     plan.xml = provisioned.xml
     plan.notes = list(spec.notes)
     for warning in spec.warnings:
-        plan.check("domain_spec", Verdict.WARN, warning)
-    plan.details["placement"] = placement_json(provisioned)
-    plan.details["versions"] = [{"feature": r.feature, "needed": r.needed, "have": r.have, "status": r.status}
-                                for r in spec.versions]
+        plan.check("domain_spec", CheckStatus.WARN, warning)
     # A guest that can boot and be reached, known before the bind changes anything.
     plan.checks += reach_checks(ctx, request, ssh, uri=uri, asked=asked)
     if provisioned.passthrough:
         _plan_bind(ctx, plan, provisioned, policy, (uri or default_uri()) if asked else binding.NO_LIBVIRT, name)
     if spec.fabric is not None and spec.fabric.partition is not None:
-        plan.step(STEP_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
+        plan.step(StepKind.ACTIVATE_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
     if plan.seed is not None:
         plan.checks += list(plan.seed.checks)
-        plan.details["cloud_init"] = plan.seed.to_json()
-        plan.step(STEP_SEED, plan.seed.describe())
-    if existing is not None and existing.ours:
-        defined = define_domain(ctx, provisioned.xml, uri=uri, update=True, dry_run=True)
-        plan.changes = list(defined.changes)
-        plan.step(STEP_DEFINE, f"redefine {name} ({len(defined.changes)} differences)" if defined.changes
-                  else f"{name} is defined so already (unchanged)")
-    elif asked:
-        plan.changes = []
-        plan.step(STEP_DEFINE, f"define {name} on {uri or default_uri()}")
+        plan.step(StepKind.SEED, plan.seed.describe())
+    if asked:
+        # The define as xml --define plans it (redefined under its UUID when it differs): the
+        # run carries out this very plan after the bind.
+        plan.define = plan_define(ctx, provisioned.xml, uri=uri, update=True)
+        plan.checks += [c for c in plan.define.checks if c.check_id != "domain"]  # attach judged the domain
+        plan.changes = list(plan.define.changes or [])
+        plan.step(StepKind.DEFINE, plan.define.steps[0].detail if plan.define.steps else
+                  f"{name} is defined so already (unchanged)", name=name)
     else:
-        plan.step(STEP_DEFINE, f"define {name} (new, or redefined if gpuvfio's; libvirt not asked)")
-    plan.step(STEP_START, f"start {name}")
+        plan.step(StepKind.DEFINE, f"define {name} (new, or redefined if gpuvfio's; libvirt not asked)", name=name)
+    plan.step(StepKind.START, f"start {name}")
     if ssh.host is None:
-        plan.step(STEP_FIND, "the guest's address from libvirt (DHCP lease, guest agent, ARP), until "
+        plan.step(StepKind.FIND_ADDRESS, "the guest's address from libvirt (DHCP lease, guest agent, ARP), until "
                              f"{ssh.timeout:g}s")
         where = "the address found"
     else:
         where = f"{ssh.host}:{ssh.port or 22}"
-    plan.step(STEP_SSH, f"{where} as {ssh.user or 'the SSH config User, else root'}, host key "
+    plan.step(StepKind.WAIT_FOR_SSH, f"{where} as {ssh.user or 'the SSH config User, else root'}, host key "
                         f"{'trusted on first use' if ssh.trust_on_first_use else 'pinned'}, until {ssh.timeout:g}s")
     if len(plan.gpus) >= 2:  # NCCL's topology matters where there are GPUs to talk to each other
         # Before verify: verify's all-reduce runs with the file and shows NCCL's view of it.
-        plan.step(STEP_NCCL, "write NCCL's topology file in the guest from the devices it shows, and "
+        plan.step(StepKind.NCCL_TOPOLOGY, "write NCCL's topology file in the guest from the devices it shows, and "
                              "NCCL_TOPO_FILE into its /etc/nccl.conf")
     if verify is not None:
-        plan.details["verify"] = verify_json(verify)
-        plan.step(STEP_VERIFY, "in the guest: devices, driver, CUDA, PCIe link"
+        plan.step(StepKind.VERIFY, "in the guest: devices, driver, CUDA, PCIe link"
                   + (", copy bandwidth" if verify.bandwidth else " (no bandwidth)")
                   + (", P2P" if len(plan.gpus) >= 2 else ""))
     return plan
@@ -165,18 +173,17 @@ def _plan_bind(ctx: Context, plan: AttachPlan, provisioned: Provisioned, policy:
     operation = binding.plan_operation(ctx, provisioned.passthrough, policy, uri=uri, exclude=name,
                                        require_unused=True)
     plan.bind = operation
-    plan.details["bind"] = operation.report
     refusing = set(operation.refusals)
     for check in operation.plan.checks:
         if check.message in refusing:
-            verdict = Verdict.REFUSE
+            verdict = CheckStatus.REFUSE
         elif check.status == "ok":
-            verdict = Verdict.OK
+            verdict = CheckStatus.OK
         else:  # a warning, a refusal --force overrides, or one that does not hold for devices already there
-            verdict = Verdict.WARN
+            verdict = CheckStatus.WARN
         plan.check(f"bind.{check.check_id}", verdict, check.message)
     moving = [str(a) for a in operation.plan.moving]
-    plan.step(STEP_BIND, f"move {', '.join(moving)} to vfio-pci (with their IOMMU groups)" if moving
+    plan.step(StepKind.BIND, f"move {', '.join(moving)} to vfio-pci (with their IOMMU groups)" if moving
               else f"nothing to move: {', '.join(map(str, provisioned.passthrough))} already on vfio-pci")
 
 

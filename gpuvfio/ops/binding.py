@@ -1,4 +1,4 @@
-"""Binding services: bind, restore, release, unbind, status, persist.
+"""Binding services: bind, restore, release, status, persist.
 
 Each step is written here once; gpuvfio bind, attach and detach, the testbed and the Ansible
 device and domain modules all call these. Two policies live here and nowhere else:
@@ -15,15 +15,17 @@ device and domain modules all call these. Two policies live here and nowhere els
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind import persist as store
-from gpuvfio.bind.apply import apply_bind, current_driver, current_override, give_back, reconcile
-from gpuvfio.bind.fabric_manager import deactivate_journaled, plan_checks, plan_detach
+from gpuvfio.bind.apply import apply_bind, current_driver, current_override, reconcile
+from gpuvfio.bind.fabric_manager import PartitionStep, deactivate_journaled, plan_checks, plan_detach
 from gpuvfio.bind.journal import Journal, RunLock
 from gpuvfio.bind.persist import Mechanism, Override, PersistedOverrides, PersistReport, PersistStatus
-from gpuvfio.bind.plan import (WARN, BindPlan, BindPolicy, BindReport, BindStatus, CheckStatus, LibvirtView, PlanCheck,
+from gpuvfio.bind.plan import (WARN, BindPlan, BindPolicy, BindReport, BindStatus, LibvirtView,
                                plan_bind)
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host import assignable
@@ -33,16 +35,16 @@ from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.plans import Plan, Verdict
-from gpuvfio.vgpu.instances import remove_all
+from gpuvfio.ops.plans import Check, CheckStatus, Plan, Step, StepKind
+from gpuvfio.vgpu.instances import remove_instance
 from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
-           "BindOperation", "BindReport", "BindStatus", "CheckStatus", "PlanCheck", "plan_operation", "apply_operation",
-           "RestoreResult", "UnbindResult", "Status", "HeldDevice", "restore", "held", "release", "unbind", "status",
-           "plan_unbind", "plan_restore", "persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
+           "BindOperation", "BindReport", "BindStatus", "CheckStatus", "Check", "plan_operation", "apply_operation",
+           "RestoreResult", "Status", "HeldDevice", "restore", "held", "release", "unbind", "status",
+           "plan_restore", "plan_release", "run_restore", "RestorePlan", "persist", "plan_persist", "run_persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
            "PersistedOverrides", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
@@ -96,7 +98,7 @@ def plan_report(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *
         # carried out here against the recording, these steps would stop the run: say so.
         needs = [s.describe() for s in bind_plan.steps if s.kind in ("modprobe", "stop_service")]
         if needs:
-            bind_plan.checks.append(PlanCheck("live_host", WARN, f"{'; '.join(needs)}: modprobe/systemctl act on "
+            bind_plan.checks.append(Check("live_host", WARN, f"{'; '.join(needs)}: modprobe/systemctl act on "
                                               "the live host only; a run against this root stops there"))
     # Step paths are shown as the host names them (the root is where this process sees it).
     report = BindReport.of(bind_plan, bind_plan.refusals(policy.force), root=ctx.host.root,
@@ -142,6 +144,15 @@ class BindOperation:
     def refusal(self) -> Refused:
         return Refused("refused: " + "; ".join(self.refusals), self.outcome.to_json())
 
+    def shown(self) -> BindReport:
+        """The plan as a dry run and Ansible check mode show it: refused as the run would be,
+        else the report with status ``dry_run`` (or ``nothing_to_do``)."""
+        if self.refusals:
+            raise self.refusal()
+        if not self.nothing_to_do:
+            self.outcome.status = BindStatus.DRY_RUN
+        return self.outcome
+
 
 @dataclass
 class RestoreResult:
@@ -154,6 +165,7 @@ class RestoreResult:
     kept: dict[str, str] = field(default_factory=dict)
     services_not_restarted: list[str] = field(default_factory=list)
     vgpu: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)  # the plan's steps, as carried out
 
     @property
     def nothing(self) -> bool:
@@ -161,17 +173,8 @@ class RestoreResult:
 
     def to_json(self) -> dict:
         return {"restored": dict(self.restored), "failed": dict(self.failed), "kept": dict(self.kept),
-                "services_not_restarted": list(self.services_not_restarted), "vgpu": list(self.vgpu)}
-
-
-@dataclass
-class UnbindResult:
-    """Each device and the driver it is on after gpuvfio unbind ("no driver" when none took it)."""
-
-    drivers: dict[str, str]
-
-    def to_json(self) -> dict:
-        return {"drivers": dict(self.drivers)}
+                "services_not_restarted": list(self.services_not_restarted), "vgpu": list(self.vgpu),
+                "steps": [s.to_json() for s in self.steps]}
 
 
 def plan_operation(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
@@ -180,6 +183,7 @@ def plan_operation(ctx: Context, addresses: list[PciAddress], policy: BindPolicy
     run, Ansible check mode and testbed plan all take this one decision)."""
     if not addresses:
         raise InputError("no PCI address given")
+    ctx.journal()  # a damaged journal is reported by the plan too (reading writes nothing)
     bind_plan, report = plan_report(ctx, addresses, policy, uri=uri, exclude=exclude)
     if bind_plan.nothing_to_do:
         # Devices already on vfio-pci: still refused when broken (always), or used by a domain
@@ -206,28 +210,34 @@ def apply_operation(ctx: Context, operation: BindOperation, journal: Journal) ->
 
 
 def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: str | None = None,
-         exclude: str | None = None, dry_run: bool = False, require_unused: bool = False) -> BindReport:
-    """Move the IOMMU groups of ``addresses`` to vfio-pci. A dry run raises Refused exactly when
-    the real run would. Devices already on vfio-pci are "nothing to do" (gpuvfio bind: in use by a
-    domain is the expected state then); with ``require_unused`` (attach: a domain is about to get
-    them) a domain using them still refuses."""
+         exclude: str | None = None, require_unused: bool = False) -> BindReport:
+    """Move the IOMMU groups of ``addresses`` to vfio-pci: the plan (plan_operation), made under
+    the run lock, carried out. Devices already on vfio-pci are "nothing to do" (gpuvfio bind: in
+    use by a domain is the expected state then); with ``require_unused`` (attach: a domain is
+    about to get them) a domain using them still refuses."""
     if not addresses:
         raise InputError("no PCI address given")
-    if dry_run:
-        ctx.journal()  # a corrupt journal is reported even on a dry run (reading writes nothing)
-        operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
-        if operation.refusals:
-            raise operation.refusal()
-        if not operation.nothing_to_do:
-            operation.outcome.status = BindStatus.DRY_RUN
-        return operation.outcome
     with ctx.lock():
         journal = ctx.journal()
         operation = plan_operation(ctx, addresses, policy, uri=uri, exclude=exclude, require_unused=require_unused)
         return apply_operation(ctx, operation, journal)
 
 
-def plan_restore(ctx: Context, addresses: list[PciAddress], journal: Journal | None = None) -> Plan:
+@dataclass
+class RestorePlan(Plan):
+    """What a restore (or a release) gives back, decided from the journal: ``everything`` (a
+    full restore: also the vGPU instances and scheduler policies gpuvfio made), else the
+    ``devices`` named with their group members and companions."""
+
+    everything: bool = False
+    devices: list[str] = field(default_factory=list)
+    partitions: list[PartitionStep] = field(default_factory=list)
+
+    def extra_json(self) -> dict:
+        return {"devices": list(self.devices), "everything": self.everything}
+
+
+def plan_restore(ctx: Context, addresses: list[PciAddress], journal: Journal | None = None) -> RestorePlan:
     """What ``restore`` will give back, from the journal (``journal``: the one the run loaded
     under its lock; else it is read now): the partitions to deactivate, on a full restore the
     vGPU instances and scheduler policies gpuvfio made, each device's recorded driver and the
@@ -239,25 +249,40 @@ def plan_restore(ctx: Context, addresses: list[PciAddress], journal: Journal | N
         raise InputError(f"not held by gpuvfio: {', '.join(unknown)} (see gpuvfio status)")
     if wanted:
         wanted = _with_companions(ctx, read_inventory(ctx.host), journal, wanted)
-    plan = Plan("restore", ", ".join(wanted) if wanted else "everything gpuvfio holds")
-    for step in plan_detach(journal, [PciAddress.parse(a) for a in wanted] if wanted else None):
-        plan.step("deactivate partition", f"Fabric Manager partition {step.partition_id} (devices "
-                                          f"{', '.join(step.devices)})")
-    if not wanted:
+    return _restore_plan(journal, "restore", wanted, everything=not wanted)
+
+
+def plan_release(ctx: Context, addresses: list[PciAddress], journal: Journal | None = None) -> RestorePlan:
+    """What ``release`` gives back: what gpuvfio holds in the IOMMU groups of ``addresses``
+    (detach, attach's rollback, a testbed variant's teardown, the Ansible device module's
+    state=host); nothing held is nothing to do."""
+    journal = ctx.journal() if journal is None else journal
+    return _restore_plan(journal, "release", held_in_groups(ctx, journal, addresses), everything=False)
+
+
+def _restore_plan(journal: Journal, operation: str, wanted: list[str], *, everything: bool) -> RestorePlan:
+    plan = RestorePlan(operation, ", ".join(wanted) if wanted else
+                       ("everything gpuvfio holds" if everything else "nothing gpuvfio holds"), everything=everything)
+    if not wanted and not everything:
+        return plan
+    plan.partitions = plan_detach(journal, None if everything else [PciAddress.parse(a) for a in wanted])
+    for step in plan.partitions:
+        plan.step(StepKind.DEACTIVATE_PARTITION, f"Fabric Manager partition {step.partition_id} (devices "
+                                                 f"{', '.join(step.devices)})", name=str(step.partition_id))
+    if everything:
         for instance in list(journal.data.get("mdevs", {})) + list(journal.data.get("vgpus", {})):
-            plan.step("remove vGPU", instance)
+            plan.step(StepKind.REMOVE_VGPU, instance, name=instance)
         for address in journal.data.get("schedulers", {}):
-            plan.step("put back vGPU scheduler", address)
-    targets = wanted or sorted(journal.devices)
-    for address in targets:
+            plan.step(StepKind.PUT_BACK_SCHEDULER, address, address=address)
+    plan.devices = wanted or sorted(journal.devices)
+    for address in plan.devices:
         record = journal.devices[address]
         override = record.get("original_override")
-        plan.step("restore", f"{address}: back to {record.get('original_driver') or 'no driver'}"
-                  + (f" (driver_override {override})" if override else ""))
-    if not set(journal.devices) - set(targets):  # services are restarted with the last device
+        plan.step(StepKind.RESTORE, f"{address}: back to {record.get('original_driver') or 'no driver'}"
+                  + (f" (driver_override {override})" if override else ""), address=address)
+    if not set(journal.devices) - set(plan.devices):  # services are restarted with the last device
         for service in journal.data["services_stopped"]:
-            plan.step("start service", service)
-    plan.details = {"devices": targets, "wanted": wanted}
+            plan.step(StepKind.START_SERVICE, service, name=service)
     return plan
 
 
@@ -267,53 +292,95 @@ def restore(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
     under the run lock, carried out."""
     with ctx.lock():
         journal = ctx.journal()
-        plan = plan_restore(ctx, addresses, journal)
-        return _restore_locked(ctx, journal, plan.details["wanted"])
+        return run_restore(ctx, plan_restore(ctx, addresses, journal), journal)
 
 
-def _restore_locked(ctx: Context, journal: Journal, wanted: list[str]) -> "RestoreResult":
-    undone: list[str] = []
+def release(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
+    """Give back what gpuvfio holds in the IOMMU groups of ``addresses``: plan_release, made
+    under the run lock, carried out."""
+    with ctx.lock():
+        journal = ctx.journal()
+        return run_restore(ctx, plan_release(ctx, addresses, journal), journal)
+
+
+def run_restore(ctx: Context, plan: RestorePlan, journal: Journal) -> "RestoreResult":
+    """Carry out a restore plan made under the run lock the caller holds, against ``journal``
+    (the one the plan was made from); each step taken is recorded in the result."""
+    result = RestoreResult()
+    if plan.nothing_to_do:
+        return result
 
     def note(line: str) -> None:
-        undone.append(line)
+        result.vgpu.append(line)
         ctx.progress(line)
 
-    vgpu_failures: list[str] = []
-    # Fabric Manager partitions gpuvfio activated for these devices go first (stop, deactivate,
-    # restore), whatever state a crash left them in. A partition that stays active keeps its GPUs
-    # (and their groups) on vfio-pci: the host driver must not take a GPU the fabric still routes
-    # to a partition (NVIDIA Fabric Manager user guide, "Shared NVSwitch Virtualization Model").
-    kept: dict[str, str] = {}
-    for step in plan_detach(journal, [PciAddress.parse(a) for a in wanted] if wanted else None):
+    problems = _deactivate_planned(ctx, plan, journal, result, note)
+    if plan.everything and not result.kept:  # the vGPU instances gpuvfio created, then the schedulers
+        problems += _undo_vgpu(ctx, plan, journal, result, note)
+    elif plan.everything and any(s.kind in (StepKind.REMOVE_VGPU, StepKind.PUT_BACK_SCHEDULER) for s in plan.steps):
+        problems.append("vGPU instances and scheduler policies left for the next restore (a partition is still "
+                        "active)")
+    targets = [a for a in plan.devices if a not in result.kept]
+    services = list(journal.data["services_stopped"])
+    for done in reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), targets, ctx.progress):
+        (result.restored if done.ok else result.failed)[done.address] = done.outcome
+        result.steps.append(Step(StepKind.RESTORE, address=done.address, detail=done.outcome))
+    result.steps += [Step(StepKind.START_SERVICE, name=s) for s in services if s not in journal.data["services_stopped"]]
+    result.services_not_restarted = list(journal.data["services_stopped"])
+    # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
+    # last one): only a restart that should have happened and did not is a failure.
+    unrestarted = result.services_not_restarted if not journal.devices else []
+    if result.failed or unrestarted or problems:
+        problems += [f"{a}: {m}" for a, m in result.failed.items()]
+        problems += [f"service {s} not restarted" for s in unrestarted]
+        raise GpuvfioError("restore incomplete: " + "; ".join(problems), result.to_json())
+    return result
+
+
+def _deactivate_planned(ctx: Context, plan: RestorePlan, journal: Journal, result: "RestoreResult",
+                        note: Callable[[str], None]) -> list[str]:
+    """The Fabric Manager partitions gpuvfio activated for these devices go first (stop,
+    deactivate, restore), whatever state a crash left them in. A partition that stays active
+    keeps its GPUs (and their groups) on vfio-pci: the host driver must not take a GPU the
+    fabric still routes to a partition (NVIDIA Fabric Manager user guide, "Shared NVSwitch
+    Virtualization Model")."""
+    problems: list[str] = []
+    for step in plan.partitions:
         if ctx.fabric_manager is None:
             failed = {str(step.partition_id): "the Fabric Manager is reached on the live host only"}
         else:
             failed = {key: message for key, (ok, message) in deactivate_journaled(
                 journal, ctx.fabric_manager(), [step.partition_id], note).items() if not ok}
         for key, message in failed.items():
-            vgpu_failures.append(f"partition {key} still active ({message}): its devices stay on vfio-pci")
+            problems.append(f"partition {key} still active ({message}): its devices stay on vfio-pci")
             for address in _with_group_members(journal, step.devices):
-                kept[address] = f"partition {key} still active"
-    if not wanted and not kept:  # a full restore also removes the vGPU instances gpuvfio created, then
-        vgpu_failures += remove_all(ctx.host, journal, ctx.writer(), note)
-        if journal.data.get("schedulers"):  # the schedulers (NVML changes them only with no vGPU running)
-            vgpu_failures += put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
-    elif not wanted and (journal.data["mdevs"] or journal.data["vgpus"] or journal.data.get("schedulers")):
-        vgpu_failures.append("vGPU instances and scheduler policies left for the next restore (a partition is "
-                             "still active)")
-    targets = None if not wanted and not kept else [a for a in (wanted or sorted(journal.devices)) if a not in kept]
-    results = reconcile(ctx.host, journal, ctx.writer(), ctx.host_actions(), targets, ctx.progress)
-    result = RestoreResult(restored={r.address: r.outcome for r in results if r.ok},
-                           failed={r.address: r.outcome for r in results if not r.ok}, kept=kept,
-                           services_not_restarted=list(journal.data["services_stopped"]), vgpu=undone)
-    # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
-    # last one): only a restart that should have happened and did not is a failure.
-    unrestarted = result.services_not_restarted if not journal.devices else []
-    if result.failed or unrestarted or vgpu_failures:
-        problems = vgpu_failures + [f"{a}: {m}" for a, m in result.failed.items()]
-        problems += [f"service {s} not restarted" for s in unrestarted]
-        raise GpuvfioError("restore incomplete: " + "; ".join(problems), result.to_json())
-    return result
+                result.kept[address] = f"partition {key} still active"
+        if not failed:
+            result.steps.append(Step(StepKind.DEACTIVATE_PARTITION, name=str(step.partition_id)))
+    return problems
+
+
+def _undo_vgpu(ctx: Context, plan: RestorePlan, journal: Journal, result: "RestoreResult",
+               note: Callable[[str], None]) -> list[str]:
+    """The vGPU instances of a full restore, one step each, then the scheduler policies (NVML
+    changes them only with no vGPU running)."""
+    problems: list[str] = []
+    for step in plan.steps:
+        if step.kind is StepKind.REMOVE_VGPU:
+            try:
+                remove_instance(ctx.host, journal, step.name, ctx.writer())
+            except GpuvfioError as exc:
+                problems.append(f"vGPU {step.name}: {exc}")
+                continue
+            note(f"vGPU {step.name}: removed")
+            result.steps.append(step)
+    schedulers = [s for s in plan.steps if s.kind is StepKind.PUT_BACK_SCHEDULER]
+    if schedulers:
+        failed = put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
+        problems += failed
+        if not failed:
+            result.steps += schedulers
+    return problems
 
 
 def _with_group_members(journal: Journal, devices) -> list[str]:
@@ -356,65 +423,6 @@ def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, "HeldDevice"]:
 def current_drivers(ctx: Context, addresses) -> dict[str, str | None]:
     """The driver each device is bound to now (read from its driver link)."""
     return {str(a): current_driver(ctx.host, a) for a in addresses}
-
-
-def release(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
-    """Give back what gpuvfio holds in the IOMMU groups of ``addresses`` (detach, attach's
-    rollback, a testbed variant's teardown, the Ansible device module's state=host)."""
-    with ctx.lock():
-        journal = ctx.journal()
-        held = held_in_groups(ctx, journal, addresses)
-        if not held:
-            return RestoreResult()
-        return _restore_locked(ctx, journal, held)
-
-
-def plan_unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> Plan:
-    """What ``unbind`` will write: per device, clear driver_override, leave vfio-pci, reprobe. A
-    device a domain uses is refused (vfio-pci's release waits for the guest to let go: the write
-    would hang), and so is one when libvirt cannot be asked (fail closed; --connect none)."""
-    if not addresses:
-        raise InputError("no PCI address given")
-    inventory = read_inventory(ctx.host)
-    for address in addresses:
-        if address not in inventory.functions:
-            raise InputError(f"no such PCI function on this host: {address}")
-    targets = sorted(set(addresses))
-    plan = Plan("unbind", ", ".join(map(str, targets)))
-    view = libvirt_view(ctx, targets, uri=uri)
-    used = {str(a): names for a, names in (view.users or {}).items() if names}
-    if view.error:
-        plan.refuse("libvirt", f"cannot tell whether a domain uses them: {view.error}")
-    elif used:
-        plan.refuse("libvirt", "in use by " + "; ".join(f"{a}: {', '.join(n)}" for a, n in sorted(used.items())))
-    else:
-        plan.check("libvirt", Verdict.WARN if view.not_asked else Verdict.OK,
-                   view.not_asked or "no libvirt domain uses these devices")
-    journal = ctx.journal()
-    held = [str(a) for a in targets if str(a) in journal.devices]
-    if held:
-        plan.check("journal", Verdict.WARN, f"gpuvfio holds {', '.join(held)}: unbind leaves its record; gpuvfio "
-                                            "restore gives back exactly the recorded drivers")
-    for address in targets:
-        driver = current_driver(ctx.host, address)
-        if current_override(ctx.host, address) is not None:
-            plan.step("clear override", f"{address}: driver_override <- (none)")
-        if driver == "vfio-pci":
-            plan.step("unbind", f"{address}: unbind from vfio-pci")
-        if driver in (None, "vfio-pci"):
-            plan.step("probe", f"{address}: drivers_probe (the host's driver takes it)")
-    plan.details = {"devices": [str(a) for a in targets]}
-    return plan
-
-
-def unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None) -> "UnbindResult":
-    """Give devices back to the host without the journal (gpuvfio unbind): its plan, made under
-    the run lock, carried out."""
-    with ctx.lock():
-        plan = plan_unbind(ctx, addresses, uri=uri)
-        plan.raise_if_refused()
-        return UnbindResult(give_back(ctx.host, [PciAddress.parse(a) for a in plan.details["devices"]],
-                                      ctx.writer()))
 
 
 @dataclass(frozen=True)
@@ -488,12 +496,12 @@ def status(ctx: Context) -> Status:
                   pending)
 
 
-def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, dry_run: bool = False,
-            force: bool = False, take_host_devices: bool = False, fault=None) -> PersistReport:
-    """gpuvfio persist / unpersist: the whole IOMMU group of each address, by address; the same
-    group policy as bind (a group with a foreign device is refused unless forced)."""
-    host = ctx.host
-    inventory = read_inventory(host)
+def plan_persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, force: bool = False,
+                 take_host_devices: bool = False) -> PersistReport:
+    """What gpuvfio persist / unpersist will write: the whole IOMMU group of each address, by
+    address; the same group policy as bind (a group with a foreign device is refused unless
+    forced). Its status is ``dry_run`` (files to change) or ``nothing_to_do``; reads only."""
+    inventory = read_inventory(ctx.host)
     store.check_addresses(set(inventory.functions), addresses)
     # All of an HGX baseboard's GPUs persist (and unpersist) with its NVSwitches, as bind takes them.
     asked = sorted(set(addresses) | set(fabric.companions(ctx, inventory, addresses, [] if remove else addresses)))
@@ -501,14 +509,24 @@ def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, 
         endpoints = set(addresses_in_groups(inventory, asked))
     else:  # what a bind of them would move (the group policy judges what was asked for)
         endpoints = set(_check_persistable(ctx, asked, BindPolicy(force=force, take_host_devices=take_host_devices)))
-    if dry_run:
-        return _persist_changes(ctx, endpoints, remove, dry_run)
-    # Planned and written under the lock: two persists at once must not lose each other's devices.
+    return _persist_changes(ctx, endpoints, remove)
+
+
+def persist(ctx: Context, addresses: list[PciAddress], *, remove: bool = False, force: bool = False,
+            take_host_devices: bool = False, fault=None) -> PersistReport:
+    """gpuvfio persist / unpersist: the plan, made and written under the lock (two persists at
+    once must not lose each other's devices)."""
     with ctx.lock():
-        report = _persist_changes(ctx, endpoints, remove, dry_run)
-        if report.changes:
-            store.commit(host, report.changes, fault=fault)
-    return report
+        plan = plan_persist(ctx, addresses, remove=remove, force=force, take_host_devices=take_host_devices)
+        return run_persist(ctx, plan, fault=fault)
+
+
+def run_persist(ctx: Context, plan: PersistReport, *, fault=None) -> PersistReport:
+    """Write the plan's file changes, all or none (gpuvfio.bind.persist.commit)."""
+    if not plan.changes:
+        return plan
+    store.commit(ctx.host, plan.changes, fault=fault)
+    return dataclasses.replace(plan, status=PersistStatus.APPLIED)
 
 
 # Checks of a bind plan that are about moving the devices now, not about where they belong
@@ -540,7 +558,7 @@ def _check_persistable(ctx: Context, addresses: list[PciAddress], policy: BindPo
     return bind_plan.devices
 
 
-def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool, dry_run: bool) -> PersistReport:
+def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool) -> PersistReport:
     host = ctx.host
     inventory = read_inventory(host)
     journal = ctx.journal()
@@ -554,6 +572,6 @@ def _persist_changes(ctx: Context, endpoints: set[PciAddress], remove: bool, dry
             modules.add(module)
     add, drop = ([], sorted(endpoints)) if remove else (sorted(endpoints), [])
     changes = store.plan_persist(host, add, drop, set() if remove else modules)
-    ended = PersistStatus.DRY_RUN if dry_run else (PersistStatus.APPLIED if changes else PersistStatus.NOTHING_TO_DO)
+    ended = PersistStatus.DRY_RUN if changes else PersistStatus.NOTHING_TO_DO
     return PersistReport(sorted(endpoints), store.mechanism(host), changes, ended,
                          store.initramfs_hint(host) if changes and not remove else None)

@@ -30,7 +30,7 @@ from gpuvfio.files import Tree, scratch_dir
 from gpuvfio.user_files import check_output_path, read_regular, user_file
 from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.plans import Check, Verdict
+from gpuvfio.ops.plans import Check, CheckStatus
 from gpuvfio.ops.targets import SshOptions, guest_target
 from gpuvfio.text import printable
 
@@ -65,7 +65,7 @@ class SeedPlan:
 
     @property
     def refusals(self) -> list[str]:
-        return [c.message for c in self.checks if c.verdict is Verdict.REFUSE]
+        return [c.message for c in self.checks if c.status is CheckStatus.REFUSE]
 
     def describe(self) -> str:
         said = (f"cloud-init seed {self.path}: user {self.user}, key {fingerprint(self.authorized_key)}, "
@@ -110,17 +110,17 @@ def plan_seed(ctx: Context, name: str, path: str, *, ssh: SshOptions, forward_po
         user = target.user
         pins = (known_hosts_name(target.host, target.port),)
     else:
-        checks.append(Check("cloud_init", Verdict.WARN, "the guest's address is known only after boot (DHCP): "
+        checks.append(Check("cloud_init", CheckStatus.WARN, "the guest's address is known only after boot (DHCP): "
                             "its host key is not pinned; give --ssh-host (or --user-net-ssh-port) to pin it, or "
                             "compare the fingerprint when trusting it on first use"))
     try:
         ctx.run.finish([XORRISO, "-version"], 30.0)
     except CommandNotStarted:
-        checks.append(Check("cloud_init", Verdict.REFUSE, f"{XORRISO} is missing: install the {XORRISO_PACKAGE} "
+        checks.append(Check("cloud_init", CheckStatus.REFUSE, f"{XORRISO} is missing: install the {XORRISO_PACKAGE} "
                             "package (it makes the cloud-init seed image)"))
     problem = _not_ours(path)
     if problem:
-        checks.append(Check("cloud_init", Verdict.REFUSE, problem))
+        checks.append(Check("cloud_init", CheckStatus.REFUSE, problem))
     host_key = generate_host_key()
     return SeedPlan(path, user, ssh.key, authorized, host_key, seed_documents(name, user, authorized, host_key),
                     ssh.known_hosts or known_hosts_file(ctx.host), pins, tuple(checks))

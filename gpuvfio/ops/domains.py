@@ -21,15 +21,18 @@ from gpuvfio.host.numa import MAX_NODE, cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.plans import Plan, StepKind
 from gpuvfio.errors import Refused
 from gpuvfio.numbers import uint
 from gpuvfio.virt import lifecycle
-from gpuvfio.virt.connection import call, connection_versions, libvirt_module
-from gpuvfio.virt.define import DefineResult, define, difference
+from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
+from gpuvfio.virt.define import DefineResult, Definition, current_definition, define, difference
 from gpuvfio.virt.defined import DefinedDomain, read_defined
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
-__all__ = ["Provisioned", "provision_xml", "defined", "DefinedDomain", "nccl_topology_file", "NCCL_GUEST_FILE", "pages_held", "define_domain", "Existing", "existing_domain", "differences",
+__all__ = ["Provisioned", "provision_xml", "defined", "DefinedDomain", "nccl_topology_file", "NCCL_GUEST_FILE",
+           "pages_held", "define_domain", "plan_define", "run_define", "DefinePlan", "Existing", "existing_domain",
+           "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
 
@@ -144,16 +147,66 @@ def pages_held(xml: str) -> dict[int, dict[int, int]] | None:
     return {node: {domain.hugepage_kib: per_node} for node in nodes}
 
 
-def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False,
-                  dry_run: bool = False) -> DefineResult:
-    """Define ``xml`` on libvirt at ``uri`` (default: libvirt's default), idempotently. A domain of
-    that name gpuvfio did not define is refused, not taken over."""
+@dataclass
+class DefinePlan(Plan):
+    """``xml --define`` (and attach's define step) decided: what libvirt holds under the name
+    (``held``), and whether the run defines new, redefines under the existing UUID, or leaves
+    an unchanged definition; differences without ``update`` refuse (exit 1, nothing changed)."""
+
+    uri: str | None = None
+    update: bool = False
+    held: Definition | None = None
+
+    @property
+    def outcome(self) -> str:
+        """would_define | would_update | unchanged | differs | refused (the dry run's word)."""
+        if self.held is None:
+            return "refused"
+        if self.held.current_xml is None:
+            return "would_define"
+        if not self.held.changes:
+            return "unchanged"
+        return "would_update" if self.update else "differs"
+
+    def extra_json(self) -> dict:
+        return {"define": {"name": self.target, "result": self.outcome,
+                           "changes": list(self.held.changes) if self.held else []}}
+
+
+def plan_define(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False) -> DefinePlan:
+    """What defining ``xml`` on libvirt at ``uri`` (default: libvirt's default) will do; reads
+    only. A domain of that name gpuvfio did not define is refused, not taken over."""
     conn = ctx.libvirt(uri)
     name = read_defined(xml).name
+    plan = DefinePlan("define", name, xml=xml, uri=uri, update=update)
     dom = lifecycle.lookup(conn, name)
     if dom is not None and not lifecycle.made_by_gpuvfio(dom):
-        raise Refused(f"domain {name} exists and was not created by gpuvfio; pick another name")
-    return define(conn, xml, update=update, dry_run=dry_run)
+        plan.refuse("domain", f"domain {name} exists and was not created by gpuvfio; pick another name")
+        return plan
+    plan.held = held = current_definition(conn, xml)
+    plan.changes = list(held.changes)
+    if held.current_xml is None:
+        plan.step(StepKind.DEFINE, f"define {name} on {uri or default_uri()}", name=name)
+    elif not held.changes:
+        plan.notes.append(f"{name} is defined so already (unchanged)")
+    elif update:
+        plan.step(StepKind.DEFINE, f"redefine {name} ({len(held.changes)} differences), keeping its UUID", name=name)
+    else:
+        plan.refuse("define", f"domain {name} exists and differs; nothing changed (--update to redefine)")
+    return plan
+
+
+def run_define(ctx: Context, plan: DefinePlan) -> DefineResult:
+    """Carry out a define plan: defineXML as planned, or nothing for an unchanged definition."""
+    plan.raise_if_refused()
+    if plan.nothing_to_do:
+        return DefineResult(plan.target, "unchanged")
+    return define(ctx.libvirt(plan.uri), plan.xml, plan.held)
+
+
+def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False) -> DefineResult:
+    """Define ``xml`` idempotently: its plan, carried out (``update``: redefine when it differs)."""
+    return run_define(ctx, plan_define(ctx, xml, uri=uri, update=update))
 
 
 @dataclass

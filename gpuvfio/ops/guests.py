@@ -35,21 +35,18 @@ from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.fabric import read_fabric
 from gpuvfio.ops import binding, fabric
-from gpuvfio.ops.attach_plan import (STEP_BIND, STEP_DEFINE, STEP_FIND, STEP_NCCL, STEP_PARTITION, STEP_SEED,
-                                     STEP_SSH, STEP_START, STEP_VERIFY, AttachPlan, plan_attach)
-from gpuvfio.ops.cloud_init import remove_seed, write_seed
+from gpuvfio.ops.binding import RestorePlan
 from gpuvfio.bind.fabric_manager import plan_detach as plan_partitions
+from gpuvfio.ops.attach_plan import AttachPlan, plan_attach
+from gpuvfio.ops.cloud_init import remove_seed, write_seed
 from gpuvfio.ops.context import Context, checked_seconds
-from gpuvfio.ops.plans import Plan, Verdict
-from gpuvfio.ops.domains import Provisioned, define_domain, nccl_topology_file
+from gpuvfio.ops.plans import CheckStatus, Plan, Step, StepKind
+from gpuvfio.ops.domains import Provisioned, nccl_topology_file, run_define
 # verify_options: for the CLI, the Ansible modules and the testbed, which reach it through here.
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
-
-# The steps of a detach, by the names its plan gives them.
-STEP_STOP, STEP_UNDEFINE, STEP_DEACTIVATE, STEP_RESTORE = "stop", "undefine", "deactivate partition", "restore devices"
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
     name, uri, provisioned, ssh, verify = plan.target, plan.uri, plan.provisioned, plan.ssh, plan.verify
     conn = ctx.libvirt(uri)
     result = AttachResult(name, xml=plan.xml, notes=list(plan.notes),
-                          placement=plan.details.get("placement"))
+                          placement=plan.placement)
     undo: list[tuple[str, Callable[[], None]]] = []
     state: dict = {}
 
@@ -178,10 +175,10 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         undo.append(("remove the cloud-init seed", lambda: remove_seed(plan.seed)))
 
     def define() -> None:
-        defined = define_domain(ctx, provisioned.xml, uri=uri, update=True)
+        defined = run_define(ctx, plan.define)
         result.define = defined.to_json()
         state["dom"] = dom = lifecycle.lookup(conn, name)
-        if defined.created:
+        if defined.created:  # "unchanged": nothing to undo
             undo.append(("undefine", lambda: lifecycle.undefine(dom)))
         elif defined.previous_xml is not None:
             undo.append(("put back the previous definition",
@@ -214,12 +211,13 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         result.nccl_topology = write_nccl_topology(ctx, state["session"], provisioned,
                                                    verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
 
-    actions = {STEP_BIND: bind, STEP_PARTITION: activate, STEP_SEED: seed, STEP_DEFINE: define, STEP_START: start,
-               STEP_FIND: find, STEP_SSH: wait_for_ssh, STEP_VERIFY: check_guest, STEP_NCCL: nccl}
+    actions = {StepKind.BIND: bind, StepKind.ACTIVATE_PARTITION: activate, StepKind.SEED: seed,
+               StepKind.DEFINE: define, StepKind.START: start, StepKind.FIND_ADDRESS: find,
+               StepKind.WAIT_FOR_SSH: wait_for_ssh, StepKind.VERIFY: check_guest, StepKind.NCCL_TOPOLOGY: nccl}
     try:
         try:
             for planned in plan.steps:
-                _timed_step(ctx, result, planned.action, actions[planned.action])
+                _timed_step(ctx, result, planned.kind.value, actions[planned.kind])
         finally:
             if "session" in state:
                 state["session"].close()
@@ -377,37 +375,53 @@ def exists(ctx: Context, name: str, *, uri: str | None = None) -> bool:
     return lifecycle.lookup(ctx.libvirt(uri), name) is not None
 
 
+@dataclass
+class DetachPlan(Plan):
+    """A detach decided: the domain's recorded devices, whether it runs, the shutdown timeout,
+    the partitions to deactivate and the restore of what gpuvfio holds in their groups."""
+
+    uri: str | None = None
+    devices: list[PciAddress] = field(default_factory=list)
+    timeout: float = 60.0
+    restore: RestorePlan | None = None
+
+    def extra_json(self) -> dict:
+        return {"devices": [str(d) for d in self.devices], "timeout": self.timeout,
+                "restore": self.restore.to_json() if self.restore is not None else None}
+
+
 def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
-                restore: bool = True) -> Plan:
+                restore: bool = True) -> DetachPlan:
     """What ``detach`` will do: stop, undefine, deactivate the Fabric Manager partitions gpuvfio
     activated for the domain's devices, and give back what gpuvfio holds in their groups (by
     the one release policy). A domain gpuvfio did not define is refused; none is bad input."""
     timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600, allow_zero=True)
-    plan = Plan("detach", name)
+    plan = DetachPlan("detach", name, uri=uri, timeout=timeout)
     dom = lifecycle.lookup(ctx.libvirt(uri), name)
     if dom is None:
         raise InputError(f"no domain named {name}")
     if not lifecycle.made_by_gpuvfio(dom):
         plan.refuse("domain", f"domain {name} was not created by gpuvfio; stop it with virsh")
         return plan
-    plan.check("domain", Verdict.OK, f"gpuvfio defined {name}")
-    devices = lifecycle.recorded_devices(dom)
-    running = lifecycle.is_active(dom)
-    plan.step(STEP_STOP, (f"ACPI shutdown, destroyed after {timeout:g}s" if timeout > 0 else "destroy")
-              if running else "not running: nothing to stop")
-    plan.step(STEP_UNDEFINE, f"undefine {name}")
-    journal = ctx.journal()
-    partitions = [step.partition_id for step in plan_partitions(journal, devices)] if devices else []
-    if partitions:
-        plan.step(STEP_DEACTIVATE, "Fabric Manager partition " + ", ".join(map(str, partitions)))
-    held = binding.held(ctx, devices) if devices and restore else {}
-    if held:
-        plan.step(STEP_RESTORE, ", ".join(f"{a} -> {r.original_driver or 'no driver'}"
-                                          for a, r in sorted(held.items())))
-    elif devices and restore:
-        plan.notes.append("gpuvfio holds none of its devices: nothing to give back")
-    plan.details = {"devices": [str(d) for d in devices], "running": running, "timeout": timeout,
-                    "partitions": partitions, "restore": sorted(held)}
+    plan.check("domain", CheckStatus.OK, f"gpuvfio defined {name}")
+    plan.devices = devices = lifecycle.recorded_devices(dom)
+    if lifecycle.is_active(dom):
+        plan.step(StepKind.STOP, f"ACPI shutdown, destroyed after {timeout:g}s" if timeout > 0 else "destroy",
+                  name=name)
+    else:
+        plan.notes.append(f"{name} is not running: nothing to stop")
+    plan.step(StepKind.UNDEFINE, f"undefine {name}", name=name)
+    if devices and restore:
+        # The give-back as release plans it (partitions first, then the devices), made now,
+        # under the run lock the run holds, from the journal as it is.
+        plan.restore = binding.plan_release(ctx, devices)
+        if plan.restore.nothing_to_do:
+            plan.notes.append("gpuvfio holds none of its devices: nothing to give back")
+        plan.steps += plan.restore.steps
+    elif devices:  # devices kept on vfio-pci; the partitions gpuvfio activated for them still go
+        for step in plan_partitions(ctx.journal(), devices):
+            plan.step(StepKind.DEACTIVATE_PARTITION, f"Fabric Manager partition {step.partition_id}",
+                      name=str(step.partition_id))
     return plan
 
 
@@ -418,13 +432,13 @@ class DetachResult:
     devices: list[str]  # the host devices gpuvfio recorded in it
     partitions: list[str]  # Fabric Manager partitions deactivated
     restored: binding.RestoreResult | None  # None: devices left as they are (restore=False) or none held
-    steps: list[str]  # the plan's steps, carried out in order
+    steps: list[Step]  # the plan's steps, as carried out
     undefined: bool = True
 
     def to_json(self) -> dict:
         return {"name": self.name, "stopped": self.stopped, "undefined": self.undefined, "devices": self.devices,
                 "partitions": self.partitions, "restored": self.restored.to_json() if self.restored else None,
-                "steps": self.steps}
+                "steps": [s.to_json() for s in self.steps]}
 
 
 def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
@@ -432,21 +446,37 @@ def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 
     """Stop the guest, undefine it, give its devices back: the steps of its plan, in order. A
     domain gpuvfio did not define is not touched. Planned and carried out under the run lock, as
     attach is: another run that holds it (an attach binding these devices) is waited for, and on
-    a timeout nothing is stopped (before, the plan was made outside the lock and the domain was
-    stopped and undefined before the release met the lock)."""
+    a timeout nothing is stopped."""
     with binding.operation_lock(ctx):
-        plan = plan_detach(ctx, name, uri=uri, timeout=timeout, restore=restore)
-        plan.raise_if_refused()
-        dom = lifecycle.lookup(ctx.libvirt(uri), name)
-        devices = [PciAddress.parse(a) for a in plan.details["devices"]]
-        how = lifecycle.stop(dom, timeout=plan.details["timeout"], monotonic=ctx.clock.monotonic,
-                             sleep=ctx.clock.sleep)
-        ctx.progress(f"{name}: {how}")
-        lifecycle.undefine(dom)
-        ctx.progress(f"{name}: undefined")
-        partitions = fabric.deactivate(ctx, devices=devices) if devices else []  # stop, deactivate, restore
-        restored = binding.release(ctx, devices) if devices and restore else None
-    return DetachResult(name, how, [str(d) for d in devices], partitions, restored, plan.step_names)
+        return run_detach(ctx, plan_detach(ctx, name, uri=uri, timeout=timeout, restore=restore))
+
+
+def run_detach(ctx: Context, plan: DetachPlan) -> DetachResult:
+    """Carry out ``plan`` (made under the run lock the caller holds): stop, undefine, then the
+    planned restore with the journal it was made from."""
+    plan.raise_if_refused()
+    name = plan.target
+    dom = lifecycle.lookup(ctx.libvirt(plan.uri), name)
+    taken: list[Step] = []
+    how = "not running"
+    for step in plan.steps:
+        if step.kind is StepKind.STOP:
+            how = lifecycle.stop(dom, timeout=plan.timeout, monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
+            ctx.progress(f"{name}: {how}")
+        elif step.kind is StepKind.UNDEFINE:
+            lifecycle.undefine(dom)
+            ctx.progress(f"{name}: undefined")
+        elif plan.restore is None and step.kind is StepKind.DEACTIVATE_PARTITION:
+            fabric.deactivate(ctx, partition_ids=[int(step.name)])
+        else:
+            break  # the restore's steps: carried out by its own run below
+        taken.append(step)
+    restored = None
+    if plan.restore is not None and not plan.restore.nothing_to_do:
+        restored = binding.run_restore(ctx, plan.restore, ctx.journal())
+        taken += restored.steps
+    partitions = [s.name for s in taken if s.kind is StepKind.DEACTIVATE_PARTITION]
+    return DetachResult(name, how, [str(d) for d in plan.devices], partitions, restored, taken)
 
 
 def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str | None = None,

@@ -18,7 +18,7 @@ answers again (a reboot, a reseated card).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from gpuvfio.address import PciAddress
@@ -30,19 +30,35 @@ from gpuvfio.host.health import return_problem
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.ops.binding import libvirt_view
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.plans import Plan
+from gpuvfio.ops.plans import Plan, Step, StepKind
 
-__all__ = ["reset", "plan_reset", "ResetResult", "ResetMethod"]
+__all__ = ["reset", "plan_reset", "run_reset", "ResetPlan", "ResetResult", "ResetMethod"]
+
+
+class ResetMethod(str, Enum):
+    FUNCTION = "function"  # <dev>/reset: the kernel's methods in reset_method, in order
+    BUS = "bus"  # <bridge>/reset_subordinate: a secondary bus reset of everything below it
+    NONE = "none"  # --forget: the mark cleared once the device answers, no reset
+
+
+@dataclass
+class ResetPlan(Plan):
+    method: ResetMethod = ResetMethod.NONE
+    devices: list[PciAddress] = field(default_factory=list)  # every device the reset reaches
+
+    def extra_json(self) -> dict:
+        return {"method": self.method.value, "devices": [str(a) for a in self.devices],
+                "reset": [os.path.relpath(s.path, self.root) for s in self.steps if s.kind is StepKind.RESET]}
 
 
 def plan_reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forget: bool = False,
-               uri: str | None = None) -> Plan:
+               uri: str | None = None) -> ResetPlan:
     """What ``reset`` will write and every refusal it will meet; reads only."""
     return _plan(ctx, addresses, bus=bus, forget=forget, uri=uri)[0]
 
 
 def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
-          uri: str | None) -> tuple[Plan, Journal]:
+          uri: str | None) -> tuple[ResetPlan, Journal]:
     """plan_reset, and the journal it was made against (loaded once the request is known to be
     well formed): the run settles with that same journal, one load per operation."""
     if not addresses:
@@ -53,7 +69,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
     unknown = [str(a) for a in addresses if a not in inventory.functions]
     if unknown:
         raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
-    plan = Plan("reset", ", ".join(map(str, addresses)))
+    plan = ResetPlan("reset", ", ".join(map(str, addresses)), root=ctx.host.root)
     journal = ctx.journal()
     try:
         bridge = _bridge(inventory, addresses) if bus else None
@@ -62,7 +78,8 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
         return plan, journal
     below = [f.address for f in inventory.functions.values() if bridge in f.parents and not f.is_bridge]
     affected = sorted(set(below) if bridge else set(addresses))
-    method, targets = "none", []
+    plan.devices = affected
+    method, targets = ResetMethod.NONE, []
     for check_id, check in (("ours", lambda: _check_ours(ctx, journal, affected, bridge)),
                             ("libvirt", lambda: _check_unused(ctx, affected, uri))):
         try:
@@ -73,10 +90,10 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
         if forget:
             pass
         elif bridge:
-            method, targets = "bus", [_kernel_file(ctx, bridge, "reset_subordinate", "its bridge has no "
+            method, targets = ResetMethod.BUS, [_kernel_file(ctx, bridge, "reset_subordinate", "its bridge has no "
                                                    "reset_subordinate (older kernel)")]
         else:
-            method = "function"
+            method = ResetMethod.FUNCTION
             for address in affected:
                 health = inventory.functions[address].health
                 if health is not None and health.reset_method == []:
@@ -85,13 +102,12 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
                 targets.append(_kernel_file(ctx, address, "reset", "the kernel offers no reset for it"))
     except Refused as exc:
         plan.refuse("reset_method", _words(exc))
-    for path in targets:
-        plan.step("reset", f"write 1 to {'/' + os.path.relpath(path, ctx.host.root)}")
+    plan.method = method
+    for path in targets:  # the writer opens it afresh beneath the root
+        plan.step(StepKind.RESET, "write 1", path=path, value="1\n")
     broken = [str(a) for a in affected if str(a) in journal.data["broken"]]
-    plan.step("settle", "read each device back; clear the broken mark of "
-                        + (", ".join(broken) if broken else "none (none is marked)") + " if it answers")
-    plan.details = {"method": method, "devices": [str(a) for a in affected],
-                    "reset": [os.path.relpath(p, ctx.host.root) for p in targets]}
+    plan.step(StepKind.SETTLE, "read each device back; clear the broken mark of "
+                               + (", ".join(broken) if broken else "none (none is marked)") + " if it answers")
     return plan, journal
 
 
@@ -103,13 +119,21 @@ def reset(ctx: Context, addresses: list[PciAddress], *, bus: bool = False, forge
     """
     with ctx.lock():
         plan, journal = _plan(ctx, addresses, bus=bus, forget=forget, uri=uri)
-        plan.raise_if_refused()
-        targets = [os.path.join(ctx.host.root, rel) for rel in plan.details["reset"]]
-        for path in targets:
-            ctx.progress(f"reset: {os.path.relpath(path, ctx.host.root)}")
-            ctx.writer().write(path, "1\n")
-        affected = [PciAddress.parse(a) for a in plan.details["devices"]]
-        return _settle(ctx, journal, affected, plan.details["method"], targets)
+        return run_reset(ctx, plan, journal)
+
+
+def run_reset(ctx: Context, plan: ResetPlan, journal: Journal) -> ResetResult:
+    """Carry out ``plan`` (made under the run lock the caller holds, from ``journal``): each
+    planned write, then the settle that reads the devices back."""
+    plan.raise_if_refused()
+    taken: list[Step] = []
+    for step in plan.steps:
+        if step.kind is StepKind.RESET:
+            ctx.progress(f"reset: {os.path.relpath(step.path, ctx.host.root)}")
+            ctx.writer().write(step.path, step.value)
+            taken.append(step)
+    taken += [s for s in plan.steps if s.kind is StepKind.SETTLE]
+    return _settle(ctx, journal, plan, taken)
 
 
 def _words(exc: Refused) -> str:
@@ -159,34 +183,29 @@ def _kernel_file(ctx: Context, address: PciAddress, name: str, missing: str) -> 
     return path
 
 
-class ResetMethod(str, Enum):
-    FUNCTION = "function"  # <dev>/reset: the kernel's methods in reset_method, in order
-    BUS = "bus"  # <bridge>/reset_subordinate: a secondary bus reset of everything below it
-    NONE = "none"  # --forget: the mark cleared once the device answers, no reset
-
-
 @dataclass
 class ResetResult:
     method: ResetMethod
     reset: list[str]  # the files written, as the host names them
     devices: dict[str, str | None]  # address -> what is still wrong with it (None: it answers)
     cleared: list[str]  # the devices whose broken mark went
+    steps: list[Step] = field(default_factory=list)  # the plan's steps, as carried out
+    root: str | None = None  # step paths are shown as the host beneath this root names them
 
     def to_json(self) -> dict:
         return {"method": self.method.value, "reset": list(self.reset), "devices": dict(self.devices),
-                "cleared": list(self.cleared)}
+                "cleared": list(self.cleared), "steps": [s.to_json(self.root) for s in self.steps]}
 
 
-def _settle(ctx: Context, journal: Journal, affected: list[PciAddress], method: str,
-            targets: list[str]) -> ResetResult:
-    devices = {str(a): return_problem(ctx.host, a) for a in affected}
+def _settle(ctx: Context, journal: Journal, plan: ResetPlan, taken: list[Step]) -> ResetResult:
+    devices = {str(a): return_problem(ctx.host, a) for a in plan.devices}
     cleared = [a for a, problem in devices.items() if problem is None and a in journal.data["broken"]]
     for address in cleared:
         del journal.data["broken"][address]
     if cleared:
         journal.save()
-    result = ResetResult(ResetMethod(method), [os.path.relpath(p, ctx.host.root) for p in targets], devices,
-                         cleared)
+    result = ResetResult(plan.method, [os.path.relpath(s.path, ctx.host.root) for s in taken if s.kind is StepKind.RESET], devices,
+                         cleared, taken, ctx.host.root)
     still = {a: p for a, p in devices.items() if p}
     if still:
         raise GpuvfioError("still broken: " + "; ".join(f"{a}: {p}" for a, p in sorted(still.items()))

@@ -16,14 +16,16 @@ from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import binding
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.plans import Plan, Verdict
+from gpuvfio.ops.plans import CheckStatus, Plan, StepKind
 from gpuvfio.vgpu import instances, scheduler
-from gpuvfio.vgpu.instances import VgpuInstance
+from gpuvfio.vgpu.instances import Creation, VgpuInstance
 from gpuvfio.vgpu.scheduler import SchedulerChange, SchedulerOutcome, SchedulerSnapshot, SchedulerState
 from gpuvfio.vgpu.types import MigProfile, OfferedTypes, TypesKind, mig_backed, pick_mdev
 from gpuvfio.virt.usage import assignments
 
-__all__ = ["types", "instances_list", "create", "remove", "plan_create", "plan_remove", "plan_scheduler", "scheduler_state", "set_scheduler", "undo_scheduler", "create_for_domain",
+__all__ = ["types", "instances_list", "create", "remove", "plan_create", "plan_remove", "plan_scheduler", "run_create",
+           "run_remove", "run_scheduler", "VgpuCreatePlan", "VgpuRemovePlan", "SchedulerPlan", "scheduler_state",
+           "set_scheduler", "undo_scheduler", "create_for_domain",
            "mig_backed", "parse_policy", "POLICIES", "OfferedTypes", "TypesKind", "VgpuInstance", "VgpuListing",
            "MigProfile", "SchedulerState", "SchedulerChange", "SchedulerOutcome", "SchedulerSnapshot"]
 POLICIES = scheduler.POLICIES
@@ -61,33 +63,60 @@ def instances_list(ctx: Context, *, uri: str | None = None) -> VgpuListing:
                         for item in found], libvirt_note or "asked")
 
 
+@dataclass
+class VgpuCreatePlan(Plan):
+    creation: Creation | None = None  # None: refused
+    persist: bool = False
+
+    def extra_json(self) -> dict:
+        if self.creation is None:
+            return {}
+        return {"kind": self.creation.kind, "parent": str(self.creation.parent), "type": self.creation.type_id,
+                "instance": self.creation.instance}
+
+
 def plan_create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
-                persist: bool = False) -> Plan:
+                persist: bool = False) -> VgpuCreatePlan:
     """What ``vgpu create`` will make (gpuvfio.vgpu.instances.decide_create, the run's decision);
     reads only. A type the GPU does not offer, or with no instance left, is refused."""
-    plan = Plan("vgpu create", f"{wanted} on {address}")
+    plan = VgpuCreatePlan("vgpu create", f"{wanted} on {address}", persist=persist)
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
     try:
         creation = instances.decide_create(ctx.host, inventory, address, wanted, uuid)
     except Refused as exc:
         plan.refuse("vgpu_type", str(exc))
         return plan
-    plan.check("vgpu_type", Verdict.OK, f"{address} offers {creation.type_id}")
+    plan.creation = creation
+    plan.check("vgpu_type", CheckStatus.OK, f"{address} offers {creation.type_id}")
     if creation.exists:
         plan.notes.append(f"{creation.instance} exists with type {creation.type_id}: nothing to do")
     else:
-        plan.step("create", creation.describe())
+        plan.step(StepKind.CREATE_VGPU, creation.describe(), address=str(address), name=creation.instance)
         if persist and creation.kind == "mdev":
-            plan.step("persist", "define it in mdevctl's store (/etc/mdevctl.d), started at boot")
-    plan.details = {"kind": creation.kind, "parent": str(address), "type": creation.type_id,
-                    "instance": creation.instance}
+            plan.step(StepKind.PERSIST_VGPU, "define it in mdevctl's store (/etc/mdevctl.d), started at boot",
+                      address=str(address))
     return plan
 
 
 def create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | None = None,
            persist: bool = False) -> instances.InstanceResult:
-    return instances.create(ctx.host, address, wanted, writer=ctx.writer(), state=ctx.state, uuid=uuid, persist=persist,
-                            lock_timeout=ctx.lock_timeout)
+    """Make a vGPU instance: its plan, made under the run lock, carried out."""
+    with ctx.lock():
+        return run_create(ctx, plan_create(ctx, address, wanted, uuid=uuid, persist=persist))
+
+
+def run_create(ctx: Context, plan: VgpuCreatePlan) -> instances.InstanceResult:
+    """Make the instance the plan decided (under the run lock the caller holds), journaled."""
+    plan.raise_if_refused()
+    creation = plan.creation
+    result = instances.make(ctx.host, read_inventory(ctx.host), creation, persist=plan.persist,
+                            writer=ctx.writer(), journal=ctx.journal())
+    for step in plan.steps:  # an mdev made with a random UUID is named by the one it got
+        if step.kind is StepKind.CREATE_VGPU:
+            result.steps.append(dataclasses.replace(step, name=result.instance) if step.name is None else step)
+        elif result.persist_asked:
+            result.steps.append(step)
+    return result
 
 
 def create_for_domain(ctx: Context, domain_name: str, address: PciAddress,
@@ -103,17 +132,23 @@ def create_for_domain(ctx: Context, domain_name: str, address: PciAddress,
     return create(ctx, address, profile, uuid=uuid)
 
 
-def plan_remove(ctx: Context, instance: str) -> Plan:
+@dataclass
+class VgpuRemovePlan(Plan):
+    instance: str = ""  # the mdev UUID or the VF address, as the journal names it
+
+
+def plan_remove(ctx: Context, instance: str) -> VgpuRemovePlan:
     """What ``vgpu remove`` will undo, from the journal (an instance gpuvfio did not create is
     bad input, as the run says); reads only."""
     journal = ctx.journal()
-    plan = Plan("vgpu remove", instance)
     address = PciAddress.try_parse(instance)
     if address is not None:
         record = journal.data.get("vgpus", {}).get(str(address))
         if record is None:
             raise InputError(f"{address} has no vGPU type set by gpuvfio (see gpuvfio status)")
-        plan.step("remove", f"{address}: nvidia/current_vgpu_type <- {record.get('previous', 0)}")
+        plan = VgpuRemovePlan("vgpu remove", str(address), instance=str(address))
+        plan.step(StepKind.REMOVE_VGPU, f"{address}: nvidia/current_vgpu_type <- {record.get('previous', 0)}",
+                  name=str(address))
         return plan
     try:
         uuid = parse_uuid(instance)
@@ -122,13 +157,22 @@ def plan_remove(ctx: Context, instance: str) -> Plan:
     record = journal.data.get("mdevs", {}).get(uuid)
     if record is None:
         raise InputError(f"mdev {uuid} was not created by gpuvfio (see gpuvfio status)")
-    plan.step("remove", f"write 1 to /sys/bus/mdev/devices/{uuid}/remove")
-    plan.step("forget", f"its mdevctl definition under {record.get('parent', '-')}, if any")
+    plan = VgpuRemovePlan("vgpu remove", uuid, instance=uuid)
+    plan.step(StepKind.REMOVE_VGPU, f"write 1 to /sys/bus/mdev/devices/{uuid}/remove", name=uuid)
+    plan.step(StepKind.FORGET_VGPU, f"its mdevctl definition under {record.get('parent', '-')}, if any", name=uuid)
     return plan
 
 
 def remove(ctx: Context, instance: str) -> instances.InstanceResult:
-    return instances.remove(ctx.host, instance, writer=ctx.writer(), state=ctx.state, lock_timeout=ctx.lock_timeout)
+    """Remove a vGPU instance gpuvfio made: its plan, made under the run lock, carried out."""
+    with ctx.lock():
+        return run_remove(ctx, plan_remove(ctx, instance))
+
+
+def run_remove(ctx: Context, plan: VgpuRemovePlan) -> instances.InstanceResult:
+    result = instances.remove_instance(ctx.host, ctx.journal(), plan.instance, ctx.writer())
+    result.steps = list(plan.steps)  # remove_instance takes them all, or raises
+    return result
 
 
 def scheduler_state(ctx: Context, address: PciAddress) -> SchedulerState:
@@ -136,13 +180,23 @@ def scheduler_state(ctx: Context, address: PciAddress) -> SchedulerState:
         return nvml.read(address)
 
 
-def plan_scheduler(ctx: Context, address: PciAddress, policy: str) -> Plan:
+@dataclass
+class SchedulerPlan(Plan):
+    address: PciAddress | None = None
+    policy: str = ""
+    current: SchedulerState | None = None
+
+    def extra_json(self) -> dict:
+        return {"current": self.current.policy, "supported": list(self.current.supported)} if self.current else {}
+
+
+def plan_scheduler(ctx: Context, address: PciAddress, policy: str) -> SchedulerPlan:
     """What ``vgpu scheduler --set`` will change, read from NVML (the run's checks: a policy the
     GPU supports, a current one that can be put back); reads only."""
     scheduler.parse_policy(policy)
-    plan = Plan("vgpu scheduler", f"{address} -> {policy}")
+    plan = SchedulerPlan("vgpu scheduler", f"{address} -> {policy}", address=address, policy=policy)
     with ctx.nvml() as nvml:
-        current = nvml.read(address)
+        plan.current = current = nvml.read(address)
     if policy not in current.supported:
         plan.refuse("policy", f"{address} supports the vGPU scheduler policies {', '.join(current.supported)}, "
                               f"not {policy}")
@@ -152,16 +206,25 @@ def plan_scheduler(ctx: Context, address: PciAddress, policy: str) -> Plan:
         plan.refuse("policy", f"{address}: the current vGPU scheduler policy ({current.policy}) could not be "
                               "put back afterwards; not changing it")
     else:
-        plan.step("set", f"{current.policy} -> {policy} through NVML (ARR mode and timeslice kept; journaled, "
-                         "gpuvfio restore puts it back)")
-    plan.details = {"current": current.policy, "supported": list(current.supported)}
+        plan.step(StepKind.SET_SCHEDULER, f"{current.policy} -> {policy} through NVML (ARR mode and timeslice "
+                                          "kept; journaled, gpuvfio restore puts it back)", address=str(address),
+                  value=policy)
     return plan
 
 
 def set_scheduler(ctx: Context, address: PciAddress, policy: str) -> SchedulerChange:
-    scheduler.parse_policy(policy)
+    """Set a GPU's vGPU scheduler policy: its plan, made under the run lock, carried out."""
+    with ctx.lock():
+        return run_scheduler(ctx, plan_scheduler(ctx, address, policy))
+
+
+def run_scheduler(ctx: Context, plan: SchedulerPlan) -> SchedulerChange:
+    plan.raise_if_refused()
+    if plan.nothing_to_do:
+        return SchedulerChange(plan.current, SchedulerOutcome.UNCHANGED)
     with ctx.nvml() as nvml:
-        return scheduler.set_policy(ctx.host, nvml, address, policy, state=ctx.state, lock_timeout=ctx.lock_timeout)
+        change = scheduler.apply_policy(nvml, ctx.journal(), plan.address, plan.policy, plan.current)
+    return dataclasses.replace(change, steps=list(plan.steps))
 
 
 def undo_scheduler(ctx: Context, address: PciAddress, before: SchedulerSnapshot, journaled: bool) -> list[str]:

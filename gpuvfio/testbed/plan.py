@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass, field
 
 from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.ops import binding, domains, vgpu
+from gpuvfio.ops import binding, domains, guests, vgpu
 from gpuvfio.ops.binding import BindPolicy
-from gpuvfio.ops.attach_plan import plan_attach
+from gpuvfio.ops.attach_plan import AttachPlan, plan_attach
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.plans import PlannedStep
+from gpuvfio.ops.plans import Plan, StepKind
 from gpuvfio.ops.targets import SshOptions, ssh_options
 from gpuvfio.ops.verify_options import verify_options
 from gpuvfio.ops.selection import resolve, the_gpu
@@ -80,74 +81,136 @@ def policy_for(variant: Variant) -> BindPolicy:
                       take_host_devices=variant.take_host_devices)
 
 
-def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False) -> dict:
-    """Each variant: its domain (XML, and its difference to the first variant's), its bind plan
-    with the checks that refuse it, its vGPU. ``refused``: the variants the run would refuse."""
+@dataclass
+class VariantPlan(Plan):
+    """One variant of a testbed run, decided: its steps in the run's order (a leftover guest
+    detached, the vGPU scheduler and instance, the attach, the repetitions, the teardown),
+    the attach's own plan, and how its domain differs from the first variant's."""
+
+    kind: str = ""
+    attach: AttachPlan | None = None
+    vgpu: dict | None = None
+    xml_diff: str | None = None
+
+    def extra_json(self) -> dict:
+        out: dict = {"name": self.target, "kind": self.kind}
+        if self.attach is not None:
+            out["plan"] = self.attach.to_json()
+            out["refused"] = [c.message for c in self.refusals]
+        provisioned = self.attach.provisioned if self.attach is not None else None
+        if provisioned is not None:
+            out.update({"domain": self.attach.target, "hugepages_kib": provisioned.spec.hugepage_kib,
+                        "numa_nodes": [c.node for c in provisioned.spec.cells],
+                        "warnings": provisioned.spec.warnings, "xml": provisioned.xml})
+            if self.attach.bind is not None:
+                out["bind"] = self.attach.bind.report
+        if self.vgpu is not None:
+            out["vgpu"] = self.vgpu
+        if self.xml_diff is not None:
+            out["xml_diff"] = self.xml_diff
+        return out
+
+
+@dataclass
+class TestbedPlan:
+    """``testbed plan``, and what ``testbed run`` carries out variant by variant."""
+
+    spec: str
+    repetitions: int
+    gpus: list[PciAddress]
+    selected: list[str]
+    variants: list[VariantPlan] = field(default_factory=list)
+    host: str | None = None  # the hypervisor, when planned from its recording over SSH
+
+    @property
+    def refused(self) -> list[str]:
+        return [v.target for v in self.variants if v.refused]
+
+    def to_json(self) -> dict:
+        out = {"spec": self.spec, "repetitions": self.repetitions, "gpus": [str(g) for g in self.gpus],
+               "selected": list(self.selected), "variants": [v.to_json() for v in self.variants],
+               "refused": self.refused}
+        if self.host is not None:
+            out["host"] = self.host
+        return out
+
+
+def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False) -> TestbedPlan:
+    """Each variant's plan (plan_variant); the domains' differences against the first one's."""
     selected: list[str] = []
     gpus = gpus_on(ctx, spec, yes=yes, tell=selected.append)
-    out = {"spec": spec.path, "repetitions": spec.repetitions, "gpus": [str(g) for g in gpus],
-           "selected": selected, "variants": [], "refused": []}
-    first_xml = first_name = None
+    out = TestbedPlan(spec.path, spec.repetitions, gpus, selected)
+    first = None
     for variant in spec.variants:
-        entry = {"name": variant.name, "kind": variant.kind}
-        if variant.kind == "baremetal":
-            entry["action"] = "run the verifier on this host (the baseline)"
-            out["variants"].append(entry)
-            continue
-        addresses = addresses_for(ctx, gpus, variant)
-        try:
-            request = request_for(ctx, spec, variant, gpus)
-        except GpuvfioError as exc:
-            if isinstance(exc, InputError):
-                raise InputError(f"variant {variant.name}: {exc}") from None
-            entry["refused"] = [str(exc)]
-            out["refused"].append(variant.name)
-            out["variants"].append(entry)
-            continue
-        # The run's own plan: the same libvirt, the same bind checks, the same steps.
-        try:
-            attach = plan_attach(ctx, addresses, request, ssh=ssh_for(spec), uri=uri, policy=policy_for(variant),
-                                 verify=verify_options(**spec.verify),
-                                 ask_libvirt=binding.libvirt_not_asked(ctx, uri) is None)
-        except InputError as exc:
-            raise InputError(f"variant {variant.name}: {exc}") from None
-        if variant.kind == "vgpu":
-            # Before the attach, as the run: the scheduler (NVML changes it only with no vGPU
-            # VM running), then the instance the domain names.
-            before = [PlannedStep("vgpu scheduler", f"{variant.scheduler} through NVML, put back after")] \
-                if variant.scheduler else []
-            attach.steps[:0] = before + [PlannedStep("vgpu create", f"a {variant.profile} instance on "
-                                                                    f"{addresses[0]}")]
-        entry["plan"] = attach.to_json()
-        entry["refused"] = [c.message for c in attach.refusals]
-        if attach.provisioned is None:
-            out["refused"].append(variant.name)
-            out["variants"].append(entry)
-            continue
-        provisioned = attach.provisioned
-        spec_ = provisioned.spec
-        entry.update({"domain": request.name, "hugepages_kib": spec_.hugepage_kib,
-                      "numa_nodes": [c.node for c in spec_.cells], "warnings": spec_.warnings,
-                      "xml": provisioned.xml})
-        if variant.kind == "vgpu":
-            mig = vgpu.mig_backed(variant.profile)
-            entry["vgpu"] = {"profile": variant.profile, "mig_backed": mig.to_json() if mig is not None else None,
-                             "scheduler": variant.scheduler,
-                             "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the "
-                                                "previous policy put back after" if variant.scheduler else
-                                                "left as the host driver has it")}
-        if attach.bind is not None:
-            entry["bind"] = attach.bind.report
-        if entry["refused"]:
-            out["refused"].append(variant.name)
-        if first_xml is None:
-            first_xml, first_name = provisioned.xml, variant.name
-        else:
-            entry["xml_diff"] = "".join(difflib.unified_diff(
-                _comparable(first_xml, domain_name(first_name)), _comparable(provisioned.xml, request.name),
-                first_name, variant.name))
-        out["variants"].append(entry)
+        planned = plan_variant(ctx, spec, variant, gpus, uri=uri)
+        attach = planned.attach
+        if attach is not None and attach.provisioned is not None:
+            if first is None:
+                first = (attach.xml, variant.name)
+            else:
+                planned.xml_diff = "".join(difflib.unified_diff(
+                    _comparable(first[0], domain_name(first[1])), _comparable(attach.xml, attach.target),
+                    first[1], variant.name))
+        out.variants.append(planned)
     return out
+
+
+def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], *,
+                 uri: str | None = None, todo: int | None = None) -> VariantPlan:
+    """A variant's steps as the run takes them. ``todo``: the repetitions left to measure (the
+    run's resume; all of them for a plan)."""
+    todo = spec.repetitions if todo is None else todo
+    planned = VariantPlan("testbed variant", variant.name, kind=variant.kind)
+    if todo == 0:
+        planned.notes.append(f"done already ({spec.repetitions} repetitions)")
+        return planned
+    if variant.kind == "baremetal":
+        planned.step(StepKind.VERIFY_HOST, f"run the verifier on this host (the baseline), {todo} time(s)",
+                     name=variant.name)
+        return planned
+    addresses = addresses_for(ctx, gpus, variant)
+    try:
+        request = request_for(ctx, spec, variant, gpus)
+    except InputError as exc:
+        raise InputError(f"variant {variant.name}: {exc}") from None
+    except GpuvfioError as exc:
+        planned.refuse("variant", str(exc))
+        return planned
+    if binding.libvirt_not_asked(ctx, uri) is None and guests.exists(ctx, request.name, uri=uri):
+        planned.step(StepKind.DETACH_LEFTOVER, f"detach {request.name}, left from an interrupted run",
+                     name=request.name)
+    try:  # the run's own attach plan: the same libvirt, the same bind checks, the same steps
+        planned.attach = plan_attach(ctx, addresses, request, ssh=ssh_for(spec), uri=uri, policy=policy_for(variant),
+                                     verify=verify_options(**spec.verify),
+                                     ask_libvirt=binding.libvirt_not_asked(ctx, uri) is None)
+    except InputError as exc:
+        raise InputError(f"variant {variant.name}: {exc}") from None
+    planned.checks += planned.attach.checks
+    if variant.kind == "vgpu":
+        _plan_vgpu(planned, variant, addresses[0])
+    planned.step(StepKind.ATTACH, f"attach {request.name}: {len(planned.attach.steps)} steps, the first repetition "
+                                  "measured by its verify", name=request.name)
+    if todo > 1:
+        planned.step(StepKind.MEASURE, f"{todo - 1} more repetition(s): verify {request.name}", name=request.name)
+    planned.step(StepKind.TEARDOWN, f"detach {request.name} (devices given back)"
+                 + (", remove the vGPU" if variant.kind == "vgpu" else "")
+                 + (", put the scheduler back" if variant.scheduler else ""), name=request.name)
+    return planned
+
+
+def _plan_vgpu(planned: VariantPlan, variant: Variant, gpu: PciAddress) -> None:
+    """Before the attach, as the run: the scheduler (NVML changes it only with no vGPU VM
+    running), then the instance the domain names."""
+    if variant.scheduler:
+        planned.step(StepKind.SET_SCHEDULER, f"{variant.scheduler} through NVML on {gpu}, put back after",
+                     address=str(gpu), value=variant.scheduler)
+    planned.step(StepKind.CREATE_VGPU, f"a {variant.profile} instance on {gpu}", address=str(gpu))
+    mig = vgpu.mig_backed(variant.profile)
+    planned.vgpu = {"profile": variant.profile, "mig_backed": mig.to_json() if mig is not None else None,
+                    "scheduler": variant.scheduler,
+                    "scheduler_note": (f"set to {variant.scheduler} through NVML before the variant, the previous "
+                                       "policy put back after" if variant.scheduler else
+                                       "left as the host driver has it")}
 
 
 def _comparable(xml: str, name: str) -> list[str]:

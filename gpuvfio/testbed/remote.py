@@ -32,9 +32,9 @@ from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import host_from_record
 from gpuvfio.ops.targets import configured
-from gpuvfio.testbed.plan import plan
+from gpuvfio.testbed.plan import TestbedPlan, plan
 from gpuvfio.testbed.report import REP, RESULT_LIMIT, out_tree
-from gpuvfio.testbed.run import recorded_results
+from gpuvfio.testbed.run import STEPS_FILE, recorded_results
 from gpuvfio.testbed.spec import MAX_VARIANTS, NAME, SPEC_LIMIT, RemoteHost, Spec
 
 MAX_MEMBERS = MAX_VARIANTS * 1001 + 2  # results/<variant>/rep-N.json of every variant, their folders, identity
@@ -68,7 +68,7 @@ def fetch_host_record(session, remote: RemoteHost) -> str:
                     timeout=300).decode("utf-8")
 
 
-def plan_remote(spec: Spec, default_known_hosts: str | None, *, run: Runner, yes: bool = False) -> dict:
+def plan_remote(spec: Spec, default_known_hosts: str | None, *, run: Runner, yes: bool = False) -> TestbedPlan:
     """The plan for a remote hypervisor, from its recorded host (nothing changes there; libvirt
     there is not asked: the run asks it)."""
     with session_for(spec.host, default_known_hosts, run) as session:
@@ -76,7 +76,7 @@ def plan_remote(spec: Spec, default_known_hosts: str | None, *, run: Runner, yes
     with host_from_record(record) as host:
         host.files_checked_by_run = True  # the ROM and UEFI files a spec names are there, not here
         report = plan(Context(host=host), spec, yes=yes)
-    report["host"] = spec.host.label()
+    report.host = spec.host.label()
     return report
 
 
@@ -109,12 +109,13 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def _wanted(name: str) -> bool:
-    """The only entries a result archive may hold: identity.json, results/<variant>/rep-N.json."""
+    """The only entries a result archive may hold: identity.json, results/<variant>/rep-N.json
+    and the variant's record of its steps (testbed.run.STEPS_FILE)."""
     parts = name.split("/")
     if parts == ["identity.json"] or parts == ["results"]:
         return True
     if len(parts) >= 2 and parts[0] == "results" and NAME.fullmatch(parts[1]):
-        return len(parts) == 2 or (len(parts) == 3 and bool(REP.fullmatch(parts[2])))
+        return len(parts) == 2 or (len(parts) == 3 and (bool(REP.fullmatch(parts[2])) or parts[2] == STEPS_FILE))
     return False
 
 

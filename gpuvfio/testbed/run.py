@@ -22,7 +22,8 @@ from gpuvfio.ops import binding, domains, guests, vgpu
 from gpuvfio.ops.guests import VerifyReport
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.identity import host_identity
-from gpuvfio.testbed.plan import addresses_for, gpus_on, policy_for, request_for, ssh_for
+from gpuvfio.ops.plans import Step, StepKind
+from gpuvfio.testbed.plan import addresses_for, gpus_on, plan_variant, policy_for, request_for, ssh_for
 from gpuvfio.testbed.report import out_tree, read_identity, result_files
 from gpuvfio.testbed.spec import Spec, Variant, boot_timeout as spec_boot_timeout
 
@@ -72,6 +73,9 @@ def _guest_facts(report: VerifyReport) -> dict:
     return {"guest_kernel": facts.get("guest_kernel"), "driver_version": nvml.get("driver_version"),
             "cuda_driver_version": nvml.get("cuda_driver_version"),
             "virtualization_mode": device.get("virtualization_mode"), "pcie_link_under_load": link}
+
+
+STEPS_FILE = "steps.json"  # beside a variant's results: its plan's steps and the ones its last run took
 
 
 class Interrupted(BaseException):
@@ -181,19 +185,114 @@ def write_rep(out: str, variant: Variant, rep: int, report: VerifyReport, extra:
 
 def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], out: str, uri: str | None,
                  signals) -> dict:
+    """The variant's plan (plan_variant, the one testbed plan prints), made under the run lock
+    and carried out step by step; the lock is held from provision to teardown, so no other
+    gpuvfio run moves these GPUs meanwhile."""
     tree = out_tree(out)
     todo = [r for r in range(spec.repetitions) if not tree.exists(_rep_path(variant, r))]
-    if not todo:
-        ctx.progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
-        return {"ran": 0}
-    if variant.kind == "baremetal":
-        options = guests.verify_options(**spec.verify)
-        for rep in todo:
-            ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions} on this host")
-            write_rep(out, variant, rep, guests.verify_here(ctx, gpus, options),
-                      {"verify_settings": dict(spec.verify)}, gpus)
-        return {"ran": len(todo)}
-    return _run_guest_variant(ctx, spec, variant, gpus, out, uri, todo, signals)
+    with binding.operation_lock(ctx):
+        planned = plan_variant(ctx, spec, variant, gpus, uri=uri, todo=len(todo))
+        planned.raise_if_refused()
+        if not todo:
+            ctx.progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
+        run = VariantRun(ctx, spec, variant, gpus, out, uri, todo)
+        try:
+            for step in planned.steps:
+                if step.kind is StepKind.TEARDOWN:
+                    break
+                run.execute(step)
+        finally:
+            with signals.deferred():
+                try:
+                    if any(s.kind is StepKind.TEARDOWN for s in planned.steps):
+                        run.teardown()
+                        run.taken.append(planned.steps[-1])
+                finally:  # the record of what ran against what was planned, also for a failed variant
+                    if planned.steps:
+                        tree.write(f"results/{variant.name}/{STEPS_FILE}", json.dumps(
+                            {"planned": [s.to_json() for s in planned.steps],
+                             "taken": [s.to_json() for s in run.taken]}, indent=2))
+    return {"ran": len(todo), "steps": [s.to_json() for s in run.taken]}
+
+
+class VariantRun:
+    """What one variant's run has done so far: the steps taken, the vGPU instance made, the
+    scheduler change to put back, the results recorded."""
+
+    def __init__(self, ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], out: str,
+                 uri: str | None, todo: list[int]) -> None:
+        self.ctx, self.spec, self.variant, self.gpus, self.out, self.uri, self.todo = \
+            ctx, spec, variant, gpus, out, uri, todo
+        self.request = request_for(ctx, spec, variant, gpus) if variant.kind != "baremetal" else None
+        self.addresses = addresses_for(ctx, gpus, variant)
+        self.options = guests.verify_options(**spec.verify)  # every repetition, the first included, alike
+        self.taken: list[Step] = []
+        self.instance: str | None = None
+        self.scheduled = None
+        self.extra: dict = {"verify_settings": dict(spec.verify)}  # [run]'s, the same for every repetition
+        self.vgpu_record: dict = {}
+
+    def execute(self, step: Step) -> None:
+        {StepKind.VERIFY_HOST: self.verify_host, StepKind.DETACH_LEFTOVER: self.detach_leftover,
+         StepKind.SET_SCHEDULER: self.set_scheduler, StepKind.CREATE_VGPU: self.create_vgpu,
+         StepKind.ATTACH: self.attach, StepKind.MEASURE: self.measure}[step.kind]()
+        self.taken.append(step)
+
+    def verify_host(self) -> None:
+        for rep in self.todo:
+            self.ctx.progress(f"{self.variant.name}: repetition {rep + 1}/{self.spec.repetitions} on this host")
+            write_rep(self.out, self.variant, rep, guests.verify_here(self.ctx, self.gpus, self.options),
+                      {"verify_settings": dict(self.spec.verify)}, self.gpus)
+
+    def detach_leftover(self) -> None:
+        self.ctx.progress(f"{self.variant.name}: detaching {self.request.name} left from an interrupted run")
+        guests.detach(self.ctx, self.request.name, uri=self.uri, timeout=10)
+
+    def set_scheduler(self) -> None:
+        # Before the vGPU exists: NVML changes the policy only while no vGPU VM runs.
+        gpu, policy = self.addresses[0], self.variant.scheduler
+        applied = vgpu.set_scheduler(self.ctx, gpu, policy)
+        if applied.result is vgpu.SchedulerOutcome.SET:  # teardown puts back this variant's change only
+            self.scheduled = (gpu, applied.before, applied.journaled)
+        self.ctx.progress(f"{self.variant.name}: vGPU scheduler of {gpu}: {applied.state.policy} "
+                          f"({applied.result.value})")
+        self.vgpu_record["scheduler"] = {"policy": applied.state.policy, "arr": applied.state.arr,
+                                         "timeslice": applied.state.timeslice, "previous": applied.previous}
+
+    def create_vgpu(self) -> None:
+        made = vgpu.create_for_domain(self.ctx, self.request.name, self.addresses[0], self.variant.profile)
+        self.instance = made.instance
+        mig = vgpu.mig_backed(self.variant.profile)
+        self.vgpu_record.update({"profile": self.variant.profile, "kind": made.kind, "type": made.type_id,
+                                 "mig_backed": mig.to_json() if mig is not None else None})
+        self.extra["vgpu"] = self.vgpu_record
+
+    def attach(self) -> None:
+        ctx, spec, variant = self.ctx, self.spec, self.variant
+        ctx.progress(f"{variant.name}: attach")
+        started = ctx.clock.monotonic()
+        result = guests.attach(ctx, self.addresses, self.request, uri=self.uri,
+                               ssh=ssh_for(spec, spec_boot_timeout(spec)), policy=policy_for(variant),
+                               verify=self.options)
+        took = ctx.clock.monotonic() - started
+        self.extra["placement"] = placement(result.xml)
+        write_rep(self.out, variant, self.todo[0], result.report,
+                  {"metrics": {"time_to_verified_s": took}, "attach_steps": result.steps, **self.extra},
+                  self.measured)
+
+    @property
+    def measured(self) -> list[PciAddress]:
+        return self.addresses if self.variant.kind == "passthrough" else []
+
+    def measure(self) -> None:
+        for rep in self.todo[1:]:
+            self.ctx.progress(f"{self.variant.name}: repetition {rep + 1}/{self.spec.repetitions}")
+            report = guests.verify(self.ctx, ssh=ssh_for(self.spec, 60.0), domain=self.request.name, uri=self.uri,
+                                   options=self.options)
+            write_rep(self.out, self.variant, rep, report, self.extra, self.measured)
+
+    def teardown(self) -> None:
+        _teardown(self.ctx, self.variant, self.request.name, self.uri, self.instance, self.scheduled)
 
 
 def _teardown(ctx: Context, variant: Variant, name: str, uri: str | None, instance: str | None, scheduled) -> None:
@@ -222,57 +321,3 @@ def _teardown(ctx: Context, variant: Variant, name: str, uri: str | None, instan
                            "retries from the journal")
 
 
-def _run_guest_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], out: str,
-                       uri: str | None, todo: list[int], signals) -> dict:
-    request = request_for(ctx, spec, variant, gpus)
-    if guests.exists(ctx, request.name, uri=uri):
-        ctx.progress(f"{variant.name}: detaching {request.name} left from an interrupted run")
-        guests.detach(ctx, request.name, uri=uri, timeout=10)
-    addresses = addresses_for(ctx, gpus, variant)
-    boot_timeout = spec_boot_timeout(spec)
-    options = guests.verify_options(**spec.verify)  # every repetition, the first included, measured alike
-    # The run lock from provision to teardown: no other gpuvfio run moves these GPUs meanwhile.
-    with binding.operation_lock(ctx):
-        return _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri, todo, signals,
-                                           options, boot_timeout)
-
-
-def _provision_measure_teardown(ctx, spec, variant, request, addresses, out, uri, todo, signals, options,
-                                boot_timeout) -> dict:
-    instance, vgpu_record, scheduled = None, {}, None
-    try:
-        if variant.kind == "vgpu":
-            if variant.scheduler:
-                # Before the vGPU exists: NVML changes the policy only while no vGPU VM runs.
-                applied = vgpu.set_scheduler(ctx, addresses[0], variant.scheduler)
-                if applied.result is vgpu.SchedulerOutcome.SET:  # teardown puts back this variant's change only
-                    scheduled = (addresses[0], applied.before, applied.journaled)
-                ctx.progress(f"{variant.name}: vGPU scheduler of {addresses[0]}: {applied.state.policy} "
-                             f"({applied.result.value})")
-                vgpu_record["scheduler"] = {"policy": applied.state.policy, "arr": applied.state.arr,
-                                            "timeslice": applied.state.timeslice, "previous": applied.previous}
-            made = vgpu.create_for_domain(ctx, request.name, addresses[0], variant.profile)
-            instance = made.instance
-            mig = vgpu.mig_backed(variant.profile)
-            vgpu_record.update({"profile": variant.profile, "kind": made.kind, "type": made.type_id,
-                                "mig_backed": mig.to_json() if mig is not None else None})
-        extra = {"vgpu": vgpu_record} if vgpu_record else {}
-        extra["verify_settings"] = dict(spec.verify)  # [run]'s, the same for every repetition
-        ctx.progress(f"{variant.name}: attach")
-        started = ctx.clock.monotonic()
-        result = guests.attach(ctx, addresses, request, uri=uri, ssh=ssh_for(spec, boot_timeout),
-                               policy=policy_for(variant), verify=options)
-        took = ctx.clock.monotonic() - started
-        first, rest = todo[0], todo[1:]
-        extra["placement"] = placement(result.xml)
-        measured = addresses if variant.kind == "passthrough" else []
-        write_rep(out, variant, first, result.report, {"metrics": {"time_to_verified_s": took},
-                                                      "attach_steps": result.steps, **extra}, measured)
-        for rep in rest:
-            ctx.progress(f"{variant.name}: repetition {rep + 1}/{spec.repetitions}")
-            report = guests.verify(ctx, ssh=ssh_for(spec, 60.0), domain=request.name, uri=uri, options=options)
-            write_rep(out, variant, rep, report, extra, measured)
-    finally:
-        with signals.deferred():
-            _teardown(ctx, variant, request.name, uri, instance, scheduled)
-    return {"ran": len(todo)}

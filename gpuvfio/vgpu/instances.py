@@ -13,17 +13,16 @@ from __future__ import annotations
 import json
 import os
 import uuid as uuidlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bind.journal import Journal, RunLock
+from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.sysfs_write import SysfsWriter
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.host.inventory import Inventory, read_inventory
-from gpuvfio.host.pciids import PciIds
-from gpuvfio.files import Tree
+from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.root import HostRoot
+from gpuvfio.planning import Step
 from gpuvfio.vgpu.types import (MdevTypeOffer, OfferedTypes, SriovTypeOffer, TypesKind, VfInUse, existing_mdev,
                                 mdev_dir, mig_backed, pick_mdev, pick_vf)
 
@@ -87,6 +86,7 @@ class InstanceResult:
     persisted: str | None = None  # mdevctl's file, when --persist wrote one
     note: str | None = None
     persist_asked: bool = False
+    steps: list[Step] = field(default_factory=list)  # the plan's steps, as carried out
 
     def to_json(self) -> dict:
         out = {"kind": self.kind, "uuid" if self.kind == "mdev" else "vf": self.instance}
@@ -97,6 +97,7 @@ class InstanceResult:
             out["persisted"] = self.persisted
         if self.note:
             out["note"] = self.note
+        out["steps"] = [s.to_json() for s in self.steps]
         return out
 
 
@@ -143,28 +144,25 @@ def decide_create(host: HostRoot, inventory: Inventory, address: PciAddress, wan
     raise Refused(f"{address} offers no vGPU types (no mdev_supported_types, no SR-IOV VFs)")
 
 
-def create(host: HostRoot, address: PciAddress, wanted: str, *, writer: SysfsWriter, state: Tree,
-           uuid: str | None = None, persist: bool = False, lock_timeout: float = 30.0) -> InstanceResult:
-    """Decide the instance under the run lock (decide_create), then make it, journaled in the
-    state dir ``state``."""
-    with RunLock(state, lock_timeout):
-        journal = Journal.load(state)
-        inventory = read_inventory(host, names=PciIds.load(host))
-        creation = decide_create(host, inventory, address, wanted, uuid)
-        if creation.kind == "mdev":
-            result = _create_mdev(host, creation, writer, journal)
-            if persist:
-                result.persist_asked = True
-                result.persisted = persist_mdev(host, result.parent, result.instance, result.type_id)
-                journal.data["mdevs"].setdefault(result.instance, {})["persisted"] = result.persisted
-                journal.save()
-            return result
-        result = _create_sriov(host, inventory, creation, writer, journal)
+def make(host: HostRoot, inventory: Inventory, creation: Creation, *, persist: bool, writer: SysfsWriter,
+         journal: Journal) -> InstanceResult:
+    """Make the instance ``creation`` decided (decide_create, under the run lock the caller
+    holds), journaled in ``journal``; with ``persist`` an mdev is also defined in mdevctl's
+    store."""
+    if creation.kind == "mdev":
+        result = _create_mdev(host, creation, writer, journal)
         if persist:
             result.persist_asked = True
-            result.note = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
-                           "again at boot, e.g. from a unit running gpuvfio vgpu create")
+            result.persisted = persist_mdev(host, result.parent, result.instance, result.type_id)
+            journal.data["mdevs"].setdefault(result.instance, {})["persisted"] = result.persisted
+            journal.save()
         return result
+    result = _create_sriov(host, inventory, creation, writer, journal)
+    if persist:
+        result.persist_asked = True
+        result.note = ("SR-IOV vGPU types are runtime state (nvidia/current_vgpu_type); set them "
+                       "again at boot, e.g. from a unit running gpuvfio vgpu create")
+    return result
 
 
 def _create_mdev(host, creation: Creation, writer, journal) -> InstanceResult:
@@ -197,14 +195,6 @@ def _create_sriov(host, inventory, creation: Creation, writer, journal) -> Insta
     return InstanceResult("sriov", str(vf), Outcome.CREATED, type_id, str(address))
 
 
-def remove(host: HostRoot, instance: str, *, writer: SysfsWriter, state: Tree,
-           lock_timeout: float = 30.0) -> InstanceResult:
-    """Remove an mdev (by UUID) or clear an SR-IOV vGPU (by VF address) that gpuvfio created."""
-    with RunLock(state, lock_timeout):
-        journal = Journal.load(state)
-        return remove_instance(host, journal, instance, writer)
-
-
 def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: SysfsWriter) -> InstanceResult:
     mdevs, vgpus = journal.data.setdefault("mdevs", {}), journal.data.setdefault("vgpus", {})
     address = PciAddress.try_parse(instance)
@@ -229,18 +219,6 @@ def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: Sys
     del mdevs[uuid]
     journal.save()
     return InstanceResult("mdev", uuid, Outcome.REMOVED)
-
-
-def remove_all(host: HostRoot, journal: Journal, writer: SysfsWriter, progress=lambda line: None) -> list[str]:
-    """Undo every vGPU instance in the journal (for ``gpuvfio restore``); returns failures."""
-    failures = []
-    for instance in list(journal.data.get("mdevs", {})) + list(journal.data.get("vgpus", {})):
-        try:
-            remove_instance(host, journal, instance, writer)
-            progress(f"vGPU {instance}: removed")
-        except GpuvfioError as exc:
-            failures.append(f"vGPU {instance}: {exc}")
-    return failures
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ so ``gpuvfio restore`` and the testbed's teardown put the previous policy back.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.host.root import HostRoot
+from gpuvfio.planning import Step
 from gpuvfio.bind.journal import Journal, RunLock
 from gpuvfio.files import Tree
 
@@ -79,7 +80,7 @@ class SchedulerOutcome(str, Enum):
 
 @dataclass(frozen=True)
 class SchedulerChange:
-    """A ``set_policy``: the state after it; for a change, the policy before, what writes it back
+    """A policy set (apply_policy): the state after it; for a change, the policy before, what writes it back
     (``before``) and whether this call made the journal's entry (an earlier change by gpuvfio
     keeps the first original for ``gpuvfio restore``)."""
 
@@ -88,12 +89,14 @@ class SchedulerChange:
     previous: str | None = None
     before: SchedulerSnapshot | None = None
     journaled: bool = False
+    steps: list[Step] = field(default_factory=list)  # the plan's steps, as carried out
 
     def to_json(self) -> dict:
         out = {**self.state.to_json(), "result": self.result.value}
         if self.result is SchedulerOutcome.SET:
             out.update(previous=self.previous, before=self.before.to_json() if self.before else None,
                        journaled=self.journaled)
+        out["steps"] = [s.to_json() for s in self.steps]
         return out
 
 
@@ -196,38 +199,28 @@ def _write_back(nvml: Nvml, address: PciAddress, record: SchedulerSnapshot) -> N
     nvml.write(address, record.policy, arr=record.arr, timeslice=record.timeslice, avg_factor=record.avg_factor)
 
 
-def set_policy(host: HostRoot, nvml: Nvml, address: PciAddress, policy: str, *, state: Tree,
-               lock_timeout: float = 30.0) -> SchedulerChange:
+def apply_policy(nvml: Nvml, journal: Journal, address: PciAddress, policy: str,
+                 current: SchedulerState) -> SchedulerChange:
     """Set ``policy`` on the GPU (its ARR mode and timeslice kept), journaling the original
-    (SchedulerChange says what undoes this call). A no-op when the policy is set already."""
-    parse_policy(policy)
-    with RunLock(state, lock_timeout):
-        journal = Journal.load(state)
-        current = nvml.read(address)
-        if policy not in current.supported:
-            raise Refused(f"{address} supports the vGPU scheduler policies {', '.join(current.supported)}, "
-                          f"not {policy}")
-        if current.policy == policy:
-            return SchedulerChange(current, SchedulerOutcome.UNCHANGED)
-        if current.policy not in POLICIES:
-            raise GpuvfioError(f"{address}: the current vGPU scheduler policy ({current.policy}) could not "
-                               "be put back afterwards; not changing it")
-        before = snapshot(current)
-        schedulers = journal.data.setdefault("schedulers", {})
-        added = str(address) not in schedulers
-        schedulers.setdefault(str(address), before.to_json())  # the first original wins
-        journal.save()
-        try:
-            _write_back(nvml, address, dataclasses.replace(before, policy=policy))
-        except GpuvfioError:
-            if added and nvml.read(address).policy == current.policy:  # nothing changed: forget it
-                del schedulers[str(address)]
-                journal.save()
-            raise
-        after = nvml.read(address)
-        if after.policy != policy:
-            raise GpuvfioError(f"{address}: the vGPU scheduler reads back {after.policy}, not {policy}")
-        return SchedulerChange(after, SchedulerOutcome.SET, current.policy, before, added)
+    ``current`` first (SchedulerChange says what undoes this call). The checks are the plan's
+    (gpuvfio.ops.vgpu.plan_scheduler: a supported policy, a current one that can be put back),
+    made under the run lock the caller holds."""
+    before = snapshot(current)
+    schedulers = journal.data.setdefault("schedulers", {})
+    added = str(address) not in schedulers
+    schedulers.setdefault(str(address), before.to_json())  # the first original wins
+    journal.save()
+    try:
+        _write_back(nvml, address, dataclasses.replace(before, policy=policy))
+    except GpuvfioError:
+        if added and nvml.read(address).policy == current.policy:  # nothing changed: forget it
+            del schedulers[str(address)]
+            journal.save()
+        raise
+    after = nvml.read(address)
+    if after.policy != policy:
+        raise GpuvfioError(f"{address}: the vGPU scheduler reads back {after.policy}, not {policy}")
+    return SchedulerChange(after, SchedulerOutcome.SET, current.policy, before, added)
 
 
 def undo_set(host: HostRoot, address: PciAddress, before: SchedulerSnapshot, journaled: bool, *, state: Tree,

@@ -45,7 +45,7 @@ OWNED = {
 @dataclass
 class DefineResult:
     name: str
-    result: str  # defined | unchanged | differs | updated | would_define
+    result: str  # defined | updated
     changes: list[str] = field(default_factory=list)
     previous_xml: str | None = None  # the definition an update replaced (for an undo)
 
@@ -152,31 +152,44 @@ def _compare(wanted: ET.Element, current: ET.Element, key: str, path: str) -> li
     return changes
 
 
-def define(conn, xml: str, *, update: bool = False, dry_run: bool = False) -> DefineResult:
-    """Define ``xml`` on ``conn``: created, left unchanged, reported as differing, or (``update``)
-    redefined under the existing UUID."""
+@dataclass(frozen=True)
+class Definition:
+    """What libvirt holds under the name of ``xml``: nothing (``current_xml`` None), or its
+    inactive definition, its UUID and the differences from ``xml``."""
+
+    name: str
+    current_xml: str | None = None
+    uuid: str | None = None
+    changes: tuple[str, ...] = ()
+
+
+def current_definition(conn, xml: str) -> Definition:
+    """Ask libvirt what it holds under the name of ``xml``; changes nothing."""
     libvirt = libvirt_module()
     name = ET.fromstring(xml).findtext("name")
     dom = lookup(conn, name)
     if dom is None:
-        if dry_run:
-            return DefineResult(name, "would_define")
+        return Definition(name)
+    current = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    return Definition(name, current, dom.UUIDString(), tuple(difference(xml, current)))
+
+
+def define(conn, xml: str, held: Definition) -> DefineResult:
+    """Define ``xml`` on ``conn`` against ``held`` (what current_definition read under the run
+    lock): created new, or redefined under the existing UUID (libvirt refuses a name under
+    another UUID)."""
+    libvirt = libvirt_module()
+    if held.current_xml is None:
         try:
             conn.defineXML(xml)
         except libvirt.libvirtError as exc:
-            raise LibvirtError(f"libvirt refused to define {name}: {exc.get_error_message()}") from None
-        return DefineResult(name, "defined")
-    current = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
-    changes = difference(xml, current)
-    if not changes:
-        return DefineResult(name, "unchanged")
-    if not update or dry_run:
-        return DefineResult(name, "differs", changes)
+            raise LibvirtError(f"libvirt refused to define {held.name}: {exc.get_error_message()}") from None
+        return DefineResult(held.name, "defined")
     try:
-        conn.defineXML(with_uuid(xml, dom.UUIDString()))
+        conn.defineXML(with_uuid(xml, held.uuid))
     except libvirt.libvirtError as exc:
-        raise LibvirtError(f"libvirt refused to redefine {name}: {exc.get_error_message()}") from None
-    return DefineResult(name, "updated", changes, previous_xml=current)
+        raise LibvirtError(f"libvirt refused to redefine {held.name}: {exc.get_error_message()}") from None
+    return DefineResult(held.name, "updated", list(held.changes), previous_xml=held.current_xml)
 
 
 def with_uuid(xml: str, uuid: str) -> str:

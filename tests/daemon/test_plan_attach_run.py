@@ -42,11 +42,11 @@ def test_the_run_carries_out_the_plans_steps_and_its_placement(tmp_path, ssh_lan
         plan = plan_attach(ctx, wanted, request, ssh=ssh, uri="test:///default", verify=None)
         assert tree_digest(host.root) == before and not (tmp_path / "state").exists()
         assert _domains(shared.conn) == domains and "planned-vm" not in domains
-        assert plan.step_names == ["bind", "define", "start", "wait for ssh"] and not plan.refused
+        assert [s.kind.value for s in plan.steps] == ["bind", "define", "start", "wait for ssh"] and not plan.refused
         result = guests.attach(ctx, wanted, request, ssh=ssh, uri="test:///default", verify=None)
-        assert result.ok and [s["step"] for s in result.steps] == plan.step_names
+        assert result.ok and [s["step"] for s in result.steps] == [s.kind.value for s in plan.steps]
         assert all(s["ok"] for s in result.steps)
-        assert result.placement == plan.details["placement"] and result.xml == plan.xml
+        assert result.placement == plan.placement and result.xml == plan.xml
         assert json.loads(json.dumps(result.to_json()))["placement"]["cells"][0]["node"] == 0
         assert kernel.driver_of(GPU) == "vfio-pci"
         # A second plan, with the guest running: refused in the words the run uses.

@@ -71,13 +71,18 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
                 run_testbed(ctx, spec, out, uri=daemon.uri)
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
         done = sorted(os.listdir(os.path.join(out, "results", "tiny-4k")))
-        assert done == ["rep-0.json", "rep-1.json"]
-        assert os.listdir(os.path.join(out, "results", "tiny-auto")) == ["rep-0.json"]
+        assert done == ["rep-0.json", "rep-1.json", "steps.json"]
+        assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "steps.json"]
+        # The interrupted variant's record: its plan, and the steps it took before the signal.
+        record = json.load(open(os.path.join(out, "results", "tiny-auto", "steps.json")))
+        assert [s["kind"] for s in record["planned"]] == ["attach", "measure", "teardown"]
+        assert [s["kind"] for s in record["taken"]] == ["attach", "teardown"]
         seen.append("resumed")
         with live_context("/", progress=seen.append) as ctx:
             run_testbed(ctx, spec, out, uri=daemon.uri)
         assert "tiny-4k: done already (2 repetitions)" in seen
-        assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "rep-1.json"]
+        assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "rep-1.json",
+                                                                                 "steps.json"]
         for rep in ("rep-0.json", "rep-1.json"):  # the attach's repetition measured with [run]'s settings too
             with open(os.path.join(out, "results", "tiny-4k", rep)) as handle:
                 assert json.load(handle)["verify_settings"]["size_mib"] == 64, rep

@@ -50,6 +50,11 @@ numa = "remote"
 """
 
 
+def reps(directory) -> list[str]:
+    """A variant's recorded repetitions (beside them, steps.json: its plan and the steps taken)."""
+    return sorted(name for name in os.listdir(directory) if name.startswith("rep-"))
+
+
 def host_section(server, root: str | None = None, pin: bool = True) -> str:
     lines = ["[host]", 'address = "127.0.0.1"', f"port = {server.port}", f'key = "{server.client_key}"',
              f"gpuvfio = {json.dumps([sys.executable, '-m', 'gpuvfio'])}"]
@@ -180,7 +185,7 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
             run_remote(spec, out, default_known_hosts=None, run=Runner(), progress=interrupt_on_second_repetition)
         assert "tiny-4k: attach" in seen
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
-        assert os.listdir(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"], (seen, os.listdir(os.path.join(out, "results")))
+        assert reps(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"], (seen, os.listdir(os.path.join(out, "results")))
         assert json.load(open(os.path.join(out, "identity.json")))["host_kernel"] == os.uname().release
         scratch = next(line.split("scratch directory ", 1)[1] for line in seen if "scratch directory" in line)
         assert not os.path.exists(scratch)
@@ -202,7 +207,7 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
             time.sleep(0.2)
         assert not os.path.exists(f"/proc/{remote_pid}"), "the hung-up run did not end"
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
-        assert os.listdir(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"]
+        assert reps(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"]
         assert json.load(open(os.path.join(out, "remote.json")))["scratch"] == scratch  # kept for the next run
         seen.clear()
         summary = run_remote(spec, out, default_known_hosts=None, run=Runner(), progress=seen.append)
@@ -238,7 +243,7 @@ def test_cli_remote_run_then_report_here(tmp_path, hypervisor):
     ran = run_gpuvfio("testbed", "run", str(spec), "--out", str(out))
     assert ran.code == 0, ran.err
     assert "baremetal: repetition 2/2 on this host" in ran.err and f"results in {out}" in ran.err
-    assert sorted(os.listdir(out / "results" / "baremetal")) == ["rep-0.json", "rep-1.json"]
+    assert reps(out / "results" / "baremetal") == ["rep-0.json", "rep-1.json"]
     assert not [p for p in os.listdir("/var/tmp") if p.startswith("gpuvfio-testbed.")
                 and os.path.exists(os.path.join("/var/tmp", p, "spec.toml"))
                 and open(os.path.join("/var/tmp", p, "spec.toml")).read() == spec.read_text()]
@@ -301,7 +306,7 @@ def test_an_earlier_run_still_going_there_is_not_started_twice(tmp_path, hypervi
         seen: list[str] = []
         run_remote(spec, str(out), default_known_hosts=None, run=Runner(), progress=seen.append)  # now it is picked up
         assert any("fetching the results of an earlier run" in line for line in seen)
-        assert not os.path.exists(scratch) and sorted(os.listdir(out / "results" / "baremetal")) == [
+        assert not os.path.exists(scratch) and reps(out / "results" / "baremetal") == [
             "rep-0.json", "rep-1.json"]
     finally:
         sleeper.kill()

@@ -127,7 +127,7 @@ def test_attach_plans_from_the_installed_wheel(installed):
     plan = json.loads(run(installed, "--root", os.path.join(SAMPLES, "epyc-mixed.host"), "attach", "0000:81:00.0",
                           "--name", "t", "--ssh-host", "192.0.2.7", "--kernel", "/boot/vmlinuz", "--dry-run",
                           "--json").stdout)
-    assert [s["step"] for s in plan["steps"]][:3] == ["bind", "define", "start"]
+    assert [s["kind"] for s in plan["steps"]][:3] == ["bind", "define", "start"]
 
 
 def test_a_hypervisor_install_has_no_plotting_and_the_report_names_its_extra(installed, tmp_path):

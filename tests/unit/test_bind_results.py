@@ -18,7 +18,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops.binding import (BindPolicy, BindReport, BindStatus, CheckStatus, HeldDevice, Mechanism, Override,
-                                 PersistedOverrides, PersistReport, PersistStatus, PlanCheck)
+                                 PersistedOverrides, PersistReport, PersistStatus, Check)
 from tests.conftest import REPO, golden_text, gpu_workstation
 from tests.contexts import sim_context
 from tests.make_samples import sample_path
@@ -74,10 +74,10 @@ def ws(tmp_path, monkeypatch):
 
 def test_a_bind_and_its_dry_run_are_typed_and_print_as_before(ws, regenerate):
     ctx, kernel = ws
-    dry = binding.bind(ctx(), [A(GPU)], BindPolicy(), uri="none", dry_run=True)
+    dry = binding.plan_operation(ctx(), [A(GPU)], BindPolicy(), uri="none").shown()
     assert isinstance(dry, BindReport) and dry.status is BindStatus.DRY_RUN
     assert dry.devices == [A(GPU), A(AUDIO)] and dry.moving == [A(GPU), A(AUDIO)] and dry.refused == []
-    assert all(isinstance(c, PlanCheck) and isinstance(c.status, CheckStatus) for c in dry.checks)
+    assert all(isinstance(c, Check) and isinstance(c.status, CheckStatus) for c in dry.checks)
     (libvirt,) = [c for c in dry.checks if c.check_id == "libvirt"]
     assert libvirt.status is CheckStatus.SKIP and "--connect none" in libvirt.message
     assert [s.kind for s in dry.steps] == ["modprobe", "override", "override", "unbind", "unbind", "probe", "probe"]
@@ -92,7 +92,7 @@ def test_a_bind_and_its_dry_run_are_typed_and_print_as_before(ws, regenerate):
     again = binding.bind(ctx(), [A(AUDIO)], BindPolicy(), uri="none")
     assert again.status is BindStatus.NOTHING_TO_DO and again.steps == [] and again.moving == []
     golden("sim-bind-nothing-to-do", as_line(again.to_json()), regenerate)
-    again_dry = binding.bind(ctx(), [A(GPU), A(AUDIO)], BindPolicy(), uri="none", dry_run=True)
+    again_dry = binding.plan_operation(ctx(), [A(GPU), A(AUDIO)], BindPolicy(), uri="none").shown()
     assert again_dry.status is BindStatus.NOTHING_TO_DO  # a dry run says what the run would: nothing
 
     held = binding.held(ctx(), [A(AUDIO)])  # the whole group, as bind took it
@@ -107,7 +107,7 @@ def test_a_refusal_carries_the_report_as_json(ws, regenerate):
     """The error's report is the JSON edge (--json prints it, Ansible returns it): result refused."""
     ctx, kernel = ws
     with pytest.raises(Refused) as dry:
-        binding.bind(ctx(), [A(OTHER)], BindPolicy(), uri="none", dry_run=True)
+        binding.plan_operation(ctx(), [A(OTHER)], BindPolicy(), uri="none").shown()
     with pytest.raises(Refused) as real:
         binding.bind(ctx(), [A(OTHER)], BindPolicy(), uri="none")
     assert str(dry.value) == str(real.value) and dry.value.report == real.value.report
@@ -126,7 +126,7 @@ def test_a_refusal_carries_the_report_as_json(ws, regenerate):
 
 def test_persist_and_its_list_are_typed_and_print_as_before(ws, regenerate):
     ctx, _kernel = ws
-    dry = binding.persist(ctx(), [A(GPU)], dry_run=True)
+    dry = binding.plan_persist(ctx(), [A(GPU)])
     assert isinstance(dry, PersistReport) and dry.status is PersistStatus.DRY_RUN
     assert dry.mechanism is Mechanism.UDEV and dry.devices == [A(GPU), A(AUDIO)]
     assert {c.action.value for c in dry.changes} == {"create"} and dry.next_step and "initramfs" in dry.next_step

@@ -16,7 +16,8 @@ from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, 
 from gpuvfio.bind.sysfs_write import kernel_write
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot
-from gpuvfio.ops.binding import BindPolicy, BindStatus, CheckStatus, bind, release, restore, status, unbind
+from gpuvfio.ops.binding import BindPolicy, BindStatus, CheckStatus, bind, plan_operation, release, restore, status
+from gpuvfio.ops.unbind import unbind
 from tests.conftest import REPO
 from tests.contexts import Services, sim_context, libvirt_test_uri
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
@@ -61,7 +62,9 @@ class Host:
         with self.context(write_timeout=write_timeout, lock_timeout=lock_timeout) as ctx:
             if backend is not None:
                 ctx.backend = backend
-            return bind(ctx, [A(a) for a in addresses], BindPolicy(**policy), uri=uri, dry_run=dry_run)
+            if dry_run:  # the plan as the CLI's dry run shows it
+                return plan_operation(ctx, [A(a) for a in addresses], BindPolicy(**policy), uri=uri).shown()
+            return bind(ctx, [A(a) for a in addresses], BindPolicy(**policy), uri=uri)
 
     def restore(self, *addresses):
         with self.context() as ctx:
@@ -549,5 +552,5 @@ def test_a_gpu_whose_mdev_a_domain_uses_is_in_use(tmp_path):
     uri = libvirt_test_uri(str(tmp_path))
     ctx.libvirt(uri).defineXML(MDEV_DOMAIN.format(name="vdi-7", uuid=uuid))
     with pytest.raises(Refused) as info:
-        bind(ctx, [A("0000:82:00.0")], BindPolicy(), uri=uri, dry_run=True)
+        plan_operation(ctx, [A("0000:82:00.0")], BindPolicy(), uri=uri).shown()
     assert "libvirt domain(s) vdi-7" in str(info.value)

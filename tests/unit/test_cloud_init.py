@@ -201,7 +201,7 @@ def test_a_hashed_pin_for_the_address_is_replaced(tmp_path):
 def test_an_address_found_after_boot_is_not_pinned_and_the_plan_says_so(tmp_path):
     with host_context(bare_host(tmp_path)) as ctx:
         seed = plan_seed(ctx, "vm1", str(tmp_path / "seed.iso"), ssh=ssh_options(key=private_key(tmp_path)))
-    assert seed.pins == () and [c.verdict.value for c in seed.checks] == ["warn"]
+    assert seed.pins == () and [c.status.value for c in seed.checks] == ["warn"]
     assert "not pinned" in seed.describe() and isinstance(seed.host_key, HostKey)
 
 
@@ -235,7 +235,7 @@ def test_attach_plans_the_seed_before_the_define(cli, workstation, tmp_path, mon
                  "--disk", str(disk_image(tmp_path)))
     assert result.code == 0, result.err
     plan = result.json()
-    assert [s["step"] for s in plan["steps"]] == ["bind", "cloud-init seed", "define", "start", "wait for ssh",
+    assert [s["kind"] for s in plan["steps"]] == ["bind", "cloud-init seed", "define", "start", "wait for ssh",
                                                   "verify"]
     step = plan["steps"][1]["detail"]
     assert step.startswith(f"cloud-init seed {seed}: user root, key SHA256:")

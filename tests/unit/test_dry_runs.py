@@ -15,6 +15,7 @@ import pytest
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.ops import binding, vgpu
+from gpuvfio.ops import unbind as unbinding
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.context import Context
@@ -70,10 +71,12 @@ def test_restore_dry_run_lists_the_recorded_drivers_and_the_run_restores_them(cl
     plan = dry.json()
     assert plan["operation"] == "restore" and plan["target"] == "everything gpuvfio holds"
     assert [s["detail"] for s in plan["steps"]] == [f"{GPU}: back to nvidia", f"{AUDIO}: back to snd_hda_intel"]
+    assert [(s["kind"], s["address"]) for s in plan["steps"]] == [("restore", GPU), ("restore", AUDIO)]
     assert (tree_digest(host.root), tree_digest(str(state))) == before
     with sim_context(host.root, kernel) as ctx:
         done = binding.restore(ctx, [])
     assert sorted(done.restored) == plan["devices"] == [GPU, AUDIO]
+    assert [s.to_json()["kind"] for s in done.steps] == [s["kind"] for s in plan["steps"]]
     assert kernel.driver_of(GPU) == "nvidia" and kernel.driver_of(AUDIO) == "snd_hda_intel"
     # Nothing held now: the dry run says so and exits 0.
     again = cli("--root", host.root, "restore", "--dry-run")
@@ -96,12 +99,15 @@ def test_unbind_dry_run_shows_each_write_and_the_run_makes_them(cli, bound):
     dry = cli("--root", host.root, "unbind", "01:00", "--dry-run", "--json", "--connect", "none")
     assert dry.code == 0, dry.err
     plan = dry.json()
-    assert [s["step"] for s in plan["steps"]] == ["clear override", "unbind", "probe"] * 2
+    assert [s["kind"] for s in plan["steps"]] == ["clear override", "unbind", "probe"] * 2
+    assert [s["path"] for s in plan["steps"]][:3] == [f"/sys/bus/pci/devices/{GPU}/driver_override",
+                                                      "/sys/bus/pci/drivers/vfio-pci/unbind", "/sys/bus/pci/drivers_probe"]
     assert {c["id"]: c["status"] for c in plan["checks"]} == {"libvirt": "warn", "journal": "warn"}
     assert (tree_digest(host.root), tree_digest(str(state))) == before
     with sim_context(host.root, kernel) as ctx:
-        assert binding.unbind(ctx, [A(GPU), A(AUDIO)], uri="none").drivers == {GPU: "nvidia",
-                                                                                  AUDIO: "snd_hda_intel"}
+        done = unbinding.unbind(ctx, [A(GPU), A(AUDIO)], uri="none")
+    assert done.drivers == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    assert [(s.kind.value, s.address) for s in done.steps] == [(s["kind"], s["address"]) for s in plan["steps"]]
 
 
 def test_unbind_of_a_device_a_domain_uses_is_refused_in_the_plans_words(bound, test_driver):
@@ -114,10 +120,10 @@ def test_unbind_of_a_device_a_domain_uses_is_refused_in_the_plans_words(bound, t
         "function='0'/></source></hostdev></devices></domain>")
     try:
         with sim_context(host.root, kernel) as ctx:
-            plan = binding.plan_unbind(ctx, [A(GPU)], uri="test:///default")
+            plan = unbinding.plan_unbind(ctx, [A(GPU)], uri="test:///default")
             assert plan.refused and plan.refusals[0].message == f"in use by {GPU}: holds-gpu"
             with pytest.raises(Refused) as refused:
-                binding.unbind(ctx, [A(GPU)], uri="test:///default")
+                unbinding.unbind(ctx, [A(GPU)], uri="test:///default")
             assert str(refused.value) == str(plan.refusal())
         assert kernel.driver_of(GPU) == "vfio-pci"
     finally:
@@ -180,13 +186,16 @@ def test_reset_plans_the_kernels_reset_file_and_the_run_writes_it(tmp_path, monk
     with sim_context(host.root, kernel) as ctx:
         plan = plan_reset(ctx, [A(GPU)], uri="none")
     assert not plan.refused
-    assert plan.details == {"method": "function", "devices": [GPU], "reset": [reset_file]}
-    assert [s.detail for s in plan.steps if s.action == "reset"] == [f"write 1 to /{reset_file}"]
+    assert {k: plan.to_json()[k] for k in ("method", "devices", "reset")} == {
+        "method": "function", "devices": [GPU], "reset": [reset_file]}
+    assert [s["path"] for s in plan.to_json()["steps"] if s["kind"] == "reset"] == [f"/{reset_file}"]
     counting = CountingContext(host=HostRoot(host.root), backend=kernel)
     with counting as ctx:
         report = reset(ctx, [A(GPU)], uri="none")
     assert counting.loads == 1  # one journal load for the plan and the settle
-    assert report.reset == plan.details["reset"] and report.method.value == plan.details["method"] == "function"
+    assert report.reset == plan.to_json()["reset"] and report.method is plan.method
+    assert [s.key for s in report.steps] == [s.key for s in plan.steps] == [("reset", None, None),
+                                                                              ("settle", None, None)]
     assert report.devices == {GPU: None}
 
 
@@ -201,7 +210,7 @@ def test_reset_without_a_reset_method_is_refused_by_plan_and_run_alike(tmp_path,
         plan = plan_reset(ctx, [A(GPU)], uri="none")
         assert plan.refused and [c.check_id for c in plan.refusals] == ["reset_method"]
         assert words in plan.refusals[0].message
-        assert plan.details["reset"] == []
+        assert plan.to_json()["reset"] == []
         before = tree_digest(host.root)
         with pytest.raises(Refused) as refused:
             reset(ctx, [A(GPU)], uri="none")
@@ -234,8 +243,8 @@ def test_detach_dry_run_and_xml_define_dry_run_leave_libvirt_as_it_is(cli, works
                   "--json")
         assert dry.code == 0, dry.err
         plan = dry.json()
-        assert [s["step"] for s in plan["steps"]] == ["stop", "undefine"]
-        assert plan["steps"][0]["detail"] == "not running: nothing to stop"
+        assert [s["kind"] for s in plan["steps"]] == ["undefine"]
+        assert plan["notes"][0] == "dry-vm is not running: nothing to stop"
         assert "dry-vm" in _domains(test_driver)
     finally:
         test_driver.lookupByName("dry-vm").undefine()
@@ -274,8 +283,8 @@ def test_vgpu_create_and_remove_dry_runs_are_the_runs_decisions(cli, vgpu_host):
               "--json")
     assert dry.code == 0, dry.err
     plan = dry.json()
-    assert plan["steps"] == [{"step": "create", "detail": f"write {uuid} to 0000:82:00.0's mdev_supported_types/"
-                                                          "nvidia-222/create"}]
+    assert [(s["kind"], s["detail"]) for s in plan["steps"]] == [
+        ("create vGPU", f"write {uuid} to 0000:82:00.0's mdev_supported_types/nvidia-222/create")]
     # No instance of GRID T4-16Q is left: refused in the dry run, as in the run.
     full = cli("--root", host.root, "vgpu", "create", "0000:82:00.0", "GRID T4-16Q", "--dry-run")
     assert full.code == 1
@@ -283,11 +292,12 @@ def test_vgpu_create_and_remove_dry_runs_are_the_runs_decisions(cli, vgpu_host):
     with sim_context(host.root, kernel) as ctx:
         with pytest.raises(Refused) as refused:
             vgpu.create(ctx, A("0000:82:00.0"), "GRID T4-16Q")
-        assert _errors(full) == [f"gpuvfio: error: refused: {refused.value}"]
+        assert _errors(full) == [f"gpuvfio: error: {refused.value}"]
         made = vgpu.create(ctx, A("0000:82:00.0"), "GRID T4-1B", uuid=uuid)
         assert (made.instance, made.type_id) == (uuid, plan["type"])
+        assert [s.to_json()["kind"] for s in made.steps] == [s["kind"] for s in plan["steps"]]
     gone = cli("--root", host.root, "vgpu", "remove", uuid, "--dry-run", "--json")
-    assert gone.code == 0 and [s["step"] for s in gone.json()["steps"]] == ["remove", "forget"]
+    assert gone.code == 0 and [s["kind"] for s in gone.json()["steps"]] == ["remove vGPU", "forget vGPU"]
     unknown = cli("--root", host.root, "vgpu", "remove", "11111111-2222-3333-4444-555555555555", "--dry-run")
     assert unknown.code == 2 and "was not created by gpuvfio" in unknown.err
     assert os.path.lexists(os.path.join(host.root, "sys", "bus", "mdev", "devices", uuid))
@@ -297,7 +307,7 @@ def test_a_dry_run_plan_raises_bad_input_not_a_plan(bound):
     host, kernel, _state = bound
     with sim_context(host.root, kernel) as ctx:
         with pytest.raises(InputError):
-            binding.plan_unbind(ctx, [])
+            unbinding.plan_unbind(ctx, [])
         with pytest.raises(InputError):
             plan_reset(ctx, [A(GPU)], bus=True, forget=True)
 
@@ -318,7 +328,7 @@ def test_testbed_run_dry_run_is_testbed_plan_and_writes_no_out_dir(cli, workstat
     assert plan.code == dry.code == 0, dry.err
     assert dry.json() == plan.json()
     text = cli("--root", workstation.root, "testbed", "run", str(spec), "--out", str(out), "--dry-run", "--yes")
-    assert "   steps: bind, define, start, wait for ssh, verify" in text.out
+    assert "   attach steps: bind, define, start, wait for ssh, verify" in text.out
     # 01:00 is two functions of one device: no --yes needed; -d 10de: reaches two GPUs.
     spec.write_text(spec.read_text().replace('gpus = ["01:00"]', 'gpu_ids = ["10de::0300"]'))
     unconfirmed = cli("--root", workstation.root, "testbed", "run", str(spec), "--out", str(out), "--dry-run")
@@ -343,7 +353,7 @@ def test_a_read_only_context_cannot_write_by_construction(bound, tmp_path, monke
                     lambda: ctx.state.remove("journal.json"), lambda: ctx.state.open_lock("lock"),
                     lambda: ctx.state.sub("a").write("b", "c"), ctx.lock,
                     lambda: ctx.writer().write(os.path.join(host.root, "sys", "bus", "pci", "drivers_probe"), GPU),
-                    lambda: binding.restore(ctx, []), lambda: binding.unbind(ctx, [A(GPU)], uri="none")):
+                    lambda: binding.restore(ctx, []), lambda: unbinding.unbind(ctx, [A(GPU)], uri="none")):
         with pytest.raises(ReadOnly):
             attempt()
     with pytest.raises(Exception, match="not the live host"):

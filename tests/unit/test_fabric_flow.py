@@ -158,14 +158,14 @@ def test_bind_applies_the_fabric_rules(dgx, cli):
     set_mode(dgx, 0)  # the sample's Fabric Manager, DCGM and persistenced run: --stop-services
     ctx = Context(host=HostRoot(dgx))
     with pytest.raises(Refused) as info:
-        binding.bind(ctx, gpus(1, 2, 3, 4), BindPolicy(stop_services=True), uri="none", dry_run=True)
+        binding.plan_operation(ctx, gpus(1, 2, 3, 4), BindPolicy(stop_services=True), uri="none").shown()
     assert "4 of the 8 baseboard GPUs" in str(info.value)
     assert [c["id"] for c in info.value.report["refused"]] == ["fabric"]
-    report = binding.bind(ctx, gpus(*range(1, 9)), BindPolicy(stop_services=True), uri="none", dry_run=True)
+    report = binding.plan_operation(ctx, gpus(*range(1, 9)), BindPolicy(stop_services=True), uri="none").shown()
     assert set(SWITCHES) <= set(report.devices) and report.status is binding.BindStatus.DRY_RUN
     assert any(c.check_id == "fabric" and "full passthrough" in c.message for c in report.checks)
     assert report.fabric is not None and report.fabric.kind == "full_passthrough"
-    alone = binding.bind(ctx, gpus(3), BindPolicy(stop_services=True), uri="none", dry_run=True)
+    alone = binding.plan_operation(ctx, gpus(3), BindPolicy(stop_services=True), uri="none").shown()
     assert any(c.check_id == "fabric" and c.status is binding.CheckStatus.WARN and "NVreg_NvLinkDisable=1" in c.message
                for c in alone.checks)
     assert not set(SWITCHES) & set(alone.devices)
@@ -240,13 +240,13 @@ def test_the_nvswitches_go_back_and_persist_with_the_last_gpu(quiet_dgx):
     held = binding.held(ctx, gpus(*range(1, 9)))
     assert switches <= set(held) and all(d.original_driver == "nvidia" for d in held.values())
     assert not switches & set(binding.held(ctx, gpus(1, 2, 3, 4)))  # four GPUs still need them
-    persisted = binding.persist(ctx, gpus(*range(1, 9)), dry_run=True)
+    persisted = binding.plan_persist(ctx, gpus(*range(1, 9)))
     assert set(SWITCHES) <= set(persisted.devices) and len(persisted.devices) == 12
     assert persisted.status is binding.PersistStatus.DRY_RUN
-    unpersisted = binding.persist(ctx, gpus(*range(1, 9)), remove=True, dry_run=True)
+    unpersisted = binding.plan_persist(ctx, gpus(*range(1, 9)), remove=True)
     assert set(SWITCHES) <= set(unpersisted.devices)
     with pytest.raises(Refused, match="4 of the 8 baseboard GPUs"):
-        binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
+        binding.plan_persist(ctx, gpus(1, 2, 3, 4))
 
 
 def test_persist_in_shared_mode_is_not_refused_for_the_fabric_managers_state(quiet_dgx):
@@ -254,7 +254,7 @@ def test_persist_in_shared_mode_is_not_refused_for_the_fabric_managers_state(qui
     the Fabric Manager cannot be asked now is no reason to refuse it."""
     set_mode(quiet_dgx, 1)
     ctx = Context(host=HostRoot(quiet_dgx))
-    report = binding.persist(ctx, gpus(1, 2, 3, 4), dry_run=True)
+    report = binding.plan_persist(ctx, gpus(1, 2, 3, 4))
     assert report.devices == gpus(1, 2, 3, 4)
 
 

@@ -391,7 +391,7 @@ def test_domain_module_defines_updates_and_removes_idempotently(run_module, buil
 
     bigger = dict(args, vcpus=4)
     failed, result = run_module("domain", bigger, check=True, diff=True, context=ctx)
-    assert not failed and result["changed"] is True and result["define"]["result"] == "differs"
+    assert not failed and result["changed"] is True and result["define"]["result"] == "would_update"
     failed, result = run_module("domain", dict(bigger, update=False), context=ctx)
     assert not failed and result["changed"] is False and result["define"]["changes"]
     failed, result = run_module("domain", bigger, context=ctx)
@@ -400,10 +400,13 @@ def test_domain_module_defines_updates_and_removes_idempotently(run_module, buil
     assert not failed and result["changed"] is False
 
     failed, result = run_module("domain", {**args, "state": "absent"}, check=True, context=ctx)
-    assert not failed and result["changed"] is True and result["plan"]["undefine"] is True
+    assert not failed and result["changed"] is True and result["plan"]["operation"] == "detach"
+    planned = [s["kind"] for s in result["plan"]["steps"]]
+    assert "undefine" in planned
     assert lookup(shared, "train-0") is not None
     failed, result = run_module("domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["changed"] is True and result["detach"]["undefined"] is True
+    assert [s["kind"] for s in result["detach"]["steps"]] == planned  # check mode's plan is what ran
     failed, result = run_module("domain", {**args, "state": "absent"}, context=ctx)
     assert not failed and result["changed"] is False
 
@@ -489,7 +492,7 @@ def test_domain_module_plans_an_attach_in_check_mode(run_module, built_host):
     assert result["changed"] is True
     plan = result["plan"]  # attach's own plan (gpuvfio.ops.attach_plan), as attach --dry-run prints it
     assert plan["operation"] == "attach" and plan["result"] == "planned" and not plan["refused"]
-    assert [s["step"] for s in plan["steps"]] == ["bind", "define", "start", "find address", "wait for ssh",
+    assert [s["kind"] for s in plan["steps"]] == ["bind", "define", "start", "find address", "wait for ssh",
                                                   "verify"]
     assert plan["steps"][1]["detail"] == "define g on test:///default" and plan["changes"] == []
     assert plan["bind"]["devices"] == [GPU, AUDIO] and plan["bind"]["moving"] == [GPU, AUDIO]

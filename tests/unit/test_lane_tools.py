@@ -358,10 +358,10 @@ def test_every_usual_phase_is_one_the_lanes_write():
     called, or the demo silently stops judging them."""
     with open(os.path.join(REPO, "tests", "lanes", "nested_guest.py")) as f:
         guest_source = f.read()
-    from gpuvfio.ops import attach_plan
+    from gpuvfio.planning import StepKind
 
     # attach's steps by the names its plan gives them (and its run records them under)
-    steps = {value for key, value in vars(attach_plan).items() if key.startswith("STEP_")}
+    steps = {kind.value for kind in StepKind}
     for name in demo.USUAL:
         if name in ("build", "kvm probe", "boot", "emulated run", "demo"):
             continue  # measured by the host side

@@ -76,7 +76,7 @@ def test_attach_dry_run_changes_nothing_needs_no_yes_and_lists_the_runs_steps(cl
     assert result.code == 0, result.err
     plan = result.json()
     assert plan["operation"] == "attach" and plan["result"] == "planned" and plan["refused"] == []
-    assert [s["step"] for s in plan["steps"]] == ["bind", "define", "start", "wait for ssh", "verify"]
+    assert [s["kind"] for s in plan["steps"]] == ["bind", "define", "start", "wait for ssh", "verify"]
     assert plan["steps"][0]["detail"].startswith(f"move {GPU}, {AUDIO} to vfio-pci")
     assert plan["bind"]["moving"] == [GPU, AUDIO] and "<hostdev" in plan["xml"]
     assert plan["placement"]["cells"][0]["node"] == 0 and plan["placement"]["cells"][0]["host_cpus"]
@@ -139,10 +139,10 @@ def test_attach_dry_run_on_every_sample_host(cli, sample, tmp_path, monkeypatch)
     assert result.code in (0, 1), result.err
     plan = result.json()
     assert {"id": "libvirt", "status": "warn",
-            "message": "libvirt not asked: the host root is not this machine (--connect URI asks one)"} \
+            "message": "libvirt not asked: the host root is not this machine (--connect URI asks one)", "overridable": False} \
         in plan["checks"]
     if result.code == 0:
-        assert plan["result"] == "planned" and plan["steps"][0]["step"] in ("bind", "define")
+        assert plan["result"] == "planned" and plan["steps"][0]["kind"] in ("bind", "define")
     else:
         assert plan["result"] == "refused" and plan["refused"]
         assert result.err.strip().splitlines()[-1] == "gpuvfio: error: refused: " + "; ".join(plan["refused"])
@@ -168,7 +168,7 @@ def test_testbed_plan_shows_for_each_variant_the_plan_attach_dry_run_prints(cli,
               "--ssh-host", "127.0.0.1", "--ssh-port", "2222", "--ssh-user", "root", "--dry-run", "--json")
     assert dry.code == 0, dry.err
     assert variant["plan"] == dry.json()
-    assert variant["refused"] == [] and [s["step"] for s in variant["plan"]["steps"]] == [
+    assert variant["refused"] == [] and [s["kind"] for s in variant["plan"]["steps"]] == [
         "bind", "define", "start", "wait for ssh", "verify"]
 
 

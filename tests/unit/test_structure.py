@@ -14,7 +14,7 @@ PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.tree_filler",
               "gpuvfio.strictjson",
               "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.names", "gpuvfio.user_files", "gpuvfio.options", "gpuvfio.settings",
-              "gpuvfio.commands"}
+              "gpuvfio.commands", "gpuvfio.planning"}
 # What each layer may import besides itself and the foundation (README "Layout").
 ALLOWED = {
     "host": set(),

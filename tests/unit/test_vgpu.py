@@ -56,7 +56,9 @@ def test_types(host):
 def test_mdev_create_remove(host):
     ctx, h, _k = host
     report = create(ctx, PciAddress.parse(T4), "GRID T4-16Q", uuid=UUID)
-    assert report.to_json() == {"kind": "mdev", "uuid": UUID, "type": "nvidia-230", "parent": T4, "result": "created"}
+    shown = report.to_json()
+    assert [(s["kind"], s["name"]) for s in shown.pop("steps")] == [("create vGPU", UUID)]
+    assert shown == {"kind": "mdev", "uuid": UUID, "type": "nvidia-230", "parent": T4, "result": "created"}
     assert os.path.islink(os.path.join(h.sys, "bus", "mdev", "devices", UUID))
     assert create(ctx, PciAddress.parse(T4), "nvidia-230", uuid=UUID).outcome.value == "exists"
     with pytest.raises(Refused, match="no available instances"):

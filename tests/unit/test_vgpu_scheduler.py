@@ -222,9 +222,9 @@ def test_scheduler_results_give_the_json_of_before():
     changed = SchedulerChange(after, SchedulerOutcome.SET, "best-effort", before, True)
     assert json.dumps(changed.to_json()) == shown.replace('"policy": "best-effort"', '"policy": "fixed-share"') + (
         ', "result": "set", "previous": "best-effort", "before": {"policy": "best-effort", "arr_mode": "disabled", '
-        '"timeslice": 2000, "avg_factor": 0}, "journaled": true}')
+        '"timeslice": 2000, "avg_factor": 0}, "journaled": true, "steps": []}')
     same = SchedulerChange(STATE, SchedulerOutcome.UNCHANGED)
-    assert json.dumps(same.to_json()) == shown + ', "result": "unchanged"}'
+    assert json.dumps(same.to_json()) == shown + ', "result": "unchanged", "steps": []}'
 
 
 def test_scheduler_snapshot_reads_old_and_new_journal_records():

@@ -179,7 +179,7 @@ def to_vfio(module, ctx, addresses) -> dict:
                                 allow_unsafe_host=params["allow_unsafe_host"],
                                 take_host_devices=params["take_host_devices"])
     # The plan of the real run: a refusal fails the task in check mode exactly as it would for real.
-    plan = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"], dry_run=True)
+    plan = binding.plan_operation(ctx, addresses, policy, uri=params["libvirt_uri"]).shown()
     devices = [str(a) for a in plan.devices]
     result = {"devices": devices, "plan": plan.to_json()}
     before = binding.current_drivers(ctx, devices)
@@ -201,7 +201,8 @@ def to_vfio(module, ctx, addresses) -> dict:
 
 
 def to_host(module, ctx, addresses) -> dict:
-    """gpuvfio's one release policy: what gpuvfio holds in the devices' IOMMU groups goes back."""
+    """gpuvfio's one release policy: what gpuvfio holds in the devices' IOMMU groups goes back;
+    check mode returns the release's own plan (gpuvfio.ops.binding.plan_release)."""
     held = binding.held(ctx, addresses)
     before = binding.current_drivers(ctx, held)
     for address, driver in binding.current_drivers(ctx, addresses).items():
@@ -216,6 +217,7 @@ def to_host(module, ctx, addresses) -> dict:
     result.update(drivers={"before": before, "after": after},
                   diff=driver_diff(before, after, "devices held by gpuvfio"))
     if module.check_mode:
+        result["plan"] = binding.plan_release(ctx, addresses).to_json()
         return result
     result["restore"] = binding.release(ctx, addresses).to_json()
     result["drivers"]["after"] = binding.current_drivers(ctx, held)
@@ -223,8 +225,9 @@ def to_host(module, ctx, addresses) -> dict:
 
 
 def persistence(module, ctx, addresses, remove: bool) -> dict:
-    report = binding.persist(ctx, addresses, remove=remove, dry_run=module.check_mode, force=module.params["force"],
-                             take_host_devices=module.params["take_host_devices"] and not remove)
+    report = (binding.plan_persist if module.check_mode else binding.persist)(
+        ctx, addresses, remove=remove, force=module.params["force"],
+        take_host_devices=module.params["take_host_devices"] and not remove)
     changed = bool(report.changes)
     result = {"devices": [str(a) for a in report.devices], "persist": report.to_json(), "changed": changed}
     if changed:

@@ -399,12 +399,17 @@ def defined(module, ctx, uri, addresses) -> dict:
     existing = domains.existing_domain(ctx, name, uri=uri)
     provisioned = build(module, ctx, addresses, existing, uri)
     before = existing.xml if existing is not None else ""
-    report = domains.define_domain(ctx, provisioned.xml, uri=uri, update=module.params["update"],
-                                   dry_run=module.check_mode).to_json()
+    # The define's own plan (gpuvfio.ops.domains.plan_define): check mode returns it, the run
+    # carries it out; someone else's domain of that name is refused in the plan's words.
+    plan = domains.plan_define(ctx, provisioned.xml, uri=uri, update=module.params["update"])
+    if plan.refused and plan.held is None:
+        raise plan.refusal()
+    report = plan.to_json()["define"]
     outcome = report["result"]
-    changed = outcome in ("defined", "updated", "would_define") or (
-        outcome == "differs" and module.params["update"] and module.check_mode)
-    if outcome == "differs" and not module.params["update"]:
+    if not module.check_mode and not plan.refused:
+        report = domains.run_define(ctx, plan).to_json()
+    changed = report["result"] in ("defined", "updated", "would_define", "would_update")
+    if outcome == "differs":
         module.warn(f"domain {name} differs from what gpuvfio would define and update=false: left as it is "
                     f"({len(report['changes'])} differences, see define.changes)")
     result = {"changed": changed, "xml": provisioned.xml, "define": report}
@@ -456,9 +461,11 @@ def absent(module, ctx, uri) -> dict:
     if existing is None:
         return {"changed": False}
     result = {"changed": True, "diff": xml_diff(existing.xml, "", name)}
-    if module.check_mode:
-        held = binding.held(ctx, existing.devices) if existing.devices and module.params["restore_devices"] else {}
-        result["plan"] = {"stop": existing.active, "undefine": True, "restore": sorted(held)}
+    if module.check_mode:  # detach's own plan, as detach --dry-run prints it
+        plan = guests.plan_detach(ctx, name, uri=uri, timeout=module.params["stop_timeout"],
+                                  restore=module.params["restore_devices"])
+        result["plan"] = plan.to_json()
+        plan.raise_if_refused()
         return result
     result["detach"] = guests.detach(ctx, name, uri=uri, timeout=module.params["stop_timeout"],
                                      restore=module.params["restore_devices"]).to_json()
