@@ -6,6 +6,8 @@ no scratch tree behind."""
 from __future__ import annotations
 
 import glob
+import os
+import tempfile
 
 import pytest
 
@@ -16,8 +18,19 @@ from tests.make_samples import sample_path
 COMMANDS = (["list"], ["doctor"], ["dump-host", "-"])
 
 
+@pytest.fixture(autouse=True)
+def own_scratch(tmp_path, monkeypatch):
+    """This test's own scratch place (TMPDIR, and tempfile's documented default for an
+    in-process run): other tests running at the same time make and remove their own."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
+
+
 def scratch_trees() -> set[str]:
-    return set(glob.glob("/dev/shm/gpuvfio-host-*")) | set(glob.glob("/tmp/gpuvfio-host-*"))
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "gpuvfio-host-*")))
 
 
 def recording(tmp_path, *extra: str) -> str:
