@@ -10,13 +10,13 @@ from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes
-from gpuvfio.cli.plans import DryRun, command_context, needs_yes, preview
+from gpuvfio.cli.plans import DryRun, command_context, confirmation, needs_yes, preview
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding
 from gpuvfio.ops import unbind as unbinding
 from gpuvfio.ops.reset import plan_reset, reset
-from gpuvfio.ops.binding import BindPolicy, BindStatus, PersistReport, PersistStatus
+from gpuvfio.ops.binding import BindPolicy, BindReport, BindStatus, PersistReport, PersistStatus
 from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.selection import check_devices, resolve
@@ -71,8 +71,9 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
                              tell=progress_for(as_json))
             unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
             try:
-                report = (binding.plan_operation(ctx, wanted, policy, uri=connect).shown() if dry_run else
-                          binding.bind(ctx, wanted, policy, uri=connect))
+                report = _bind_dry_run(ctx, wanted, policy, connect, confirmation(
+                    ctx, addresses, device_ids, True) if yes else None) if dry_run else \
+                    binding.bind(ctx, wanted, policy, uri=connect)
             except Refused as exc:
                 if unconfirmed is None:
                     raise
@@ -96,6 +97,14 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
         say(f"nothing to do: {devices} already on vfio-pci")
     elif report.status is BindStatus.APPLIED:
         say(f"bound to vfio-pci: {devices} (gpuvfio restore gives them back)")
+
+
+def _bind_dry_run(ctx, wanted, policy: BindPolicy, connect: str | None, confirmed) -> BindReport:
+    """The bind's plan as the dry run shows it, with its --yes line (``confirmed``) first."""
+    operation = binding.plan_operation(ctx, wanted, policy, uri=connect)
+    if confirmed is not None:
+        operation.outcome.checks.insert(0, confirmed)
+    return operation.shown()
 
 
 @commands.command("unbind")
@@ -193,6 +202,9 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
                          tell=progress_for(as_json))
         unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
+        confirmed = confirmation(ctx, addresses, device_ids, True) if dry_run and yes else None
+        if confirmed is not None:  # the plan's --yes line
+            say(f"{confirmed.status.value} {confirmed.check_id}: {confirmed.message}")
         try:
             report = (binding.plan_persist if dry_run else binding.persist)(
                 ctx, wanted, remove=remove, force=force, take_host_devices=take_host_devices)

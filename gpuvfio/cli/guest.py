@@ -10,7 +10,7 @@ from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
-from gpuvfio.cli.plans import DryRun, command_context, needs_yes, show_plan
+from gpuvfio.cli.plans import DryRun, command_context, confirmation, show_plan
 from gpuvfio.cli.tables import from_table, options
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
@@ -104,10 +104,10 @@ def attach_cmd(
     if dry_run:
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=progress_for(as_json))
-            unconfirmed = None if yes else needs_yes(ctx, addresses, device_ids)
+            confirm = confirmation(ctx, addresses, device_ids, yes)
             plan = plan_attach(ctx, wanted, request, uri=connect, ssh=target, verify=settings, policy=policy,
                                ask_libvirt=libvirt_not_asked(ctx, connect) is None, cloud_init=cloud_init)
-            show_plan(plan, as_json, unconfirmed=unconfirmed, show_xml=show_xml)
+            show_plan(plan, as_json, confirm=confirm, show_xml=show_xml)
         return
     try:
         with live_context(root_of(root), progress=progress_for(as_json)) as ctx:

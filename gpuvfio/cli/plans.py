@@ -13,10 +13,10 @@ from gpuvfio.cli.app import emit_json, progress_for, say
 from gpuvfio.errors import Refused
 from gpuvfio.ops.context import host_context, live_context
 from gpuvfio.ops.inventory import open_host
-from gpuvfio.ops.plans import Plan
-from gpuvfio.ops.selection import resolve
+from gpuvfio.ops.plans import Check, CheckStatus, Plan
+from gpuvfio.ops.selection import resolve, select
 
-__all__ = ["DryRun", "command_context", "needs_yes", "show_plan", "preview"]
+__all__ = ["DryRun", "command_context", "confirmation", "needs_yes", "show_plan", "preview"]
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Show the plan; change nothing (no --yes needed); exit as "
                                                         "the run would.")]
@@ -35,22 +35,28 @@ def command_context(root: str | None, read_only: bool, **kwargs):
             yield ctx
 
 
+def confirmation(ctx, addresses, device_ids, yes: bool) -> Check | None:
+    """The plan's line for --yes: a selection that reaches more than one physical device is
+    confirmed by it, or refused without it (None: one device needs no confirmation)."""
+    if not addresses and not device_ids:
+        return None
+    return select(ctx.host, addresses, device_ids).confirmation(yes)
+
+
 def needs_yes(ctx, addresses, device_ids) -> Refused | None:
     """The refusal a run without --yes meets (a selector that reached more than one device), for
     a dry run to show its plan first and then exit as that run would."""
-    try:
-        resolve(ctx.host, addresses, device_ids, changes=True, yes=False)
-    except Refused as exc:
-        return exc
-    return None
+    check = confirmation(ctx, addresses, device_ids, False)
+    return Refused(check.message) if check is not None else None
 
 
-def show_plan(plan: Plan, as_json: bool, *, unconfirmed: Refused | None = None, show_xml: bool = False) -> None:
-    """Print ``plan`` (text, or JSON with --json) and exit as its run would: a run without the
-    --yes it needs is refused first, in its own words; a refused plan is refused with the
-    plan's words; otherwise exit 0, nothing changed."""
-    if unconfirmed is not None:
-        plan.refuse("confirm", str(unconfirmed))
+def show_plan(plan: Plan, as_json: bool, *, confirm: Check | None = None, show_xml: bool = False) -> None:
+    """Print ``plan`` (text, or JSON with --json) and exit as its run would: its --yes line
+    first (``confirm``); a run without the --yes it needs is refused first, in its own words;
+    a refused plan is refused with the plan's words; otherwise exit 0, nothing changed."""
+    unconfirmed = Refused(confirm.message) if confirm is not None and confirm.status is CheckStatus.REFUSE else None
+    if confirm is not None:
+        plan.checks.insert(0, confirm)
     if as_json:
         emit_json(plan.to_json())
     else:
@@ -70,5 +76,4 @@ def preview(root: str | None, addresses, device_ids, yes: bool, as_json: bool, m
     tell = progress_for(as_json)
     with command_context(root, True, progress=tell) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=tell)
-        unconfirmed = None if yes else needs_yes(ctx, addresses, device_ids)
-        show_plan(make_plan(ctx, wanted), as_json, unconfirmed=unconfirmed)
+        show_plan(make_plan(ctx, wanted), as_json, confirm=confirmation(ctx, addresses, device_ids, yes))

@@ -19,6 +19,7 @@ from gpuvfio.errors import InputError, Refused
 from gpuvfio.host.inventory import FunctionIndex, list_addresses, read_ids
 from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
 from gpuvfio.host.root import HostRoot
+from gpuvfio.planning import Check, CheckStatus
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
 
 
@@ -42,10 +43,19 @@ class Selection:
         physical devices whatever the spelling: ``18:00 19:00`` and ``18:00.0 19:00.0`` both
         name two GPUs, ``01:00`` (a GPU and its audio) one. ``yes_hint``: how the interface says
         yes (the CLI's --yes, a module's parameter)."""
-        if len(self.devices) > 1 and not yes:
-            raise Refused(f"{' '.join(self.typed)} {'matches' if self.expanded else 'names'} "
-                          f"{len(self.devices)} physical devices ({', '.join(map(str, self.addresses))}); "
-                          f"add {yes_hint} to act on all of them")
+        check = self.confirmation(yes, yes_hint)
+        if check is not None and check.status is CheckStatus.REFUSE:
+            raise Refused(check.message)
+
+    def confirmation(self, yes: bool, yes_hint: str = "--yes") -> Check | None:
+        """The plan's line for the confirmation (None: one physical device needs none)."""
+        if len(self.devices) <= 1:
+            return None
+        reach = (f"{' '.join(self.typed)} {'matches' if self.expanded else 'names'} {len(self.devices)} physical "
+                 f"devices ({', '.join(map(str, self.addresses))})")
+        if yes:
+            return Check("confirm", CheckStatus.OK, f"{reach}: confirmed with {yes_hint}")
+        return Check("confirm", CheckStatus.REFUSE, f"{reach}; add {yes_hint} to act on all of them")
 
 
 def parse_selectors(texts: list[str] | None, ids: list[str] | None) -> tuple[list[Selector], list[IdFilter]]:

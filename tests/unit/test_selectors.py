@@ -125,6 +125,25 @@ def test_yes_is_counted_in_physical_devices_whatever_the_spelling(cli, ws):
         assert one.code == 0 and "add --yes" not in one.err, (spelling, one.err)
 
 
+def test_yes_is_a_line_of_the_plan(cli, ws):
+    """With --yes the plan says what it confirmed (first among its checks), for bind, attach and
+    restore alike; one physical device needs no confirmation and gets no line."""
+    two = ["01:00.0", "04:00.0"]
+    attach = cli("--root", ws.root, "attach", *two, "--name", "vm", "--memory", "1G", "--no-verify",
+                 "--ssh-host", "192.0.2.7", "--kernel", "/boot/vmlinuz", "--yes", "--dry-run", "--json")
+    bind = cli("--root", ws.root, "bind", *two, "--yes", "--dry-run", "--connect", "none", "--json")
+    for shown in (attach, bind):
+        first = (shown.json().get("checks") or shown.json()["report"]["checks"])[0]
+        assert first["id"] == "confirm" and first["status"] == "ok", shown.out
+        assert first["message"] == ("01:00.0 04:00.0 names 2 physical devices (0000:01:00.0, 0000:04:00.0): "
+                                    "confirmed with --yes")
+    text = cli("--root", ws.root, "attach", *two, "--name", "vm", "--memory", "1G", "--no-verify",
+               "--ssh-host", "192.0.2.7", "--kernel", "/boot/vmlinuz", "--yes", "--dry-run")
+    assert "ok     confirm: 01:00.0 04:00.0 names 2 physical devices" in text.out
+    one = cli("--root", ws.root, "bind", "01:00", "--dry-run", "--connect", "none", "--json")
+    assert [c for c in one.json()["checks"] if c["id"] == "confirm"] == []
+
+
 def test_list_and_bad_selection(cli, ws):
     listed = cli("--root", ws.root, "list", "-d", "::02xx", "--json").json()
     assert [d["address"] for d in listed["devices"]] == ["0000:03:00.0"]
