@@ -68,6 +68,7 @@ class StepKind(str, Enum):
     PUT_BACK_SCHEDULER = "put back vGPU scheduler"
     RESTORE = "restore"
     START_SERVICE = "start service"
+    FORGET_OPERATION = "forget unfinished operation"
     # reset
     RESET = "reset"
     SETTLE = "settle"

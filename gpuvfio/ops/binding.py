@@ -257,15 +257,22 @@ def plan_release(ctx: Context, addresses: list[PciAddress], journal: Journal | N
     (detach, attach's rollback, a testbed variant's teardown, the Ansible device module's
     state=host); nothing held is nothing to do."""
     journal = ctx.journal() if journal is None else journal
-    return _restore_plan(journal, "release", held_in_groups(ctx, journal, addresses), everything=False)
+    held = held_in_groups(ctx, journal, addresses)
+    # The partitions of the devices named go too, held or not: an attach of GPUs that were on
+    # vfio-pci already bound nothing, yet activated their partition.
+    return _restore_plan(journal, "release", held, everything=False,
+                         reach=sorted({*map(str, addresses), *held}))
 
 
-def _restore_plan(journal: Journal, operation: str, wanted: list[str], *, everything: bool) -> RestorePlan:
+def _restore_plan(journal: Journal, operation: str, wanted: list[str], *, everything: bool,
+                  reach: list[str] | None = None) -> RestorePlan:
+    """``reach``: the devices whose Fabric Manager partitions go (``wanted`` by default)."""
+    partitions = plan_detach(journal, None if everything else [PciAddress.parse(a) for a in (reach or wanted)])
     plan = RestorePlan(operation, ", ".join(wanted) if wanted else
                        ("everything gpuvfio holds" if everything else "nothing gpuvfio holds"), everything=everything)
-    if not wanted and not everything:
+    if not wanted and not everything and not partitions:
         return plan
-    plan.partitions = plan_detach(journal, None if everything else [PciAddress.parse(a) for a in wanted])
+    plan.partitions = partitions
     for step in plan.partitions:
         plan.step(StepKind.DEACTIVATE_PARTITION, f"Fabric Manager partition {step.partition_id} (devices "
                                                  f"{', '.join(step.devices)})", name=str(step.partition_id))
@@ -274,7 +281,7 @@ def _restore_plan(journal: Journal, operation: str, wanted: list[str], *, everyt
             plan.step(StepKind.REMOVE_VGPU, instance, name=instance)
         for address in journal.data.get("schedulers", {}):
             plan.step(StepKind.PUT_BACK_SCHEDULER, address, address=address)
-    plan.devices = wanted or sorted(journal.devices)
+    plan.devices = sorted(journal.devices) if everything else wanted
     for address in plan.devices:
         record = journal.devices[address]
         override = record.get("original_override")
@@ -283,7 +290,16 @@ def _restore_plan(journal: Journal, operation: str, wanted: list[str], *, everyt
     if not set(journal.devices) - set(plan.devices):  # services are restarted with the last device
         for service in journal.data["services_stopped"]:
             plan.step(StepKind.START_SERVICE, service, name=service)
+        if _unfinished(journal) and (everything or plan.devices):
+            # A bind that died half-way is marked in the journal; with nothing left the mark goes.
+            plan.step(StepKind.FORGET_OPERATION, "clear the journal's mark of an unfinished operation")
     return plan
+
+
+def _unfinished(journal: Journal) -> bool:
+    """The journal marks an operation that never finished (a bind killed half-way)."""
+    operation = journal.data.get("operation")
+    return bool(operation) and not operation.get("finished")
 
 
 def restore(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
@@ -309,6 +325,7 @@ def run_restore(ctx: Context, plan: RestorePlan, journal: Journal) -> "RestoreRe
     result = RestoreResult()
     if plan.nothing_to_do:
         return result
+    marked = _unfinished(journal)
 
     def note(line: str) -> None:
         result.vgpu.append(line)
@@ -326,6 +343,8 @@ def run_restore(ctx: Context, plan: RestorePlan, journal: Journal) -> "RestoreRe
         (result.restored if done.ok else result.failed)[done.address] = done.outcome
         result.steps.append(Step(StepKind.RESTORE, address=done.address, detail=done.outcome))
     result.steps += [Step(StepKind.START_SERVICE, name=s) for s in services if s not in journal.data["services_stopped"]]
+    if marked and journal.data.get("operation") is None:  # reconcile clears it with the last device
+        result.steps += [s for s in plan.steps if s.kind is StepKind.FORGET_OPERATION]
     result.services_not_restarted = list(journal.data["services_stopped"])
     # Services stay stopped while gpuvfio still holds other devices (they are restarted with the
     # last one): only a restart that should have happened and did not is a failure.

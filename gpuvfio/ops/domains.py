@@ -22,7 +22,7 @@ from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Plan, StepKind
-from gpuvfio.errors import Refused
+from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.numbers import uint
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
@@ -199,9 +199,15 @@ def plan_define(ctx: Context, xml: str, *, uri: str | None = None, update: bool 
 def run_define(ctx: Context, plan: DefinePlan) -> DefineResult:
     """Carry out a define plan: defineXML as planned, or nothing for an unchanged definition."""
     plan.raise_if_refused()
+    conn = ctx.libvirt(plan.uri)
+    # libvirt's domains are not under gpuvfio's run lock: what the plan read must still hold, or
+    # the run would act on a definition it never looked at (fail closed: plan again).
+    if current_definition(conn, plan.xml) != plan.held:
+        raise GpuvfioError(f"libvirt's definition of {plan.target} changed since the plan was made; nothing "
+                           "defined (run it again)")
     if plan.nothing_to_do:
         return DefineResult(plan.target, "unchanged")
-    return define(ctx.libvirt(plan.uri), plan.xml, plan.held)
+    return define(conn, plan.xml, plan.held)
 
 
 def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False) -> DefineResult:

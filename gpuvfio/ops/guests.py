@@ -178,6 +178,8 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         defined = run_define(ctx, plan.define)
         result.define = defined.to_json()
         state["dom"] = dom = lifecycle.lookup(conn, name)
+        if dom is None:  # undefined by someone else the moment after
+            raise GpuvfioError(f"domain {name} is gone from libvirt right after its define")
         if defined.created:  # "unchanged": nothing to undo
             undo.append(("undefine", lambda: lifecycle.undefine(dom)))
         elif defined.previous_xml is not None:
@@ -405,11 +407,11 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
         return plan
     plan.check("domain", CheckStatus.OK, f"gpuvfio defined {name}")
     plan.devices = devices = lifecycle.recorded_devices(dom)
-    if lifecycle.is_active(dom):
-        plan.step(StepKind.STOP, f"ACPI shutdown, destroyed after {timeout:g}s" if timeout > 0 else "destroy",
-                  name=name)
-    else:
-        plan.notes.append(f"{name} is not running: nothing to stop")
+    # Stopped whatever its state now: libvirt's domains are not under gpuvfio's run lock, and a
+    # guest started meanwhile must not be left running, transient, on devices given back.
+    how = f"ACPI shutdown, destroyed after {timeout:g}s" if timeout > 0 else "destroy"
+    plan.step(StepKind.STOP, f"{how} (running now)" if lifecycle.is_active(dom) else
+              f"not running now; {how} if it runs by then", name=name)
     plan.step(StepKind.UNDEFINE, f"undefine {name}", name=name)
     if devices and restore:
         # The give-back as release plans it (partitions first, then the devices), made now,

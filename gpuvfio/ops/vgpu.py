@@ -89,12 +89,12 @@ def plan_create(ctx: Context, address: PciAddress, wanted: str, *, uuid: str | N
     plan.creation = creation
     plan.check("vgpu_type", CheckStatus.OK, f"{address} offers {creation.type_id}")
     if creation.exists:
-        plan.notes.append(f"{creation.instance} exists with type {creation.type_id}: nothing to do")
+        plan.notes.append(f"{creation.instance} exists with type {creation.type_id}")
     else:
         plan.step(StepKind.CREATE_VGPU, creation.describe(), address=str(address), name=creation.instance)
-        if persist and creation.kind == "mdev":
-            plan.step(StepKind.PERSIST_VGPU, "define it in mdevctl's store (/etc/mdevctl.d), started at boot",
-                      address=str(address))
+    if persist and creation.kind == "mdev":  # an instance there already is persisted too
+        plan.step(StepKind.PERSIST_VGPU, "define it in mdevctl's store (/etc/mdevctl.d), started at boot",
+                  address=str(address))
     return plan
 
 

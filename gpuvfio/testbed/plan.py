@@ -176,7 +176,8 @@ def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
     except GpuvfioError as exc:
         planned.refuse("variant", str(exc))
         return planned
-    if binding.libvirt_not_asked(ctx, uri) is None and guests.exists(ctx, request.name, uri=uri):
+    leftover = binding.libvirt_not_asked(ctx, uri) is None and guests.exists(ctx, request.name, uri=uri)
+    if leftover:
         planned.step(StepKind.DETACH_LEFTOVER, f"detach {request.name}, left from an interrupted run",
                      name=request.name)
     try:  # the run's own attach plan: the same libvirt, the same bind checks, the same steps
@@ -185,7 +186,10 @@ def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
                                      ask_libvirt=binding.libvirt_not_asked(ctx, uri) is None)
     except InputError as exc:
         raise InputError(f"variant {variant.name}: {exc}") from None
-    planned.checks += planned.attach.checks
+    # With a leftover guest the attach is judged again once it is detached: its own domain check
+    # (running, or redefined) is about the leftover, not the variant (detach refuses a domain
+    # gpuvfio did not define).
+    planned.checks += [c for c in planned.attach.checks if not (leftover and c.check_id == "domain")]
     if variant.kind == "vgpu":
         _plan_vgpu(planned, variant, addresses[0])
     planned.step(StepKind.ATTACH, f"attach {request.name}: {len(planned.attach.steps)} steps, the first repetition "

@@ -132,7 +132,7 @@ def unpack_results(data: bytes, out: str) -> list[str]:
                 name = member.name.removeprefix("./").rstrip("/")
                 if name in ("", "."):
                     continue
-                if not _wanted(name) or not (member.isfile() or member.isdir()):
+                if not _wanted(name) or not (member.isfile() or (member.isdir() and name.count("/") < 2)):
                     raise GpuvfioError(f"refusing a result archive entry from the hypervisor: {member.name!r}")
                 members.append((name, member))
             tree = out_tree(out)

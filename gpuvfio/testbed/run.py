@@ -190,11 +190,14 @@ def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
     gpuvfio run moves these GPUs meanwhile."""
     tree = out_tree(out)
     todo = [r for r in range(spec.repetitions) if not tree.exists(_rep_path(variant, r))]
-    with binding.operation_lock(ctx):
+    if not todo:
+        ctx.progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
+        return {"ran": 0}
+    # A guest variant holds the run lock from provision to teardown (a baremetal one changes
+    # nothing on the host and takes none).
+    with binding.operation_lock(ctx) if variant.kind != "baremetal" else contextlib.nullcontext():
         planned = plan_variant(ctx, spec, variant, gpus, uri=uri, todo=len(todo))
         planned.raise_if_refused()
-        if not todo:
-            ctx.progress(f"{variant.name}: done already ({spec.repetitions} repetitions)")
         run = VariantRun(ctx, spec, variant, gpus, out, uri, todo)
         try:
             for step in planned.steps:
@@ -208,11 +211,18 @@ def _run_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
                         run.teardown()
                         run.taken.append(planned.steps[-1])
                 finally:  # the record of what ran against what was planned, also for a failed variant
-                    if planned.steps:
-                        tree.write(f"results/{variant.name}/{STEPS_FILE}", json.dumps(
-                            {"planned": [s.to_json() for s in planned.steps],
-                             "taken": [s.to_json() for s in run.taken]}, indent=2))
+                    _record_steps(ctx, tree, variant, planned.steps, run.taken)
     return {"ran": len(todo), "steps": [s.to_json() for s in run.taken]}
+
+
+def _record_steps(ctx: Context, tree, variant: Variant, planned: list[Step], taken: list[Step]) -> None:
+    """results/<variant>/steps.json: the variant's plan and the steps its run took. A record
+    that cannot be written is said, and never hides why the variant itself stopped."""
+    try:
+        tree.write(f"results/{variant.name}/{STEPS_FILE}", json.dumps(
+            {"planned": [s.to_json() for s in planned], "taken": [s.to_json() for s in taken]}, indent=2))
+    except GpuvfioError as exc:
+        ctx.progress(f"{variant.name}: its steps were not recorded: {exc}")
 
 
 class VariantRun:

@@ -125,7 +125,7 @@ def test_define_and_detach_run_their_plans(host):
             detach_plan = guests.plan_detach(ctx, "plans-run", uri="test:///default", timeout=0)
             done = guests.detach(ctx, "plans-run", uri="test:///default", timeout=0)
         assert keys(done.steps) == keys(detach_plan.steps)
-        assert [k for k, _a, _n in keys(done.steps)] == ["undefine", "restore", "restore"]
+        assert [k for k, _a, _n in keys(done.steps)] == ["stop", "undefine", "restore", "restore"]
         assert kernel.driver_of(GPU) == "nvidia" and "plans-run" not in [d.name() for d in conn.listAllDomains(0)]
     finally:
         conn.close()
