@@ -53,11 +53,17 @@ class SimKernel:
         os.replace(tmp, self.state_path)
 
     def inject(self, op: str, address: str | None = None, *, errno_: int | None = None, hang: bool = False,
-               wrong_driver: str | None = None, times: int = 1, driver: str | None = None) -> None:
-        """Make the next ``times`` matching operations fail (op: override|unbind|probe|bind)."""
+               wrong_driver: str | None = None, times: int = 1, driver: str | None = None,
+               unclaimed: bool = False) -> None:
+        """Make the next ``times`` matching operations fail (op: override|unbind|probe|bind).
+        ``unclaimed`` (probe): the write succeeds and no driver takes the device, as a real
+        kernel's drivers_probe does when no driver matches it (drivers/base/bus.c
+        drivers_probe_store -> device_attach: only a driver whose id table, dynamic ids or the
+        device's driver_override match probes it; one that had it by an explicit bind does not)."""
         state = self._load()
         state["faults"].append({"op": op, "address": address, "errno": errno_, "hang": hang,
-                                "wrong_driver": wrong_driver, "times": times, "driver": driver})
+                                "wrong_driver": wrong_driver, "times": times, "driver": driver,
+                                "unclaimed": unclaimed})
         self._save(state)
 
     def writes(self) -> list[list[str]]:
@@ -177,6 +183,8 @@ class SimKernel:
             driver = override if override is not None else state["native"].get(value)
             fault = self._fault(state, "probe", value, driver)
             if fault:
+                if fault.get("unclaimed"):
+                    return
                 if fault["wrong_driver"]:
                     driver = fault["wrong_driver"]
                 else:
