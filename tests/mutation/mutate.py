@@ -1,0 +1,301 @@
+"""make mutate: mutation testing of gpuvfio's core with mutmut, group by group.
+
+Each group is a set of core modules and the unit-lane test files that guard them. A group runs
+in a scratch copy of the working tree (mutmut keeps its mutants and results beside the
+pyproject it reads), with a [tool.mutmut] section naming only that group's modules and tests;
+mutmut then runs, for each mutant, the tests of that list that reach the mutated function.
+
+A group's score is the share of its mutants that a test kills (a timeout counts as killed; a
+mutant no test reaches counts as surviving). Every surviving mutant is either killed by a test
+added since, or explained in tests/mutation/triage.toml (why it is equivalent, or why a
+test for it would test the mutation tool rather than gpuvfio).
+
+``--changed-since REV`` (``.ci/run``): only the mutants in the functions whose lines changed
+since REV, at most ``--limit`` of them; any of those surviving untriaged fails (a ratchet: what
+a change touches does not lose a test).
+
+Writes docs/mutation.md (the scores, the survivors and their triage) and
+docs/mutation-scores.json (the scores and the commit they were measured on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRIAGE = os.path.join(REPO, "tests", "mutation", "triage.toml")
+REPORT = os.path.join(REPO, "docs", "mutation.md")
+SCORES = os.path.join(REPO, "docs", "mutation-scores.json")
+GOAL = 0.90
+
+
+@dataclass(frozen=True)
+class Group:
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+def _t(*names: str) -> tuple[str, ...]:
+    return tuple(f"tests/unit/{n}.py" for n in names)
+
+
+GROUPS = {
+    "bind": Group(("gpuvfio/bind/apply.py", "gpuvfio/bind/journal.py", "gpuvfio/bind/plan.py",
+                   "gpuvfio/bind/persist.py", "gpuvfio/bind/sysfs_write.py"),
+                  _t("test_binding", "test_bind_results", "test_bind_cli", "test_sysfs_write", "test_confined_writes",
+                     "test_recovery_gaps", "test_dry_runs", "test_plans_are_run", "test_plan_runs_meet_the_world",
+                     "test_health", "test_kernel_names", "test_host_use", "test_fabric_flow")),
+    "host": Group(("gpuvfio/host/inventory.py", "gpuvfio/host/groups.py", "gpuvfio/host/topology.py"),
+                  _t("test_inventory", "test_inventory_generated", "test_topology", "test_selectors")),
+    "domain": Group(("gpuvfio/domain/placement.py", "gpuvfio/domain/address_space.py", "gpuvfio/domain/nccl_topo.py"),
+                    _t("test_placement", "test_address_space", "test_nccl_topo", "test_edges", "test_layout",
+                       "test_pins")),
+    "files": Group(("gpuvfio/files.py", "gpuvfio/tree_filler.py"),
+                   _t("test_file_layer", "test_confined_writes", "test_fixture_safety", "test_bounded_recordings",
+                      "test_edges")),
+    "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri")),
+    "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py"),
+                   _t("test_verify", "test_verify_report", "test_plausible_guest", "test_edges")),
+    "stats": Group(("gpuvfio/testbed/stats.py",), _t("test_report_stats")),
+    "names": Group(("gpuvfio/ops/kubevirt_names.py",), _t("test_export")),
+}
+
+
+@dataclass
+class Outcome:
+    group: str
+    counts: dict[str, int] = field(default_factory=dict)
+    survivors: dict[str, str] = field(default_factory=dict)  # mutant -> its diff
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def killed(self) -> int:
+        return self.counts.get("killed", 0) + self.counts.get("timeout", 0)
+
+    @property
+    def score(self) -> float:
+        return self.killed / self.total if self.total else 1.0
+
+
+def scratch_copy(group: Group) -> str:
+    """The working tree as git sees it (tracked and untracked, not ignored), in a scratch
+    directory, with the group's mutmut configuration."""
+    where = tempfile.mkdtemp(prefix="gpuvfio-mutate-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        source = os.path.join(REPO, rel)
+        if os.path.isfile(source) and not os.path.islink(source):
+            os.makedirs(os.path.join(where, os.path.dirname(rel)), exist_ok=True)
+            shutil.copy2(source, os.path.join(where, rel))
+    with open(os.path.join(where, "pyproject.toml"), "a", encoding="utf-8") as handle:
+        handle.write("\n[tool.mutmut]\nsource_paths = [\"gpuvfio\"]\n"
+                     f"only_mutate = {json.dumps(list(group.modules))}\n"
+                     f"pytest_add_cli_args_test_selection = {json.dumps(list(group.tests))}\n"
+                     "pytest_add_cli_args = [\"-p\", \"no:cacheprovider\", \"-p\", \"no:xdist\"]\n"
+                     # what tests read beside the package (the Ansible collection, the templates)
+                     "also_copy = [\"playbooks\", \"templates\", \"README.md\", \"Makefile\"]\n")
+    return where
+
+
+def mutmut(where: str, *args: str, timeout: float | None = None) -> str:
+    tool = os.path.join(os.path.dirname(sys.executable), "mutmut")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run([tool, *args], cwd=where, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode not in (0, 1):  # 1: mutants survived
+        raise SystemExit(f"mutmut {' '.join(args[:1])} failed in {where}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def run_group(name: str, jobs: int, patterns: list[str] | None = None, timeout: float | None = None) -> Outcome:
+    group = GROUPS[name]
+    where = scratch_copy(group)
+    started = time.monotonic()
+    try:
+        ran = mutmut(where, "run", "--max-children", str(jobs), *(patterns or []), timeout=timeout)
+        if "failed to collect stats" in ran:  # the group's tests fail unmutated: no score
+            raise SystemExit(f"group {name}: its tests do not pass unmutated:\n{ran[-3000:]}")
+        outcome = Outcome(name, seconds=time.monotonic() - started)
+        for line in mutmut(where, "results", "--all", "true").splitlines():
+            mutant, _, status = line.strip().rpartition(": ")
+            if not mutant or (patterns and not any(_matches(mutant, p) for p in patterns)):
+                continue
+            key = status.replace(" ", "_")
+            outcome.counts[key] = outcome.counts.get(key, 0) + 1
+            if key in ("survived", "no_tests"):
+                outcome.survivors[mutant] = _diff(mutmut(where, "show", mutant))
+        return outcome
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _matches(mutant: str, pattern: str) -> bool:
+    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), mutant) is not None
+
+
+def _diff(shown: str) -> str:
+    """The changed lines of ``mutmut show``: what the mutant is, in two lines."""
+    return "\n".join(line for line in shown.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+
+
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+
+
+def prose_only(diff: str) -> bool:
+    """The mutant changes nothing but the words of a text for people: its removed and added
+    lines are the same once every string literal holding a space (prose, not a token such as
+    "=" or "/") is set aside."""
+    removed = [line[1:] for line in diff.splitlines() if line.startswith("-")]
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+")]
+
+    def shape(line: str) -> str:
+        return STRING.sub(lambda m: '"S"' if " " in m.group(0) else m.group(0), line)
+
+    return bool(removed) and len(removed) == len(added) and removed != added and \
+        [shape(line) for line in removed] == [shape(line) for line in added]
+
+
+def load_triage() -> dict[str, str]:
+    if not os.path.exists(TRIAGE):
+        return {}
+    with open(TRIAGE, "rb") as handle:
+        return {k: str(v) for k, v in tomllib.load(handle).get("survivors", {}).items()}
+
+
+def explain(mutant: str, diff: str, triage: dict[str, str]) -> str | None:
+    """Why ``mutant`` may survive: its own entry in the triage file, or the class it belongs to."""
+    if mutant in triage:
+        return triage[mutant]
+    if prose_only(diff):
+        return triage.get("class:prose")
+    return None
+
+
+# -- the changed-lines run ----------------------------------------------------------------------
+
+def changed_patterns(base: str) -> dict[str, list[str]]:
+    """group -> mutmut name patterns of the functions (and methods) with lines changed since
+    ``base``, in the core modules."""
+    found: dict[str, list[str]] = {}
+    for name, group in GROUPS.items():
+        for module in group.modules:
+            lines = changed_lines(base, module)
+            if lines:
+                found.setdefault(name, []).extend(functions_at(module, lines))
+    return {k: sorted(set(v)) for k, v in found.items() if v}
+
+
+def changed_lines(base: str, module: str) -> set[int]:
+    diff = subprocess.run(["git", "diff", "--unified=0", base, "--", module], cwd=REPO, check=True,
+                          capture_output=True, text=True).stdout
+    lines: set[int] = set()
+    for start, count in re.findall(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, re.M):
+        lines.update(range(int(start), int(start) + (int(count) if count else 1)))
+    return lines
+
+
+def functions_at(module: str, lines: set[int]) -> list[str]:
+    """mutmut's names for the functions holding ``lines``: module.x_func__mutmut_* and
+    module.xǁClassǁmethod__mutmut_* (mutmut 3 names them so)."""
+    with open(os.path.join(REPO, module), encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    dotted = module[:-3].replace("/", ".")
+    names = []
+    for node in tree.body:
+        targets = [(node, None)] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+            [(child, node.name) for child in node.body if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))] \
+            if isinstance(node, ast.ClassDef) else []
+        for function, owner in targets:
+            if lines & set(range(function.lineno, function.end_lineno + 1)):
+                names.append(f"{dotted}.x_{function.name}__mutmut_*" if owner is None else
+                             f"{dotted}.x\u01c1{owner}\u01c1{function.name}__mutmut_*")
+    return names
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+def write_report(outcomes: list[Outcome], triage: dict[str, str]) -> None:
+    total = sum(o.total for o in outcomes)
+    killed = sum(o.killed for o in outcomes)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    lines = ["# Mutation testing of the core (make mutate)", "",
+             f"mutmut, {len(outcomes)} groups, measured on commit {commit[:12]}: **{killed} of {total} mutants killed "
+             f"({killed / total:.1%})**; the goal is {GOAL:.0%}. A timeout counts as killed, a mutant no test "
+             "reaches as surviving. Triage: tests/mutation/triage.toml.", "",
+             "| group | modules | mutants | killed | survived | no tests | score | minutes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        lines.append(f"| {o.group} | {', '.join(m.removeprefix('gpuvfio/') for m in GROUPS[o.group].modules)} | "
+                     f"{o.total} | {o.killed} | {o.counts.get('survived', 0)} | {o.counts.get('no_tests', 0)} | "
+                     f"{o.score:.1%} | {o.seconds / 60:.1f} |")
+    lines += ["", "## Surviving mutants", ""]
+    for o in outcomes:
+        for mutant, diff in sorted(o.survivors.items()):
+            lines += [f"- `{mutant}`: {explain(mutant, diff, triage) or 'not triaged yet'}", "", "  ```diff",
+                      *[f"  {d}" for d in diff.splitlines()], "  ```"]
+    with open(REPORT, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    with open(SCORES, "w", encoding="utf-8") as handle:
+        json.dump({"commit": commit, "goal": GOAL, "groups": {o.group: {"mutants": o.total, "killed": o.killed,
+                                                                        "score": round(o.score, 4)}
+                                                              for o in outcomes}}, handle, indent=2)
+        handle.write("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--group", action="append", choices=sorted(GROUPS), help="a group (all by default)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--changed-since", metavar="REV", help="only the functions changed since REV")
+    parser.add_argument("--limit", type=int, default=400, help="with --changed-since: at most this many mutants")
+    args = parser.parse_args(argv)
+    triage = load_triage()
+    if args.changed_since:
+        return changed_run(args.changed_since, args.jobs, args.limit, triage)
+    outcomes = []
+    for name in args.group or list(GROUPS):
+        outcome = run_group(name, args.jobs)
+        print(f"{name}: {outcome.killed}/{outcome.total} killed ({outcome.score:.1%}) in {outcome.seconds:.0f}s",
+              flush=True)
+        outcomes.append(outcome)
+    write_report(outcomes, triage)
+    return 0
+
+
+def changed_run(base: str, jobs: int, limit: int, triage: dict[str, str]) -> int:
+    patterns = changed_patterns(base)
+    if not patterns:
+        print(f"mutation: no core function changed since {base[:12]}")
+        return 0
+    untriaged = []
+    for name, group_patterns in patterns.items():
+        outcome = run_group(name, jobs, group_patterns[:limit])
+        print(f"mutation {name}: {outcome.killed}/{outcome.total} killed in the changed functions "
+              f"({', '.join(p.rsplit('.', 1)[-1].removesuffix('__mutmut_*') for p in group_patterns)})", flush=True)
+        untriaged += [(m, d) for m, d in outcome.survivors.items() if explain(m, d, triage) is None]
+    for mutant, diff in untriaged:
+        print(f"SURVIVED {mutant}\n{diff}")
+    if untriaged:
+        print(f"mutation: {len(untriaged)} mutant(s) in changed functions survive untriaged: add a test that kills "
+              "each, or explain it in tests/mutation/triage.toml")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

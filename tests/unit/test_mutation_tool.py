@@ -1,0 +1,50 @@
+"""tests/mutation/mutate.py (make mutate): the names it gives mutmut for changed functions are
+mutmut's own, and its one class of triage (prose) takes only changes to words for people."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+
+from tests.conftest import REPO
+
+SPEC = importlib.util.spec_from_file_location("mutate", os.path.join(REPO, "tests", "mutation", "mutate.py"))
+mutate = importlib.util.module_from_spec(SPEC)
+sys.modules["mutate"] = mutate  # its dataclasses look their module up there
+SPEC.loader.exec_module(mutate)
+
+
+def _lines_of(module: str, name: str) -> set[int]:
+    with open(os.path.join(REPO, module), encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    return {node.lineno + 1}
+
+
+def test_changed_lines_name_the_functions_as_mutmut_does():
+    """mutmut 3.8 names a function's mutants gpuvfio.guest.expect.x_gates__mutmut_N and a
+    method's gpuvfio.guest.expect.xǁExpectedǁto_json__mutmut_N (seen in its results)."""
+    module = "gpuvfio/guest/expect.py"
+    assert mutate.functions_at(module, _lines_of(module, "gates")) == ["gpuvfio.guest.expect.x_gates__mutmut_*"]
+    assert mutate.functions_at(module, _lines_of(module, "to_json")) == [
+        "gpuvfio.guest.expect.x\u01c1Expected\u01c1to_json__mutmut_*"]
+    assert mutate.functions_at(module, {1}) == []  # the docstring: no function
+
+
+def test_prose_is_only_the_words_of_a_message():
+    assert mutate.prose_only('-        raise InputError(f"no such PCI function on this host: {address}")\n'
+                             '+        raise InputError(f"XXno such PCI function on this host: {address}XX")')
+    assert mutate.prose_only("-    return \", \".join(names)\n+    return \"XX, XX\".join(names)")
+    # tokens, values and logic are not prose
+    assert not mutate.prose_only('-    a, eq, b = segment.partition("=")\n+    a, eq, b = segment.rpartition("=")')
+    assert not mutate.prose_only('-    value = raw if eq else ""\n+    value = raw if eq else "XXXX"')
+    assert not mutate.prose_only('-    if size > limit:\n+    if size >= limit:')
+    assert not mutate.prose_only('-    x = "a b"\n+    y = "a c"')
+
+
+def test_every_group_names_files_that_exist():
+    for name, group in mutate.GROUPS.items():
+        for rel in group.modules + group.tests:
+            assert os.path.isfile(os.path.join(REPO, rel)), (name, rel)
