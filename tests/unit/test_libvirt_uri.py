@@ -12,7 +12,7 @@ import pytest
 from gpuvfio.errors import InputError
 from gpuvfio.testbed.spec import load_spec
 from gpuvfio.virt.connection import SYSTEM_URI, URI_ENV, default_uri, open_connection
-from gpuvfio.virt.uri import UNSAFE_ENV, check_uri
+from gpuvfio.virt.uri import UNSAFE_ENV, check_uri, names_a_test_file
 from tests.conftest import gpu_workstation
 from tests.make_samples import sample_path
 from tests.unit.test_fleet import modules, run_module  # noqa: F401  (the Ansible module fixtures)
@@ -33,11 +33,15 @@ ALLOWED = [
     "qemu+tcp://admin@10.0.0.5:16509/system",
     "qemu:///system?mode=direct",
     "qemu:///system?mode=legacy&socket=/run/libvirt/libvirt-sock",
+    "qemu:///system?socket=/run/a=b",  # the value runs from the first "=" (libvirt's virURIParseParams)
+    "qemu:///system?socket=/run/~x",  # "~" is the last printable ASCII character
+    "test:///default?mode=auto",  # the test driver's default, with a query, is no file
 ]
 
 REFUSED = [
     ("qemu+ext:///system?command=/bin/true", "transport 'ext'"),
     ("qemu+EXT:///system", "transport 'ext'"),
+    ("qemu+ext:///system", "transport 'ext' makes libvirt run the program named by command="),
     ("qemu+ssh://hv1/system", "transport 'ssh'"),
     ("qemu+ssh://hv1/system?command=/bin/true", "transport 'ssh'"),
     ("qemu+libssh://hv1/system", "no policy"),
@@ -58,6 +62,9 @@ REFUSED = [
     ("qemu+tls://hv1/system?socket=/run/x", "parameter 'socket'"),  # remote: the netcat command line
     ("qemu:///system?socket=libvirt-sock", "absolute path"),
     ("qemu:///system?socket=/run/%0Asock", "decodes to a control"),
+    ("qemu:///system?socket=/run/a%20b", "decodes to a control"),  # a space: the first character refused
+    ("qemu:///system?socket=/run/a%7Fb", "decodes to a control"),  # DEL, the last
+    ("qemu+tls:///system?socket=/run/x", "parameter 'socket'"),  # TLS without a host: not local either
     ("qemu:///system?mode=fast", "parameter 'mode'"),
     ("lxc:///", "driver 'lxc'"),
     ("remote:///system", "driver 'remote'"),
@@ -76,6 +83,8 @@ BAD = [
     ("qemu:///sys\x07tem", "control character"),
     ("qemu:///sys\x00tem", "control character"),
     ("qemu:///syst\u00e9m", "non-ASCII"),
+    ("qemu:///sys\x7ftem", "control character at position 11"),  # DEL: the character after "~"
+    ("qemu:///sys tem", "whitespace at position 11"),
 ]
 
 
@@ -329,3 +338,22 @@ def test_a_test_driver_path_must_be_the_file_libvirt_opens(tmp_path):
         with pytest.raises(InputError, match="must be a canonical path"):
             check_uri(f"test://{path}", source="--connect")
     assert check_uri(f"test://{node}", source="--connect") == f"test://{node}"
+
+
+@pytest.mark.parametrize("uri, names", [
+    ("test:///default", False), ("test:///default?mode=auto", False), ("TEST+unix:///default", False),
+    ("qemu:///system", False), ("qemu:///tmp/node.xml", False), ("test:///tmp/node.xml", True),
+    ("test+unix:///tmp/node.xml?mode=auto", True), ("test:///DEFAULT", True),
+])
+def test_which_uris_name_a_test_driver_file(uri, names):
+    """A test driver file's content may be quoted by libvirt's errors (gpuvfio.virt.connection);
+    only the test driver on a path other than its default names one."""
+    assert names_a_test_file(uri) is names
+
+
+def test_a_test_driver_file_is_read_within_its_bound_and_named_by_its_source(tmp_path):
+    big = tmp_path / "node.xml"
+    big.write_bytes(b"<node>" + b" " * (4 << 20))
+    with pytest.raises(InputError) as refused:
+        check_uri(f"test://{big}", source="--connect")
+    assert str(refused.value).startswith("--connect: test driver configuration") and "larger than" in str(refused.value)
