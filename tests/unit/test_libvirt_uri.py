@@ -357,3 +357,21 @@ def test_a_test_driver_file_is_read_within_its_bound_and_named_by_its_source(tmp
     with pytest.raises(InputError) as refused:
         check_uri(f"test://{big}", source="--connect")
     assert str(refused.value).startswith("--connect: test driver configuration") and "larger than" in str(refused.value)
+    fits = tmp_path / "fits.xml"  # over the file layer's 1 MiB for text, within the test driver's 4 MiB
+    fits.write_bytes(b"<node>" + b" " * (2 << 20) + b"</node>")
+    assert check_uri(f"test://{fits}") == f"test://{fits}"
+
+
+@pytest.mark.parametrize("uri", ["test:////tmp/node.xml", "test:///tmp/a://b.xml"])
+def test_a_test_driver_path_that_only_looks_canonical_is_refused(uri):
+    """"//x" is what realpath keeps as it is (POSIX leaves a leading "//" to the system), and a
+    second "://" must not hide the path from the check."""
+    with pytest.raises(InputError, match="must be a canonical path"):
+        check_uri(uri)
+
+
+def test_the_opt_out_warns_on_stderr_in_one_line_and_keeps_the_default_test_driver(monkeypatch, capsys):
+    monkeypatch.setenv(UNSAFE_ENV, "1")
+    assert check_uri("test:///default#x") == "test:///default#x"  # a fragment, let through: still no file
+    assert capsys.readouterr().err == (f"warning: {UNSAFE_ENV}=1: libvirt URI 'test:///default#x' goes to libvirt "
+                                       "although a #fragment means nothing to libvirt\n")
