@@ -181,3 +181,35 @@ def test_percentiles_need_the_sample_size():
     assert hundred["p95"] == 95.0 and hundred["p99"] == 99.0
     assert summarize([None, None]) == {"count": 0}
     assert summarize([1.0, None, 3.0])["mean"] == statistics.mean([1.0, 3.0])
+
+
+# Closed forms of the quantile: df = 1 (Cauchy) t_q = tan(pi (q - 1/2)); df = 2
+# t_q = (2q - 1) / sqrt(2 q (1 - q)). Both tails, to the precision the iteration promises.
+@pytest.mark.parametrize("q", [0.001, 0.025, 0.3, 0.7, 0.9, 0.975, 0.9995])
+def test_t_quantile_against_its_closed_forms_in_both_tails(q):
+    assert t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-9)
+    assert t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-9)
+
+
+@pytest.mark.parametrize("q", [0.0, 1.0, 1.5, -0.1])
+def test_t_quantile_outside_the_open_interval_is_refused(q):
+    with pytest.raises(ValueError):
+        t_quantile(q, 5)
+
+
+def test_t_two_sided_p_at_the_ends():
+    assert t_two_sided_p(math.inf, 5) == 0.0 and t_two_sided_p(-math.inf, 5) == 0.0
+    # a tiny t: the lower tail's own complement (t^2 / (df + t^2)) keeps the precision 1 - x loses
+    assert t_two_sided_p(1e-9, 1) == pytest.approx(1 - 2 / math.pi * math.atan(1e-9), rel=1e-15, abs=1e-17)
+
+
+def test_welch_at_two_samples_each_and_with_equal_spreads():
+    two = welch_test(summarize([1.0, 2.0]), summarize([3.0, 5.0]))  # the fewest that have a spread
+    assert two is not None and two["df"] == pytest.approx((0.25 + 1.0) ** 2 / (0.25 ** 2 + 1.0 ** 2))
+    assert welch_test({}, summarize([1.0, 2.0])) is None and welch_test(summarize([1.0, 2.0]), {}) is None
+    equal_spread = welch_test(summarize([1.0, 2.0, 3.0]), summarize([4.0, 5.0, 6.0]))
+    assert equal_spread["t"] == pytest.approx(-3 / math.sqrt(2 / 3)) and equal_spread["df"] == pytest.approx(4.0)
+    same = welch_test(summarize([5.0] * 4), summarize([5.0] * 3))
+    assert (same["t"], same["df"], same["note"]) == (None, None, "both samples are constant and equal")
+    differ = welch_test(summarize([5.0] * 2), summarize([6.0] * 2))
+    assert (differ["t"], differ["df"], differ["note"]) == (None, None, "both samples are constant and differ")
