@@ -168,18 +168,21 @@ def test_verify_here_gives_a_typed_report_with_the_json_of_before(tmp_path, rege
 ADMIN_CONF = b"NCCL_DEBUG=WARN\nNCCL_TOPO_FILE=/opt/site-topo.xml\n"
 
 
-@pytest.mark.parametrize("name, guest, written", [
-    ("probe_fails", Guest("", probe_status=3), False),
-    ("write_fails", Guest(probe_text([ADA]), write_status=1), False),
-    ("unlike", Guest(probe_text([GPU_LINE])), False),  # the guest shows another device than planned
-    ("written", Guest(probe_text([ADA])), True),
-    ("conf_replaced", Guest(probe_text([ADA]), conf=ADMIN_CONF), True),
-    ("conf_link", Guest(probe_text([ADA]), conf_link="/srv/shared/nccl.conf"), True),
-])
-def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regenerate, name, guest, written):
+# Each case makes its own guest: a Guest records what was written to it, and one made at import
+# time would carry a first run's nccl.conf into a second run of the same test in one process.
+@pytest.mark.parametrize("name, make_guest, written", [
+    ("probe_fails", lambda: Guest("", probe_status=3), False),
+    ("write_fails", lambda: Guest(probe_text([ADA]), write_status=1), False),
+    ("unlike", lambda: Guest(probe_text([GPU_LINE])), False),  # the guest shows another device than planned
+    ("written", lambda: Guest(probe_text([ADA])), True),
+    ("conf_replaced", lambda: Guest(probe_text([ADA]), conf=ADMIN_CONF), True),
+    ("conf_link", lambda: Guest(probe_text([ADA]), conf_link="/srv/shared/nccl.conf"), True),
+], ids=["probe_fails", "write_fails", "unlike", "written", "conf_replaced", "conf_link"])
+def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regenerate, name, make_guest, written):
     from gpuvfio.domain.request import domain_request
     from gpuvfio.ops.domains import provision_xml
 
+    guest = make_guest()
     ctx = Context(host=HostRoot(gpu_workstation(tmp_path / "ws").root))
     provisioned = provision_xml(ctx, [PciAddress.parse("0000:01:00.0")], domain_request("n", firmware="bios"))
     result = guests.write_nccl_topology(ctx, guest, provisioned, 5.0)
