@@ -136,6 +136,8 @@ def run_group(name: str, jobs: int, patterns: list[str] | None = None, timeout: 
             if not mutant or (patterns and not any(_matches(mutant, p) for p in patterns)):
                 continue
             key = status.replace(" ", "_")
+            if key == "not_checked":  # mutmut stopped before it: a run that measured nothing is no score
+                raise SystemExit(f"group {name}: mutmut left {mutant} unchecked; its run said:\n{ran[-3000:]}")
             outcome.counts[key] = outcome.counts.get(key, 0) + 1
             if key in ("survived", "no_tests"):
                 outcome.survivors[mutant] = _diff(mutmut(where, "show", mutant))
@@ -230,31 +232,52 @@ def functions_at(module: str, lines: set[int]) -> list[str]:
 # -- the report -----------------------------------------------------------------------------------
 
 def write_report(outcomes: list[Outcome], triage: dict[str, str]) -> None:
-    total = sum(o.total for o in outcomes)
-    killed = sum(o.killed for o in outcomes)
+    """Fold ``outcomes`` into docs/mutation-scores.json (the record: each group's counts and
+    survivors, and the commit it was measured on; groups not run now keep their last
+    measurement) and render docs/mutation.md from it."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    record = {"goal": GOAL, "groups": {}}
+    if os.path.exists(SCORES):
+        with open(SCORES, encoding="utf-8") as handle:
+            record["groups"] = json.load(handle).get("groups", {})  # notes are of the last measurement only
+    for o in outcomes:
+        record["groups"][o.group] = {"commit": commit, "mutants": o.total, "killed": o.killed, "score": round(o.score, 4),
+                                     "counts": o.counts, "seconds": round(o.seconds), "survivors": o.survivors}
+    record["commit"] = commit
+    with open(SCORES, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1, ensure_ascii=False)
+        handle.write("\n")
+    render_report(record, triage)
+
+
+def render_report(record: dict, triage: dict[str, str]) -> None:
+    groups = record["groups"]
+    total = sum(g["mutants"] for g in groups.values())
+    killed = sum(g["killed"] for g in groups.values())
     lines = ["# Mutation testing of the core (make mutate)", "",
-             f"mutmut, {len(outcomes)} groups, measured on commit {commit[:12]}: **{killed} of {total} mutants killed "
-             f"({killed / total:.1%})**; the goal is {GOAL:.0%}. A timeout counts as killed, a mutant no test "
-             "reaches as surviving. Triage: tests/mutation/triage.toml.", "",
-             "| group | modules | mutants | killed | survived | no tests | score | minutes |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for o in outcomes:
-        lines.append(f"| {o.group} | {', '.join(m.removeprefix('gpuvfio/') for m in GROUPS[o.group].modules)} | "
-                     f"{o.total} | {o.killed} | {o.counts.get('survived', 0)} | {o.counts.get('no_tests', 0)} | "
-                     f"{o.score:.1%} | {o.seconds / 60:.1f} |")
-    lines += ["", "## Surviving mutants", ""]
-    for o in outcomes:
-        for mutant, diff in sorted(o.survivors.items()):
-            lines += [f"- `{mutant}`: {explain(mutant, diff, triage) or 'not triaged yet'}", "", "  ```diff",
-                      *[f"  {d}" for d in diff.splitlines()], "  ```"]
+             f"mutmut 3.8.1 over {len(groups)} of the {len(GROUPS)} groups of tests/mutation/mutate.py: "
+             f"**{killed} of {total} mutants killed ({killed / max(total, 1):.1%})**; the goal is {GOAL:.0%}. A timeout "
+             "counts as killed, a mutant no test reaches as surviving. Survivors are explained in "
+             "tests/mutation/triage.toml (one class: a change to the words of a message only).", "",
+             "| group | modules | measured on | mutants | killed | survived | no tests | explained | score | minutes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, g in groups.items():
+        explained = sum(1 for m, d in g["survivors"].items() if explain(m, d, triage))
+        lines.append(f"| {name} | {', '.join(m.removeprefix('gpuvfio/') for m in GROUPS[name].modules)} | "
+                     f"{g['commit'][:12]} | {g['mutants']} | {g['killed']} | {g['counts'].get('survived', 0)} | "
+                     f"{g['counts'].get('no_tests', 0)} | {explained} | {g['score']:.1%} | {g['seconds'] / 60:.1f} |")
+    missing = [name for name in GROUPS if name not in groups]
+    if missing:
+        lines += ["", f"Not measured yet: {', '.join(missing)}."]
+    lines += [f"\n{note}" for note in record.get("notes", [])]
+    lines += ["", "## Surviving mutants not explained", "",
+              "Each is a missing test until one kills it or the triage file says why it may live.", ""]
+    for name, g in groups.items():
+        for mutant, diff in sorted(g["survivors"].items()):
+            if explain(mutant, diff, triage) is None:
+                lines += [f"- `{mutant}`", "", "  ```diff", *[f"  {d}" for d in diff.splitlines()], "  ```"]
     with open(REPORT, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
-    with open(SCORES, "w", encoding="utf-8") as handle:
-        json.dump({"commit": commit, "goal": GOAL, "groups": {o.group: {"mutants": o.total, "killed": o.killed,
-                                                                        "score": round(o.score, 4)}
-                                                              for o in outcomes}}, handle, indent=2)
-        handle.write("\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,9 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", action="append", choices=sorted(GROUPS), help="a group (all by default)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--changed-since", metavar="REV", help="only the functions changed since REV")
-    parser.add_argument("--limit", type=int, default=400, help="with --changed-since: at most this many mutants")
+    parser.add_argument("--limit", type=int, default=400, help="with --changed-since: at most this many functions")
+    parser.add_argument("--report", action="store_true", help="render docs/mutation.md from the scores file only")
     args = parser.parse_args(argv)
     triage = load_triage()
+    if args.report:
+        with open(SCORES, encoding="utf-8") as handle:
+            render_report(json.load(handle), triage)
+        return 0
     if args.changed_since:
         return changed_run(args.changed_since, args.jobs, args.limit, triage)
     outcomes = []
@@ -273,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {outcome.killed}/{outcome.total} killed ({outcome.score:.1%}) in {outcome.seconds:.0f}s",
               flush=True)
         outcomes.append(outcome)
-    write_report(outcomes, triage)
+        write_report(outcomes, triage)  # after each group: an hour's run stopped half-way keeps what it measured
     return 0
 
 
