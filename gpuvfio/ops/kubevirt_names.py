@@ -55,11 +55,16 @@ _DROPPED = re.compile("[^a-zA-Z0-9_.]+")
 _DEVICE_LINE = re.compile(r"\t([0-9a-f]{4})  (.*)", re.ASCII | re.DOTALL)
 _HEADER = re.compile(r"#\s*(Version|Date):\s*(.*?)\s*$")
 _TABLE_HEADER = re.compile(r"# (plugin|pci\.ids-version|pci\.ids-date): (.*)$")
-# Kubernetes IsExtendedResourceName (pkg/apis/core/helper/helpers.go): the part after "/" is a
-# qualified-name segment (apimachinery validation IsQualifiedName): 63 characters at most,
-# alphanumeric at both ends, [-A-Za-z0-9_.] between.
+# Kubernetes IsExtendedResourceName (pkg/apis/core/helper/helpers.go, v1.31): not a native
+# resource (it holds a "/" and no "kubernetes.io/"), and "requests." + the name is a qualified
+# name (apimachinery pkg/util/validation IsQualifiedName): one "/" at most, the prefix a DNS-1123
+# subdomain (253 characters at most), the name segment 63 characters at most, alphanumeric at
+# both ends, [-A-Za-z0-9_.] between.
 _NAME_SEGMENT = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", re.ASCII)
 NAME_SEGMENT_MAX = 63
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+DNS1123_SUBDOMAIN_MAX = 253
+QUOTA_PREFIX = "requests."  # core.DefaultResourceRequestsPrefix
 
 
 def _upper(char: str) -> str:
@@ -144,8 +149,14 @@ def vgpu_key(type_name: str) -> str:
 
 def valid_resource_name(resource: str) -> bool:
     """Whether Kubernetes takes ``resource`` (``domain/name``) as an extended resource name."""
-    _domain, _, segment = resource.rpartition("/")
-    return len(segment) <= NAME_SEGMENT_MAX and _NAME_SEGMENT.fullmatch(segment) is not None
+    if "/" not in resource or "kubernetes.io/" in resource or resource.startswith(QUOTA_PREFIX):
+        return False  # IsNativeResource, or a name the quota prefix would double
+    parts = (QUOTA_PREFIX + resource).split("/")
+    if len(parts) != 2:
+        return False
+    prefix, segment = parts
+    return len(prefix) <= DNS1123_SUBDOMAIN_MAX and _DNS1123_SUBDOMAIN.fullmatch(prefix) is not None and \
+        len(segment) <= NAME_SEGMENT_MAX and _NAME_SEGMENT.fullmatch(segment) is not None
 
 
 def repaired(segment: str) -> str:
@@ -179,7 +190,7 @@ class PluginNames:
         for device, derived in self.table.items():
             if device.startswith(key):
                 rest = device[len(key):]
-                return f"{rest.upper()}_{derived}" if rest else derived
+                return f"{rest.upper()}_{derived}"  # rest is never empty: four-byte keys were looked up above
         return ""
 
     def resource(self, device_id: str) -> str:
