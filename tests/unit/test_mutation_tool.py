@@ -48,3 +48,12 @@ def test_every_group_names_files_that_exist():
     for name, group in mutate.GROUPS.items():
         for rel in group.modules + group.tests:
             assert os.path.isfile(os.path.join(REPO, rel)), (name, rel)
+
+
+def test_a_codec_name_in_other_case_is_the_same_codec_and_nothing_else_is():
+    assert mutate.codec_case_only('-    x = raw.decode("utf-8", "replace")\n+    x = raw.decode("UTF-8", "replace")')
+    assert not mutate.codec_case_only('-    x = raw.decode("utf-8", "replace")\n+    x = raw.decode("utf-8", "REPLACE")')
+    assert not mutate.codec_case_only('-    x = raw.decode("utf-8")\n+    x = raw.decode("XXutf-8XX")')
+    assert not mutate.codec_case_only('-    if kind == "utf-8":\n+    if kind == "UTF-8":')  # a value, not a codec
+    assert mutate.codec_case_only("-    open(p, encoding='utf-8')\n+    open(p, encoding='UTF-8')")
+    assert not mutate.codec_case_only('-    a = "utf-8"\n+    b = "UTF-8"')
