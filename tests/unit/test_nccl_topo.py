@@ -4,12 +4,14 @@ guest really shows onto the plan (fail closed when it does not line up)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from xml.etree import ElementTree as ET
 
 import pytest
 
 from gpuvfio.domain import nccl_topo
+from gpuvfio.domain.layout import Controller, GuestPort
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.domains import nccl_topology_file, provision_xml
@@ -200,3 +202,98 @@ def test_the_narrow_slots_file_carries_what_nccl_reads_on_the_host(tmp_path):
                                     switch_links={switch: ("2.5 GT/s PCIe", "1")})
     node = next(e for e in ET.fromstring(given).iter("pci") if e.get("busid") == switch)
     assert (node.get("link_speed"), node.get("link_width")) == ("2.5 GT/s PCIe", "1")
+
+
+# -- edges mutation testing found untested (docs/mutation.md) -----------------------------------
+
+def test_the_file_is_what_nccls_reader_takes(tmp_path):
+    """NCCL src/graph/xml.cc (v2.30.4-1): ncclTopoGetXmlFromFile loads a <system> whose version
+    attribute must equal NCCL_TOPO_XML_VERSION (1), and ncclTopoAddCpu converts each <cpu>'s
+    arch through kvDictCpuArch ("x86_64", "arm64", "ppc64"), by exact string; affinity is a
+    cpumask of 32-bit words, most significant first, as /sys/devices/system/node/nodeN/cpumap."""
+    system = ET.fromstring(nccl_topo.nccl_topology([], [(0, [0, 1]), (1, [33]), (2, [])], {},
+                                                   cpu_vendor="GenuineIntel"))
+    assert (system.tag, system.attrib) == ("system", {"version": "1"})
+    assert [c.attrib for c in system.findall("cpu")] == [
+        {"numaid": "0", "affinity": "00000003", "arch": "x86_64", "vendor": "GenuineIntel"},
+        {"numaid": "1", "affinity": "00000002,00000000", "arch": "x86_64", "vendor": "GenuineIntel"},
+        {"numaid": "2", "affinity": "00000000", "arch": "x86_64", "vendor": "GenuineIntel"}]
+    masks = {c.get("numaid"): c.get("affinity") for c in ET.fromstring(nccl_topo.nccl_topology(
+        [], [(0, [31]), (1, [32, 95]), (2, [64])], {}, cpu_vendor=None)).findall("cpu")}
+    assert masks == {"0": "80000000", "1": "80000000,00000001,00000000",
+                     "2": "00000001,00000000,00000000"}
+
+
+def _with_link(fn, speed, width):
+    return dataclasses.replace(fn, link=dataclasses.replace(fn.link, max_speed_gts=speed, max_width=width))
+
+
+def test_link_attributes_when_one_side_knows_only_half(tmp_path):
+    functions = dict(read_inventory(HostRoot(narrow_host(tmp_path).root)).functions)
+    gpu = functions[PciAddress.parse("0000:01:00.0")]  # under 00:01.0, a Gen4 x8 slot
+    port = gpu.parents[-1]
+    assert nccl_topo.link_attributes(dataclasses.replace(gpu, link=None), functions) is None
+    # the device's speed unknown: the port's; its width unknown: 0, as strtol("") gives
+    assert nccl_topo.link_attributes(_with_link(gpu, None, 16), functions) == ("16.0 GT/s PCIe", "8")
+    assert nccl_topo.link_attributes(_with_link(gpu, 16.0, None), functions) == ("16.0 GT/s PCIe", "0")
+    # both speeds unknown: the device's (empty) string
+    functions[port] = _with_link(functions[port], None, 16)
+    assert nccl_topo.link_attributes(_with_link(gpu, None, 8), functions) == ("", "8")
+    # without the host's functions, a device that knows half of its link says nothing
+    assert nccl_topo.link_attributes(_with_link(gpu, None, 16)) is None
+    assert nccl_topo.link_attributes(_with_link(gpu, 16.0, None)) is None
+
+
+def test_an_emulated_switch_over_a_host_device_without_one_carries_no_link(tmp_path):
+    """A guest switch node stands for the host switch above the device; a device on a host root
+    port has none, so the node gets no link attributes (rather than a crash or made-up ones)."""
+    functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
+    gpu = functions[PciAddress.parse("0000:02:00.0")]
+    device = nccl_topo.GuestDevice(GuestPort(3, [gpu]), "0000:04:00.0", "0000:02:00.0")
+    system = ET.fromstring(nccl_topo.nccl_topology([device], [(0, [0])], {}, cpu_vendor=None,
+                                                   host_functions=functions))
+    switch = system.find("cpu/pci")
+    assert switch.attrib == {"busid": "0000:02:00.0", "class": "0x060400"}
+    assert switch.find("pci").get("link_width") == "16"
+
+
+def test_pxb_buses_come_from_their_bus_nr_and_leave_the_root_numbering_alone():
+    controllers = [Controller(1, "pcie-expander-bus", 0, slot=2, bus_nr=0x40),
+                   Controller(2, "pcie-root-port", 1, slot=0),
+                   Controller(3, "pcie-root-port", 0, slot=3),
+                   Controller(4, "pcie-root-port", 0, slot=4),
+                   Controller(5, "pcie-switch-upstream-port", 4, slot=0),
+                   Controller(6, "pcie-switch-downstream-port", 5, slot=1),
+                   Controller(7, "pcie-switch-downstream-port", 5, slot=0)]
+    # pcie-root from bus 1, depth first, a switch's downstream ports by slot; the pxb is bus 0x40
+    assert nccl_topo.guest_buses(controllers) == {3: 1, 4: 2, 5: 3, 7: 4, 6: 5, 1: 0x40, 2: 0x41}
+
+
+def test_the_mapping_counts_only_each_ports_first_function_and_names_a_mismatch(tmp_path):
+    functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
+    gpu = functions[PciAddress.parse("0000:02:00.0")]
+    audio = dataclasses.replace(gpu, address=PciAddress.parse("0000:02:00.1"), device_id="22bc",
+                                class_id="040300")
+    controllers = [Controller(1, "pcie-root-port", 0, slot=1)]
+    ports = [GuestPort(1, [gpu, audio])]
+    guest = [{"address": "0000:01:00.0", "vendor_id": "10de", "device_id": "26b9", "upstream": "0000:00:01.0"},
+             {"address": "0000:01:00.1", "vendor_id": "10de", "device_id": "22bc", "upstream": "0000:00:01.0"},
+             # an emulated device that happens to carry the audio function's ids
+             {"address": "0000:00:05.0", "vendor_id": "10de", "device_id": "22bc", "upstream": None}]
+    (mapped,) = nccl_topo.map_guest(controllers, ports, guest)
+    assert (mapped.address, mapped.switch) == ("0000:01:00.0", None)
+    with pytest.raises(nccl_topo.TopologyMismatch, match="guest 0000:01:00.0 is 10de:26b9 where the plan has "
+                                                         "0000:02:00.0 .10de:2330."):
+        nccl_topo.map_guest(controllers, [GuestPort(1, [dataclasses.replace(gpu, device_id="2330")]),
+                                          GuestPort(1, [gpu])], guest + [dict(guest[0], address="0000:02:00.0",
+                                                                              device_id="2330")])
+
+
+def test_a_switch_port_whose_bridge_the_probe_does_not_show_is_a_mismatch(tmp_path):
+    functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
+    gpu = functions[PciAddress.parse("0000:12:00.0")]
+    controllers = [Controller(1, "pcie-root-port", 0, slot=1), Controller(2, "pcie-switch-upstream-port", 1, slot=0),
+                   Controller(3, "pcie-switch-downstream-port", 2, slot=0)]
+    guest = [{"address": "0000:03:00.0", "vendor_id": "10de", "device_id": "2330", "upstream": "0000:02:00.0"}]
+    with pytest.raises(nccl_topo.TopologyMismatch, match="does not show the switch above it"):
+        nccl_topo.map_guest(controllers, [GuestPort(3, [gpu])], guest)
