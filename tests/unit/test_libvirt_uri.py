@@ -345,6 +345,7 @@ def test_a_test_driver_path_must_be_the_file_libvirt_opens(tmp_path):
     ("test:///default", False), ("test:///default?mode=auto", False), ("TEST+unix:///default", False),
     ("qemu:///system", False), ("qemu:///tmp/node.xml", False), ("test:///tmp/node.xml", True),
     ("test+unix:///tmp/node.xml?mode=auto", True), ("test:///DEFAULT", True),
+    ("test:///tmp/a://b.xml", True),  # the first "://" ends the scheme
 ])
 def test_which_uris_name_a_test_driver_file(uri, names):
     """A test driver file's content may be quoted by libvirt's errors (gpuvfio.virt.connection);
@@ -365,8 +366,9 @@ def test_a_test_driver_file_is_read_within_its_bound_and_named_by_its_source(tmp
 
 @pytest.mark.parametrize("uri", ["test:////tmp/node.xml", "test:///tmp/a://b.xml"])
 def test_a_test_driver_path_that_only_looks_canonical_is_refused(uri):
-    """"//x" is what realpath keeps as it is (POSIX leaves a leading "//" to the system), and a
-    second "://" must not hide the path from the check."""
+    """POSIX leaves a leading "//" to the system (os.path.normpath keeps it; CPython 3.11's
+    realpath collapses it, so there the component check and the realpath check both refuse it),
+    and a second "://" must not hide the path from the check."""
     with pytest.raises(InputError, match="must be a canonical path"):
         check_uri(uri)
 

@@ -95,6 +95,7 @@ def test_from_pci_ids_reads_a_file_of_more_than_a_mebibyte(tmp_path):
 
 def test_vgpu_key_trims_newlines_only():
     assert vgpu_key(" GRID A100-4C\n\n") == "_GRID_A100-4C"  # Go: strings.Trim(s, "\n"), then \s+ -> _
+    assert vgpu_key("X-1Q\n") == "X-1Q"
 
 
 @pytest.mark.parametrize("resource, valid", [
@@ -108,6 +109,9 @@ def test_vgpu_key_trims_newlines_only():
     ("kubernetes.io/gpu", False),
     ("requests.nvidia.com/gpu", False),
     ("nvidia.com/-GRID", False),
+    # IsDNS1123Subdomain: "requests." + the prefix, 253 characters at most
+    (".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 52]) + "/gpu", True),
+    (".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 53]) + "/gpu", False),
 ])
 def test_extended_resource_names_follow_kubernetes(resource, valid):
     assert valid_resource_name(resource) is valid
