@@ -449,3 +449,55 @@ def test_surrogates_and_overflowing_numbers_from_the_guest_are_refused(fragment)
     text = "GPUVFIO-VERIFIER " + json.dumps(data).replace('"PLACEHOLDER"', fragment)
     with pytest.raises(VerifyError, match="garbled"):
         parse_verifier(text)
+
+
+def _vgpu_host(tmp_path):
+    from tests.hostbuilder import BAR64_PREF, HostBuilder
+    b = HostBuilder(str(tmp_path))
+    b.iommu("amd", 1)
+    b.numa_node(0, list(range(8)), 32)
+    rb = b.root_bus(numa=-1)
+    rp = b.bridge(rb, "0000:40:01.1", "1022", "14ab", secondary_bus=0x41, link=(4, 8))
+    pf = b.function(rp, "0000:41:00.0", "10de", "2236", "030200", driver="nvidia", link=(5, 16),
+                    bars=[(1, 32 << 30, BAR64_PREF)])
+    vfs = b.sriov(pf, 32, ["0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7"], "2236", "10de",
+                  "030200", driver="nvidia", vf_bar=1 << 30)
+    b.vgpu_types(vfs[0], [(590, "NVIDIA A10-4Q"), (591, "NVIDIA A10-8Q")], current=591)
+    b.vgpu_types(vfs[1], [(590, "NVIDIA A10-4Q")], current=592)  # not in its own list, nor the PF's
+    b.vgpu_types(vfs[2], [(590, "NVIDIA A10-4Q")], current=0)
+    b.vgpu_types(pf, [(593, "NVIDIA A10-2B")])
+    b.vgpu_types(vfs[3], [], current=593)  # a VF whose list is empty once created: the PF's names it
+    b.function(rb, "0000:00:05.0", "8086", "1234", "020000", driver="e1000e", link=(3, 1))
+    return b
+
+
+def test_expectations_take_the_slot_and_the_vgpu_profile_from_the_host(tmp_path):
+    from gpuvfio.address import PciAddress
+    from gpuvfio.guest.expect import expectations
+    from gpuvfio.host.inventory import read_inventory
+    from gpuvfio.host.root import HostRoot
+
+    inventory = read_inventory(HostRoot(_vgpu_host(tmp_path).root))
+    got = expectations(inventory, [PciAddress.parse(a) for a in (
+        "0000:41:00.0", "0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7", "0000:00:05.0")])
+    pf = got[0]
+    assert (pf.link_gen, pf.link_width, pf.link_source, pf.vgpu_profile) == (
+        4, 8, "0000:41:00.0 Gen5 x16, its slot (0000:40:01.1) Gen4 x8", None)
+    assert [e.vgpu_profile for e in got[1:5]] == ["NVIDIA A10-8Q", "vGPU type 592", None, "NVIDIA A10-2B"]
+    nic = got[5]  # not NVIDIA: no gate from its link
+    assert (nic.link_gen, nic.link_width, nic.link_source, nic.kind) == (None, None, None, "present")
+    with pytest.raises(InputError, match="no such PCI function on this host: 0000:41:01.0"):
+        expectations(inventory, [PciAddress.parse("0000:41:01.0")])
+
+
+def test_gates_say_their_floor():
+    from gpuvfio.guest.expect import gates as make
+    assert make().describe(5, 16) == ">= 48.0 GB/s (76% of Gen5 x16)"  # test_gen5_x16_floor_is_48_gbps
+    assert make(min_gbps=12.25).describe(5, 16) == ">= 12.2 GB/s (--min-gbps)"
+    assert make(min_gbps=12.0).floor(None, None) == 12.0
+    assert make().floor(7, 16) is None and make().floor(5, 0) is None and make().floor(None, 16) is None
+    assert make(link_efficiency=1).floor(1, 1) == 0.25
+    with pytest.raises(InputError, match="a fraction in"):
+        make(link_efficiency=0)
+    with pytest.raises(InputError, match="positive number of GB/s"):
+        make(min_gbps=0)
