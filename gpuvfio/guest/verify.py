@@ -9,6 +9,7 @@ guest answers -- nothing, garbage, a crash -- there is a report: a failed "probe
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 from gpuvfio.errors import GpuvfioError
@@ -19,6 +20,12 @@ from gpuvfio.guest.payload import PROBE, verifier_program
 from gpuvfio.numbers import finite
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
+# What a guest's sysfs can name (lib/vsprintf.c, drivers/pci/probe.c: "%04x:%02x:%02x.%d", a
+# domain past 0xffff printed wider) and its ids ("0x%04x", class "0x%06x"): anything else from a
+# guest is not a PCI function and is never compared or shown.
+_GUEST_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]", re.ASCII)
+_HEX4 = re.compile(r"[0-9a-f]{4}", re.ASCII)
+_HEX6 = re.compile(r"[0-9a-f]{6}", re.ASCII)
 PROBE_NAME = "gpuvfio-probe"  # $0 of the probe shell, how a harness recognises the command
 VERIFIER_VERSION = 2
 
@@ -56,12 +63,15 @@ def parse_probe(text: str) -> dict:
                 raise VerifyError(f"malformed PCI line from the guest probe: {line[:80]!r}")
             addr, vendor, device, klass, driver, cur_s, cur_w, max_s, max_w = parts[:9]
             upstream = parts[9] if len(parts) == 10 and parts[9] != "-" else None
-            if addr.count(":") != 2 or "." not in addr:
+            ids = [part.lower().removeprefix("0x") for part in (vendor, device, klass)]
+            if not all(_GUEST_ADDRESS.fullmatch(a) for a in [addr.lower()] + ([upstream.lower()] if upstream else [])):
                 raise VerifyError(f"malformed PCI address from the guest probe: {addr[:40]!r}")
-            facts["pci"].append({"address": addr.lower(), "upstream": upstream,
-                                 "vendor_id": vendor.lower().removeprefix("0x"),
-                                 "device_id": device.lower().removeprefix("0x"),
-                                 "class_id": klass.lower().removeprefix("0x"),
+            # the driver is only compared with "nvidia" and shown escaped; the ids and addresses
+            # are matched against the plan, so they must be what a kernel prints
+            if not (_HEX4.fullmatch(ids[0]) and _HEX4.fullmatch(ids[1]) and _HEX6.fullmatch(ids[2])):
+                raise VerifyError(f"malformed PCI ids from the guest probe: {line[:80]!r}")
+            facts["pci"].append({"address": addr.lower(), "upstream": upstream and upstream.lower(),
+                                 "vendor_id": ids[0], "device_id": ids[1], "class_id": ids[2],
                                  "driver": None if driver == "-" else driver,
                                  "link": {"current_speed": cur_s, "current_width": cur_w,
                                           "max_speed": max_s, "max_width": max_w}})

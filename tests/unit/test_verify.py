@@ -326,6 +326,24 @@ def test_garbage_probe(text):
         parse_probe(text)
 
 
+@pytest.mark.parametrize("line, what", [
+    (GPU_LINE.replace("0000:01:00.0", "0000:01:00.0.1", 1), "address"),  # split and rsplit would differ
+    (GPU_LINE.replace("0000:01:00.0", "0000:01:00.0\u202e", 1), "address"),
+    (GPU_LINE.replace("0000:01:00.0", "x:y:z.w", 1), "address"),
+    (GPU_LINE.replace("0000:01:00.0", "0000:01:20.0", 1), "address"),  # slots are 0-31
+    (GPU_LINE.replace("0000:00:02.0", "pci0000:00", 1), "address"),  # the upstream bridge, too
+    (GPU_LINE.replace("0x10de", "0x10de\x1b[2J", 1), "ids"),
+    (GPU_LINE.replace("0x030200", "0x0302", 1), "ids"),
+])
+def test_a_probe_line_must_name_a_pci_function_as_a_kernel_prints_it(line, what):
+    """The guest's addresses and ids are matched against the plan (slots, functions): a guest
+    that says anything else is refused, not matched by whatever split happens to cut it."""
+    with pytest.raises(VerifyError, match=f"malformed PCI {what} from the guest probe"):
+        parse_probe(probe_text([line]))
+    assert parse_probe(probe_text([GPU_LINE.replace("0000:01:00.0", "10000:01:1F.7", 1)]))["pci"][0]["address"] \
+        == "10000:01:1f.7"  # a domain past 0xffff (VMD), upper-case hex: lower-cased
+
+
 @pytest.mark.parametrize("text", ["", "GPUVFIO-VERIFIER {not json\n", 'GPUVFIO-VERIFIER {"version": 9}\n',
                                   'GPUVFIO-VERIFIER {"version": 1}\n'])
 def test_garbage_verifier(text):
