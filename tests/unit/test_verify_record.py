@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-from gpuvfio.guest.checks import MOST_GBPS, judge
+from gpuvfio.guest.checks import MOST_GBPS, evaluate
 from gpuvfio.guest.expect import LANE_GBPS, Expected, gates
 from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier
 from tests.unit.test_address_record import write
@@ -167,10 +167,61 @@ OTHER = {
 }
 
 
+def _nvml_form(verifier: dict) -> dict:
+    """The verifier's tables keyed as NVML spells a bus id: eight-digit domain, upper-case hex."""
+    def nvml(bus: str) -> str:
+        return "0000" + bus.upper()
+    for key in ("bandwidth", "latency", "compute"):
+        verifier[key] = {nvml(bus): value for bus, value in verifier[key].items()}
+    for device in verifier["cuda"]["devices"] + verifier["nvml"]["devices"]:
+        device["bus_id"] = nvml(device["bus_id"][-12:])
+    return verifier
+
+
+def slots_as_slots():
+    """Host slot 1b:00 has a GPU and its audio, 2b:00 a GPU alone; the guest shows the pair on
+    02:00 and the lone GPU on 01:00: slots pair with slots, not the first GPU with the first."""
+    lines = [gpu_line(1), gpu_line(2), "PCI|0000:02:00.1|0x10de|0x22bb|0x040300|snd_hda_intel|-|-|-|-|-"]
+    exp = [Expected("0000:1b:00.0", "10de", "2330", "030200", 5, 16, "x"),
+           Expected("0000:1b:00.1", "10de", "22bb", "040300", None, None),
+           Expected("0000:2b:00.0", "10de", "2330", "030200", 5, 16, "x")]
+    _lines, version, verifier = healthy()
+    verifier["bandwidth"][B1]["h2d"]["median"] = 20.0  # so the pairing shows in which GPU fails
+    return lines, version, verifier, exp, {}
+
+
+def hex_buses_in_nvml_form():
+    buses = ["0000:1b:00.0", "0000:2b:00.0"]
+    _lines, version, verifier = healthy()
+    verifier = _nvml_form(verifier_data(buses=buses, p2p=dict(verifier["p2p"], bus_ids=buses),
+                                        nccl=verifier["nccl"]))
+    verifier["nvml"]["devices"][1]["mig"] = True
+    verifier["cuda"]["devices"].pop()
+    return [gpu_line(0x1b), gpu_line(0x2b)], version, verifier, expected(), {}
+
+
+def verifier_error_and_problem():
+    lines, version, verifier = healthy()
+    verifier["errors"]["verifier"] = "Traceback: boom"
+    return lines, version, verifier, expected(), {"verifier_problem": "it exited 1"}
+
+
+def rounded_figures():
+    lines, version, verifier = healthy()
+    verifier["bandwidth"][B0]["h2d"]["median"] = 49.98765
+    return lines, version, verifier, expected(), {}
+
+
+WHOLE = {"slots pair as slots": slots_as_slots, "hex buses in NVML's form": hex_buses_in_nvml_form,
+         "verifier error and problem": verifier_error_and_problem, "bandwidth figures rounded": rounded_figures}
+
+
 def verdict(name: str) -> dict:
     lines, version, verifier = healthy()
     exp, options = expected(), {}
-    if name in VERIFIER_SPOILS:
+    if name in WHOLE:
+        lines, version, verifier, exp, options = WHOLE[name]()
+    elif name in VERIFIER_SPOILS:
         VERIFIER_SPOILS[name](verifier)
     else:
         change_lines, version_line, new_expected, options = OTHER[name]
@@ -186,12 +237,12 @@ def verdict(name: str) -> dict:
         parsed = parse_verifier(text) if text is not None else None
     except VerifyError as refused:
         return {"refused": str(refused)}
-    answer = judge(parse_probe(probe), parsed, exp, **options).to_json()
+    answer = evaluate(parse_probe(probe), parsed, exp, **options)
     return {key: answer[key] for key in ("ok", "checks", "bandwidth_gbps")}  # facts are the guest's own words
 
 
 def recorded() -> dict:
-    return {name: verdict(name) for name in [*VERIFIER_SPOILS, *OTHER]}
+    return {name: verdict(name) for name in [*VERIFIER_SPOILS, *OTHER, *WHOLE]}
 
 
 def test_every_verdict_is_the_recorded_one():
