@@ -519,3 +519,10 @@ def test_gates_say_their_floor():
         make(link_efficiency=0)
     with pytest.raises(InputError, match="positive number of GB/s"):
         make(min_gbps=0)
+
+
+def test_the_report_keeps_the_guests_nvidia_and_vfio_modules_only():
+    probe = parse_probe(probe_text([GPU_LINE]).replace("MODULE nvidia 1\n", "MODULE nvidia 1\nMODULE nvidia_uvm 2\n"
+                                                       "MODULE vfio_pci 3\nMODULE snd_hda_intel 4\nMODULE vfio 5\n"))
+    facts = evaluate(probe, None, [H100])["facts"]
+    assert facts["nvidia_modules"] == ["nvidia 1", "nvidia_uvm 2", "vfio_pci 3", "vfio 5"]
