@@ -42,6 +42,7 @@ def test_prose_is_only_the_words_of_a_message():
     assert not mutate.prose_only('-    value = raw if eq else ""\n+    value = raw if eq else "XXXX"')
     assert not mutate.prose_only('-    if size > limit:\n+    if size >= limit:')
     assert not mutate.prose_only('-    x = "a b"\n+    y = "a c"')
+    assert not mutate.prose_only('-    if len(key) > 4 or " " in key:\n+    if len(key) > 4 or "XX XX" in key:')
 
 
 def test_every_group_names_files_that_exist():
