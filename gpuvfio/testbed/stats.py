@@ -129,8 +129,12 @@ def t_quantile(q: float, df: float) -> float:
         else:
             high = t
         step = excess / (2.0 * t_pdf(t, df))
+        if abs(step) <= 1e-14 * t:
+            # converged: a step this small may round to nothing (t + step == t), which the
+            # bracket test below would take for a step out of the bracket and bisect
+            return t + step
         t = t + step if low < t + step < high else (low + high) / 2.0
-        if abs(step) <= 1e-14 * t or high - low <= 1e-14 * high:
+        if high - low <= 1e-14 * high:
             break
     return t
 

@@ -213,3 +213,85 @@ def test_welch_at_two_samples_each_and_with_equal_spreads():
     assert (same["t"], same["df"], same["note"]) == (None, None, "both samples are constant and equal")
     differ = welch_test(summarize([5.0] * 2), summarize([6.0] * 2))
     assert (differ["t"], differ["df"], differ["note"]) == (None, None, "both samples are constant and differ")
+
+
+# -- edges mutation testing found untested (docs/mutation.md) ------------------------------------
+
+@pytest.mark.parametrize("t", [-3.0, -1.0, -0.25, 0.0, 0.5, 1.0, 7.0])
+def test_t_cdf_and_pdf_against_their_closed_forms(t):
+    from gpuvfio.testbed.stats import t_pdf
+    # df = 1 (Cauchy): F = 1/2 + atan(t)/pi, f = 1/(pi (1 + t^2)); df = 2: F = 1/2 + t / (2 sqrt(2 + t^2)),
+    # f = (2 + t^2)^(-3/2)
+    assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, rel=1e-12, abs=1e-15)
+    assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), rel=1e-12, abs=1e-15)
+    assert t_pdf(t, 1) == pytest.approx(1 / (math.pi * (1 + t * t)), rel=1e-12)
+    assert t_pdf(t, 2) == pytest.approx((2 + t * t) ** -1.5, rel=1e-12)
+
+
+def test_t_quantile_at_the_median_and_its_refusal_names_the_interval():
+    assert t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-12) and t_quantile(0.5, 1.5) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        t_quantile(0.0, 3)
+
+
+def test_a_summary_names_its_parts():
+    summary = summarize([3.0, 1.0, 2.0])
+    assert (summary["median"], summary["min"], summary["max"], summary["values"]) == (2.0, 1.0, 3.0, [1.0, 2.0, 3.0])
+
+
+def test_a_value_out_of_any_metrics_magnitude_is_bad_input():
+    from gpuvfio.errors import InputError
+    from gpuvfio.testbed.stats import METRIC_MAGNITUDE, metric_problem
+    low, high = METRIC_MAGNITUDE
+    assert [metric_problem(v) for v in (0, low, high, -high)] == [None] * 4
+    assert all(metric_problem(v) for v in (low / 2, high * 2, -high * 2, math.inf, math.nan))
+    with pytest.raises(InputError, match="not a measurement"):
+        summarize([1.0, high * 10])
+
+
+def test_p99_of_101_values_is_the_100th():
+    # nearest rank: ceil(0.99 * 101) = 100; a quantile taken as 99/101 would give the 99th
+    assert summarize([float(v) for v in range(1, 102)])["p99"] == 100.0
+
+
+def test_two_samples_have_an_interval_and_a_summary_without_a_count_has_none():
+    # t(0.975, 1) = tan(0.475 pi); s / sqrt(n) = 1 for [1, 3]
+    assert summarize([1.0, 3.0])["ci95"] == pytest.approx([2 - math.tan(0.475 * math.pi),
+                                                           2 + math.tan(0.475 * math.pi)], rel=1e-12)
+    assert mean_ci({"mean": 1.0}) is None and welch_test({}, {}) is None
+    assert ratio_ci({"mean": 1.0}, {"mean": 1.0}) is None
+
+
+@pytest.mark.parametrize("num, den", [
+    ([1.0, 1.2, 0.9, 1.1], [10.0, 10.001]),  # two samples in the denominator
+    ([0.10, 0.11, 0.09], [0.5, 0.5001, 0.4999]),  # a small denominator: y^2 - t^2 vy < 1
+    ([0.010, 0.011, 0.009], [0.020, 0.0201, 0.0199]),  # a discriminant well under 1
+])
+def test_fieller_bounds_solve_its_equation(num, den):
+    """Fieller's bounds are the roots of (x - rho y)^2 = t^2 (vx + rho^2 vy), t at the
+    Welch-Satterthwaite df: checked on the equation itself, not on the code's algebra."""
+    a, b = summarize(num), summarize(den)
+    low, high = ratio_ci(a, b)
+    x, y = a["mean"], b["mean"]
+    vx, vy = a["stdev"] ** 2 / a["count"], b["stdev"] ** 2 / b["count"]
+    rho = x / y
+    df = (vx + rho * rho * vy) ** 2 / (vx ** 2 / (a["count"] - 1) + rho ** 4 * vy ** 2 / (b["count"] - 1))
+    t = t_quantile(0.975, df)
+    for bound in (low, high):
+        assert (x - bound * y) ** 2 == pytest.approx(t * t * (vx + bound * bound * vy), rel=1e-9)
+    assert low < rho < high
+
+
+@pytest.mark.parametrize("q", [0.6, 0.9, 0.95, 0.975, 0.99, 0.995, 0.999, 1 - 1e-6, 1 - 1e-9])
+def test_the_quantile_inverts_the_tail_for_every_df(q):
+    """t_quantile against the tail it inverts (t_two_sided_p, itself checked on closed forms
+    above), over fractional Welch dfs and whole ones: a Newton step that rounds to nothing
+    (t + step == t) once read as a step out of the bracket, and the bisection that followed was
+    returned: t(0.95, 4) came out 2.316 where it is 2.132, t(0.975, 5.68) 2.740."""
+    for df in [0.5 + i * 0.37 for i in range(300)] + list(range(1, 200)):
+        t = t_quantile(q, df)
+        assert t_two_sided_p(t, df) == pytest.approx(2 * (1 - q), rel=1e-11), df
+
+
+def test_t_quantile_matches_the_cauchy_just_past_the_median():
+    assert t_quantile(0.51, 1) == pytest.approx(math.tan(math.pi * 0.01), rel=1e-9)
