@@ -486,6 +486,13 @@ def _vgpu_host(tmp_path):
     b.vgpu_types(pf, [(593, "NVIDIA A10-2B")])
     b.vgpu_types(vfs[3], [], current=593)  # a VF whose list is empty once created: the PF's names it
     b.function(rb, "0000:00:05.0", "8086", "1234", "020000", driver="e1000e", link=(3, 1))
+    b.function(rb, "0000:00:06.0", "10de", "2330", "030200", driver="nvidia", link=(5, 16))  # on the root bus
+    bare = b.bridge(rb, "0000:00:07.0", "8086", "352a", secondary_bus=0x50)  # a port without link files
+    b.function(bare, "0000:50:00.0", "10de", "2330", "030200", driver="nvidia", link=(5, 16))
+    half = b.bridge(rb, "0000:00:08.0", "8086", "352a", secondary_bus=0x60, link=(4, 8))
+    os.remove(os.path.join(half.path, "max_link_speed"))  # a port that knows its width only
+    t4 = b.function(half, "0000:60:00.0", "10de", "1eb8", "030200", driver="nvidia", link=(3, 16))
+    b.vgpu_types(t4, [(600, "GRID T4-1Q")], current=601)  # a current type on a function no PF owns
     return b
 
 
@@ -506,13 +513,20 @@ def test_expectations_take_the_slot_and_the_vgpu_profile_from_the_host(tmp_path)
     assert (nic.link_gen, nic.link_width, nic.link_source, nic.kind) == (None, None, None, "present")
     with pytest.raises(InputError, match="no such PCI function on this host: 0000:41:01.0"):
         expectations(inventory, [PciAddress.parse("0000:41:01.0")])
+    root, bare, half = expectations(inventory, [PciAddress.parse(a) for a in ("0000:00:06.0", "0000:50:00.0",
+                                                                            "0000:60:00.0")])
+    assert (root.link_gen, root.link_width, root.link_source) == (5, 16, "0000:00:06.0 Gen5 x16")
+    assert (bare.link_gen, bare.link_width, bare.link_source) == (5, 16, "0000:50:00.0 Gen5 x16")
+    assert (half.link_gen, half.link_width, half.link_source, half.vgpu_profile) == (
+        3, 16, "0000:60:00.0 Gen3 x16", "vGPU type 601")
 
 
 def test_gates_say_their_floor():
     from gpuvfio.guest.expect import gates as make
     assert make().describe(5, 16) == ">= 48.0 GB/s (76% of Gen5 x16)"  # test_gen5_x16_floor_is_48_gbps
     assert make(min_gbps=12.25).describe(5, 16) == ">= 12.2 GB/s (--min-gbps)"
-    assert make(min_gbps=12.0).floor(None, None) == 12.0
+    assert make(min_gbps=12.0).floor(None, None) == 12.0 and make(min_gbps=0.5).floor(5, 16) == 0.5
+    assert len(parse_expect(["10de:2335x64"])) == 64
     assert make().floor(7, 16) is None and make().floor(5, 0) is None and make().floor(None, 16) is None
     assert make(link_efficiency=1).floor(1, 1) == 0.25
     with pytest.raises(InputError, match="a fraction in"):

@@ -15,7 +15,7 @@ import os
 import sys
 
 from gpuvfio.guest.checks import MOST_GBPS, evaluate
-from gpuvfio.guest.expect import LANE_GBPS, Expected, gates
+from gpuvfio.guest.expect import LANE_GBPS, Expected, gates, parse_expect
 from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier
 from tests.unit.test_address_record import write
 from tests.unit.test_verify import gpu_line, probe_text, verifier_data
@@ -40,8 +40,8 @@ def healthy() -> tuple[list[str], str, dict]:
     p2p = {"bus_ids": BUSES, "access": [[False, True], [True, False]],
            "bandwidth": {PAIR: {"median": 40.0, "samples": [40.0], "verified": True},
                          "0000:02:00.0->0000:01:00.0": {"median": 41.0, "samples": [41.0], "verified": True}}}
-    nccl = {"version": 22304, "devices": 2, "results": [
-        {"bytes": 8 << 20, "busbw_gbps": 30.0, "verified": True}, {"bytes": 1 << 30, "busbw_gbps": 45.5, "verified": True}],
+    nccl = {"version": 22304, "devices": 2, "results": [{"bytes": 8 << 20, "busbw_gbps": 30.0, "verified": True},
+                                                         {"bytes": 1 << 30, "busbw_gbps": 45.5, "verified": True}],
         "topology": {"file": "/etc/gpuvfio/nccl-topo.xml", "source": "gpuvfio", "error": None,
                      "planned": {b: LINK for b in BUSES}, "nccl": {b: LINK for b in BUSES}}}
     return lines, "NVIDIA-VERSION NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar 5", \
@@ -135,6 +135,26 @@ VERIFIER_SPOILS = {
     "nccl view misses one": lambda v: v["nccl"]["topology"]["nccl"].pop(B1),
     "nccl view has more": lambda v: v["nccl"]["topology"]["nccl"].update({"0000:03:00.0": dict(LINK, nvlink=4)}),
     "nccl view with nvlink": lambda v: v["nccl"]["topology"]["nccl"].update({B1: dict(LINK, nvlink=18)}),
+    "nccl no file, no view": lambda v: v["nccl"]["topology"].update(file=None, planned=None, nccl=None),
+    "nccl view without a plan": lambda v: v["nccl"]["topology"].update(planned=None, error="no GPU in the file"),
+    "nccl busbw zero": lambda v: v["nccl"]["results"][1].update(busbw_gbps=0.0),
+    "nccl busbw at its bound": lambda v: v["nccl"]["results"][1].update(busbw_gbps=MOST_GBPS * 64),
+    "nccl busbw past its bound": lambda v: v["nccl"]["results"][1].update(busbw_gbps=MOST_GBPS * 64.5),
+    "nccl zero bytes": lambda v: v["nccl"]["results"][0].update(bytes=0),
+    "h2d zero": lambda v: _bw(v)["h2d"].update(median=0.0),
+    "p2p zero median": lambda v: v["p2p"]["bandwidth"][PAIR].update(median=0.0),
+    "cuda sees none, one mig": lambda v: (v["cuda"].update(devices=[]), v["nvml"]["devices"][1].update(mig=True)),
+    "no compute, both errors": lambda v: (v["compute"].pop(B0), v["errors"].update(
+        {f"bandwidth {B0}": "cudaMemcpy: 700", f"compute {B0}": "launch failed"})),
+    "nothing measured, a compute error": lambda v: (v["bandwidth"].pop(B0),
+                                                    v["errors"].update({f"compute {B0}": "launch failed"})),
+    "compute without a time": lambda v: v["compute"][B0].pop("launch_ms"),
+    "compute at zero": lambda v: v["compute"][B0].update(launch_ms=0.0),
+    "link under load with an error": lambda v: _bw(v).update(link_under_load={
+        "error": "NVML_ERROR_UNKNOWN", "current_gen": 5, "current_width": 16}),
+    "idle link with an error": lambda v: (_bw(v).pop("link_under_load"), v["nvml"]["devices"][0].update(link_idle={
+        "error": "NVML_ERROR_UNKNOWN", "current_gen": 5, "current_width": 16})),
+    "clique, short matrix, ids reversed": lambda v: v["p2p"].update(bus_ids=[B1, B0], access=[[False, True]]),
 }
 
 # name -> (probe lines, version line, expected, judge options, verifier: None | "healthy")
@@ -164,6 +184,12 @@ OTHER = {
     "no python": (None, None, None, {"verifier": None}),
     "verifier problem": (None, None, None, {"verifier": None, "verifier_problem": "it printed no result"}),
     "verifier problem beside a result": (None, None, None, {"verifier_problem": "it exited 1"}),
+    "audio only, verifier problem": (None, None, [Expected("0000:1b:00.1", "10de", "22bb", "040300", None, None)],
+                                     {"verifier_problem": "it exited 1"}),
+    "driver version after a second Kernel Module": (
+        None, "NVIDIA-VERSION NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Kernel Module 1.2", None, {}),
+    "driver version after a letter": (None, "NVIDIA-VERSION NVRM version: NVIDIA UNIX Kernel Module \u00e9550.54.15",
+                                      None, {}),
 }
 
 
@@ -200,6 +226,15 @@ def hex_buses_in_nvml_form():
     return [gpu_line(0x1b), gpu_line(0x2b)], version, verifier, expected(), {}
 
 
+def mig_with_instances_in_nvml_form():
+    buses = ["0000:1b:00.0", "0000:2b:00.0"]
+    _lines, version, verifier = healthy()
+    verifier = _nvml_form(verifier_data(buses=buses, p2p=dict(verifier["p2p"], bus_ids=buses),
+                                        nccl=verifier["nccl"]))
+    verifier["nvml"]["devices"][1]["mig"] = True  # and CUDA sees it: a MIG instance is measured
+    return [gpu_line(0x1b), gpu_line(0x2b)], version, verifier, expected(), {}
+
+
 def verifier_error_and_problem():
     lines, version, verifier = healthy()
     verifier["errors"]["verifier"] = "Traceback: boom"
@@ -212,7 +247,49 @@ def rounded_figures():
     return lines, version, verifier, expected(), {}
 
 
-WHOLE = {"slots pair as slots": slots_as_slots, "hex buses in NVML's form": hex_buses_in_nvml_form,
+def unknown_link(*spoils, **options):
+    """A GPU with no slot the host knows and a link the guest does not report (or a wrong one)."""
+    def scenario():
+        lines, version, verifier = healthy()
+        _bw(verifier).pop("link_under_load")
+        verifier["nvml"]["devices"][0].pop("link_idle")
+        for spoil in spoils:
+            spoil(verifier)
+        return lines, version, verifier, expected(link_gen=None, link_width=None, link_source=None), options
+    return scenario
+
+
+def three_gpus(cliques, spoil):
+    def scenario():
+        buses = BUSES + ["0000:03:00.0"]
+        _lines, version, verifier = healthy()
+        pairs = {f"{a}->{b}": {"median": 40.0, "samples": [40.0], "verified": True}
+                 for a in buses for b in buses if a != b}
+        verifier = verifier_data(buses=buses, nccl=verifier["nccl"], p2p={
+            "bus_ids": buses, "access": [[a != b for b in buses] for a in buses], "bandwidth": pairs})
+        spoil(verifier)
+        exp = [Expected(f"0000:{b:02x}:00.0", "10de", "2330", "030200", 5, 16, "x", driver_version="550.54.15",
+                        clique=c) for b, c in zip((0x1b, 0x2b, 0x3b), cliques)]
+        return [gpu_line(1), gpu_line(2), gpu_line(3)], version, verifier, exp, {}
+    return scenario
+
+
+def identical_by_ids():
+    lines, version, verifier = healthy()
+    return lines[:2], version, verifier, parse_expect(["10de:2330x2"]), {}
+
+
+WHOLE = {"slots pair as slots": slots_as_slots, "mig with instances in NVML's form": mig_with_instances_in_nvml_form,
+         "no slot, no link": unknown_link(),
+         "no slot, no link, h2d huge": unknown_link(lambda v: _bw(v)["h2d"].update(median=1e6)),
+         "no slot, link gen 9": unknown_link(lambda v: _bw(v).update(link_under_load={
+             "current_gen": 9, "current_width": 16, "max_gen": 5, "max_width": 16})),
+         "no link, no bandwidth asked": unknown_link(bandwidth=False),
+         "three GPUs, cliques 0 1 0, A and C apart": three_gpus((0, 1, 0), lambda v: v["p2p"]["access"][0].__setitem__(
+             2, False)),
+         "three GPUs in one clique, a wild pair": three_gpus((0, 0, 0), lambda v: v["p2p"]["bandwidth"][
+             "0000:03:00.0->0000:01:00.0"].update(median=1e6)),
+         "two identical GPUs by ids": identical_by_ids, "hex buses in NVML's form": hex_buses_in_nvml_form,
          "verifier error and problem": verifier_error_and_problem, "bandwidth figures rounded": rounded_figures}
 
 
