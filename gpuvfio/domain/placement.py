@@ -70,7 +70,7 @@ def place_cell(node: int, node_cpus: list[int], cpus: dict[int, Cpu], vcpus: lis
     avoided = sorted(cpu for core in taken for cpu in core)
     owners = _owners(sorted(avoid.intersection(node_cpus)), pinned_by)
     siblings = ", and those cores' sibling threads" if len(avoided) > len(avoid.intersection(node_cpus)) else ""
-    placed = _pin(node, free_cpus, free, vcpus, memory_kib) if free else None
+    placed = _pin(node, free_cpus, free, vcpus, memory_kib)  # None when no core is free
     if placed is not None:
         placed.avoided = avoided
         placed.notes.append(f"node {node}: vCPUs and emulator threads stayed off CPUs {format_cpulist(avoided)} "
@@ -133,9 +133,7 @@ def _share(node: int, node_cpus: list[int], cpus: dict[int, Cpu], cores: list[tu
     threads = next(w for w in range(max(len(c) for c in cores), 0, -1)
                    if wanted % w == 0 and all(set(host[i:i + w]) <= set(cpus[host[i]].siblings)
                                               for i in range(0, wanted, w)))
-    used = set(host)
-    return CellPlacement(node, vcpus, host, sorted(c for c in node_cpus if c not in used) or sorted(used),
-                         memory_kib, threads)
+    return CellPlacement(node, vcpus, host, [], memory_kib, threads)  # place_cell picks the emulator CPUs
 
 
 def _overcommit(node: int, node_cpus: list[int], cores: list[tuple[int, ...]], vcpus: list[int],

@@ -297,3 +297,19 @@ def test_a_switch_port_whose_bridge_the_probe_does_not_show_is_a_mismatch(tmp_pa
     guest = [{"address": "0000:03:00.0", "vendor_id": "10de", "device_id": "2330", "upstream": "0000:02:00.0"}]
     with pytest.raises(nccl_topo.TopologyMismatch, match="does not show the switch above it"):
         nccl_topo.map_guest(controllers, [GuestPort(3, [gpu])], guest)
+
+
+def test_subsystem_ids_go_in_pairs(tmp_path):
+    """NCCL's reader takes a PCI node's subsystem_vendor and subsystem_device as sysfs spells them
+    (0x-prefixed); one without the other is left out rather than written as '0xNone'."""
+    functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
+    gpu = functions[PciAddress.parse("0000:02:00.0")]
+
+    def node(fn):
+        device = nccl_topo.GuestDevice(GuestPort(3, [fn]), "0000:04:00.0", None)
+        return ET.fromstring(nccl_topo.nccl_topology([device], [(0, [0])], {}, cpu_vendor=None)).find("cpu/pci")
+
+    both = node(dataclasses.replace(gpu, subsystem_vendor_id="10de", subsystem_device_id="1839"))
+    assert (both.get("subsystem_vendor"), both.get("subsystem_device")) == ("0x10de", "0x1839")
+    half = node(dataclasses.replace(gpu, subsystem_vendor_id="10de", subsystem_device_id=None))
+    assert "subsystem_vendor" not in half.attrib and "subsystem_device" not in half.attrib

@@ -58,9 +58,14 @@ def placement(name: str, vcpus: int, avoid: str, force: bool) -> dict:
 
 
 FREE = {"none": {}, "n0 1G": {0: {GiB_KIB: 8, 2048: 0}}, "n1 1G": {0: {GiB_KIB: 0, 2048: 100}, 1: {GiB_KIB: 16}},
-        "both 2M": {0: {2048: 4096}, 1: {2048: 4096, GiB_KIB: 2}}, "split 1G": {0: {GiB_KIB: 4}, 1: {GiB_KIB: 4}}}
+        "both 2M": {0: {2048: 4096}, 1: {2048: 4096, GiB_KIB: 2}}, "split 1G": {0: {GiB_KIB: 4}, 1: {GiB_KIB: 4}},
+        # node 0 one page short, nodes 1 and 2 exactly enough, node 3 without the size at all
+        "n0 short": {0: {GiB_KIB: 7}, 1: {GiB_KIB: 8}, 2: {GiB_KIB: 8, 2048: 0}, 3: {2048: 10}},
+        "no 1G": {0: {2048: 10}, 1: {2048: 10}}}
 DEMANDS = {"any 8G": [(None, 8 * GiB_KIB)], "n0 8G": [(0, 8 * GiB_KIB)],
-           "n0 4G n1 4G": [(0, 4 * GiB_KIB), (1, 4 * GiB_KIB)], "n0 3M": [(0, 3 * 1024)], "n0 7G": [(0, 7 * GiB_KIB)], "n1 12G": [(1, 12 * GiB_KIB)]}
+           "n0 4G n1 4G": [(0, 4 * GiB_KIB), (1, 4 * GiB_KIB)], "n0 3M": [(0, 3 * 1024)],
+           "n0 7G": [(0, 7 * GiB_KIB)], "n1 12G": [(1, 12 * GiB_KIB)],
+           "n0 3M n1 12G": [(0, 3 * 1024), (1, 12 * GiB_KIB)], "n0 1G": [(0, GiB_KIB)]}
 
 
 def pages(requested: str, demand: str, free: str, force: bool) -> dict:
