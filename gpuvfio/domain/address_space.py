@@ -366,7 +366,8 @@ def plan_address_space(groups: list[Group], memory_kib: int, *, host_phys_bits: 
     args = (groups, root_bars or [], memory_kib, vendor, firmware, buses)
     need = layout(groups, root_bars or [], firmware, 0, buses)[2]
     every = list(range(MIN_BITS, TCG_MAX_BITS + 1))
-    needed = first_fit(every, args, firmware, need)  # the fewest phys-bits that fit without X-PciMmio64Mb
+    # the fewest phys-bits that fit from the phys-bits window alone, without X-PciMmio64Mb
+    needed = next((f for f in (try_fit(bits, *args) for bits in every) if isinstance(f, Fit)), None)
     fewest = next((f for f in (first_fit([b], args, firmware, need) for b in every) if f), None)
     if kvm:
         tries = [host_phys_bits] if host_phys_bits else []
@@ -377,9 +378,7 @@ def plan_address_space(groups: list[Group], memory_kib: int, *, host_phys_bits: 
     fit = first_fit(tries, args, firmware, need)
     if fit is None and tries:
         bits = tries[-1]
-        reason = try_fit(bits, *args)
-        if not isinstance(reason, str):
-            reason = "no X-PciMmio64Mb size fits either"
+        reason = try_fit(bits, *args)  # a reason: first_fit found no Fit at these bits
         ram = memory_kib * KiB
         limit = (f"this host has {host_phys_bits}" if kvm else
                  f"TCG here can have at most {bits} (libvirt keeps emulate bits at or below the host's)")

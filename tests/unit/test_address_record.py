@@ -38,11 +38,13 @@ GUESTS = {
     "8xh100": ([gpu(128 * GiB)] * 8, None, None),
     "root-bar": ([gpu(16 * GiB)], None, [Bar(2, 0, 8 * GiB, PREF64), Bar(4, 0, 4 * KiB, IORESOURCE_MEM)]),
     "h200-nvl": ([gpu(256 * GiB)] * 2, [1, 2], None),
+    "a pebibyte BAR": ([gpu(1 << 50)], None, None),  # needs 51 phys-bits
+    "no bits fit": ([gpu(1 << 53), [Bar(0, 0, 64 * KiB, IORESOURCE_MEM)]], None, None),  # and a 32-bit NIC
 }
-MEMORIES = {"2G": 2 * MiB, "3G": 3 * MiB, "64G": 64 * MiB, "1T": TiB // KiB, "3T": 3 * TiB // KiB}
+MEMORIES = {"2G": 2 * MiB, "2.75G": 0xB0000000 // KiB, "3G": 3 * MiB, "64G": 64 * MiB, "1T": TiB // KiB, "3T": 3 * TiB // KiB}
 HOSTS = [("kvm", "GenuineIntel", 46), ("kvm", "GenuineIntel", 39), ("kvm", "AuthenticAMD", 48),
          ("kvm", "AuthenticAMD", 40), ("kvm", None, None), ("kvm", "GenuineIntel", 52), ("qemu", None, 52),
-         ("qemu", "GenuineIntel", 43)]
+         ("qemu", "GenuineIntel", 43), ("kvm", "HygonGenuine", 39), ("kvm", "AuthenticAMD", None)]
 
 
 def cases():

@@ -338,3 +338,31 @@ def test_ovmf_places_root_bridges_in_bus_order_first_fit():
     # windows round up to their largest child (H100: 256 GiB, 4090: 64 GiB), 256 + 64 GiB.
     bios = plan([RTX4090, H100], 16 * 1024 * 1024, host_phys_bits=46, buses=[1, 2], firmware="bios")
     assert bios.need_bytes == 320 * GiB
+
+
+# -- edges mutation testing found untested (docs/mutation.md) ------------------------------------
+
+def test_the_small_helpers_at_their_edges():
+    from gpuvfio.domain.address_space import fallbacks, pow2_ceil, pow2_floor
+    assert [pow2_ceil(v) for v in (0, 1, 2, 3, 4, 5, 1 << 40)] == [1, 1, 2, 4, 4, 8, 1 << 40]
+    assert [pow2_floor(v) for v in (0, 1, 2, 3, 4, 5)] == [0, 1, 2, 2, 4, 4]
+    assert [size_text(v) for v in (512, 3 * MiB, 5 * KiB, 4095 * MiB, 4096 * MiB)] == [
+        "512 B", "3 MiB", "5 KiB", "4095 MiB", "4 GiB"]
+    # largest alignment first, not largest size: a 3 GiB window aligned to 1 GiB after a 2 GiB BAR
+    assert pack([(3 * GiB, GiB), (2 * GiB, 2 * GiB)]) == 5 * GiB
+    # X-PciMmio64Mb past 16 TiB is ignored by OVMF (PlatformGetFirstNonAddress): 16 TiB itself is the last
+    assert fallbacks(16 * TiB) == [16 * TiB] and fallbacks(3 * GiB) == [4 * GiB, 3 * GiB]
+
+
+def test_bad_firmware_and_buses_are_named():
+    with pytest.raises(InputError, match="firmware 'uefi' / virt type 'kvm'"):
+        plan([A10], 8 * 1024 * 1024, host_phys_bits=46, firmware="uefi")
+    with pytest.raises(ValueError, match="one bus per group"):
+        plan([A10], 8 * 1024 * 1024, host_phys_bits=46, buses=[0, 1])
+
+
+def test_qemu_starts_when_ram_and_the_hole_end_exactly_at_the_top():
+    """QEMU (hw/i386/pc.c pc_memory_init) refuses when the last used address, end - 1, is past
+    2^bits - 1: RAM ending at 32 GiB plus the 32 GiB pci-hole64 is exactly 2^36 and starts."""
+    fits = plan([], 30 * 1024 * 1024, host_phys_bits=36)
+    assert (fits.guest_phys_bits, fits.ram_top) == (36, 32 * GiB)
