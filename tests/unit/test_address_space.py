@@ -366,3 +366,11 @@ def test_qemu_starts_when_ram_and_the_hole_end_exactly_at_the_top():
     2^bits - 1: RAM ending at 32 GiB plus the 32 GiB pci-hole64 is exactly 2^36 and starts."""
     fits = plan([], 30 * 1024 * 1024, host_phys_bits=36)
     assert (fits.guest_phys_bits, fits.ram_top) == (36, 32 * GiB)
+
+
+def test_a_plan_says_when_no_width_fits_without_x_pcimmio64mb():
+    """An 8 TiB BAR is past OVMF's largest phys-bits window (1/8 of 2^46): only an
+    X-PciMmio64Mb size fits it, and the plan says that no width fits without one."""
+    fits = plan([gpu(8 * TiB)], 64 * 1024 * 1024, host_phys_bits=48)
+    assert fits.ovmf_mmio64_mb == 16 * 1024 * 1024
+    assert any("the fewest that fit: 45 (none without X-PciMmio64Mb)" in line for line in fits.lines)
