@@ -354,8 +354,9 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
                                 device=device))
         return
     errors = verifier.get("errors") or {}
-    cuda_buses = [d.get("bus_id", "")[-12:] for d in (verifier.get("cuda") or {}).get("devices") or []]
-    if (_nvml_device(verifier, address) or {}).get("mig") is True and address[-12:] not in cuda_buses:
+    # CUDA and NVML spell bus ids in upper-case hex (NVML with an eight-digit domain)
+    cuda_buses = [d.get("bus_id", "").lower()[-12:] for d in (verifier.get("cuda") or {}).get("devices") or []]
+    if (_nvml_device(verifier, address) or {}).get("mig") is True and address.lower()[-12:] not in cuda_buses:
         for check_id in ids:
             checks.append(check(check_id, EXPECTED, reason=MIG_WITHOUT_INSTANCES, device=device))
         return

@@ -260,6 +260,7 @@ def test_two_samples_have_an_interval_and_a_summary_without_a_count_has_none():
                                                            2 + math.tan(0.475 * math.pi)], rel=1e-12)
     assert mean_ci({"mean": 1.0}) is None and welch_test({}, {}) is None
     assert ratio_ci({"mean": 1.0}, {"mean": 1.0}) is None
+    assert ratio_ci(summarize([1.0, 2.0, 3.0]), {"mean": 1.0}) is None
 
 
 @pytest.mark.parametrize("num, den", [

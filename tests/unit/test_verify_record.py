@@ -274,6 +274,11 @@ def three_gpus(cliques, spoil):
     return scenario
 
 
+def second_gpu_missing():
+    lines, version, verifier = healthy()
+    return [lines[0], lines[2]], version, verifier, expected(), {}
+
+
 def identical_by_ids():
     lines, version, verifier = healthy()
     return lines[:2], version, verifier, parse_expect(["10de:2330x2"]), {}
@@ -285,6 +290,10 @@ WHOLE = {"slots pair as slots": slots_as_slots, "mig with instances in NVML's fo
          "no slot, link gen 9": unknown_link(lambda v: _bw(v).update(link_under_load={
              "current_gen": 9, "current_width": 16, "max_gen": 5, "max_width": 16})),
          "no link, no bandwidth asked": unknown_link(bandwidth=False),
+         "no slot, no link, a figure to round": unknown_link(lambda v: _bw(v)["h2d"].update(median=49.98765)),
+         "three GPUs in one clique, every pair wild": three_gpus((0, 0, 0), lambda v: [
+             pair.update(median=1e6 + n) for n, pair in enumerate(v["p2p"]["bandwidth"].values())]),
+         "second GPU missing": second_gpu_missing,
          "three GPUs, cliques 0 1 0, A and C apart": three_gpus((0, 1, 0), lambda v: v["p2p"]["access"][0].__setitem__(
              2, False)),
          "three GPUs in one clique, a wild pair": three_gpus((0, 0, 0), lambda v: v["p2p"]["bandwidth"][
