@@ -67,19 +67,26 @@ def recorded() -> dict:
     return {name: answer(*rest) for name, *rest in cases()}
 
 
-def test_every_plan_is_the_recorded_one():
-    with open(RECORD, encoding="utf-8") as handle:
-        record = json.load(handle)
-    now = recorded()
+def load(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def assert_recorded(path: str, answers: dict) -> None:
+    """Every case's answer (in its JSON form) is the recorded one, and no case is added or gone."""
+    record, now = load(path), json.loads(json.dumps(answers))
     assert sorted(now) == sorted(record)
     changed = [name for name in now if now[name] != record[name]]
-    assert not changed, f"{len(changed)} plans differ from the record, e.g. {changed[0]}: " \
+    assert not changed, f"{len(changed)} answers differ from {os.path.basename(path)}, e.g. {changed[0]}: " \
                         f"{now[changed[0]]} != {record[changed[0]]}"
 
 
+def test_every_plan_is_the_recorded_one():
+    assert_recorded(RECORD, recorded())
+
+
 def test_the_record_covers_every_way_a_plan_ends():
-    with open(RECORD, encoding="utf-8") as handle:
-        record = json.load(handle).values()
+    record = load(RECORD).values()
     hows = {line.split(":")[0] for plan in record for line in plan.get("lines", [])}
     assert {"OVMF 64-bit window", "SeaBIOS 64-bit window", "QEMU start check"} <= hows
     assert any(plan.get("pcihole64_kib") for plan in record)

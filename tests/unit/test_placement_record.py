@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 import sys
 
 from gpuvfio.domain.placement import hugepage_choice, place_cell
 from gpuvfio.errors import Refused
 from gpuvfio.host.numa import Cpu
-from tests.unit.test_address_record import write
+from tests.unit.test_address_record import assert_recorded, load, write
 
 RECORD = os.path.join(os.path.dirname(__file__), os.pardir, "golden", "placements.json")
 GiB_KIB = 1 << 20
@@ -85,18 +84,11 @@ def recorded() -> dict:
 
 
 def test_every_placement_is_the_recorded_one():
-    with open(RECORD, encoding="utf-8") as handle:
-        record = json.load(handle)
-    now = recorded()
-    assert sorted(now) == sorted(record)
-    changed = [name for name in now if now[name] != record[name]]
-    assert not changed, f"{len(changed)} answers differ from the record, e.g. {changed[0]}: " \
-                        f"{now[changed[0]]} != {record[changed[0]]}"
+    assert_recorded(RECORD, recorded())
 
 
 def test_the_record_covers_every_way_a_placement_ends():
-    with open(RECORD, encoding="utf-8") as handle:
-        record = json.load(handle).values()
+    record = load(RECORD).values()
     assert any(a.get("warnings") for a in record) and any(a.get("notes") for a in record)
     assert any("refused" in a and "hugepages" in a["refused"] for a in record)
     assert any("refused" in a and "do not fit" in a["refused"] for a in record)

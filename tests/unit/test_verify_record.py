@@ -17,7 +17,7 @@ import sys
 from gpuvfio.guest.checks import MOST_GBPS, evaluate
 from gpuvfio.guest.expect import LANE_GBPS, Expected, gates, parse_expect
 from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier
-from tests.unit.test_address_record import write
+from tests.unit.test_address_record import assert_recorded, load, write
 from tests.unit.test_verify import gpu_line, probe_text, verifier_data
 
 RECORD = os.path.join(os.path.dirname(__file__), os.pardir, "golden", "verdicts.json")
@@ -332,18 +332,11 @@ def recorded() -> dict:
 
 
 def test_every_verdict_is_the_recorded_one():
-    with open(RECORD, encoding="utf-8") as handle:
-        record = json.load(handle)
-    now = json.loads(json.dumps(recorded()))  # the JSON form: tuples as lists
-    assert sorted(now) == sorted(record)
-    changed = [name for name in now if now[name] != record[name]]
-    assert not changed, f"{len(changed)} verdicts differ from the record, e.g. {changed[0]}: " \
-                        f"{now[changed[0]]} != {record[changed[0]]}"
+    assert_recorded(RECORD, recorded())
 
 
 def test_the_record_judges_every_scenario_and_sees_each_status():
-    with open(RECORD, encoding="utf-8") as handle:
-        record = json.load(handle)
+    record = load(RECORD)
     assert not [name for name, v in record.items() if "refused" in v]  # every scenario reaches the checks
     statuses = {c["status"] for v in record.values() for c in v["checks"]}
     assert statuses == {"pass", "fail", "skip", "warn", "expected"}
