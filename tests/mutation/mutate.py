@@ -10,9 +10,11 @@ mutant no test reaches counts as surviving). Every surviving mutant is either ki
 added since, or explained in tests/mutation/triage.toml (why it is equivalent, or why a
 test for it would test the mutation tool rather than gpuvfio).
 
-``--changed-since REV`` (``.ci/run``): only the mutants in the functions whose lines changed
-since REV, at most ``--limit`` of them; any of those surviving untriaged fails (a ratchet: what
-a change touches does not lose a test).
+``--changed`` (``.ci/run``): only the mutants in the functions whose lines changed since the
+commit their group was last measured on (docs/mutation-scores.json; a group never measured:
+since the record's last commit), at most ``--limit`` of them; any of those surviving untriaged
+fails (a ratchet: what a change touches does not lose a test). ``--changed-since REV`` takes
+one base for every group.
 
 Writes docs/mutation.md (the scores, the survivors and their triage) and
 docs/mutation-scores.json (the scores and the commit they were measured on).
@@ -226,13 +228,23 @@ def explain(mutant: str, diff: str, triage: dict[str, str]) -> str | None:
 
 # -- the changed-lines run ----------------------------------------------------------------------
 
-def changed_patterns(base: str) -> dict[str, list[str]]:
+def measured_bases() -> dict[str, str]:
+    """group -> the commit its score was measured on. One run rewrites the record's commit, so
+    a group measured earlier is compared with its own commit, or a change made to its modules
+    after it was measured would go unseen; a group never measured is compared with the record's."""
+    with open(SCORES, encoding="utf-8") as handle:
+        record = json.load(handle)
+    groups = record.get("groups", {})
+    return {name: groups.get(name, {}).get("commit") or record["commit"] for name in GROUPS}
+
+
+def changed_patterns(bases: dict[str, str]) -> dict[str, list[str]]:
     """group -> mutmut name patterns of the functions (and methods) with lines changed since
-    ``base``, in the core modules."""
+    that group's base commit, in the core modules."""
     found: dict[str, list[str]] = {}
     for name, group in GROUPS.items():
         for module in group.modules:
-            lines = changed_lines(base, module)
+            lines = changed_lines(bases[name], module)
             if lines:
                 found.setdefault(name, []).extend(functions_at(module, lines))
     return {k: sorted(set(v)) for k, v in found.items() if v}
@@ -321,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group", action="append", choices=sorted(GROUPS), help="a group (all by default)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--changed", action="store_true",
+                        help="only the functions changed since their group was measured")
     parser.add_argument("--changed-since", metavar="REV", help="only the functions changed since REV")
-    parser.add_argument("--limit", type=int, default=400, help="with --changed-since: at most this many functions")
+    parser.add_argument("--limit", type=int, default=400, help="with --changed or --changed-since: at most this many functions")
     parser.add_argument("--report", action="store_true", help="render docs/mutation.md from the scores file only")
     args = parser.parse_args(argv)
     triage = load_triage()
@@ -331,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             render_report(json.load(handle), triage)
         return 0
     if args.changed_since:
-        return changed_run(args.changed_since, args.jobs, args.limit, triage)
+        return changed_run(dict.fromkeys(GROUPS, args.changed_since), args.jobs, args.limit, triage)
+    if args.changed:
+        return changed_run(measured_bases(), args.jobs, args.limit, triage)
     outcomes = []
     for name in args.group or list(GROUPS):
         outcome = run_group(name, args.jobs)
@@ -342,10 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def changed_run(base: str, jobs: int, limit: int, triage: dict[str, str]) -> int:
-    patterns = changed_patterns(base)
+def changed_run(bases: dict[str, str], jobs: int, limit: int, triage: dict[str, str]) -> int:
+    patterns = changed_patterns(bases)
     if not patterns:
-        print(f"mutation: no core function changed since {base[:12]}")
+        print("mutation: no core function changed since its group was measured "
+              f"({', '.join(sorted({base[:12] for base in bases.values()}))})")
         return 0
     untriaged = []
     for name, group_patterns in patterns.items():

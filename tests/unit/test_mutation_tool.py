@@ -58,3 +58,16 @@ def test_a_codec_name_in_other_case_is_the_same_codec_and_nothing_else_is():
     assert not mutate.codec_case_only('-    if kind == "utf-8":\n+    if kind == "UTF-8":')  # a value, not a codec
     assert mutate.codec_case_only("-    open(p, encoding='utf-8')\n+    open(p, encoding='UTF-8')")
     assert not mutate.codec_case_only('-    a = "utf-8"\n+    b = "UTF-8"')
+
+
+def test_each_group_is_compared_with_the_commit_it_was_measured_on(tmp_path, monkeypatch):
+    """A run of one group rewrites the record's commit; a group measured before keeps its own,
+    or a change made to its modules in between would never be run (the fault of the first
+    changed-lines run: the guest group's check changed after it was measured, unseen)."""
+    scores = tmp_path / "mutation-scores.json"
+    scores.write_text('{"commit": "bbbb", "groups": {"guest": {"commit": "aaaa"}}}', encoding="utf-8")
+    monkeypatch.setattr(mutate, "SCORES", str(scores))
+    bases = mutate.measured_bases()
+    assert bases["guest"] == "aaaa"
+    assert bases["bind"] == "bbbb"  # never measured: since the record's last run
+    assert set(bases) == set(mutate.GROUPS)
