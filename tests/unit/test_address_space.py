@@ -374,3 +374,62 @@ def test_a_plan_says_when_no_width_fits_without_x_pcimmio64mb():
     fits = plan([gpu(8 * TiB)], 64 * 1024 * 1024, host_phys_bits=48)
     assert fits.ovmf_mmio64_mb == 16 * 1024 * 1024
     assert any("the fewest that fit: 45 (none without X-PciMmio64Mb)" in line for line in fits.lines)
+
+
+def test_the_window_headroom_is_a_quarter_before_the_power_of_two():
+    from gpuvfio.domain.address_space import with_headroom
+    # 13 GiB + a quarter is 16.25 GiB: the next power of two is 32 GiB (a fifth would stay at 16)
+    assert with_headroom(13 * GiB) == 32 * GiB
+    assert with_headroom(12 * GiB) == 16 * GiB
+
+
+def test_ram_below_the_q35_split_stays_below_4_gib_whole():
+    """pc_q35_init: under 0xb0000000 all of RAM is below 4 GiB, 1 GiB or 2.5 GiB alike; the rest
+    of the space starts at 4 GiB with nothing in it."""
+    assert ram_layout(1024 * 1024, amd=False, hole64=32 * GiB) == (GiB, 4 * GiB, 4 * GiB, False)
+    assert ram_layout(5 * 512 * 1024, amd=False, hole64=32 * GiB) == (5 * GiB // 2, 4 * GiB, 4 * GiB, False)
+
+
+def test_ram_moves_above_1_tib_when_the_last_address_reaches_the_amd_hole():
+    """pc_max_used_gpa is the hole's start (RAM's end rounded up to 1 GiB) + pci-hole64-size - 1;
+    RAM moves when that is at or past 0xfd00000000 (1012 GiB). 976 GiB above 4 GiB ends at 980
+    GiB: + 32 GiB - 1 is one byte short of the hole; a byte more of hole64 reaches it."""
+    above_976 = (976 + 2) * 1024 * 1024  # 2 GiB below 4 GiB, 976 GiB above
+    assert ram_layout(above_976, amd=True, hole64=32 * GiB)[3] is False
+    assert ram_layout(above_976, amd=True, hole64=32 * GiB + 1)[3] is True
+    assert ram_layout(above_976 + 1024 * 1024, amd=True, hole64=32 * GiB)[3] is True
+    assert ram_layout(above_976 + 1024 * 1024, amd=False, hole64=32 * GiB)[3] is False
+
+
+def test_ovmf_takes_the_dynamic_window_only_when_it_is_larger_and_leaves_room():
+    """PlatformDynamicMmioWindow: PcdPciMmio64Size < MmioWindowSize and PcdPciMmio64Base +
+    MmioWindowSize < AddrSpace, both strict. 41 bits: the dynamic window is 256 GiB."""
+    # an X-PciMmio64Mb window of exactly 256 GiB is not smaller: classic, above RAM
+    assert ovmf_window(41, "intel", 8 * GiB, 256 * GiB) == (256 * GiB, 256 * GiB, 2 * TiB, "classic")
+    # 39 bits: RAM to 448 GiB puts the classic base at 448 GiB; + 64 GiB is the whole 512 GiB
+    assert ovmf_window(39, "intel", 448 * GiB) == (448 * GiB, 32 * GiB, 512 * GiB, "classic")
+    assert ovmf_window(39, "intel", 416 * GiB) == (448 * GiB, 64 * GiB, 512 * GiB, "dynamic")
+
+
+def test_seabios_caps_its_window_at_2_to_the_44_until_ram_above_4_gib_reaches_1_tib():
+    from gpuvfio.domain.address_space import seabios_top
+    assert seabios_top(46, "intel", TiB - 1) == 1 << 44
+    assert seabios_top(46, "intel", TiB) == 1 << 46
+    assert seabios_top(44, "intel", 0) == 1 << 44
+    assert seabios_top(40, "intel", 0) == 0  # not trusted
+
+
+def test_seabios_pads_its_window_only_when_ram_reaches_above_4_gib():
+    """SeaBIOS pads the 64-bit window to top/8 when there is RAM above 4 GiB; 2.5 GiB is under
+    q35's split, so all of it is below 4 GiB and the window is the BARs' 2 GiB, at the top."""
+    lines = plan([gpu(GiB)], 5 * 512 * 1024, host_phys_bits=40, firmware="bios", cpu_vendor="AuthenticAMD").lines
+    assert "SeaBIOS 64-bit window: 2 GiB at 1020 GiB" in "\n".join(lines)
+    lines = plan([gpu(GiB)], 3 * 1024 * 1024, host_phys_bits=40, firmware="bios", cpu_vendor="AuthenticAMD").lines
+    assert "SeaBIOS 64-bit window: 128 GiB at 768 GiB" in "\n".join(lines)
+
+
+def test_no_width_past_52_bits_is_offered():
+    """QEMU's TARGET_PHYS_ADDR_SPACE_BITS is 52: a 2 PiB BAR with 2 TiB of RAM would fit in 53
+    bits, and the plan says it needs more than 52 rather than naming a width no CPU has."""
+    with pytest.raises(Refused, match="it needs more than 52 bits, this host has 52"):
+        plan([gpu(1 << 51)], 2 * TIB_KIB, host_phys_bits=52, firmware="bios")

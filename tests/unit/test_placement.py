@@ -194,3 +194,13 @@ def test_hugepage_refusal_names_the_node_and_where_to_reserve():
     assert hugepage_choice("1G", [(0, 64 << 20)], free) == (1048576, None)
     with pytest.raises(Refused, match="not a whole number of 1G pages"):
         hugepage_choice("1G", [(0, (64 << 20) + 2048)], free)
+
+
+def test_hugepage_hints_name_only_the_nodes_that_are_short():
+    """Two cells: node 0 has exactly its 16 pages, node 1 has 3 of 16; only node 1 is told to
+    reserve more (a hint of "0 more" for node 0 would send the admin to the wrong node)."""
+    free = {0: {1048576: 16}, 1: {1048576: 3}}
+    with pytest.raises(Refused) as refused:
+        hugepage_choice("1G", [(0, 16 << 20), (1, 16 << 20)], free)
+    message = str(refused.value)
+    assert "node 1 needs 13 more" in message and "node 0 needs" not in message
