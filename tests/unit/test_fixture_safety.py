@@ -153,8 +153,9 @@ def test_a_failed_write_is_one_line_with_its_record(tmp_path):
     big.write_text(fixture("D sys", "B sys/config " + "00" * 300_000))
     code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, (200 << 10, 200 << 10))\n"
             "from gpuvfio.cli import main\nsys.exit(main(['--root', sys.argv[1], 'list']))\n")
+    # cwd: the repository, where a mutation run's configuration is (tests/mutation/mutate.py)
     proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=60,
-                          cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": REPO})
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "fixture line 3" in proc.stderr, proc.stderr
 
