@@ -24,10 +24,33 @@ from gpuvfio.guest.expect import LANE_GBPS, Expected, Gates, cuda_not_expected
 from gpuvfio.numbers import finite
 
 __all__ = ["CheckStatus", "Outcome", "CheckResult", "VerifyReport", "check", "judge", "evaluate", "report", "match",
-           "MIG_WITHOUT_INSTANCES"]
+           "bus_key", "MIG_WITHOUT_INSTANCES"]
 
 MIG_WITHOUT_INSTANCES = ("MIG mode is on and CUDA sees no MIG device: none exists until a GPU instance and a "
                          "compute instance are created (nvidia-smi mig -cgi PROFILE -C)")
+
+
+_BUS_ID = re.compile(r"([0-9a-f]{1,8}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])", re.ASCII)
+
+
+def bus_key(bus_id: object) -> str | None:
+    """One spelling of a PCI address, to compare what the kernel, NVML and CUDA print: the kernel
+    writes the domain with %04x (drivers/pci/probe.c, pci_setup_device), NVML with eight upper-case
+    digits (nvmlPciInfo_t.busId), CUDA with four or eight. The domain read as a number keeps
+    0000:01:00.0 and 10000:01:00.0 (a VMD domain) apart, which their last 12 characters do not.
+    None for anything that is not an address."""
+    found = _BUS_ID.fullmatch(bus_id.strip().lower()) if isinstance(bus_id, str) else None
+    if found is None:
+        return None
+    domain, bus, slot, function = found.groups()
+    return f"{int(domain, 16):04x}:{bus}:{slot}.{function}"
+
+
+def _error_of(errors: dict, stage: str, address: str) -> str | None:
+    """The verifier's error for ``stage`` ("bandwidth", "compute") of one GPU: keyed "STAGE BUS"."""
+    key = bus_key(address)
+    return next((v for k, v in errors.items() if k.split(" ", 1)[0] == stage and key is not None
+                 and bus_key(k.partition(" ")[2]) == key), None)
 
 
 class CheckStatus(str, Enum):
@@ -146,14 +169,14 @@ def match(expected: list[Expected], pci: list[dict]) -> list[dict | None]:
 
 def _by_bus(table: dict, address: str | None):
     """The entry of a verifier table (keyed by CUDA's or NVML's bus id) for a guest address."""
-    if not address:
-        return None
-    return next((v for k, v in table.items() if k.lower()[-12:] == address.lower()[-12:]), None)
+    key = bus_key(address)
+    return next((v for k, v in table.items() if key is not None and bus_key(k) == key), None)
 
 
 def _nvml_device(verifier: dict, address: str | None) -> dict | None:
     devices = (verifier.get("nvml") or {}).get("devices") or []
-    return next((d for d in devices if address and d.get("bus_id", "").lower()[-12:] == address[-12:]), None)
+    key = bus_key(address)
+    return next((d for d in devices if key is not None and bus_key(d.get("bus_id")) == key), None)
 
 
 def _kernel_words(probe: dict) -> str:
@@ -215,7 +238,7 @@ def _check_cliques(checks, verifier: dict, gpus) -> None:
     """The plan's P2P cliques against the guest's peer matrix (cuDeviceCanAccessPeer): two GPUs
     the plan put in one clique must reach each other; a matrix that is missing fails (closed)."""
     p2p = verifier.get("p2p") or {}
-    index = {bus.lower()[-12:]: i for i, bus in enumerate(p2p.get("bus_ids") or [])}
+    index = {bus_key(bus): i for i, bus in enumerate(p2p.get("bus_ids") or [])}
     access = p2p.get("access") or []
     missing, seen = [], 0
     for n, (a, fa) in enumerate(gpus):
@@ -223,8 +246,8 @@ def _check_cliques(checks, verifier: dict, gpus) -> None:
             if a.clique is None or a.clique != b.clique:
                 continue
             seen += 1
-            i = index.get(fa["address"][-12:]) if fa else None
-            j = index.get(fb["address"][-12:]) if fb else None
+            i = index.get(bus_key(fa["address"])) if fa else None
+            j = index.get(bus_key(fb["address"])) if fb else None
             ok = (i is not None and j is not None and i < len(access) and j < len(access[i])
                   and access[i][j] is True and access[j][i] is True)
             if not ok:
@@ -354,9 +377,8 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
                                 device=device))
         return
     errors = verifier.get("errors") or {}
-    # CUDA and NVML spell bus ids in upper-case hex (NVML with an eight-digit domain)
-    cuda_buses = [d.get("bus_id", "").lower()[-12:] for d in (verifier.get("cuda") or {}).get("devices") or []]
-    if (_nvml_device(verifier, address) or {}).get("mig") is True and address.lower()[-12:] not in cuda_buses:
+    cuda_buses = {bus_key(d.get("bus_id")) for d in (verifier.get("cuda") or {}).get("devices") or []}
+    if (_nvml_device(verifier, address) or {}).get("mig") is True and bus_key(address) not in cuda_buses:
         for check_id in ids:
             checks.append(check(check_id, EXPECTED, reason=MIG_WITHOUT_INSTANCES, device=device))
         return
@@ -367,7 +389,7 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
         for check_id in ids[1:]:
             checks.append(check(check_id, SKIP, reason="not asked (--no-bandwidth)", device=device))
         return
-    problem = next((v for k, v in errors.items() if k.startswith("bandwidth") and k[-12:] == address[-12:]), None)
+    problem = _error_of(errors, "bandwidth", address)
     if measured is None:
         reason = problem or "the verifier measured nothing for this GPU"
         for check_id in ids[1:5]:
@@ -401,8 +423,7 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
                             None if verified is True else f"the copied data came back wrong: "
                             f"{measured.get('mismatches')} mismatching 64-bit words per copy stage", device))
     compute = _by_bus(verifier.get("compute") or {}, address)
-    compute_problem = next((v for k, v in errors.items() if k.startswith("compute") and k[-12:] == address[-12:]),
-                           None)
+    compute_problem = _error_of(errors, "compute", address)
     if compute is None:
         checks.append(check("compute", FAIL, reason=compute_problem or problem or "no SAXPY result", device=device))
     else:

@@ -23,7 +23,8 @@ from gpuvfio.strictjson import JsonRejected, strict_loads
 # What a guest's sysfs can name (lib/vsprintf.c, drivers/pci/probe.c: "%04x:%02x:%02x.%d", a
 # domain past 0xffff printed wider) and its ids ("0x%04x", class "0x%06x"): anything else from a
 # guest is not a PCI function and is never compared or shown.
-_GUEST_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]", re.ASCII)
+# the kernel prints the domain with %04x: four digits, or more with no leading zero
+_GUEST_ADDRESS = re.compile(r"(?:[0-9a-f]{4}|[1-9a-f][0-9a-f]{4,7}):[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]", re.ASCII)
 _HEX4 = re.compile(r"[0-9a-f]{4}", re.ASCII)
 _HEX6 = re.compile(r"[0-9a-f]{6}", re.ASCII)
 PROBE_NAME = "gpuvfio-probe"  # $0 of the probe shell, how a harness recognises the command
@@ -145,6 +146,12 @@ def shape_problem(data: dict) -> str | None:
             return "an NVML link is malformed"
     p2p = data.get("p2p")
     if p2p is not None:
+        buses, access = p2p.get("bus_ids", []), p2p.get("access", [])
+        if not isinstance(buses, list) or not all(isinstance(b, str) for b in buses):
+            return "p2p.bus_ids is not a list of bus ids"
+        if not isinstance(access, list) or not all(
+                isinstance(row, list) and all(isinstance(a, bool) for a in row) for row in access):
+            return "p2p.access is not a matrix of true and false"
         pairs = p2p.get("bandwidth")
         if not isinstance(pairs, dict) or not all(
                 isinstance(v, dict) and ((isinstance(v.get("error"), str) and v["error"]) or _number(v.get("median")))

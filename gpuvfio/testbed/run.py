@@ -18,6 +18,7 @@ import threading
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.guest.checks import bus_key
 from gpuvfio.ops import binding, domains, guests, vgpu
 from gpuvfio.ops.guests import VerifyReport
 from gpuvfio.ops.context import Context
@@ -35,9 +36,9 @@ def _metrics(report: VerifyReport, gpus: list[PciAddress]) -> dict:
 
     def pick(table: dict) -> dict:
         if gpus:
-            suffix = str(gpus[0])[-12:]
+            wanted = bus_key(str(gpus[0]))
             for bus, value in table.items():
-                if bus.lower()[-12:] == suffix:
+                if bus_key(bus) == wanted:
                     return value
         return next(iter(table.values()), {}) if len(table) == 1 or not gpus else {}
 

@@ -71,7 +71,7 @@ GROUPS = {
     "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri")),
     "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py"),
                    _t("test_verify", "test_verify_report", "test_plausible_guest", "test_edges", "test_fabric_flow",
-                      "test_verifier_fakecuda", "test_verify_record")),
+                      "test_verifier_fakecuda", "test_verify_record", "test_bus_ids")),
     "stats": Group(("gpuvfio/testbed/stats.py",), _t("test_report_stats")),
     "names": Group(("gpuvfio/ops/kubevirt_names.py",), _t("test_export", "test_plugin_names_edges")),
 }
