@@ -296,7 +296,8 @@ def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:
     elif mig and count + len(mig) >= want:
         checks.append(check("cuda", EXPECTED, f">= {want} device(s)", count, MIG_WITHOUT_INSTANCES))
     else:
-        reason = errors.get("cuda") if cuda is None else f"CUDA sees {count} of the {want} GPUs assigned"
+        reason = (errors.get("cuda") or "the verifier gave no CUDA result and no error") if cuda is None else \
+            f"CUDA sees {count} of the {want} GPUs assigned"
         checks.append(check("cuda", FAIL, f">= {want} device(s)", count, f"{reason}{words}"))
 
 
@@ -427,12 +428,14 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
     if compute is None:
         checks.append(check("compute", FAIL, reason=compute_problem or problem or "no SAXPY result", device=device))
     else:
-        launch = compute.get("launch_ms", 0)
-        ok = compute.get("verified") is True and finite(launch) and 0 <= launch <= MOST_MS
+        # a launch takes microseconds at least: no time, or none at all, was not measured
+        launch = compute.get("launch_ms")
+        plausible = finite(launch) and 0 < launch <= MOST_MS
+        ok = compute.get("verified") is True and plausible
         checks.append(check("compute", PASS if ok else FAIL, "SAXPY result exact",
-                            f"{launch:.3f} ms" if finite(launch) and 0 <= launch <= MOST_MS else shown(launch),
+                            f"{launch:.3f} ms" if plausible else shown(launch),
                             None if ok else "the kernel computed wrong results" if compute.get("verified") is not True
-                            else "an implausible launch time", device))
+                            else "no launch time" if launch is None else "an implausible launch time", device))
 
 
 def _check_peers(checks, verifier, gpus: int) -> None:

@@ -150,6 +150,7 @@ VERIFIER_SPOILS = {
                                                     v["errors"].update({f"compute {B0}": "launch failed"})),
     "compute without a time": lambda v: v["compute"][B0].pop("launch_ms"),
     "compute at zero": lambda v: v["compute"][B0].update(launch_ms=0.0),
+    "cuda null, no error": lambda v: v.update(cuda=None),
     "link under load with an error": lambda v: _bw(v).update(link_under_load={
         "error": "NVML_ERROR_UNKNOWN", "current_gen": 5, "current_width": 16}),
     "idle link with an error": lambda v: (_bw(v).pop("link_under_load"), v["nvml"]["devices"][0].update(link_idle={
