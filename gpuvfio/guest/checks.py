@@ -39,7 +39,7 @@ def bus_key(bus_id: object) -> str | None:
     digits (nvmlPciInfo_t.busId), CUDA with four or eight. The domain read as a number keeps
     0000:01:00.0 and 10000:01:00.0 (a VMD domain) apart, which their last 12 characters do not.
     None for anything that is not an address."""
-    found = _BUS_ID.fullmatch(bus_id.strip().lower()) if isinstance(bus_id, str) else None
+    found = _BUS_ID.fullmatch(bus_id.lower()) if isinstance(bus_id, str) else None
     if found is None:
         return None
     domain, bus, slot, function = found.groups()

@@ -20,7 +20,7 @@ A, VMD = "0000:01:00.0", "10000:01:00.0"
 
 @pytest.mark.parametrize("spelled, key", [
     ("0000:01:00.0", A), ("00000000:01:00.0", A), ("0000:0A:00.0", "0000:0a:00.0"),  # kernel, NVML, CUDA
-    ("10000:01:00.0", VMD), ("00010000:01:00.0", VMD), (" 0000:01:00.0\n", A),
+    ("10000:01:00.0", VMD), ("00010000:01:00.0", VMD), (" 0000:01:00.0", None), ("0000:01:00.0\n", None),
     ("0000:01:00.8", None), ("0000:01:20.0", None), ("000000000:01:00.0", None), ("01:00.0", None),
     ("", None), (None, None), (7, None), ("0000:01:00.0;rm", None),
 ])
@@ -71,6 +71,17 @@ def test_an_error_keyed_in_upper_case_is_the_gpus_own_reason():
     reasons = {(c["id"], c["device"]): c["reason"] for c in answer["checks"]}
     assert reasons[("h2d_bandwidth", "0000:2b:00.0")] == "cudaMalloc: out of memory"
     assert reasons[("compute", "0000:2b:00.0")] == "launch failed"
+
+
+@pytest.mark.parametrize("key", ["bandwidth of 10000:01:00.0", "bandwidth  10000:01:00.0", "bandwidth\t10000:01:00.0",
+                                 "bandwidth10000:01:00.0"])
+def test_an_error_is_a_gpus_only_when_keyed_stage_space_bus(key):
+    """The verifier keys a GPU's error "STAGE BUS" (verifier.py stage()); any other key is no GPU's."""
+    probe, verifier, expected = two_domains(measured_for=(A,))
+    verifier["errors"] = {key: "cudaMalloc: out of memory"}
+    answer = evaluate(probe, parse_verifier("GPUVFIO-VERIFIER " + json.dumps(verifier)), expected)
+    reasons = {(c["id"], c["device"]): c["reason"] for c in answer["checks"]}
+    assert reasons[("h2d_bandwidth", "0000:2b:00.0")] == "the verifier measured nothing for this GPU"
 
 
 @pytest.mark.parametrize("address", ["00000:01:00.0", "000010000:01:00.0", "0001:01:00.0 "])
