@@ -109,15 +109,19 @@ class TreeFiller:
             return
         except OSError as exc:
             raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
-        self._write_all(fd, data, parts)
+        self._write_all(dir_fd, name, fd, data, parts)
 
-    def _write_all(self, fd: int, data: bytes, parts: list[str]) -> None:
-        """``data`` into a new file's fd, which is closed; ENOSPC and the like in one line."""
+    def _write_all(self, dir_fd: int, name: str, fd: int, data: bytes, parts: list[str]) -> None:
+        """``data`` into ``name``, a file this filler just made (O_EXCL) and whose fd is closed
+        here; ENOSPC and the like in one line, and the part-written file removed, so a load that
+        failed leaves no file holding part of a record."""
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
             raise GpuvfioError(f"cannot write {self._where(parts)}: {exc.strerror or exc}") from None
         finally:
             os.close(fd)
@@ -136,7 +140,7 @@ class TreeFiller:
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp, dir_fd=dir_fd)
-            self._write_all(os.open(temp, _NEW_FLAGS, 0o644, dir_fd=dir_fd), data, parts)
+            self._write_all(dir_fd, temp, os.open(temp, _NEW_FLAGS, 0o644, dir_fd=dir_fd), data, parts)
             os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
             with contextlib.suppress(OSError):

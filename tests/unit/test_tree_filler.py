@@ -232,6 +232,8 @@ def test_bytes_that_cannot_be_written_are_one_error_naming_the_path(root):
             assert str(root.joinpath(*parts)) in str(err.value) and str(err.value).endswith(reason(errno.EFBIG))
         assert open_fds() == before
     assert (root / "sys" / "again").read_bytes() == b"old"
+    # neither the new file nor the temp beside the file written again is left holding part of a record
+    assert sorted(os.listdir(root / "sys")) == ["again"]
 
 
 def test_a_stale_temp_beside_a_file_does_not_block_writing_it_again(root, cwd):
