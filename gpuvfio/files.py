@@ -404,8 +404,10 @@ class Tree:
             return True
         except FileNotFoundError:
             return False
-        except OSError as exc:  # IsADirectoryError among them
-            if exc.errno == errno.EISDIR or exc.errno == errno.EPERM:
+        except OSError as exc:
+            # Linux's unlink(2) answers EISDIR for a directory; its EPERM (POSIX's answer for a
+            # directory) means a sticky directory or an immutable file, which the reason says.
+            if exc.errno == errno.EISDIR:
                 raise UnsafePathError(f"{self.path(rel)} is a directory (not removed)") from None
             raise GpuvfioError(f"cannot remove {self.path(rel)}: {exc.strerror or exc}") from None
         finally:

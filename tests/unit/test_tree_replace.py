@@ -180,6 +180,31 @@ def test_remove_reports_any_other_failure_with_the_path_and_reason(tmp_path):
     assert tree.path(rel) in str(failed.value) and os.strerror(errno.ENAMETOOLONG) in str(failed.value)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant another owner's file")
+def test_a_file_that_may_not_be_removed_is_not_called_a_directory():
+    """Linux answers EPERM to unlinking a file in a sticky directory owned by another (or an
+    immutable file), and EISDIR for a directory (unlink(2)): the refusal names the system's reason,
+    never "a directory" that is not there."""
+    import tempfile
+    top = tempfile.mkdtemp(dir="/dev/shm")  # every ancestor searchable by nobody
+    try:
+        os.chmod(top, 0o1777)
+        with open(os.path.join(top, "x.conf"), "w") as handle:
+            handle.write("x\n")
+        nobody = 65534
+        os.seteuid(nobody)
+        try:
+            with pytest.raises(GpuvfioError) as failed:
+                Tree(top).remove("x.conf")
+        finally:
+            os.seteuid(0)
+        assert not isinstance(failed.value, UnsafePathError) and "directory" not in str(failed.value)
+        assert os.path.join(top, "x.conf") in str(failed.value) and os.strerror(errno.EPERM) in str(failed.value)
+        assert os.path.isfile(os.path.join(top, "x.conf"))
+    finally:
+        shutil.rmtree(top)
+
+
 # -- open_attribute: a sysfs attribute opened for one write ---------------------------------------
 def test_an_attribute_is_opened_for_writing_in_place(tmp_path):
     """An attribute's fd writes into the file itself (never made, never truncated: sysfs files are
