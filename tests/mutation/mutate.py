@@ -283,12 +283,13 @@ def functions_at(module: str, lines: set[int]) -> list[str]:
 def write_report(outcomes: list[Outcome], triage: dict[str, str]) -> None:
     """Fold ``outcomes`` into docs/mutation-scores.json (the record: each group's counts and
     survivors, and the commit it was measured on; groups not run now keep their last
-    measurement) and render docs/mutation.md from it."""
+    measurement, and its note, written by hand, on what happened since) and render
+    docs/mutation.md from it. A group measured again loses its note: it was of the last one."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     record = {"goal": GOAL, "groups": {}}
     if os.path.exists(SCORES):
         with open(SCORES, encoding="utf-8") as handle:
-            record["groups"] = json.load(handle).get("groups", {})  # notes are of the last measurement only
+            record["groups"] = json.load(handle).get("groups", {})
     for o in outcomes:
         record["groups"][o.group] = {"commit": commit, "mutants": o.total, "killed": o.killed, "score": round(o.score, 4),
                                      "counts": o.counts, "seconds": round(o.seconds), "survivors": o.survivors}
@@ -319,7 +320,7 @@ def render_report(record: dict, triage: dict[str, str]) -> None:
     missing = [name for name in GROUPS if name not in groups]
     if missing:
         lines += ["", f"Not measured yet: {', '.join(missing)}."]
-    lines += [f"\n{note}" for note in record.get("notes", [])]
+    lines += [f"\n{name}: {g['note']}" for name, g in groups.items() if g.get("note")]
     lines += ["", "## Surviving mutants not explained", "",
               "Each is a missing test until one kills it or the triage file says why it may live.", ""]
     for name, g in groups.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import sys
 
@@ -71,3 +72,20 @@ def test_each_group_is_compared_with_the_commit_it_was_measured_on(tmp_path, mon
     assert bases["guest"] == "aaaa"
     assert bases["bind"] == "bbbb"  # never measured: since the record's last run
     assert set(bases) == set(mutate.GROUPS)
+
+
+def test_a_groups_note_lives_until_that_group_is_measured_again(tmp_path, monkeypatch):
+    """A note says what happened to a group since its measurement (tests added that kill its
+    survivors); measuring another group keeps it, measuring that group drops it."""
+    scores = tmp_path / "mutation-scores.json"
+    measured = {"commit": "aaaa", "mutants": 2, "killed": 1, "score": 0.5, "counts": {"killed": 1, "survived": 1},
+                "seconds": 60, "survivors": {}}
+    scores.write_text(json.dumps({"commit": "aaaa", "groups": {"uri": {**measured, "note": "uri's own note"},
+                                                               "stats": {**measured, "note": "stats's own note"}}}))
+    monkeypatch.setattr(mutate, "SCORES", str(scores))
+    monkeypatch.setattr(mutate, "REPORT", str(tmp_path / "mutation.md"))
+    mutate.write_report([mutate.Outcome("stats", counts={"killed": 2})], {})
+    groups = json.loads(scores.read_text())["groups"]
+    assert groups["uri"]["note"] == "uri's own note" and "note" not in groups["stats"]
+    report = (tmp_path / "mutation.md").read_text()
+    assert "uri: uri's own note" in report and "stats's own note" not in report
