@@ -1,3 +1,4 @@
+import gc
 import json
 import os
 import shutil
@@ -113,6 +114,14 @@ except ImportError:
         basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
         yield
 """
+
+
+def open_fds() -> int:
+    """How many file descriptors this process holds, counted after a garbage collection: a file
+    object another test dropped is closed whenever the collector runs, which would change a count
+    taken before and after a call that must leave none open."""
+    gc.collect()
+    return len(os.listdir("/proc/self/fd"))
 
 
 def gpu_workstation(root) -> HostBuilder:

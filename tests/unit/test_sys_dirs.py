@@ -12,7 +12,7 @@ import pytest
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.inventory import device_path, list_addresses, read_functions
 from gpuvfio.host.root import HostRoot
-from tests.conftest import gpu_workstation
+from tests.conftest import gpu_workstation, open_fds
 
 GPU = "0000:01:00.0"
 
@@ -119,9 +119,6 @@ CASES = {
 }
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_path, case):
@@ -129,7 +126,7 @@ def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_pat
     gpu_workstation(root)
     os.makedirs(tmp_path / "outside" / "x")
     CASES[case](root)
-    before = _fds()
+    before = open_fds()
     host = HostRoot(root)
     addresses = list_addresses(host)
     expected = {a: _walked(root, device_path(host, a)) for a in addresses}
@@ -149,7 +146,7 @@ def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_pat
                 except GpuvfioError as exc:
                     got = f"{type(exc).__name__}: {exc}"
                 assert got == expected[address], address
-    assert _fds() == before
+    assert open_fds() == before
 
 
 def test_a_link_outside_sys_into_it_is_refused_as_the_general_walk_refuses_it(tmp_path):
@@ -166,15 +163,15 @@ def test_a_pass_holds_each_directory_once_and_closes_every_fd(tmp_path):
     root = str(tmp_path / "host")
     gpu_workstation(root)
     host = HostRoot(root)
-    before = _fds()
+    before = open_fds()
     with host.sys_dirs() as dirs:
         for _round in range(2):
             for address in list_addresses(host):
                 with dirs.open(device_path(host, address)):
                     pass
-        held = _fds() - before
+        held = open_fds() - before
     # The root, sys, devices, bus, pci, devices and each bridge with functions under it, once.
     bridges = {os.path.dirname(host.resolve_in_sys(device_path(host, a))) for a in list_addresses(host)}
-    assert held <= 6 + len(bridges) and _fds() == before
+    assert held <= 6 + len(bridges) and open_fds() == before
     functions = read_functions(host)
-    assert _fds() == before and functions[next(iter(functions))].vendor_id
+    assert open_fds() == before and functions[next(iter(functions))].vendor_id

@@ -19,6 +19,7 @@ import pytest
 from gpuvfio.errors import GpuvfioError, HostReadError, UnsafePathError
 from gpuvfio.files import NotRegular, Tree
 from gpuvfio.tree_filler import TreeFiller
+from tests.conftest import open_fds
 
 NOBODY = 65534
 
@@ -26,9 +27,6 @@ NOBODY = 65534
 def mode_of(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def listing(top) -> list[str]:

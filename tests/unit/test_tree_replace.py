@@ -19,6 +19,7 @@ import pytest
 
 from gpuvfio.errors import GpuvfioError, UnsafePathError
 from gpuvfio.files import NotRegular, Tree
+from tests.conftest import open_fds
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +44,6 @@ def outside(tmp_path):
 def untouched(canary) -> bool:
     return sorted(os.listdir(canary)) == ["secret"] and (canary / "secret").read_text() == "CANARY\n"
 
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 # -- replace_with: the second half of a transaction ----------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.files import NotRegular, Tree
+from tests.conftest import open_fds
 
 
 @pytest.fixture
@@ -30,9 +31,6 @@ def umask022():
 def mode_of(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def test_files_links_and_parents_are_made_with_the_modes_asked(tmp_path, umask022):
