@@ -84,6 +84,7 @@ class Outcome:
     counts: dict[str, int] = field(default_factory=dict)
     survivors: dict[str, str] = field(default_factory=dict)  # mutant -> its diff
     seconds: float = 0.0
+    commit: str = ""  # HEAD when the group's tree was copied: what the score is of
 
     @property
     def total(self) -> int:
@@ -130,13 +131,14 @@ def mutmut(where: str, *args: str, timeout: float | None = None) -> str:
 
 def run_group(name: str, jobs: int, patterns: list[str] | None = None, timeout: float | None = None) -> Outcome:
     group = GROUPS[name]
+    commit = head()  # before the copy: a commit made during an hour's run is not what was measured
     where = scratch_copy(group)
     started = time.monotonic()
     try:
         ran = mutmut(where, "run", "--max-children", str(jobs), *(patterns or []), timeout=timeout)
         if "failed to collect stats" in ran:  # the group's tests fail unmutated: no score
             raise SystemExit(f"group {name}: its tests do not pass unmutated:\n{ran[-3000:]}")
-        outcome = Outcome(name, seconds=time.monotonic() - started)
+        outcome = Outcome(name, seconds=time.monotonic() - started, commit=commit)
         alive = []
         for line in mutmut(where, "results", "--all", "true").splitlines():
             mutant, _, status = line.strip().rpartition(": ")
@@ -155,6 +157,10 @@ def run_group(name: str, jobs: int, patterns: list[str] | None = None, timeout: 
         return outcome
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def head() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def _matches(mutant: str, pattern: str) -> bool:
@@ -285,15 +291,15 @@ def write_report(outcomes: list[Outcome], triage: dict[str, str]) -> None:
     survivors, and the commit it was measured on; groups not run now keep their last
     measurement, and its note, written by hand, on what happened since) and render
     docs/mutation.md from it. A group measured again loses its note: it was of the last one."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     record = {"goal": GOAL, "groups": {}}
     if os.path.exists(SCORES):
         with open(SCORES, encoding="utf-8") as handle:
             record["groups"] = json.load(handle).get("groups", {})
     for o in outcomes:
-        record["groups"][o.group] = {"commit": commit, "mutants": o.total, "killed": o.killed, "score": round(o.score, 4),
-                                     "counts": o.counts, "seconds": round(o.seconds), "survivors": o.survivors}
-    record["commit"] = commit
+        record["groups"][o.group] = {"commit": o.commit or head(), "mutants": o.total, "killed": o.killed,
+                                     "score": round(o.score, 4), "counts": o.counts, "seconds": round(o.seconds),
+                                     "survivors": o.survivors}
+    record["commit"] = (outcomes[-1].commit if outcomes else "") or head()  # the last group run
     with open(SCORES, "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=1, ensure_ascii=False)
         handle.write("\n")

@@ -89,3 +89,15 @@ def test_a_groups_note_lives_until_that_group_is_measured_again(tmp_path, monkey
     assert groups["uri"]["note"] == "uri's own note" and "note" not in groups["stats"]
     report = (tmp_path / "mutation.md").read_text()
     assert "uri: uri's own note" in report and "stats's own note" not in report
+
+
+def test_a_score_is_of_the_commit_its_tree_was_copied_from(tmp_path, monkeypatch):
+    """A group's run takes minutes to an hour; a commit made meanwhile was not measured, so the
+    record names the commit the run copied, or a later changed-lines run would skip that change."""
+    scores = tmp_path / "mutation-scores.json"
+    scores.write_text('{"commit": "aaaa", "groups": {}}')
+    monkeypatch.setattr(mutate, "SCORES", str(scores))
+    monkeypatch.setattr(mutate, "REPORT", str(tmp_path / "mutation.md"))
+    mutate.write_report([mutate.Outcome("uri", counts={"killed": 1}, commit="cccc")], {})
+    record = json.loads(scores.read_text())
+    assert record["groups"]["uri"]["commit"] == "cccc" and record["commit"] == "cccc"
