@@ -309,12 +309,17 @@ def test_unreadable_files_are_one_line_naming_the_path_and_the_reason(top):
     refuses the read) must be a HostReadError naming the path and the reason in words, never a
     link or directory refusal, nor Python's '[Errno N]' form."""
     where, fd = top
+    # A read and a refused open in this process as well (the failures below happen in children):
+    # what a test calls in its own process is what mutation testing (make mutate) runs it against.
+    (where / "plain").write_text("x")
+    assert read_at(fd, "plain", LIMIT, str(where / "plain")) == b"x"
+    with pytest.raises(UnsafePathError):
+        read_at(fd, "n" * 300, LIMIT, str(where / ("n" * 300)))
     (where / "secret").write_text("x")
     (where / "secret").chmod(0)
     path = str(where / "secret")
     kind, message = in_child(lambda: read_at(fd, "secret", LIMIT, path), unprivileged=True)
     assert (kind, message) == ("HostReadError", f"cannot open {path}: permission denied (run as root?)")
-    (where / "plain").write_text("x")
     kind, message = in_child(lambda: read_at(fd, "plain", LIMIT, str(where / "plain")), fds=True)
     assert kind == "HostReadError" and message == f"cannot open {where / 'plain'}: {os.strerror(errno.EMFILE)}"
     if not os.path.exists("/proc/self/stack"):

@@ -373,6 +373,9 @@ def _opens_while_swapped(tree: Tree, opener, canary, check_refusal, calls: int =
     """What ``opener("dev/target")`` met in a forked copy of this process, called ``calls`` times
     (about a second; at most 10) while _Swapper swaps the target: 'done ...', a fault it found, or
     'blocked' (an open waited, on a FIFO, until the child was killed)."""
+    # Once in this process as well, before the target is swapped: what a test calls in its own
+    # process is what mutation testing (make mutate) runs it against.
+    os.close(opener("dev/target"))
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child reports through the pipe and never returns into pytest
