@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 import sys
@@ -479,7 +480,13 @@ class Tree:
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
     def _temp_name(dir_fd: int, name: str) -> str:
-        tmp = f".{name[:200]}.tmp-{os.getpid()}"
+        # A name may be 255 bytes (NAME_MAX), so one over 200 bytes is cut, by bytes (200 characters
+        # can be 800), and a digest of the whole name ends the cut, or two files of one
+        # transaction whose names share their first 200 bytes would share a temp.
+        raw = os.fsencode(name)
+        if len(raw) > 200:
+            raw = raw[:183] + b"-" + hashlib.sha256(raw).hexdigest()[:16].encode()
+        tmp = os.fsdecode(b"." + raw + f".tmp-{os.getpid()}".encode())
         _unlink_quietly(dir_fd, tmp)  # a stale temp of an earlier run with this pid, or anything planted
         return tmp
 

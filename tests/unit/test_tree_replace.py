@@ -61,6 +61,21 @@ def test_a_staged_file_replaces_its_target_at_any_depth(tmp_path):
         assert not [name for name in tree.listdir(os.path.dirname(rel)) if name.startswith(".")], rel
 
 
+@pytest.mark.parametrize("long", ["a" * 240, "é" * 125])  # 240 bytes; 250 bytes in 125 characters
+def test_two_long_names_staged_together_keep_their_own_content(tmp_path, long):
+    """A transaction staging two files whose names share a long beginning must put each file's
+    content in its place: their temps may not be one file (NAME_MAX is 255 bytes, so a temp name
+    is cut, and what is cut must still tell the names apart), nor longer than a name may be."""
+    tree = Tree(str(tmp_path / "root"))
+    first, second = f"etc/{long}1", f"etc/{long}2"
+    staged = [tree.stage(first, "first\n"), tree.stage(second, "second\n")]
+    assert staged[0] != staged[1]
+    tree.replace_with(staged[0], first)
+    tree.replace_with(staged[1], second)
+    assert (tree.read(first), tree.read(second)) == (b"first\n", b"second\n")
+    assert sorted(tree.listdir("etc")) == sorted([f"{long}1", f"{long}2"])
+
+
 def test_a_rename_across_directories_is_refused_naming_both(tmp_path):
     """A temp staged beside one file must never be renamed over a file in another directory: the
     refusal names both paths so the transaction's report says what was refused."""
