@@ -7,6 +7,7 @@ between the look and the open, and what each refusal names (the path and the rea
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import signal
@@ -74,6 +75,20 @@ def test_two_long_names_staged_together_keep_their_own_content(tmp_path, long):
     tree.replace_with(staged[1], second)
     assert (tree.read(first), tree.read(second)) == (b"first\n", b"second\n")
     assert sorted(tree.listdir("etc")) == sorted([f"{long}1", f"{long}2"])
+
+
+def test_a_temp_names_its_file_whole_or_cut_with_a_digest(tmp_path):
+    """A temp left by a crash says whose it is: '.<name>.tmp-<pid>' for a name of up to 200 bytes;
+    a longer name is cut to its first 183 bytes and 16 hex digits of its SHA-256, so the temp
+    stays within NAME_MAX (255 bytes) whatever the pid."""
+    tree = Tree(str(tmp_path / "root"))
+    pid = os.getpid()
+    fits = "f" * 200
+    assert tree.stage(f"etc/{fits}", "x") == f"etc/.{fits}.tmp-{pid}"
+    for long in ("g" * 201, "é" * 127):
+        digest = hashlib.sha256(long.encode()).hexdigest()[:16]
+        cut = os.fsdecode(long.encode()[:183])
+        assert tree.stage(f"etc/{long}", "x") == f"etc/.{cut}-{digest}.tmp-{pid}"
 
 
 def test_a_rename_across_directories_is_refused_naming_both(tmp_path):
