@@ -92,7 +92,10 @@ def relation(a: Position, b: Position, *, single_node: bool = False) -> str:
         common += 1
     if common:
         ancestor = a.path[common - 1]
-        under_one_switch = (ancestor in a.switches and len(a.path) - common <= 1 and len(b.path) - common <= 1)
+        # Either path may show the ancestor is a switch's upstream port: a function on the
+        # switch's internal bus has no bridge below it in its own path, and the word is symmetric.
+        is_switch = ancestor in a.switches or ancestor in b.switches
+        under_one_switch = is_switch and len(a.path) - common <= 1 and len(b.path) - common <= 1
         return PIX if under_one_switch else PXB
     if a.root_complex == b.root_complex:
         return PHB

@@ -246,3 +246,18 @@ def test_a_group_of_two_non_nvidia_devices_names_the_second_as_foreign(tmp_path)
     second = inventory.functions[A("0000:00:1f.0")]
     assert inventory.groups[group].viable is False
     assert inventory.groups[group].problems == [f"shares IOMMU group {group} with {second.label()}"]
+
+
+def test_the_word_between_two_functions_does_not_depend_on_their_order(tmp_path):
+    """A function on a switch's internal bus (below its upstream port, beside the downstream
+    ports) and one below a downstream port cross that one switch: the same word whichever is
+    named first, so a clique's word never depends on the order of --device."""
+    b = _host(tmp_path)
+    rb = b.root_bus(0, 0, numa=0)
+    rp = b.bridge(rb, "0000:00:01.0", INTEL, ROOT_PORT, secondary_bus=0x10)
+    up = b.bridge(rp, "0000:10:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x11)
+    ds = b.bridge(up, "0000:11:00.0", BROADCOM, SWITCH_PORT, secondary_bus=0x12)
+    _gpu(b, up, "0000:11:08.0")
+    _gpu(b, ds, "0000:12:00.0")
+    internal, below = (position(fn) for fn in _gpus(b, ["0000:11:08.0", "0000:12:00.0"]))
+    assert relation(internal, below) == relation(below, internal) == PIX
