@@ -391,7 +391,11 @@ def test_cpu_use_tells_the_demo_from_other_work():
 
 def test_cpu_sample_reads_this_machine():
     before = demo.cpu_sample()
-    sum(i * i for i in range(200_000))  # some CPU time of our own
+    # CPU time of our own, enough for the kernel's clock ticks (/proc/self/stat counts in 10 ms
+    # at USER_HZ 100) to see it: a fixed loop took under one tick on a loaded machine
+    spin = time.process_time()
+    while time.process_time() - spin < 0.05:
+        pass
     after = demo.cpu_sample()
     assert before is not None and after.total >= before.total and after.own > before.own
 
