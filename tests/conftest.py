@@ -124,6 +124,23 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+CANARY = "CANARY-SECRET\n"
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A canary directory beside the tree under test, holding one file, ``secret``: nothing in it
+    may be written, removed or read through a link (untouched says so)."""
+    canary = tmp_path / "outside"
+    canary.mkdir()
+    (canary / "secret").write_text(CANARY)
+    return canary
+
+
+def untouched(canary) -> bool:
+    return sorted(os.listdir(canary)) == ["secret"] and (canary / "secret").read_text() == CANARY
+
+
 def gpu_workstation(root) -> HostBuilder:
     """A small host: root port -> GPU + audio (one group), a chipset group shared with a NIC."""
     b = HostBuilder(str(root))

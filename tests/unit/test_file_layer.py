@@ -15,7 +15,7 @@ import pytest
 
 from gpuvfio.files import Tree
 from gpuvfio.errors import UnsafePathError
-from tests.conftest import ANSIBLE_MODULE_DRIVER, REPO, gpu_workstation
+from tests.conftest import ANSIBLE_MODULE_DRIVER, REPO, gpu_workstation, untouched
 
 GPU = "0000:01:00.0"
 TIMEOUT = 60
@@ -41,19 +41,6 @@ def one_line(err: str) -> bool:
 @pytest.fixture
 def ws(tmp_path):
     return gpu_workstation(tmp_path / "host")
-
-
-@pytest.fixture
-def outside(tmp_path):
-    """A canary directory beside the root: nothing may be written there, nor read from it."""
-    canary = tmp_path / "outside"
-    canary.mkdir()
-    (canary / "secret").write_text("CANARY-SECRET\n")
-    return canary
-
-
-def untouched(canary) -> bool:
-    return sorted(os.listdir(canary)) == ["secret"] and (canary / "secret").read_text() == "CANARY-SECRET\n"
 
 
 def device_dir(ws) -> str:

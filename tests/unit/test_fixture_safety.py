@@ -17,26 +17,13 @@ import pytest
 
 from gpuvfio.errors import InputError
 from gpuvfio.host.fixture import HEADER, load_fixture
-from tests.conftest import REPO
+from tests.conftest import CANARY, REPO, untouched
 
 FD = "proc/1/fd/9"
 
 
 def fixture(*records: str) -> str:
     return HEADER + "\n" + "\n".join(records) + "\n"
-
-
-def outside_untouched(outside) -> bool:
-    return sorted(os.listdir(outside)) == ["keep"]
-
-
-@pytest.fixture
-def outside(tmp_path):
-    """A directory next to the fixture's: nothing may appear in it."""
-    path = tmp_path / "outside"
-    path.mkdir()
-    (path / "keep").write_text("x")
-    return path
 
 
 @pytest.mark.parametrize("records", [
@@ -47,7 +34,7 @@ def outside(tmp_path):
     # a link inside the root, then a record through it
     lambda out: ["D sys", "L sys/up ..", "F sys/up/pwned yes"],
     # a record at a path that is a link already
-    lambda out: ["D sys", f"L {FD} {out}/keep", f"F {FD} clobbered"],
+    lambda out: ["D sys", f"L {FD} {out}/secret", f"F {FD} clobbered"],
     # a link that is lexically inside but really leaves: "." then "<it>/.."
     lambda out: ["L here .", "L out here/../outside/pwned", "F out yes"],
     # absolute and parent-directory targets, and paths
@@ -62,7 +49,7 @@ def test_records_cannot_leave_the_directory(tmp_path, outside, records):
     text = fixture(*records(outside))
     with pytest.raises(InputError):
         load_fixture(text, str(tmp_path / "root"))
-    assert outside_untouched(outside)
+    assert untouched(outside)
 
 
 def test_the_cli_refuses_a_hostile_fixture_in_one_line(cli, tmp_path, outside):
@@ -70,7 +57,7 @@ def test_the_cli_refuses_a_hostile_fixture_in_one_line(cli, tmp_path, outside):
     evil.write_text(fixture(f"L {FD} {outside}", f"F {FD}/pwned yes"))
     result = cli("--root", str(evil), "list")
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
-    assert outside_untouched(outside)
+    assert untouched(outside)
 
 
 def test_fd_links_stay_data(tmp_path):
@@ -171,7 +158,7 @@ def test_a_record_written_twice_replaces_the_file_never_writes_through_it(tmp_pa
     name replaces the link's name; the file outside keeps its bytes."""
     root = tmp_path / "root"
     (root / "sys").mkdir(parents=True)
-    os.link(outside / "keep", root / "sys" / "x")
+    os.link(outside / "secret", root / "sys" / "x")
     load_fixture(fixture("D sys", "F sys/x first", "F sys/x second"), str(root))
     assert (root / "sys" / "x").read_text() == "second"
-    assert (outside / "keep").read_text() == "x"
+    assert (outside / "secret").read_text() == CANARY

@@ -119,7 +119,6 @@ CASES = {
 }
 
 
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_device_opens_where_the_general_walk_ends_or_fails_as_it_fails(tmp_path, case):
     root = str(tmp_path / "host")

@@ -19,7 +19,7 @@ import pytest
 from gpuvfio.errors import GpuvfioError, HostReadError, UnsafePathError
 from gpuvfio.files import NotRegular, Tree
 from gpuvfio.tree_filler import TreeFiller
-from tests.conftest import open_fds
+from tests.conftest import open_fds, untouched
 
 NOBODY = 65534
 
@@ -49,15 +49,6 @@ def root(tmp_path):
     top = tmp_path / "root"
     top.mkdir()
     return top
-
-
-@pytest.fixture
-def outside(tmp_path):
-    """A canary beside the root: nothing may appear in it."""
-    canary = tmp_path / "outside"
-    canary.mkdir()
-    (canary / "keep").write_text("x")
-    return canary
 
 
 @pytest.fixture
@@ -136,7 +127,7 @@ def test_a_bad_component_anywhere_is_refused_and_named(root, outside, cwd, parts
     with TreeFiller(Tree(str(root))) as filler, pytest.raises(UnsafePathError) as err:
         filler.write(parts, b"pwned")
     assert repr(bad) in str(err.value) and "component" in str(err.value)
-    assert os.listdir(outside) == ["keep"] and "pwned" not in str(listing(root))
+    assert untouched(outside) and "pwned" not in str(listing(root))
 
 
 def test_an_empty_path_is_refused_naming_the_root(root):
@@ -160,7 +151,7 @@ def test_a_link_or_file_on_the_way_is_refused_and_named(root, outside, cwd, on_t
         filler.write([*on_the_way, "pwned"], b"pwned")
     assert str(where) in str(err.value)
     assert ("is a link" if kind == "link" else "not a directory") in str(err.value)
-    assert os.listdir(outside) == ["keep"]
+    assert untouched(outside)
 
 
 def test_moving_to_another_path_closes_the_directories_left(root):
@@ -365,4 +356,4 @@ def test_a_name_that_changes_while_it_is_made_is_never_written_through(root, out
     finally:
         stop.set()
         flipper.join()
-    assert os.listdir(outside) == ["keep"]
+    assert untouched(outside)

@@ -20,7 +20,7 @@ import pytest
 
 from gpuvfio.errors import GpuvfioError, UnsafePathError
 from gpuvfio.files import NotRegular, Tree
-from tests.conftest import open_fds
+from tests.conftest import open_fds, untouched
 
 
 @pytest.fixture(autouse=True)
@@ -31,19 +31,6 @@ def elsewhere(tmp_path, monkeypatch):
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     return cwd
-
-
-@pytest.fixture
-def outside(tmp_path):
-    """A canary directory beside the tree: nothing in it may be written, removed or opened."""
-    canary = tmp_path / "outside"
-    canary.mkdir()
-    (canary / "secret").write_text("CANARY\n")
-    return canary
-
-
-def untouched(canary) -> bool:
-    return sorted(os.listdir(canary)) == ["secret"] and (canary / "secret").read_text() == "CANARY\n"
 
 
 

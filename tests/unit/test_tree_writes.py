@@ -16,7 +16,7 @@ import pytest
 
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.files import NotRegular, Tree
-from tests.conftest import open_fds
+from tests.conftest import open_fds, untouched
 
 
 @pytest.fixture
@@ -55,12 +55,10 @@ def test_files_links_and_parents_are_made_with_the_modes_asked(tmp_path, umask02
     assert [mode_of(tmp_path / p) for p in ("j", private)] == [0o700, 0o600]
 
 
-def test_a_link_replaces_a_file_or_link_never_what_it_points_to(tmp_path):
+def test_a_link_replaces_a_file_or_link_never_what_it_points_to(tmp_path, outside):
     """The file layer must make systemd's enablement links in place, replacing the name (a file,
     a stale link) and never writing through an old link to its target."""
-    top, outside = tmp_path / "top", tmp_path / "outside"
-    outside.mkdir()
-    (outside / "secret").write_text("CANARY\n")
+    top = tmp_path / "top"
     tree = Tree(str(top))
     fds = open_fds()
     tree.symlink("etc/systemd/wants/unit.service", "/lib/systemd/unit.service")
@@ -71,7 +69,7 @@ def test_a_link_replaces_a_file_or_link_never_what_it_points_to(tmp_path):
     assert open_fds() == fds
     assert tree.readlink("etc/systemd/wants/unit.service") == "/lib/systemd/unit.service"
     assert tree.readlink("etc/file") == "new-target" and tree.readlink("etc/old-link") == "other-target"
-    assert (outside / "secret").read_text() == "CANARY\n" and os.listdir(outside) == ["secret"]
+    assert untouched(outside)
     assert sorted(os.listdir(top / "etc")) == ["file", "old-link", "systemd"]  # no temp left
 
 
@@ -95,12 +93,10 @@ def test_a_staged_temp_lies_beside_its_target_with_the_content_given(tmp_path, r
     assert open_fds() == fds
 
 
-def test_a_stale_or_planted_temp_is_cleared_not_written_through(tmp_path):
+def test_a_stale_or_planted_temp_is_cleared_not_written_through(tmp_path, outside):
     """The file layer must clear a temp left at its temp name (an earlier run with this pid, or a
     link an attacker planted there) before making its own, and never write through it."""
-    top, outside = tmp_path / "top", tmp_path / "outside"
-    outside.mkdir()
-    (outside / "secret").write_text("CANARY\n")
+    top = tmp_path / "top"
     tree = Tree(str(top))
     rel = "etc/conf"
     # Each writer, and whether what it made holds "mine" (a staged temp is then removed).
@@ -118,7 +114,7 @@ def test_a_stale_or_planted_temp_is_cleared_not_written_through(tmp_path):
             plant()
             assert made(writer()), (how, planted)
             assert os.listdir(top / "etc") == ["conf"], (how, planted)
-    assert (outside / "secret").read_text() == "CANARY\n"
+    assert untouched(outside)
 
 
 @pytest.mark.parametrize("kind", ["directory", "FIFO"])
