@@ -59,7 +59,7 @@ GROUPS = {
                    "gpuvfio/bind/persist.py", "gpuvfio/bind/sysfs_write.py"),
                   _t("test_binding", "test_bind_results", "test_bind_cli", "test_sysfs_write", "test_confined_writes",
                      "test_recovery_gaps", "test_dry_runs", "test_plans_are_run", "test_plan_runs_meet_the_world",
-                     "test_health", "test_kernel_names", "test_host_use", "test_fabric_flow")),
+                     "test_health", "test_kernel_names", "test_host_use", "test_fabric_flow", "test_doctor")),
     "host": Group(("gpuvfio/host/inventory.py", "gpuvfio/host/groups.py", "gpuvfio/host/topology.py"),
                   _t("test_inventory", "test_inventory_edges", "test_inventory_generated", "test_topology",
                      "test_topology_edges", "test_selectors")),
