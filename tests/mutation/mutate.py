@@ -10,6 +10,10 @@ mutant no test reaches counts as surviving). Every surviving mutant is either ki
 added since, or explained in tests/mutation/triage.toml (why it is equivalent, or why a
 test for it would test the mutation tool rather than gpuvfio).
 
+``--survivors``: only a group's recorded survivors, and every mutant of the functions changed
+since it was measured, against today's tests (minutes, where the whole group takes up to an
+hour); the other mutants' kills stand, as their code is unchanged and tests are only added.
+
 ``--changed`` (``.ci/run``): only the mutants in the functions whose lines changed since the
 commit their group was last measured on (docs/mutation-scores.json; a group never measured:
 since the record's last commit), at most ``--limit`` of them; any of those surviving untriaged
@@ -86,6 +90,10 @@ class Outcome:
     survivors: dict[str, str] = field(default_factory=dict)  # mutant -> its diff
     seconds: float = 0.0
     commit: str = ""  # HEAD when the group's tree was copied: what the score is of
+    # A re-run of survivors (--survivors): the commit of the last run of every mutant, whose
+    # kills stand, and how long that run took; ``seconds`` is then the re-run's time.
+    full_run: str = ""
+    full_seconds: float = 0.0
 
     @property
     def total(self) -> int:
@@ -285,6 +293,55 @@ def functions_at(module: str, lines: set[int]) -> list[str]:
     return names
 
 
+# -- the survivors' re-run -----------------------------------------------------------------------
+
+def rerun_survivors(name: str, jobs: int) -> Outcome:
+    """The group's recorded survivors, and every mutant of its functions changed since it was
+    measured, run against today's tests; the record's other kills stand (their functions are
+    unchanged). A changed function's old mutants leave the count and its new ones join it."""
+    with open(SCORES, encoding="utf-8") as handle:
+        record = json.load(handle)["groups"].get(name)
+    if record is None:
+        raise SystemExit(f"group {name} was never measured: run it whole first")
+    base, modules = record["commit"], GROUPS[name].modules
+    changed = [p for module in modules for p in functions_at(module, changed_lines(base, module))]
+    old = [m for module in modules for m in mutant_names(base, module)]
+    now = {p for module in modules for p in functions_at(module, set(range(1, 1 << 20)))}
+    gone = sorted({m.rsplit("__mutmut_", 1)[0] + "__mutmut_*" for m in old} - now)  # functions deleted since
+    old_changed = [m for m in old if any(_matches(m, p) for p in changed + gone)]
+    kept = sorted(m for m in record["survivors"] if not any(_matches(m, p) for p in changed + gone))
+    old_alive_changed = len(record["survivors"]) - len(kept)
+    if not changed and not kept:
+        raise SystemExit(f"group {name}: no survivor and no changed function to run again")
+    outcome = run_group(name, jobs, changed + kept)
+    standing = record["killed"] - (len(old_changed) - old_alive_changed)  # kills in unchanged functions
+    counts = dict(outcome.counts)
+    # a timeout of the record stays one unless a changed function held it (then it is a kill)
+    timeouts = record["counts"].get("timeout", 0) if not changed else 0
+    counts["timeout"] = counts.get("timeout", 0) + timeouts
+    counts["killed"] = counts.get("killed", 0) + standing - timeouts
+    outcome.counts = {k: v for k, v in counts.items() if v}
+    outcome.full_run = record.get("full_run", base)
+    outcome.full_seconds = record["seconds"]
+    return outcome
+
+
+def mutant_names(commit: str, module: str) -> list[str]:
+    """mutmut's names of the mutants it makes of ``module`` as it was at ``commit`` (mutmut's
+    own generator, in a child with a configuration of its own: mutmut reads one at import)."""
+    source = subprocess.run(["git", "show", f"{commit}:{module}"], cwd=REPO, check=True, capture_output=True,
+                            text=True).stdout
+    dotted = module[:-3].replace("/", ".")
+    with tempfile.TemporaryDirectory(prefix="gpuvfio-names-") as where:
+        with open(os.path.join(where, "pyproject.toml"), "w", encoding="utf-8") as handle:
+            handle.write('[tool.mutmut]\nsource_paths = ["."]\n')
+        program = ("import sys; from mutmut.mutation.file_mutation import mutate_file_contents; "
+                   "print('\\n'.join(mutate_file_contents(sys.argv[1], sys.stdin.read()).mutant_names))")
+        names = subprocess.run([sys.executable, "-c", program, os.path.basename(module)], cwd=where, input=source,
+                               check=True, capture_output=True, text=True).stdout.split()
+    return [f"{dotted}.{n}" for n in names]
+
+
 # -- the report -----------------------------------------------------------------------------------
 
 def write_report(outcomes: list[Outcome], triage: dict[str, str]) -> None:
@@ -297,9 +354,12 @@ def write_report(outcomes: list[Outcome], triage: dict[str, str]) -> None:
         with open(SCORES, encoding="utf-8") as handle:
             record["groups"] = json.load(handle).get("groups", {})
     for o in outcomes:
-        record["groups"][o.group] = {"commit": o.commit or head(), "mutants": o.total, "killed": o.killed,
-                                     "score": round(o.score, 4), "counts": o.counts, "seconds": round(o.seconds),
-                                     "survivors": o.survivors}
+        entry = {"commit": o.commit or head(), "mutants": o.total, "killed": o.killed, "score": round(o.score, 4),
+                 "counts": o.counts, "seconds": round(o.full_seconds if o.full_run else o.seconds),
+                 "survivors": o.survivors}
+        if o.full_run:
+            entry.update(full_run=o.full_run, rerun_seconds=round(o.seconds))
+        record["groups"][o.group] = entry
     record["commit"] = (outcomes[-1].commit if outcomes else "") or head()  # the last group run
     with open(SCORES, "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=1, ensure_ascii=False)
@@ -327,6 +387,9 @@ def render_report(record: dict, triage: dict[str, str]) -> None:
     missing = [name for name in GROUPS if name not in groups]
     if missing:
         lines += ["", f"Not measured yet: {', '.join(missing)}."]
+    lines += [f"\n{name}: every mutant run at {g['full_run'][:12]}; its survivors, and every mutant of the "
+              f"functions changed since, run again at {g['commit'][:12]} ({g['rerun_seconds'] / 60:.1f} minutes)."
+              for name, g in groups.items() if g.get("full_run")]
     lines += [f"\n{name}: {g['note']}" for name, g in groups.items() if g.get("note")]
     lines += ["", "## Surviving mutants not explained", "",
               "Each is a missing test until one kills it or the triage file says why it may live.", ""]
@@ -346,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the functions changed since their group was measured")
     parser.add_argument("--changed-since", metavar="REV", help="only the functions changed since REV")
     parser.add_argument("--limit", type=int, default=400, help="with --changed or --changed-since: at most this many functions")
+    parser.add_argument("--survivors", action="store_true",
+                        help="only the recorded survivors and the functions changed since (of --group, or all)")
     parser.add_argument("--report", action="store_true", help="render docs/mutation.md from the scores file only")
     args = parser.parse_args(argv)
     triage = load_triage()
@@ -359,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         return changed_run(measured_bases(), args.jobs, args.limit, triage)
     outcomes = []
     for name in args.group or list(GROUPS):
-        outcome = run_group(name, args.jobs)
+        outcome = rerun_survivors(name, args.jobs) if args.survivors else run_group(name, args.jobs)
         print(f"{name}: {outcome.killed}/{outcome.total} killed ({outcome.score:.1%}) in {outcome.seconds:.0f}s",
               flush=True)
         outcomes.append(outcome)

@@ -101,3 +101,55 @@ def test_a_score_is_of_the_commit_its_tree_was_copied_from(tmp_path, monkeypatch
     mutate.write_report([mutate.Outcome("uri", counts={"killed": 1}, commit="cccc")], {})
     record = json.loads(scores.read_text())
     assert record["groups"]["uri"]["commit"] == "cccc" and record["commit"] == "cccc"
+
+
+def test_a_rerun_of_survivors_keeps_the_standing_kills_and_recounts_changed_functions(tmp_path, monkeypatch):
+    """--survivors runs the recorded survivors and every mutant of a function changed since; a
+    changed function's old mutants leave the count (its mutants are renumbered), a deleted
+    function's too, and the other kills stand."""
+    uri = "gpuvfio.virt.uri."
+    survivors = {f"{uri}x__policy__mutmut_3": "-a\n+b", f"{uri}x__policy__mutmut_5": "-a\n+b",
+                 f"{uri}x_check_uri__mutmut_1": "-a\n+b", f"{uri}x_gone__mutmut_1": "-a\n+b"}
+    scores = tmp_path / "mutation-scores.json"
+    scores.write_text(json.dumps({"commit": "aaaa", "groups": {"uri": {
+        "commit": "aaaa", "mutants": 10, "killed": 6, "score": 0.6, "counts": {"killed": 5, "timeout": 1, "survived": 4},
+        "seconds": 600, "survivors": survivors}}}))
+    monkeypatch.setattr(mutate, "SCORES", str(scores))
+    monkeypatch.setattr(mutate, "REPORT", str(tmp_path / "mutation.md"))
+    check_uri = _lines_of("gpuvfio/virt/uri.py", "check_uri")
+    monkeypatch.setattr(mutate, "changed_lines", lambda base, module: check_uri if base == "aaaa" else set())
+    old = [f"{uri}x__policy__mutmut_{n}" for n in range(1, 6)] + [f"{uri}x_check_uri__mutmut_{n}" for n in (1, 2, 3)] \
+        + [f"{uri}x_gone__mutmut_{n}" for n in (1, 2)]
+    monkeypatch.setattr(mutate, "mutant_names", lambda commit, module: old if commit == "aaaa" else [])
+    ran = []
+
+    def run_group(name, jobs, patterns=None, timeout=None):
+        ran.append(patterns)
+        return mutate.Outcome(name, counts={"killed": 4, "survived": 2}, commit="cccc", seconds=30,
+                              survivors={f"{uri}x__policy__mutmut_5": "-a\n+b", f"{uri}x_check_uri__mutmut_4": "-c\n+d"})
+
+    monkeypatch.setattr(mutate, "run_group", run_group)
+    outcome = mutate.rerun_survivors("uri", 2)
+    assert ran == [[f"{uri}x_check_uri__mutmut_*", f"{uri}x__policy__mutmut_3", f"{uri}x__policy__mutmut_5"]]
+    # standing: 6 killed less check_uri's 2 and gone's 1 old kills; then the re-run's 4
+    assert (outcome.killed, outcome.total) == (7, 9)
+    assert outcome.counts == {"killed": 7, "survived": 2}  # the timeout's function may have changed: a kill
+    assert (outcome.full_run, outcome.full_seconds) == ("aaaa", 600)
+    mutate.write_report([outcome], {})
+    entry = json.loads(scores.read_text())["groups"]["uri"]
+    assert (entry["commit"], entry["full_run"], entry["seconds"], entry["rerun_seconds"]) == ("cccc", "aaaa", 600, 30)
+    assert "every mutant run at aaaa; its survivors" in (tmp_path / "mutation.md").read_text()
+
+
+def test_a_rerun_with_nothing_changed_keeps_the_records_timeouts(tmp_path, monkeypatch):
+    scores = tmp_path / "mutation-scores.json"
+    scores.write_text(json.dumps({"commit": "aaaa", "groups": {"stats": {
+        "commit": "aaaa", "mutants": 4, "killed": 3, "score": 0.75, "counts": {"killed": 2, "timeout": 1, "survived": 1},
+        "seconds": 60, "survivors": {"gpuvfio.testbed.stats.x_t_cdf__mutmut_1": "-a\n+b"}}}}))
+    monkeypatch.setattr(mutate, "SCORES", str(scores))
+    monkeypatch.setattr(mutate, "changed_lines", lambda base, module: set())
+    monkeypatch.setattr(mutate, "mutant_names", lambda commit, module: [])
+    monkeypatch.setattr(mutate, "run_group", lambda name, jobs, patterns=None, timeout=None: mutate.Outcome(
+        name, counts={"killed": 1}, commit="cccc"))
+    outcome = mutate.rerun_survivors("stats", 2)
+    assert outcome.counts == {"killed": 3, "timeout": 1} and outcome.score == 1.0
