@@ -86,7 +86,7 @@ class FileChange:
             return ChangeAction.REMOVE
         return ChangeAction.CREATE if self.old is None else ChangeAction.UPDATE
 
-    def diff(self, root: str = "") -> str:
+    def diff(self) -> str:
         rel = self.path
         if self.link:
             return f"--- {rel}\n+++ {rel}\n-> {self.old or '(none)'}\n+> {self.new or '(removed)'}\n"
