@@ -131,7 +131,7 @@ def journal_problem(data: dict) -> str | None:
             return f"{key} is not an object"
     device = {"original_driver": _optional_name, "original_override": _optional_name,
               "group": lambda v: v is None or _integer(v)}
-    for address, record in data.get("devices", {}).items():
+    for address, record in data["devices"].items():  # present: checked above
         problem = (f"device {address!r} is not a PCI address" if not _address(address)
                    else _record(f"device {address}", record, device))
         if problem:
