@@ -447,7 +447,7 @@ def _write_held_by_a_tracer(hold: float, pid_file: str | None = None):
     and keeps it for ``hold`` seconds, so the ended writer is a zombie only its tracer may reap
     (kernel/exit.c, wait_consider_task), as a writer in uninterruptible sleep cannot be reaped
     until the kernel lets it go. With ``pid_file`` the write succeeds (the writer's pid noted
-    there); without, it never returns and only SIGKILL ends the writer."""
+    there); without, it does not return and only SIGKILL ends the writer in time."""
 
     def backend(path, data, fd):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -470,8 +470,8 @@ def _write_held_by_a_tracer(hold: float, pid_file: str | None = None):
             with open(pid_file, "w") as handle:
                 handle.write(str(os.getpid()))
             return
-        while True:
-            time.sleep(60)
+        time.sleep(20)  # only SIGKILL ends it sooner; bounded, so that a writer nobody kills
+        os._exit(1)  # (a mutant of the kill path, say) does not outlive the test run
 
     return backend
 
