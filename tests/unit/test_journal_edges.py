@@ -571,7 +571,7 @@ def test_a_lock_held_by_another_run_times_out_naming_the_holder(host):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         os.write(fd, b"4242 2026-12-01T10:00:00+0000 gpuvfio attach lab-\xff-vm 01:00\n")  # a torn byte
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a RunLock that did not let go fails here, not hangs
         started = time.monotonic()
         with pytest.raises(LockTimeout) as refused:
             with RunLock(state_of(host), 0.25):
@@ -687,7 +687,7 @@ def test_a_holder_line_is_read_in_its_first_512_bytes(host):
     fd = os.open(path, os.O_RDWR)
     try:
         os.write(fd, line)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a RunLock that did not let go fails here, not hangs
         with pytest.raises(LockTimeout) as refused:
             RunLock(state_of(host), 0).__enter__()
     finally:
