@@ -579,3 +579,19 @@ def test_each_writer_is_reaped_before_its_write_returns(h, tmp_path):
     except BaseException:
         os.waitpid(pid, 0)
         raise
+
+
+def test_the_writer_never_goes_on_as_a_second_copy_of_the_caller(h, tmp_path):
+    """The forked writer ends in os._exit whatever happens in it. Were it to return from write()
+    instead, a second copy of the caller would go on from there (a bind's remaining steps run
+    twice); here that copy would note its pid in the trail before the parent does."""
+    trail = tmp_path / "after-the-write"
+    for backend in (None, _refusing(OSError(errno.EBUSY, "busy")), _refusing(ValueError("odd"))):
+        writer = SysfsWriter(h.host) if backend is None else SysfsWriter(h.host, backend=backend)
+        try:
+            writer.write(h.builder.sys_path("bus", "pci", "drivers_probe"), GPU)
+        except SysfsWriteError:
+            pass
+        with open(trail, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+    assert trail.read_text() == f"{os.getpid()}\n" * 3
