@@ -66,7 +66,7 @@ def state_tree(directory: str | Tree) -> Tree:
     if not directory or "\0" in directory or not directory.strip():
         raise InputError(f"{STATE_ENV} is empty (give a directory, or leave it unset for <root>/var/lib/gpuvfio)")
     parent, name = os.path.split(os.path.abspath(directory))
-    return Tree(parent, name) if name else Tree(parent)
+    return Tree(parent, name)  # name is '' for '/', Tree's own default
 
 
 def known_hosts_file(host: HostRoot) -> str:
@@ -79,10 +79,8 @@ def make_state_dir(directory: Tree) -> None:
     unwritable place in its stead is one line, not a traceback."""
     try:
         directory.make_dir(mode=0o700)
-    except UnsafePathError as exc:
+    except UnsafePathError as exc:  # the file layer's other errors (EACCES, EROFS...) are one line already
         raise InputError(f"the state directory {directory.path()} cannot be used: {exc}") from None
-    except OSError as exc:
-        raise GpuvfioError(f"cannot make the state directory {directory.path()}: {exc.strerror or exc}") from None
 
 
 # What a journal may hold, checked on every load: a journal that does not fit is not acted on
@@ -313,8 +311,6 @@ class RunLock:
             fd = self.directory.open_lock("lock")
         except UnsafePathError as exc:
             raise InputError(f"cannot use the lock {self.path}: {exc}") from None
-        except OSError as exc:
-            raise GpuvfioError(f"cannot open the lock {self.path}: {exc.strerror or exc}") from None
         deadline = time.monotonic() + self.timeout
         while True:
             try:
