@@ -392,12 +392,14 @@ def render_report(record: dict, triage: dict[str, str]) -> None:
               f"functions changed since, run again at {g['commit'][:12]} ({g['rerun_seconds'] / 60:.1f} minutes)."
               for name, g in groups.items() if g.get("full_run")]
     lines += [f"\n{name}: {g['note']}" for name, g in groups.items() if g.get("note")]
+    unexplained = [(mutant, diff) for g in groups.values() for mutant, diff in sorted(g["survivors"].items())
+                   if explain(mutant, diff, triage) is None]
     lines += ["", "## Surviving mutants not explained", "",
               "Each is a missing test until one kills it or the triage file says why it may live.", ""]
-    for name, g in groups.items():
-        for mutant, diff in sorted(g["survivors"].items()):
-            if explain(mutant, diff, triage) is None:
-                lines += [f"- `{mutant}`", "", "  ```diff", *[f"  {d}" for d in diff.splitlines()], "  ```"]
+    if not unexplained:
+        lines.append("None: every survivor of the groups measured is explained.")
+    for mutant, diff in unexplained:
+        lines += [f"- `{mutant}`", "", "  ```diff", *[f"  {d}" for d in diff.splitlines()], "  ```"]
     with open(REPORT, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
 

@@ -153,3 +153,21 @@ def test_a_rerun_with_nothing_changed_keeps_the_records_timeouts(tmp_path, monke
         name, counts={"killed": 1}, commit="cccc"))
     outcome = mutate.rerun_survivors("stats", 2)
     assert outcome.counts == {"killed": 3, "timeout": 1} and outcome.score == 1.0
+
+
+def test_the_report_lists_each_unexplained_survivor_or_says_there_is_none(tmp_path, monkeypatch):
+    """A survivor neither the triage file nor a class explains is listed with its diff; with none
+    left the section says so rather than ending on its heading."""
+    scores = tmp_path / "mutation-scores.json"
+    living = {"gpuvfio.virt.uri.x_f__mutmut_1": "-    n = 1\n+    n = 2"}
+    scores.write_text(json.dumps({"commit": "aaaa", "groups": {"uri": {
+        "commit": "aaaa", "mutants": 2, "killed": 1, "score": 0.5, "counts": {"killed": 1, "survived": 1},
+        "seconds": 60, "survivors": living}}}))
+    monkeypatch.setattr(mutate, "SCORES", str(scores))
+    monkeypatch.setattr(mutate, "REPORT", str(tmp_path / "mutation.md"))
+    mutate.write_report([], {})
+    report = (tmp_path / "mutation.md").read_text()
+    assert "- `gpuvfio.virt.uri.x_f__mutmut_1`" in report and "+    n = 2" in report and "None:" not in report
+    mutate.write_report([], {"gpuvfio.virt.uri.x_f__mutmut_1": "equivalent: n is not read"})
+    report = (tmp_path / "mutation.md").read_text()
+    assert "x_f__mutmut_1" not in report and report.endswith("None: every survivor of the groups measured is explained.\n")
