@@ -67,9 +67,6 @@ class PciAddress:
         """The physical device (domain, bus, slot) this function belongs to."""
         return (self.domain, self.bus, self.slot)
 
-    def with_function(self, function: int) -> "PciAddress":
-        return PciAddress(self.domain, self.bus, self.slot, function)
-
     def __str__(self) -> str:
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
 

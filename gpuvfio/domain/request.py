@@ -20,7 +20,6 @@ from gpuvfio.numbers import shown, uint
 from gpuvfio.options import DOMAIN
 from gpuvfio.sizes import MAX_KIB, format_kib, parse_size_kib
 
-HUGEPAGE_CHOICES = ("auto", "none", "2M", "1G")
 NUMA_WORDS = ("auto", "none", "remote")
 TOPOLOGY_CHOICES = DOMAIN["topology"].choices  # auto: mirror the host for two or more devices
 P2P_CHOICES = DOMAIN["p2p"].choices

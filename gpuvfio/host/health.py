@@ -73,12 +73,6 @@ def read_health(directory: SysDir, reset_method: list[str] | None) -> Health:
                   power_control=directory.text_in("power", "control"))
 
 
-def device_alive(host: HostRoot, address) -> bool | None:
-    """Does the function answer its config space now?"""
-    device = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
-    return parse_config(host.read_head(os.path.join(device, "config"), 64))[0]
-
-
 # include/linux/ioport.h: a memory BAR the kernel could not place is flagged IORESOURCE_UNSET and
 # shown in ``resource`` with start 0 (drivers/pci/pci-sysfs.c resource_show).
 IORESOURCE_IO = 0x100

@@ -107,7 +107,7 @@ def relation(a: Position, b: Position, *, single_node: bool = False) -> str:
 
 
 # -- P2P cliques ---------------------------------------------------------------------------------
-INTEL_VENDOR, AMD_VENDOR = "GenuineIntel", "AuthenticAMD"  # CPUID vendor strings (/proc/cpuinfo vendor_id)
+AMD_VENDOR = "AuthenticAMD"  # the CPUID vendor string (/proc/cpuinfo vendor_id)
 
 # NCCL's path type for each nvidia-smi word (src/include/graph.h and src/graph/paths.cc
 # ncclTopoSetPaths at NCCL v2.30.7-1): NCCL makes one <cpu> of all root complexes of a NUMA node,

@@ -477,10 +477,6 @@ class Status:
     partitions: dict
     unfinished_operation: dict | None
 
-    @property
-    def holds_nothing(self) -> bool:
-        return not self.devices and self.unfinished_operation is None
-
     def to_json(self) -> dict:
         return {"state_dir": self.state_dir, "devices": [d.to_json() for d in self.devices],
                 "services_stopped": list(self.services_stopped), "mdevs": self.mdevs, "vgpus": self.vgpus,
