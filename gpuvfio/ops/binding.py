@@ -395,7 +395,7 @@ def _undo_vgpu(ctx: Context, plan: RestorePlan, journal: Journal, result: "Resto
             result.steps.append(step)
     schedulers = [s for s in plan.steps if s.kind is StepKind.PUT_BACK_SCHEDULER]
     if schedulers:
-        failed = put_back(ctx.host, journal, nvml_factory=ctx.nvml, progress=note)
+        failed = put_back(journal, nvml_factory=ctx.nvml, progress=note)
         problems += failed
         if not failed:
             result.steps += schedulers

@@ -228,5 +228,5 @@ def run_scheduler(ctx: Context, plan: SchedulerPlan) -> SchedulerChange:
 
 
 def undo_scheduler(ctx: Context, address: PciAddress, before: SchedulerSnapshot, journaled: bool) -> list[str]:
-    return scheduler.undo_set(ctx.host, address, before, journaled, state=ctx.state, nvml_factory=ctx.nvml,
-                              lock_timeout=ctx.lock_timeout)
+    with ctx.lock():
+        return scheduler.undo_set(ctx.journal(), address, before, journaled, nvml_factory=ctx.nvml)

@@ -20,10 +20,8 @@ from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.host.root import HostRoot
 from gpuvfio.planning import Step
-from gpuvfio.bind.journal import Journal, RunLock
-from gpuvfio.files import Tree
+from gpuvfio.bind.journal import Journal
 
 POLICIES = {"best-effort": 1, "equal-share": 2, "fixed-share": 3}
 NAMES = {value: name for name, value in POLICIES.items()}
@@ -223,24 +221,23 @@ def apply_policy(nvml: Nvml, journal: Journal, address: PciAddress, policy: str,
     return SchedulerChange(after, SchedulerOutcome.SET, current.policy, before, added)
 
 
-def undo_set(host: HostRoot, address: PciAddress, before: SchedulerSnapshot, journaled: bool, *, state: Tree,
-             nvml_factory=Nvml, lock_timeout: float = 30.0) -> list[str]:
+def undo_set(journal: Journal, address: PciAddress, before: SchedulerSnapshot, journaled: bool, *,
+             nvml_factory=Nvml) -> list[str]:
     """Undo one ``set_policy`` (a testbed variant's): write ``before`` back; drop the journal
-    entry only if that call made it. Returns failures (the journal then still holds it)."""
-    with RunLock(state, lock_timeout):
-        journal = Journal.load(state)
-        try:
-            with nvml_factory() as nvml:
-                _write_back(nvml, address, before)
-        except GpuvfioError as exc:
-            return [f"vGPU scheduler of {address}: {exc}"]
-        if journaled and str(address) in journal.data.get("schedulers", {}):
-            del journal.data["schedulers"][str(address)]
-            journal.save()
+    entry only if that call made it, under the run lock the caller holds. Returns failures (the
+    journal then still holds it)."""
+    try:
+        with nvml_factory() as nvml:
+            _write_back(nvml, address, before)
+    except GpuvfioError as exc:
+        return [f"vGPU scheduler of {address}: {exc}"]
+    if journaled and str(address) in journal.data.get("schedulers", {}):
+        del journal.data["schedulers"][str(address)]
+        journal.save()
     return []
 
 
-def put_back(host: HostRoot, journal: Journal, nvml_factory=Nvml, progress=lambda line: None) -> list[str]:
+def put_back(journal: Journal, nvml_factory=Nvml, progress=lambda line: None) -> list[str]:
     """Restore every journaled scheduler policy (for ``gpuvfio restore``)."""
     schedulers = journal.data.get("schedulers") or {}
     if not schedulers:

@@ -336,3 +336,15 @@ def test_services_return_typed_results_not_plain_dicts():
                     and not node.name.endswith("_json") and ast.unparse(node.returns).strip("'\"") in bare:
                 found.append(f"{module}.{node.name} -> {ast.unparse(node.returns)}")
     assert found == []
+
+
+# Issue 36 item 1: the Context owns the run lock (its timeout, its progress, refused on a
+# read-only Context); a RunLock built anywhere else would step around all three.
+def _constructs(path: str, name: str) -> list[int]:
+    return [node.lineno for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
+            if isinstance(node, ast.Call) and _call_name(node) in (name, f"*.{name}")]
+
+
+def test_the_run_lock_is_taken_through_the_context_only():
+    found = {module: lines for module, path in MODULES.items() if (lines := _constructs(path, "RunLock"))}
+    assert found == {"gpuvfio.ops.context": found.get("gpuvfio.ops.context")} and found["gpuvfio.ops.context"], found

@@ -235,3 +235,19 @@ def test_scheduler_snapshot_reads_old_and_new_journal_records():
     assert SchedulerSnapshot.from_json(record.to_json()) == record and record.arr is False
     # a timeslice NVML reports outside the range it accepts is written back as the default (0)
     assert snapshot(SchedulerState(**{**STATE.__dict__, "timeslice": 99})).timeslice == 0
+
+
+def test_undoing_a_scheduler_change_waits_for_the_run_lock(tmp_path):
+    """A testbed's undo writes the journal: it takes the run lock through the Context (its
+    timeout, its holder named), so a concurrent gpuvfio run is never raced."""
+    from gpuvfio.bind.journal import LockTimeout
+    from gpuvfio.ops.vgpu import undo_scheduler
+    from tests.contexts import lock_held_elsewhere, sim_context
+
+    opened = []
+    ctx = sim_context(build(str(tmp_path / "host")), lock_timeout=0.3, nvml=lambda: opened.append("nvml"))
+    before = SchedulerSnapshot("best-effort", "disabled", 2000, 0)
+    with lock_held_elsewhere(ctx.state.path(), "gpuvfio bind 41:00.0") as holder:
+        with pytest.raises(LockTimeout) as info:
+            undo_scheduler(ctx, PciAddress.parse(H100), before, True)
+    assert str(holder) in str(info.value) and opened == []
