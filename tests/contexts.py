@@ -44,11 +44,13 @@ class Services:
         self.calls.append(("start", unit))
 
 
-def sim_context(root: str, kernel: SimKernel | None = None, *, services: Services | None = None,
+def sim_context(root: str | HostRoot, kernel: SimKernel | None = None, *, services: Services | None = None,
                 write_timeout: float = 5.0, lock_timeout: float = 30.0, **kwargs) -> Context:
-    kernel = kernel or SimKernel(root)
+    """``root``: a host tree's path, or a HostRoot with its own settings (an Ansible task's)."""
+    host = root if isinstance(root, HostRoot) else HostRoot(root)
+    kernel = kernel or SimKernel(host.root)
     services = services or Services()
-    return Context(host=HostRoot(root), backend=kernel,
+    return Context(host=host, backend=kernel,
                    actions=Actions(modprobe=kernel.modprobe, stop_service=services.stop,
                                    start_service=services.start),
                    write_timeout=write_timeout, lock_timeout=lock_timeout, **kwargs)

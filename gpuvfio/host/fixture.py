@@ -174,31 +174,33 @@ def _read_fixture(path: str) -> str:
 
 
 @contextlib.contextmanager
-def host_from_record(text: str):
+def host_from_record(text: str, settings: Settings | None = None):
     """A HostRoot over a recording's text, loaded into a private scratch directory."""
     with scratch_dir("gpuvfio-host-") as tmp:
         load_fixture(text, tmp)
-        host = HostRoot(tmp)
+        host = HostRoot(tmp, settings=settings)
         host.recorded = True
         yield host
 
 
 @contextlib.contextmanager
-def open_host(root: str | None):
+def open_host(root: str | None, settings: Settings | None = None):
     """The host behind ``--root``: a directory, or a fixture file loaded into a temp dir.
 
     Yields (HostRoot, label for titles). ``None`` means GPUVFIO_ROOT or ``/``; an empty
-    string is bad input (``--root "$UNSET"`` must not mean the live host).
+    string is bad input (``--root "$UNSET"`` must not mean the live host). ``settings``: the
+    run's (default: read from the environment now).
     """
+    settings = settings if settings is not None else Settings.from_environment()
     if root is None:
-        root = Settings.from_environment().root
+        root = settings.root
         if root is not None and not root.strip():
             raise InputError(f"{ROOT_ENV} is empty (give a directory, a host fixture file, or unset it for /)")
         root = root or "/"
     if not root or not root.strip() or "\0" in root:
         raise InputError("--root is empty (give a directory, a host fixture file, or leave it out for /)")
     if os.path.exists(root) and not os.path.isdir(root):
-        with host_from_record(_read_fixture(root)) as host:
+        with host_from_record(_read_fixture(root), settings) as host:
             yield host, os.path.basename(root)
         return
-    yield HostRoot(root), root
+    yield HostRoot(root, settings=settings), root

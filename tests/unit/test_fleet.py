@@ -94,7 +94,6 @@ def run_module(modules, monkeypatch):
             try:
                 modules[name].main(*([context] if context is not None else []))
             except ModuleExit as done:
-                os.environ.pop("GPUVFIO_STATE_DIR", None)  # the module sets it for its process
                 return done.failed, done.result
         raise AssertionError(f"{name} returned without exit_json/fail_json")
 
@@ -117,7 +116,7 @@ class BuiltHost:
     def context(self, host):
         from tests.contexts import sim_context
 
-        return sim_context(host.root, self.kernel, connect=lambda uri: self.libvirt)
+        return sim_context(host, self.kernel, connect=lambda uri: self.libvirt)
 
     def __iter__(self):  # root, state, kernel = built_host
         return iter((self.root, self.state, self.kernel))
@@ -234,6 +233,9 @@ def test_device_module_binds_with_plan_in_check_mode_then_for_real_then_not_agai
     assert not failed, result
     assert result["changed"] is True and result["plan"]["result"] == "applied"
     assert _driver(root, GPU) == _driver(root, AUDIO) == "vfio-pci"
+    # state_dir is this task's setting: the journal is there, and the process's environment (in
+    # which other tasks may run) is left as it was.
+    assert os.path.isfile(os.path.join(state, "journal.json")) and "GPUVFIO_STATE_DIR" not in os.environ
     assert result["drivers"]["after"] == {GPU: "vfio-pci", AUDIO: "vfio-pci"}
     assert "diff" not in result  # only with --diff
 

@@ -19,6 +19,7 @@ tests) passes another to the module's ``main``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -26,7 +27,6 @@ import traceback
 
 from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.options import SETS
 
-STATE_ENV = "GPUVFIO_STATE_DIR"
 
 COMMON_ARGS = dict(
     root=dict(type="str", default="/"),
@@ -49,6 +49,7 @@ try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml in
     from gpuvfio.ops.context import check_uri, host_context
     from gpuvfio.ops.inventory import open_host
     from gpuvfio.ops.targets import ssh_from_table
+    from gpuvfio.settings import Settings
     HAS_GPUVFIO = True
     IMPORT_ERROR = None
 except ImportError:  # pragma: no cover - reported through require_gpuvfio()
@@ -70,15 +71,17 @@ def require_gpuvfio(module) -> None:
 @contextlib.contextmanager
 def task_context(module, context_factory=None, *, read_only: bool = False, **options):
     """The gpuvfio Context of this task: ``root`` as a directory (or, for reading, a fixture
-    file loaded into a temp dir), the state directory applied; connections closed at the end."""
+    file loaded into a temp dir), the state directory applied (in this task's settings, never in
+    the environment of the process, which may run other tasks); connections closed at the end."""
+    settings = Settings.from_environment()
     if module.params.get("state_dir"):
-        os.environ[STATE_ENV] = module.params["state_dir"]
+        settings = dataclasses.replace(settings, state_dir=module.params["state_dir"])
     root = module.params["root"]
     if not read_only and os.path.isfile(root):
         raise InputError(f"root {root} is a host fixture file: it can be read, not changed; load it into a "
                          "directory (gpuvfio.host.fixture.load_fixture) to simulate changes")
     factory = context_factory or (lambda host: host_context(host, **options))
-    with open_host(root) as (host, _label):
+    with open_host(root, settings) as (host, _label):
         ctx = factory(host)
         try:
             yield ctx
