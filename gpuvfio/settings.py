@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "TEMPLATES_ENV", "SCHEMA_ENV", "TEST_PAUSE_ENV"]
+__all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "TEMPLATES_ENV", "SCHEMA_ENV"]
 
 ROOT_ENV = "GPUVFIO_ROOT"  # the host root (a directory or a recording); default /
 STATE_ENV = "GPUVFIO_STATE_DIR"  # the state dir; default <root>/var/lib/gpuvfio
 PCI_IDS_ENV = "GPUVFIO_PCI_IDS"  # a pci.ids file before the host's own
 TEMPLATES_ENV = "GPUVFIO_TEMPLATES"  # the domain templates, instead of the packaged ones
 SCHEMA_ENV = "GPUVFIO_LIBVIRT_SCHEMAS"  # libvirt's RelaxNG schemas, instead of /usr/share/libvirt/schemas
-TEST_PAUSE_ENV = "GPUVFIO_TEST_PAUSE_AFTER_STEP"  # kernel-lane hook: a bind sleeps after step N (then is killed)
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,9 @@ class Settings:
     pci_ids: str | None = None
     templates: str | None = None
     schemas: str | None = None
-    pause_after_step: int | None = None
 
     @classmethod
     def from_environment(cls, environ=None) -> "Settings":
         env = os.environ if environ is None else environ
-        pause = env.get(TEST_PAUSE_ENV, "")
         return cls(root=env.get(ROOT_ENV), state_dir=env.get(STATE_ENV), pci_ids=env.get(PCI_IDS_ENV) or None,
-                   templates=env.get(TEMPLATES_ENV) or None, schemas=env.get(SCHEMA_ENV) or None,
-                   pause_after_step=int(pause) if pause.isascii() and pause.isdigit() else None)
+                   templates=env.get(TEMPLATES_ENV) or None, schemas=env.get(SCHEMA_ENV) or None)

@@ -20,7 +20,6 @@ from gpuvfio.planning import Step, StepKind
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.health import return_problem
 from gpuvfio.host.root import HostRoot
-from gpuvfio.settings import TEST_PAUSE_ENV
 from gpuvfio.bind.journal import Journal
 from gpuvfio.bind.sysfs_write import SysfsWriter, SysfsWriteTimeout
 
@@ -81,10 +80,11 @@ class Reconciled:
 
 
 def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWriter, actions: Actions,
-               progress: Callable[[str], None] = lambda line: None) -> ApplyResult:
+               progress: Callable[[str], None] = lambda line: None,
+               after_step: Callable[[int], None] = lambda number: None) -> ApplyResult:
     """Carry out ``plan``, journaled step by step; a failed step rolls back what went before.
-    The run's settings may pause it after step N (GPUVFIO_TEST_PAUSE_AFTER_STEP, the kernel
-    lane's hook to kill a bind half-way)."""
+    ``after_step(N)`` runs once step N is done and journaled (the Context's: a test's way to
+    stop a bind half-way)."""
     if plan.nothing_to_do:
         return ApplyResult(BindStatus.NOTHING_TO_DO, [str(d) for d in plan.devices])
     for step in plan.steps:  # every target as the writer will open it, before the first change
@@ -105,7 +105,6 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
                                  "devices": [str(a) for a in plan.moving],
                                  "steps": [dict(s.to_json(), state="pending") for s in plan.steps]}
     journal.save()
-    pause_after = host.settings.pause_after_step
     for index, step in enumerate(plan.steps):
         journal.set_step(index, "running")
         try:
@@ -122,9 +121,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
             raise BindError(f"step {index + 1} ({step.describe()}) failed: {exc}; {rollback}") from None
         journal.set_step(index, "done")
         progress(f"[{index + 1}/{len(plan.steps)}] {step.describe()}: done")
-        if pause_after == index + 1:
-            progress(f"pausing after step {index + 1} ({TEST_PAUSE_ENV})")
-            time.sleep(3600)
+        after_step(index + 1)
     journal.data["operation"]["finished"] = time.time()
     journal.save()
     return ApplyResult(BindStatus.APPLIED, [str(d) for d in plan.devices])

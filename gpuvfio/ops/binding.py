@@ -205,7 +205,7 @@ def apply_operation(ctx: Context, operation: BindOperation, journal: Journal) ->
     if operation.nothing_to_do:
         return report
     report.status = apply_bind(ctx.host, operation.plan, journal, ctx.writer(), ctx.host_actions(),
-                               ctx.progress).status
+                               ctx.progress, ctx.after_step).status
     return report
 
 

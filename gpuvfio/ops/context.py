@@ -37,6 +37,10 @@ def _no_progress(line: str) -> None:
     pass
 
 
+def _no_step(number: int) -> None:
+    pass
+
+
 @dataclass
 class Clock:
     monotonic: Callable[[], float] = time.monotonic
@@ -55,6 +59,10 @@ class Context:
     fabric_manager: Callable[[], FabricManagerClient] | None = None
     clock: Clock = field(default_factory=Clock)
     progress: Callable[[str], None] = _no_progress
+    # Called with N once a bind's step N is done and journaled: nothing for a user; a test stops
+    # a bind half-way here (the kernel lane kills it there) instead of through a variable the
+    # package would read.
+    after_step: Callable[[int], None] = _no_step
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     connections: dict = field(default_factory=dict)

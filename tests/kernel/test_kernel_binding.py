@@ -2,7 +2,7 @@
 
 One guest boot (emulated IOMMU, GPU-host-shaped topology) runs one script that
 dry-runs and binds the two-function "GPU" group to vfio-pci, binds again,
-restores, crashes a bind half-way (``GPUVFIO_TEST_PAUSE_AFTER_STEP`` + SIGKILL)
+restores, crashes a bind half-way (tests.lanes.paused_bind, then SIGKILL)
 twice and restores after each, binds and restores the driverless edu device, and
 feeds bad addresses.  The script records every command's exit status, output and
 the driver links into ``$OUT``; each test below checks one part of that record.
@@ -70,8 +70,7 @@ import json, os, signal, subprocess, sys, time, traceback
 sys.dont_write_bytecode = True
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 os.environ["PYTHONPATH"] = REPO
-for var in ("GPUVFIO_ROOT", "GPUVFIO_TEST_PAUSE_AFTER_STEP"):
-    os.environ.pop(var, None)
+os.environ.pop("GPUVFIO_ROOT", None)
 sys.path.insert(0, REPO)
 os.chdir(REPO)
 OUT = os.environ["OUT"]
@@ -155,14 +154,15 @@ def _child(argv, name, env):
     os._exit(code)
 
 
-def start(name, *argv, env=None, real=False):
-    """Start ``gpuvfio ARGV``; returns a handle for finish()."""
+def start(name, *argv, env=None, real=False, module="gpuvfio"):
+    """Start ``gpuvfio ARGV`` (or ``python -m MODULE ARGV``, always a process of its own);
+    returns a handle for finish()."""
     env = dict(env or {})
     began = time.monotonic()
-    if real or SUBPROCESS:
+    if real or SUBPROCESS or module != "gpuvfio":
         with open(os.path.join(OUT, name + ".out"), "w") as out, \
                 open(os.path.join(OUT, name + ".err"), "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "gpuvfio", *argv], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([sys.executable, "-m", module, *argv], stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, env=dict(os.environ, **env))
         return name, proc.pid, proc, began
     sys.stdout.flush()
@@ -296,8 +296,8 @@ for kind in ("unbind", "probe"):
         k = step_number(c + ".plan", kind, FN0)
         put(c + ".k", f"{k}\n")
         if k > 0:
-            handle = start(c + ".bind", "bind", FN0, "--connect", "none",
-                           env={"GPUVFIO_TEST_PAUSE_AFTER_STEP": str(k)})
+            # gpuvfio bind FN0 --connect none, stopped after step k by its Context's hook.
+            handle = start(c + ".bind", FN0, str(k), module="tests.lanes.paused_bind")
             put(c + ".wait", wait_step(os.path.join(STATE, "journal.json"), k, handle[1]) + "\n")
             try:
                 os.kill(handle[1], signal.SIGKILL)

@@ -290,7 +290,7 @@ def record_nested_tree(run: Run, image: dict) -> None:
 def main(config: dict) -> int:
     sys.dont_write_bytecode = True
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
-    for var in ("GPUVFIO_ROOT", "GPUVFIO_TEST_PAUSE_AFTER_STEP", "LIBVIRT_DEFAULT_URI"):
+    for var in ("GPUVFIO_ROOT", "LIBVIRT_DEFAULT_URI"):
         os.environ.pop(var, None)
     os.chdir(config["repo"])
     sys.stdout.reconfigure(line_buffering=True)

@@ -29,7 +29,6 @@ from gpuvfio.ops import binding
 from gpuvfio.ops.binding import BindPolicy, status
 from gpuvfio.ops.unbind import unbind
 from gpuvfio.planning import Step, StepKind
-from gpuvfio.settings import TEST_PAUSE_ENV
 from tests.contexts import Services, sim_context
 from tests.unit.test_binding import AUDIO, GPU, Host
 
@@ -122,36 +121,29 @@ def test_the_journal_marks_the_running_step_and_the_operation_before_it_runs(h):
     assert {s["state"] for s in done["steps"]} == {"done"} and done["finished"] >= seen["started"]
 
 
-def _alarm(signum, frame):
-    raise Killed()
-
-
-def test_the_pause_hook_holds_the_bind_after_step_n_until_the_process_is_ended(h, monkeypatch):
-    """The kernel lane kills a bind paused after step N (GPUVFIO_TEST_PAUSE_AFTER_STEP) to test
-    restore; the pause must come after exactly that step and last until the process is ended."""
-    monkeypatch.setenv(TEST_PAUSE_ENV, "2")
+def test_after_step_runs_once_each_step_is_done_and_journaled(h):
+    """The Context's after_step(N) is where a test stops a bind half-way (the kernel lane kills
+    it there): it runs after step N is done and on disk, in order, and what it raises ends the
+    bind with the journal as a crash leaves it."""
+    seen: list = []
     said: list = []
 
-    def progress(line):
-        said.append(line)
-        if line is None or not line.endswith(": done"):  # the pause: end the process shortly
-            signal.setitimer(signal.ITIMER_REAL, 0.2)
+    def after(number):
+        steps = journal_of(h).data["operation"]["steps"]
+        seen.append((number, [s["state"] for s in steps[:number + 1]], len(said)))
+        if number == 2:
+            raise Killed()
 
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    try:
-        with sim_context(h.root, h.kernel, progress=progress) as ctx:
-            with pytest.raises(Killed):
-                binding.bind(ctx, [A(GPU)], BindPolicy(), uri="none")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    assert said[2:] == [f"pausing after step 2 ({TEST_PAUSE_ENV})"]
+    with sim_context(h.root, h.kernel, progress=said.append, after_step=after) as ctx:
+        with pytest.raises(Killed):
+            binding.bind(ctx, [A(GPU)], BindPolicy(), uri="none")
+    assert seen == [(1, ["done", "pending"], 1), (2, ["done", "done", "pending"], 2)]
     assert said[0].startswith("[1/7] load module vfio-pci") and said[1].startswith(f"[2/7] {GPU}: driver_override")
     with h.context() as ctx:
         pending = status(ctx).unfinished_operation
     assert pending["kind"] == "bind" and pending["pid"] == os.getpid()
     assert [s["state"] for s in pending["steps"]] == ["done", "done"] + ["pending"] * 5
-    assert h.drivers()[GPU] == "nvidia"  # paused before its unbind
+    assert h.drivers()[GPU] == "nvidia"  # stopped before its unbind
 
 
 def test_a_failed_step_and_a_rollback_that_fails_are_both_kept_for_restore(h):

@@ -313,33 +313,34 @@ def test_recorded_root_does_not_ask_this_machines_libvirt(h):
 def test_crash_between_steps_then_restore(h, stop_after):
     """Run the bind in a child process and SIGKILL it after step N; restore must undo."""
     before = h.snapshot()
-    os.environ["GPUVFIO_TEST_PAUSE_AFTER_STEP"] = str(stop_after)
-    try:
-        child = multiprocessing.get_context("fork").Process(target=_bind_in_child, args=(h,))
-        child.start()
-        journal_path = state_dir(h.host).path("journal.json")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with open(journal_path) as handle:
-                    steps = json.load(handle)["operation"]["steps"]
-                if steps[stop_after - 1]["state"] == "done":
-                    break
-            except (OSError, ValueError, TypeError, KeyError):
-                pass
-            time.sleep(0.02)
-        child.kill()
-        child.join()
-    finally:
-        del os.environ["GPUVFIO_TEST_PAUSE_AFTER_STEP"]
+    child = multiprocessing.get_context("fork").Process(target=_bind_in_child, args=(h, stop_after))
+    child.start()
+    journal_path = state_dir(h.host).path("journal.json")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with open(journal_path) as handle:
+                steps = json.load(handle)["operation"]["steps"]
+            if steps[stop_after - 1]["state"] == "done":
+                break
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        time.sleep(0.02)
+    child.kill()
+    child.join()
     assert h.snapshot() != before or stop_after == 1  # the crash left the host half-way
     h.restore()
     assert h.snapshot() == before
     assert status(h.context()).devices == []
 
 
-def _bind_in_child(h):
-    h.bind(GPU)
+def _bind_in_child(h, stop_after):
+    def pause(number):  # the Context's hook: wait here to be killed
+        if number == stop_after:
+            time.sleep(60)
+
+    with h.context(after_step=pause) as ctx:
+        bind(ctx, [A(GPU)], BindPolicy())
 
 
 def _hold_lock(directory: str) -> subprocess.Popen:

@@ -15,7 +15,7 @@ from gpuvfio.cli import manpage
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Hooks for the test lanes, not for users.
-TEST_HOOKS = {"GPUVFIO_TEST_PAUSE_AFTER_STEP", "GPUVFIO_PROBE_ROOT"}
+TEST_HOOKS = {"GPUVFIO_PROBE_ROOT"}
 
 
 @pytest.mark.parametrize("name, text", [("reference.md", manpage.markdown), ("gpuvfio.1", manpage.man)])
