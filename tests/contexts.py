@@ -53,7 +53,7 @@ def sim_context(root: str | HostRoot, kernel: SimKernel | None = None, *, servic
     return Context(host=host, backend=kernel,
                    actions=Actions(modprobe=kernel.modprobe, stop_service=services.stop,
                                    start_service=services.start),
-                   write_timeout=write_timeout, lock_timeout=lock_timeout, **kwargs)
+                   write_timeout=write_timeout, lock_timeout=lock_timeout, **{"writable": True, **kwargs})
 
 
 class SharedConnection:

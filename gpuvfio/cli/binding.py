@@ -119,7 +119,7 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
         preview(root_of(root), addresses, device_ids, yes, as_json,
                 lambda ctx, wanted: unbinding.plan_unbind(ctx, wanted, uri=connect))
         return
-    ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout)
+    ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout, writable=True)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     result = reporting_failure(as_json, lambda: unbinding.unbind(ctx, wanted, uri=connect))
     if as_json:
@@ -141,7 +141,7 @@ def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         preview(root_of(root), addresses, device_ids, yes, as_json, binding.plan_restore)
         return
     ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
-                       lock_timeout=lock_timeout)
+                       lock_timeout=lock_timeout, writable=True)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     result = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
     if as_json:
@@ -170,7 +170,7 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
                 lambda ctx, wanted: plan_reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
         return
     with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
-                      lock_timeout=lock_timeout) as ctx:
+                      lock_timeout=lock_timeout, writable=True) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
         result = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
     if as_json:

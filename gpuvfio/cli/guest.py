@@ -62,7 +62,7 @@ def verify_cmd(
     if target.host is None and domain is None:
         raise InputError("give --ssh-host (and --ssh-port) or a domain name")
     settings = verify_options(**checks)
-    with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+    with live_context(root_of(root), progress=progress_for(as_json), writable=True) as ctx:
         expect = resolve(ctx.host, expect_device, None) if expect_device else None
         report = verify(ctx, ssh=target, domain=domain, uri=connect, expect=expect, expect_ids=wanted_ids,
                         options=settings)
@@ -110,7 +110,7 @@ def attach_cmd(
             show_plan(plan, as_json, confirm=confirm, show_xml=show_xml)
         return
     try:
-        with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+        with live_context(root_of(root), progress=progress_for(as_json), writable=True) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
             result = attach(ctx, wanted, request, uri=connect, ssh=target, verify=settings,
                             keep_on_failure=keep_on_failure, policy=policy, cloud_init=cloud_init)
@@ -150,7 +150,7 @@ def detach_cmd(name: Annotated[str, typer.Argument(
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
             show_plan(plan_detach(ctx, name, uri=connect, timeout=timeout), as_json)
         return
-    with live_context(root_of(root), progress=progress_for(as_json)) as ctx:
+    with live_context(root_of(root), progress=progress_for(as_json), writable=True) as ctx:
         result = detach(ctx, name, uri=connect, timeout=timeout)
     if as_json:
         emit_json(result.to_json())

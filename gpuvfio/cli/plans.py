@@ -28,10 +28,10 @@ def command_context(root: str | None, read_only: bool, **kwargs):
     as it takes a directory and has no way to run modprobe or systemctl; a command that
     changes the host takes the host itself."""
     if read_only:
-        with open_host(root) as (host, _label), host_context(host, read_only=True, **kwargs) as ctx:
+        with open_host(root) as (host, _label), host_context(host, **kwargs) as ctx:
             yield ctx
     else:
-        with live_context(root, **kwargs) as ctx:
+        with live_context(root, writable=True, **kwargs) as ctx:
             yield ctx
 
 

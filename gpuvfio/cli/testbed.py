@@ -142,7 +142,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option(
         _finished(spec, out, remote["host"], as_json)
         return
     user_dir(out, create=True)
-    with live_context(root_of(root), progress=progress) as ctx:
+    with live_context(root_of(root), progress=progress, writable=True) as ctx:
         run_testbed(ctx, spec, out, uri=connect or spec.connect, yes=yes)
     _finished(spec, out, None, as_json)
 

@@ -92,7 +92,7 @@ def create_cmd(address: Address,
             show_plan(vgpu.plan_create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist),
                       as_json)
         return
-    ctx = live_context(root_of(root))
+    ctx = live_context(root_of(root), writable=True)
     report = vgpu.create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist).to_json()
     if as_json:
         emit_json(report)
@@ -112,7 +112,7 @@ def remove_cmd(instance: Annotated[str, typer.Argument(
         with command_context(root_of(root), True) as ctx:
             show_plan(vgpu.plan_remove(ctx, instance), as_json)
         return
-    report = vgpu.remove(live_context(root_of(root)), instance).to_json()
+    report = vgpu.remove(live_context(root_of(root), writable=True), instance).to_json()
     emit_json(report) if as_json else sys.stdout.write(f"removed {printable(instance)}\n")
 
 
@@ -130,7 +130,7 @@ def scheduler_cmd(address: Address,
         with command_context(root_of(root), True) as ctx:
             show_plan(vgpu.plan_scheduler(ctx, resolve_one(ctx.host, address), policy), as_json)
         return
-    ctx = live_context(root_of(root))
+    ctx = live_context(root_of(root), writable=policy is not None)
     wanted = resolve_one(ctx.host, address)
     report = (vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)).to_json()
     if as_json:

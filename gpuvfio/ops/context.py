@@ -72,16 +72,17 @@ class Context:
     # Local commands (argument lists, no shell): the one way gpuvfio starts a process, handed
     # down to what starts one (ssh -G for the SSH config, fmpm, modprobe/systemctl).
     run: Runner = field(default_factory=Runner)
-    # A Context that only reads (a dry run, a recording): its state dir refuses every write, its
-    # sysfs writer and modprobe/systemctl refuse, it takes no lock. By construction, not by care.
-    read_only: bool = False
+    # Only a command that changes the host asks for a writable Context. Any other (a listing, a
+    # dry run, a recording, a plan) only reads: its state dir refuses every write, its sysfs
+    # writer and modprobe/systemctl refuse, it takes no lock. By construction, not by care.
+    writable: bool = False
 
     def __post_init__(self) -> None:
         if self.state is None:
             self.state = state_dir(self.host)
         if self.fabric_manager is not None:
             self.fabric_manager = _through(self.fabric_manager, self.run)
-        if self.read_only:
+        if not self.writable:
             self.state = ReadOnlyTree(self.state.top, "/".join(self.state.base))
             self.actions = None
             self.fabric_manager = None
@@ -92,7 +93,7 @@ class Context:
 
     def lock(self) -> RunLock:
         """The run lock, held for an operation (re-entrant within this process)."""
-        if self.read_only:
+        if not self.writable:
             raise ReadOnly(f"the run lock under {self.state.path()} refused: this context only reads")
         return RunLock(self.state, self.lock_timeout, progress=self.progress)
 
@@ -119,7 +120,7 @@ class Context:
         self.close()
 
     def writer(self) -> SysfsWriter:
-        if self.read_only:
+        if not self.writable:
             raise ReadOnly(f"sysfs writes under {self.host.root} refused: this context only reads (a dry run, a "
                            "recording)")
         return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend)
@@ -180,12 +181,13 @@ def refusing_nvml(host: HostRoot) -> Callable[[], Nvml]:
 
 def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progress,
                  write_timeout: float = DEFAULT_WRITE_TIMEOUT, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-                 read_only: bool = False) -> Context:
+                 writable: bool = False) -> Context:
     """The real thing around a host root: write(2), libvirt, and modprobe/systemctl and NVML when
-    the root is this machine (``/``). ``read_only``: a dry run's or a recording's (see Context)."""
+    the root is this machine (``/``). ``writable``: for a command that changes the host only
+    (see Context)."""
     live = host.root == "/"
     run = Runner()
-    return Context(host=host, actions=live_actions(run) if live else None, progress=progress, read_only=read_only,
+    return Context(host=host, actions=live_actions(run) if live else None, progress=progress, writable=writable,
                    run=run, nvml=Nvml if live else refusing_nvml(host),
                    fabric_manager=FabricManagerClient if live else None,
                    write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
             say(f"stopped after step {number}; waiting to be killed")
             time.sleep(3600)
 
-    with live_context("/", progress=say) as ctx:
+    with live_context("/", progress=say, writable=True) as ctx:
         ctx.after_step = after
         report = binding.bind(ctx, [address], BindPolicy(), uri="none")
     print(report.status.value)

@@ -110,7 +110,7 @@ def test_a_command_is_an_argument_list():
 # -- the Context's runner is the one way ---------------------------------------------------------
 def test_a_context_runs_its_commands_through_its_runner(tree):
     recorder = Recorder(default=Finished(0, b"done\n", b""))
-    ctx = Context(host=tree, run=Runner(recorder))
+    ctx = Context(host=tree, run=Runner(recorder), writable=True)
     assert ctx.run(["sh", "/probe.sh"], 5) == "done\n"
     actions = live_actions(ctx.run, timeout=7)
     actions.modprobe("vfio-pci")
@@ -129,7 +129,7 @@ def test_the_ssh_config_is_resolved_through_the_runner(tmp_path, tree):
                                                                           b"port 2200\n", b""),
                ("ssh", "-G", "-F", os.devnull, "--", "lab"): defaults}
     recorder = Recorder(answers)
-    ctx = Context(host=tree, run=Runner(recorder))
+    ctx = Context(host=tree, run=Runner(recorder), writable=True)
     found = resolve("lab", str(config), ssh="ssh", run=ctx.run)
     assert recorder.argvs == [["ssh", "-G", "-F", str(config), "--", "lab"],
                               ["ssh", "-G", "-F", os.devnull, "--", "lab"]]
@@ -153,7 +153,7 @@ def test_ssh_g_failures_are_bad_input_in_one_line(tmp_path, tree):
 
 def test_the_fabric_manager_client_runs_through_the_contexts_runner(tree):
     recorder = Recorder({("fmpm", "-l"): Finished(0, json.dumps(PARTITIONS).encode(), b"")})
-    ctx = Context(host=tree, run=Runner(recorder), fabric_manager=FabricManagerClient)
+    ctx = Context(host=tree, run=Runner(recorder), fabric_manager=FabricManagerClient, writable=True)
     partitions = ctx.fabric_manager().list_partitions()
     assert [(p.partition_id, p.active) for p in partitions] == [(3, False)]
     fabric.client(ctx).activate(3)
@@ -166,7 +166,7 @@ def test_a_client_made_elsewhere_still_runs_through_the_contexts_runner(tree):
     out with the Context's runner: no process starts."""
     recorder = Recorder(default=Finished(249, b"Failed to activate partition. fmReturn: -7\n", b""))
     ctx = Context(host=tree, run=Runner(recorder),
-                  fabric_manager=lambda: FabricManagerClient(["/opt/fm/fmpm"], hostname="10.0.0.2", timeout=9))
+                  fabric_manager=lambda: FabricManagerClient(["/opt/fm/fmpm"], hostname="10.0.0.2", timeout=9), writable=True)
     with pytest.raises(FabricManagerError) as info:
         ctx.fabric_manager().activate(1)
     assert info.value.status == -7 and "FM_ST_IN_USE" in str(info.value)
@@ -177,12 +177,12 @@ def test_a_client_made_elsewhere_still_runs_through_the_contexts_runner(tree):
 def test_the_fabric_manager_client_names_the_runners_errors_its_way(tree):
     recorder = Recorder(answers={("fmpm", "-l"): CommandTimeout("fmpm -l (list the partitions)",
                                                                 "no answer within 60s")})
-    ctx = Context(host=tree, run=Runner(recorder), fabric_manager=FabricManagerClient)
+    ctx = Context(host=tree, run=Runner(recorder), fabric_manager=FabricManagerClient, writable=True)
     with pytest.raises(FabricManagerTimeout) as info:
         ctx.fabric_manager().list_partitions()
     assert str(info.value) == "fmpm -l (list the partitions): no answer within 60s" and info.value.status is None
 
 
 def test_a_read_only_context_has_no_fabric_manager(tree):
-    ctx = Context(host=tree, run=Runner(Recorder()), fabric_manager=FabricManagerClient, read_only=True)
+    ctx = Context(host=tree, run=Runner(Recorder()), fabric_manager=FabricManagerClient)
     assert ctx.fabric_manager is None

@@ -189,7 +189,7 @@ def test_reset_plans_the_kernels_reset_file_and_the_run_writes_it(tmp_path, monk
     assert {k: plan.to_json()[k] for k in ("method", "devices", "reset")} == {
         "method": "function", "devices": [GPU], "reset": [reset_file]}
     assert [s["path"] for s in plan.to_json()["steps"] if s["kind"] == "reset"] == [f"/{reset_file}"]
-    counting = CountingContext(host=HostRoot(host.root), backend=kernel)
+    counting = CountingContext(host=HostRoot(host.root), backend=kernel, writable=True)
     with counting as ctx:
         report = reset(ctx, [A(GPU)], uri="none")
     assert counting.loads == 1  # one journal load for the plan and the settle
@@ -346,7 +346,7 @@ def test_a_read_only_context_cannot_write_by_construction(bound, tmp_path, monke
     from gpuvfio.ops.context import Context
 
     host, _kernel, state = bound
-    ctx = Context(host=HostRoot(host.root), read_only=True)
+    ctx = Context(host=HostRoot(host.root))
     assert isinstance(ctx.state, ReadOnlyTree) and ctx.state.path() == str(state)
     assert ctx.journal().devices  # reading works
     before = tree_digest(host.root), tree_digest(str(state))

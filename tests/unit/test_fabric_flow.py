@@ -28,7 +28,7 @@ def shared(dgx, fm, tmp_path):
     a context whose Fabric Manager is the stand-in; gpuvfio's state under the tree."""
     set_mode(dgx, 1)
     write(dgx, "sys/module/nvidia/version", VERSION + "\n")
-    ctx = Context(host=HostRoot(dgx), fabric_manager=lambda: FabricManagerClient([sys.executable, FMPM]))
+    ctx = Context(host=HostRoot(dgx), fabric_manager=lambda: FabricManagerClient([sys.executable, FMPM]), writable=True)
     yield ctx, fm
     for key in list(Journal.load(state_dir(ctx.host)).data["partitions"]):
         fabric.deactivate(ctx, partition_ids=[int(key)])

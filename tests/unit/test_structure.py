@@ -348,3 +348,45 @@ def _constructs(path: str, name: str) -> list[int]:
 def test_the_run_lock_is_taken_through_the_context_only():
     found = {module: lines for module, path in MODULES.items() if (lines := _constructs(path, "RunLock"))}
     assert found == {"gpuvfio.ops.context": found.get("gpuvfio.ops.context")} and found["gpuvfio.ops.context"], found
+
+
+# Issue 36 item 1: a Context only reads unless a command that changes the host asks for a
+# writable one. Each place that asks is listed (module, function); nothing else may.
+CONTEXT_MAKERS = {"Context", "host_context", "live_context", "task_context"}  # the last: Ansible's
+WRITABLE_CONTEXTS = {
+    ("gpuvfio.cli.binding", "unbind_cmd"), ("gpuvfio.cli.binding", "restore_cmd"),
+    ("gpuvfio.cli.binding", "reset_cmd"), ("gpuvfio.cli.plans", "command_context"),
+    ("gpuvfio.cli.guest", "verify_cmd"), ("gpuvfio.cli.guest", "attach_cmd"), ("gpuvfio.cli.guest", "detach_cmd"),
+    ("gpuvfio.cli.testbed", "run_cmd"), ("gpuvfio.cli.vgpu", "create_cmd"), ("gpuvfio.cli.vgpu", "remove_cmd"),
+    ("gpuvfio.cli.vgpu", "scheduler_cmd"), ("gpuvfio.ops.context", "host_context"),
+    ("module_utils.common", "task_context"), ("modules.device", "main"), ("modules.domain", "main"),
+}
+
+
+def _writable_contexts(path: str, module: str) -> set[tuple[str, str]]:
+    found = set()
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and (_call_name(node) or "").split(".")[-1] in CONTEXT_MAKERS \
+                    and any(k.arg == "writable" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                            for k in node.keywords):
+                found.add((module, function.name))
+    return found
+
+
+def test_a_writable_context_is_asked_for_only_where_a_command_changes_the_host():
+    utils = os.path.join(REPO, "playbooks", "collections", "ansible_collections", "gpuvfio", "gpuvfio", "plugins")
+    found = set()
+    for module, path in MODULES.items():
+        found |= _writable_contexts(path, module)
+    for directory in ("modules", "module_utils"):
+        for name in sorted(os.listdir(os.path.join(utils, directory))):
+            if name.endswith(".py"):
+                found |= _writable_contexts(os.path.join(utils, directory, name), f"{directory}.{name[:-3]}")
+    assert found == WRITABLE_CONTEXTS, (sorted(found - WRITABLE_CONTEXTS), sorted(WRITABLE_CONTEXTS - found))
+    from gpuvfio.ops.context import Context
+
+    assert Context.__dataclass_fields__["writable"].default is False

@@ -69,7 +69,7 @@ def require_gpuvfio(module) -> None:
 
 
 @contextlib.contextmanager
-def task_context(module, context_factory=None, *, read_only: bool = False, **options):
+def task_context(module, context_factory=None, *, writable: bool = False, **options):
     """The gpuvfio Context of this task: ``root`` as a directory (or, for reading, a fixture
     file loaded into a temp dir), the state directory applied (in this task's settings, never in
     the environment of the process, which may run other tasks); connections closed at the end."""
@@ -77,10 +77,10 @@ def task_context(module, context_factory=None, *, read_only: bool = False, **opt
     if module.params.get("state_dir"):
         settings = dataclasses.replace(settings, state_dir=module.params["state_dir"])
     root = module.params["root"]
-    if not read_only and os.path.isfile(root):
+    if writable and os.path.isfile(root):
         raise InputError(f"root {root} is a host fixture file: it can be read, not changed; load it into a "
                          "directory (gpuvfio.host.fixture.load_fixture) to simulate changes")
-    factory = context_factory or (lambda host: host_context(host, **options))
+    factory = context_factory or (lambda host: host_context(host, writable=writable, **options))
     with open_host(root, settings) as (host, _label):
         ctx = factory(host)
         try:

@@ -259,7 +259,7 @@ def main(context_factory=None) -> None:
     try:
         check_libvirt_uri(module, "libvirt_uri", keywords=(binding.NO_LIBVIRT,))
         check_devices(module, required=True)
-        with task_context(module, context_factory, write_timeout=module.params["write_timeout"],
+        with task_context(module, context_factory, writable=True, write_timeout=module.params["write_timeout"],
                           lock_timeout=module.params["lock_timeout"]) as ctx:
             addresses = resolve_devices(module, ctx, changes=True, selected=selected)
             if state == "vfio":

@@ -498,7 +498,7 @@ def main(context_factory=None) -> None:
     try:
         check_libvirt_uri(module, "uri")
         check_devices(module, required=False)
-        with task_context(module, context_factory) as ctx:
+        with task_context(module, context_factory, writable=True) as ctx:
             if state != "absent":
                 addresses = resolve_devices(module, ctx, changes=state == "running", selected=selected)
             if state == "defined":

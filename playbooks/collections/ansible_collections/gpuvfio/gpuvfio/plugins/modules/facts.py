@@ -132,7 +132,7 @@ def main(context_factory=None) -> None:
     gather = set(module.params["gather"]) | {"devices"}  # the summary needs the listing
     facts: dict = {"root": module.params["root"]}
     try:
-        with task_context(module, context_factory, read_only=True) as ctx:
+        with task_context(module, context_factory) as ctx:
             listing = list_report(ctx.host, show_all=module.params["all_functions"])
             facts.update(listing.to_json())
             doctor = doctor_report(ctx.host) if "doctor" in gather else None
