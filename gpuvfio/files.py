@@ -27,6 +27,7 @@ import stat
 import sys
 
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
+from gpuvfio.settings import Settings
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -567,6 +568,6 @@ def scratch_dir(prefix: str):
     recorded host is thousands of small files."""
     import tempfile  # here, where it is used: the root command and a live host's reads need none
 
-    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not os.environ.get("TMPDIR") else None
+    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not Settings.from_environment().tmpdir_set else None
     with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch) as directory:
         yield directory

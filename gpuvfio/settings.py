@@ -1,28 +1,31 @@
-"""gpuvfio's settings from the environment, read once, where a run starts.
+"""gpuvfio's settings from the environment: the one module that reads it.
 
-Every variable gpuvfio itself defines is read here, by ``Settings.from_environment()``, when a
-HostRoot or a Context is built -- never deep inside a service, so a run sees one set of
-settings from start to end and a test hands its own in. Read elsewhere, by name, and only
-these (tests/unit/test_structure.py holds the list): libvirt's own LIBVIRT_DEFAULT_URI
-(gpuvfio.virt.connection follows it as virsh does), the loud GPUVFIO_ALLOW_UNSAFE_URI beside
-the URI policy it opens (gpuvfio.virt.uri), TMPDIR (gpuvfio.files, as tempfile does),
-SSH_AUTH_SOCK (gpuvfio.guest.ssh, as ssh does), the shell's completion request
-_GPUVFIO_COMPLETE (gpuvfio.cli.app, click's protocol), and the environment handed on whole to
-the host-side probe (gpuvfio.ops.guests.verify_here).
+Every variable gpuvfio follows is read here, by ``Settings.from_environment()``, when a run
+starts (a HostRoot or a Context is built, a URI or a completion request is checked at the edge)
+-- never by a service itself, so a test hands its own settings in and tests/unit/test_structure.py
+forbids any other read. Besides gpuvfio's own variables: libvirt's LIBVIRT_DEFAULT_URI (followed
+as virsh follows it), TMPDIR (as tempfile follows it), SSH_AUTH_SOCK (whether an agent is there,
+as ssh asks), the shell's completion request (click's protocol), and the environment as a whole,
+for a local program gpuvfio starts with additions of its own (the host-side probe).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
-__all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "TEMPLATES_ENV", "SCHEMA_ENV"]
+__all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "TEMPLATES_ENV", "SCHEMA_ENV", "UNSAFE_URI_ENV",
+           "LIBVIRT_URI_ENV", "COMPLETE_ENV"]
 
 ROOT_ENV = "GPUVFIO_ROOT"  # the host root (a directory or a recording); default /
 STATE_ENV = "GPUVFIO_STATE_DIR"  # the state dir; default <root>/var/lib/gpuvfio
 PCI_IDS_ENV = "GPUVFIO_PCI_IDS"  # a pci.ids file before the host's own
 TEMPLATES_ENV = "GPUVFIO_TEMPLATES"  # the domain templates, instead of the packaged ones
 SCHEMA_ENV = "GPUVFIO_LIBVIRT_SCHEMAS"  # libvirt's RelaxNG schemas, instead of /usr/share/libvirt/schemas
+UNSAFE_URI_ENV = "GPUVFIO_ALLOW_UNSAFE_URI"  # 1: a libvirt URI the policy refuses goes through, loudly
+LIBVIRT_URI_ENV = "LIBVIRT_DEFAULT_URI"  # libvirt's own default URI (virsh(1) ENVIRONMENT)
+COMPLETE_ENV = "_GPUVFIO_COMPLETE"  # the shell asks for completions through it (gpuvfio completion SHELL)
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,19 @@ class Settings:
     pci_ids: str | None = None
     templates: str | None = None
     schemas: str | None = None
+    allow_unsafe_uri: bool = False  # only the value 1 lifts the URI policy
+    libvirt_uri: str | None = None  # LIBVIRT_DEFAULT_URI, unchecked here (gpuvfio.virt.connection checks it)
+    tmpdir_set: bool = False  # TMPDIR names a directory: scratch space goes there, not /dev/shm
+    ssh_agent: bool = False  # SSH_AUTH_SOCK is set: an agent may hold keys
+    completion: bool = False  # the shell asked for completions
+    # The whole environment, for a program gpuvfio starts with additions of its own.
+    environ: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_environment(cls, environ=None) -> "Settings":
-        env = os.environ if environ is None else environ
+        env = dict(os.environ if environ is None else environ)
         return cls(root=env.get(ROOT_ENV), state_dir=env.get(STATE_ENV), pci_ids=env.get(PCI_IDS_ENV) or None,
-                   templates=env.get(TEMPLATES_ENV) or None, schemas=env.get(SCHEMA_ENV) or None)
+                   templates=env.get(TEMPLATES_ENV) or None, schemas=env.get(SCHEMA_ENV) or None,
+                   allow_unsafe_uri=env.get(UNSAFE_URI_ENV) == "1", libvirt_uri=env.get(LIBVIRT_URI_ENV) or None,
+                   tmpdir_set=bool(env.get("TMPDIR")), ssh_agent=bool(env.get("SSH_AUTH_SOCK")),
+                   completion=bool(env.get(COMPLETE_ENV)), environ=env)

@@ -12,7 +12,6 @@ errors into one line on stderr and an exit status, once:
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, Callable, Optional
 
@@ -23,14 +22,14 @@ from gpuvfio.cli.lazy import VERBOSE_HELP, GlobalOptions, LazyGroup
 from gpuvfio.cli.output import printable, rich_console
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.files import silence_stdout
-from gpuvfio.settings import ROOT_ENV
+from gpuvfio.settings import COMPLETE_ENV, ROOT_ENV, Settings
 
 SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, binding, domains, verification."
 
 # -h as well as --help, on every command and group (click's help_option_names, inherited by
 # subcommands through their context).
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
-COMPLETE_VAR = "_GPUVFIO_COMPLETE"  # the shell asks for completions through it (gpuvfio completion SHELL)
+COMPLETE_VAR = COMPLETE_ENV
 # The root knows each command by its index (gpuvfio.cli.lazy); a command's module loads when it runs.
 app = typer.Typer(name="gpuvfio", cls=LazyGroup, help=SUMMARY, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, rich_markup_mode=None, context_settings=HELP_OPTIONS)
@@ -135,7 +134,7 @@ def progress_for(as_json: bool) -> Callable[[str], None]:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (errors already reported on stderr)."""
     try:
-        if os.environ.get(COMPLETE_VAR):
+        if Settings.from_environment().completion:
             # typer's completion classes answer the shell's request (typer.completion)
             from typer.completion import completion_init
             completion_init()

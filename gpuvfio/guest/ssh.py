@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.settings import Settings
 from gpuvfio.user_files import read_regular, user_file
 
 
@@ -160,7 +161,7 @@ class Session:
                 sock = self._through_jump()
                 client.connect(target.host, port=target.port, username=target.user, key_filename=keys or None,
                                timeout=5, banner_timeout=15, auth_timeout=20,
-                               allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")), look_for_keys=not keys,
+                               allow_agent=Settings.from_environment().ssh_agent, look_for_keys=not keys,
                                sock=sock)
                 # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
                 # noticed while a long command (a remote testbed run) waits.

@@ -100,7 +100,7 @@ class Context:
     def libvirt(self, uri: str | None = None):
         """One connection per URI for the whole command (default: libvirt's default URI), so a
         check, a define and a start see the same daemon state; closed by close()."""
-        uri = uri or default_uri()
+        uri = uri or default_uri(self.host.settings)
         if uri not in self.connections:
             self.connections[uri] = self.connect(uri)
         return self.connections[uri]

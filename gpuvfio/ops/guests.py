@@ -15,7 +15,6 @@ it, give its devices back.
 from __future__ import annotations
 
 import dataclasses
-import os
 import posixpath
 import sys
 from dataclasses import dataclass, field
@@ -513,7 +512,7 @@ def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = V
     The probe reads the host through its root (GPUVFIO_PROBE_ROOT, as every host path does); the
     verifier talks to the CUDA and NVML libraries of the machine it runs on."""
     expected = expectations(read_inventory(ctx.host), gpus)
-    env = dict(os.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
+    env = dict(ctx.host.settings.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
     probe = parse_probe(ctx.run(["sh", PROBE], options.probe_timeout, env=env))
     argv = [sys.executable, VERIFIER, *options.verifier_args, "--root", ctx.host.root] + (
         ["--devices", ",".join(str(g) for g in gpus)] if gpus else [])

@@ -8,13 +8,13 @@ libvirt-python from printing each error itself; gpuvfio reports it once, at its 
 
 from __future__ import annotations
 
-import os
 
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.settings import LIBVIRT_URI_ENV, Settings
 from gpuvfio.virt.uri import check_uri, names_a_test_file
 
-URI_ENV = "LIBVIRT_DEFAULT_URI"
+URI_ENV = LIBVIRT_URI_ENV
 SYSTEM_URI = "qemu:///system"
 
 
@@ -22,10 +22,11 @@ class LibvirtError(GpuvfioError):
     """A libvirt call failed; carries libvirt's own message."""
 
 
-def default_uri() -> str:
+def default_uri(settings: Settings | None = None) -> str:
     """libvirt's own default: $LIBVIRT_DEFAULT_URI (by gpuvfio's URI policy), else the system
-    QEMU driver."""
-    return check_uri(os.environ.get(URI_ENV) or None, source=URI_ENV) or SYSTEM_URI
+    QEMU driver. ``settings``: the run's (default: read now)."""
+    settings = settings if settings is not None else Settings.from_environment()
+    return check_uri(settings.libvirt_uri, source=URI_ENV) or SYSTEM_URI
 
 
 def libvirt_module():

@@ -43,9 +43,10 @@ from typing import Callable, Iterable
 from urllib.parse import unquote
 
 from gpuvfio.errors import InputError
+from gpuvfio.settings import UNSAFE_URI_ENV, Settings
 from gpuvfio.user_files import read_regular
 
-UNSAFE_ENV = "GPUVFIO_ALLOW_UNSAFE_URI"
+UNSAFE_ENV = UNSAFE_URI_ENV
 DRIVERS = ("qemu", "test")
 TRANSPORTS = ("unix", "tls", "tcp")
 SSH_TRANSPORTS = ("ssh", "libssh", "libssh2")
@@ -105,7 +106,7 @@ def check_uri(uri: str | None, *, source: str = "libvirt URI", keywords: Iterabl
     try:
         _policy(uri)
     except _Unsafe as exc:
-        if os.environ.get(UNSAFE_ENV) != "1":
+        if not Settings.from_environment().allow_unsafe_uri:
             raise InputError(f"{source} {ascii(uri)}: {exc}; refused ({UNSAFE_ENV}=1 lets it through)") from None
         if uri not in _warned:
             _warned.add(uri)
