@@ -67,7 +67,7 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
 
     try:
         with pytest.raises(GpuvfioError, match="interrupted"):
-            with live_context("/", progress=interrupt_once) as ctx:
+            with live_context("/", progress=interrupt_once, writable=True) as ctx:
                 run_testbed(ctx, spec, out, uri=daemon.uri)
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
         done = sorted(os.listdir(os.path.join(out, "results", "tiny-4k")))
@@ -78,7 +78,7 @@ def test_two_variants_interrupted_resumed_and_reported(daemon, tmp_path, monkeyp
         assert [s["kind"] for s in record["planned"]] == ["attach", "measure", "teardown"]
         assert [s["kind"] for s in record["taken"]] == ["attach", "teardown"]
         seen.append("resumed")
-        with live_context("/", progress=seen.append) as ctx:
+        with live_context("/", progress=seen.append, writable=True) as ctx:
             run_testbed(ctx, spec, out, uri=daemon.uri)
         assert "tiny-4k: done already (2 repetitions)" in seen
         assert sorted(os.listdir(os.path.join(out, "results", "tiny-auto"))) == ["rep-0.json", "rep-1.json",
