@@ -19,10 +19,10 @@ import os
 import selectors
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuvfio.clock import SYSTEM_CLOCK
 from gpuvfio.errors import GpuvfioError
 
 OUTPUT_LIMIT = 16 << 20  # per stream: the verifier's JSON and the probe's lines are far smaller
@@ -109,14 +109,17 @@ def run_here(command: Command) -> Finished:
     except OSError as exc:
         raise CommandNotStarted(command.argv[0], exc.strerror or str(exc)) from None
     out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + command.timeout
+    # A real process runs in real time: its deadline is on the real clock, whatever clock the
+    # Context has (a test that fakes a command fakes Runner.start instead).
+    monotonic = SYSTEM_CLOCK.monotonic
+    deadline = monotonic() + command.timeout
     finished = False
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ, out)
         selector.register(proc.stderr, selectors.EVENT_READ, err)
         try:
             while selector.get_map():
-                left = deadline - time.monotonic()
+                left = deadline - monotonic()
                 if left <= 0:
                     raise CommandTimeout(command.label, f"no answer within {command.timeout:g}s")
                 for key, _events in selector.select(left):
@@ -128,7 +131,7 @@ def run_here(command: Command) -> Finished:
                     if len(key.data) > command.limit:
                         raise CommandOutputLimit(command.label, f"more than {command.limit} bytes of output")
             try:
-                status = proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                status = proc.wait(timeout=max(deadline - monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 raise CommandTimeout(command.label, f"did not exit within {command.timeout:g}s") from None
             finished = True

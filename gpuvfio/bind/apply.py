@@ -10,7 +10,6 @@ device of the operation to its recorded original through the same reconcile logi
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -101,7 +100,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
     for unit in plan.services:
         if unit not in journal.data["services_stopped"]:
             journal.data["services_stopped"].append(unit)
-    journal.data["operation"] = {"kind": "bind", "pid": os.getpid(), "started": time.time(),
+    journal.data["operation"] = {"kind": "bind", "pid": os.getpid(), "started": journal.clock.time(),
                                  "devices": [str(a) for a in plan.moving],
                                  "steps": [dict(s.to_json(), state="pending") for s in plan.steps]}
     journal.save()
@@ -122,7 +121,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
         journal.set_step(index, "done")
         progress(f"[{index + 1}/{len(plan.steps)}] {step.describe()}: done")
         after_step(index + 1)
-    journal.data["operation"]["finished"] = time.time()
+    journal.data["operation"]["finished"] = journal.clock.time()
     journal.save()
     return ApplyResult(BindStatus.APPLIED, [str(d) for d in plan.devices])
 
@@ -185,7 +184,7 @@ def reconcile(host: HostRoot, journal: Journal, writer: SysfsWriter, actions: Ac
             results.append(Reconciled(address, record.get("original_driver"), str(exc)))
             progress(f"{address}: restore failed: {exc}")
             if isinstance(exc, DeviceDead):
-                journal.data["broken"][address] = {"reason": str(exc), "since": time.time()}
+                journal.data["broken"][address] = {"reason": str(exc), "since": journal.clock.time()}
                 journal.save()
             continue
         results.append(Reconciled(address, record["original_driver"]))

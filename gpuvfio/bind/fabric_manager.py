@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -293,8 +292,8 @@ def _activate(journal: Journal, client: FabricManagerClient, step: PartitionStep
         raise FabricManagerError(f"partition {key} is in the journal already "
                                  f"({journal.data['partitions'][key].get('state')}); run gpuvfio restore first",
                                  status=-7)
-    journal.data["partitions"][key] = {"state": "activating", "since": time.time(), "modules": list(step.modules),
-                                       "devices": list(step.devices)}
+    journal.data["partitions"][key] = {"state": "activating", "since": journal.clock.time(),
+                                       "modules": list(step.modules), "devices": list(step.devices)}
     journal.save()  # before the call: a crash from here on leaves it for restore
     try:
         client.activate(step.partition_id)
@@ -360,7 +359,7 @@ def apply_partition_steps(journal: Journal, client: FabricManagerClient, steps: 
     result = StepResult()
     if not steps:
         return result
-    journal.data["operation"] = {"kind": "fabric", "pid": os.getpid(), "started": time.time(),
+    journal.data["operation"] = {"kind": "fabric", "pid": os.getpid(), "started": journal.clock.time(),
                                  "devices": sorted({d for s in steps for d in s.devices}),
                                  "steps": [dict(s.to_json(), state="pending") for s in steps]}
     journal.save()
@@ -390,13 +389,13 @@ def apply_partition_steps(journal: Journal, client: FabricManagerClient, steps: 
                 rollback = f"partition {step.partition_id} stays in the journal for gpuvfio restore"
             # This run ended and said so: not a crashed one for status to flag (what is left
             # active is in the journal's partitions, which restore deactivates).
-            journal.data["operation"]["finished"] = time.time()
+            journal.data["operation"]["finished"] = journal.clock.time()
             journal.data["operation"]["failed"] = str(exc)
             journal.save()
             raise FabricStepError(f"step {index + 1} ({step.describe()}) failed: {exc}; {rollback}") from None
         journal.set_step(index, "done")
         result.done.append(step.describe())
         progress(f"[{index + 1}/{len(steps)}] {step.describe()}: done")
-    journal.data["operation"]["finished"] = time.time()
+    journal.data["operation"]["finished"] = journal.clock.time()
     journal.save()
     return result

@@ -20,9 +20,9 @@ import json
 import os
 import re
 import sys
-import time
 
 from gpuvfio.address import PciAddress
+from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError, InputError, UnsafePathError
 from gpuvfio.files import Tree
 from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
@@ -182,18 +182,19 @@ def journal_problem(data: dict) -> str | None:
 
 
 class Journal:
-    def __init__(self, directory: str | Tree) -> None:
+    def __init__(self, directory: str | Tree, clock: Clock = SYSTEM_CLOCK) -> None:
         self.directory = state_tree(directory)
+        self.clock = clock  # the Context's: the times the journal records (started, finished, since)
         self.path = self.directory.path("journal.json")
         self.data = {"version": JOURNAL_VERSION, "devices": {}, "services_stopped": [], "operation": None,
                      "mdevs": {}, "vgpus": {}, "schedulers": {}, "broken": {}, "partitions": {}}
 
     @classmethod
-    def load(cls, directory: str | Tree) -> "Journal":
+    def load(cls, directory: str | Tree, clock: Clock = SYSTEM_CLOCK) -> "Journal":
         """The journal as written, or an empty one when there is none. Read as strict JSON (a key
         twice, NaN, lone surrogates, non-UTF-8, deep nesting refused) and checked field by field:
         a journal that does not fit is CorruptJournal, kept in place, never acted on or rewritten."""
-        journal = cls(directory)
+        journal = cls(directory, clock)
         try:
             text = journal.directory.read("journal.json", JOURNAL_LIMIT)
         except UnsafePathError as exc:
@@ -253,12 +254,12 @@ class Journal:
 _HELD: dict[str, list] = {}  # lock path -> [fd, depth]: the locks this process holds
 
 
-def _holder_line(command: str | None) -> str:
+def _holder_line(command: str | None, clock: Clock) -> str:
     """What the lock file says of its holder: pid, when it took the lock, the command."""
     words = command if command is not None else " ".join(os.path.basename(a) if i == 0 else a
                                                         for i, a in enumerate(sys.argv))
     words = "".join(c if c.isprintable() else "?" for c in words)[:200]
-    return f"{os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {words}\n"
+    return f"{os.getpid()} {clock.stamp()} {words}\n"
 
 
 def _holder(text: str) -> tuple[int | None, str]:
@@ -291,12 +292,13 @@ class RunLock:
     ``progress`` says so; the journal tells what that run did."""
 
     def __init__(self, directory: str | Tree, timeout: float = 30.0, *, progress=None,
-                 command: str | None = None) -> None:
+                 command: str | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.directory = state_tree(directory)
         self.path = self.directory.path("lock")
         self.timeout = timeout
         self.progress = progress
         self.command = command
+        self.clock = clock  # the Context's: the wait for another run and the time the lock file names
         self.fd: int | None = None
         self.taken_over: str | None = None
 
@@ -311,7 +313,7 @@ class RunLock:
             fd = self.directory.open_lock("lock")
         except UnsafePathError as exc:
             raise InputError(f"cannot use the lock {self.path}: {exc}") from None
-        deadline = time.monotonic() + self.timeout
+        deadline = self.clock.monotonic() + self.timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -320,11 +322,11 @@ class RunLock:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     os.close(fd)
                     raise
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 _pid, holder = _holder(os.pread(fd, 512, 0).decode("utf-8", "replace"))
                 os.close(fd)
                 raise LockTimeout(f"another gpuvfio run holds {self.path} ({holder}); waited {self.timeout:g}s")
-            time.sleep(0.05)
+            self.clock.sleep(0.05)
         pid, earlier = _holder(os.pread(fd, 512, 0).decode("utf-8", "replace"))
         if pid is not None and pid != os.getpid() and not _alive(pid):
             self.taken_over = f"took over the lock {self.path} left by {earlier}, which is gone (gpuvfio status " \
@@ -332,7 +334,7 @@ class RunLock:
             if self.progress is not None:
                 self.progress(self.taken_over)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, _holder_line(self.command).encode(), 0)
+        os.pwrite(fd, _holder_line(self.command, self.clock).encode(), 0)
         self.fd = fd
         _HELD[self.path] = [fd, 1]
         return self

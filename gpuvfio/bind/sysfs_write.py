@@ -24,9 +24,9 @@ import errno
 import os
 import select
 import signal
-import time
 from typing import Callable
 
+from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.root import HostRoot
 
@@ -57,10 +57,12 @@ def kernel_write(path: str, data: bytes, fd: int) -> None:
 
 
 class SysfsWriter:
-    def __init__(self, host: HostRoot, *, timeout: float = DEFAULT_TIMEOUT, backend: Backend = kernel_write):
+    def __init__(self, host: HostRoot, *, timeout: float = DEFAULT_TIMEOUT, backend: Backend = kernel_write,
+                 clock: Clock = SYSTEM_CLOCK):
         self.host = host
         self.timeout = timeout
         self.backend = backend
+        self.clock = clock  # the Context's: how long a stuck writer is given to be reaped
 
     def check(self, path: str) -> None:
         """Open ``path`` as write() will, and close it: a target the writer would refuse (a link
@@ -117,16 +119,15 @@ class SysfsWriter:
         if code:
             raise SysfsWriteError(full, value, code, f"{message or os.strerror(code)} ({errno.errorcode.get(code, code)})")
 
-    @staticmethod
-    def _abandon(pid: int) -> None:
+    def _abandon(self, pid: int) -> None:
         """Try to end a stuck writer; a task in uninterruptible sleep ignores even SIGKILL."""
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + 0.5
+        while self.clock.monotonic() < deadline:
             done, _ = os.waitpid(pid, os.WNOHANG)
             if done:
                 return
-            time.sleep(0.02)
+            self.clock.sleep(0.02)

@@ -12,12 +12,10 @@ from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
-from gpuvfio.commands import Runner
 from gpuvfio.errors import Refused
 from gpuvfio.user_files import user_dir
 from gpuvfio.ops.context import Context, check_uri, live_context
 from gpuvfio.ops.inventory import open_host
-from gpuvfio.ops.targets import recorded_known_hosts
 from gpuvfio.testbed.plan import gpus_on, plan
 from gpuvfio.testbed.remote import plan_remote, run_remote
 from gpuvfio.testbed.report import out_tree, result_files, write_report
@@ -32,10 +30,11 @@ Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help
                                                                                  "spec's [run] connect).")]
 
 
-def _local_known_hosts() -> str:
-    """Where the hypervisor's host key trusted on first use is recorded: this machine's state
-    directory (--root names the hypervisor's host, or a recording of it, not this machine)."""
-    return recorded_known_hosts(live_context("/"))
+def _this_machine():
+    """The Context of this machine for a remote hypervisor's session (its host key trusted on
+    first use is recorded in this machine's state dir: --root names the hypervisor's host, or a
+    recording of it, not this machine)."""
+    return live_context("/")
 
 
 @testbed_app.command("plan")
@@ -50,7 +49,8 @@ def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_j
 def _show_plan(spec: Spec, connect: str | None, yes: bool, as_json: bool, here: bool, root: str | None) -> None:
     """testbed plan, and testbed run --dry-run: each variant's plan, the exit the run would have."""
     if spec.host is not None and not here:
-        report = plan_remote(spec, _local_known_hosts(), run=Runner(), yes=yes)
+        with _this_machine() as here_ctx:
+            report = plan_remote(here_ctx, spec, yes=yes)
     else:
         with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
             report = plan(ctx, spec, uri=connect or spec.connect, yes=yes)
@@ -137,8 +137,8 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option(
         return
     progress = progress_for(False)  # a run takes long: progress always goes to stderr
     if spec.host is not None and not here:
-        remote = run_remote(spec, out, default_known_hosts=_local_known_hosts(), run=Runner(), connect=connect,
-                            yes=yes, progress=progress)
+        with _this_machine() as here_ctx:
+            remote = run_remote(here_ctx, spec, out, connect=connect, yes=yes, progress=progress)
         _finished(spec, out, remote["host"], as_json)
         return
     user_dir(out, create=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import shlex
 import socket
-import time
 from dataclasses import dataclass, field
 
+from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.settings import Settings
 from gpuvfio.user_files import read_regular, user_file
@@ -104,7 +104,8 @@ def _fingerprint(key) -> str:
 
 
 class Session:
-    def __init__(self, target: SshTarget, default_known_hosts: str | None = None) -> None:
+    def __init__(self, target: SshTarget, default_known_hosts: str | None = None, *,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         if not 0 < target.port < 65536:
             raise InputError(f"SSH port out of range: {target.port}")
         if target.key and not os.path.isfile(target.key):
@@ -115,6 +116,7 @@ class Session:
         self.record_to = target.known_hosts or default_known_hosts
         self.client = None
         self.jump_session: Session | None = None
+        self.clock = clock  # the Context's (Context.ssh): connection waits and command deadlines
 
     def connect(self) -> "Session":
         import logging
@@ -126,7 +128,7 @@ class Session:
         # retries are the expected path, the final failure is reported by us, once.
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
         target = self.target
-        deadline = time.monotonic() + target.connect_timeout
+        deadline = self.clock.monotonic() + target.connect_timeout
         delay, last = 0.1, None
         while True:
             # A booting guest: poll for the server's banner, which is cheap, often; start the
@@ -138,10 +140,10 @@ class Session:
                 raise SshError(f"{target.label()}: {waiting}")
             if waiting is not None:
                 last = waiting
-                if time.monotonic() + delay > deadline:
+                if self.clock.monotonic() + delay > deadline:
                     raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
                                    f"(last error: {last})")
-                time.sleep(delay)
+                self.clock.sleep(delay)
                 delay = min(delay * 1.5, 1.0)
                 continue
             client = paramiko.SSHClient()
@@ -191,10 +193,10 @@ class Session:
                     raise SshError(f"authentication to {target.label()} failed: no key to offer (give an SSH "
                                    "key, an IdentityFile in the SSH config, or an agent)") from None
                 last = exc
-            if time.monotonic() + delay > deadline:
+            if self.clock.monotonic() + delay > deadline:
                 raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
                                f"(last error: {last or 'none'})")
-            time.sleep(delay)
+            self.clock.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
     def _through_jump(self):
@@ -203,7 +205,7 @@ class Session:
         if self.target.jump is None:
             return None
         if self.jump_session is None:
-            self.jump_session = Session(self.target.jump, self.record_to).connect()
+            self.jump_session = Session(self.target.jump, self.record_to, clock=self.clock).connect()
         try:
             return self.jump_session.client.get_transport().open_channel(
                 "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0), timeout=10)
@@ -245,7 +247,7 @@ class Session:
                 transport = self.client.get_transport() if self.client else None
                 if attempt == 5 or transport is None or not transport.is_active():
                     raise SshError(f"SSH session to {self.target.label()} lost: {exc}") from None
-                time.sleep(0.5 * (attempt + 1))
+                self.clock.sleep(0.5 * (attempt + 1))
         channel.settimeout(timeout)
         try:
             if pty:
@@ -255,7 +257,7 @@ class Session:
                 channel.sendall(stdin)
                 channel.shutdown_write()
             out, err = _Bounded(on_output is not None), _Bounded(on_output is not None)
-            deadline = time.monotonic() + timeout
+            deadline = self.clock.monotonic() + timeout
             while True:
                 if channel.recv_ready() or channel.recv_stderr_ready():
                     stream = out if channel.recv_ready() else err
@@ -269,9 +271,9 @@ class Session:
                 elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 else:
-                    if time.monotonic() > deadline:
+                    if self.clock.monotonic() > deadline:
                         raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s")
-                    time.sleep(0.01)
+                    self.clock.sleep(0.01)
             status = channel.recv_exit_status()
             if status == -1:  # paramiko's value when the channel closed without an exit status
                 transport = self.client.get_transport() if self.client else None

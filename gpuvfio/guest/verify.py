@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 
+from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.user_files import read_regular
 from gpuvfio.guest.checks import FAIL, VerifyReport, check, judge, report
@@ -190,12 +190,12 @@ def probe_argv(script: str) -> list[str]:
     return ["sh", "-c", script, PROBE_NAME]
 
 
-def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None) -> dict:
+def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None, clock: Clock = SYSTEM_CLOCK) -> dict:
     """The guest's facts (parse_probe); VerifyError when the probe fails or answers garbage."""
     probe_sh = (read_regular(PROBE, 64 << 10) or b"").decode("utf-8")
-    began = time.monotonic()
+    began = clock.monotonic()
     status, out, err = session.run(probe_argv(probe_sh), timeout=timeout)
-    progress(f"  guest probe: exit {status} ({time.monotonic() - began:.1f}s)")
+    progress(f"  guest probe: exit {status} ({clock.monotonic() - began:.1f}s)")
     if status:
         raise VerifyError(f"the guest probe failed (exit {status}): {err.strip()[:200]}")
     return parse_probe(out)
@@ -203,7 +203,7 @@ def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None) ->
 
 def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, timeout: float = 600.0,
                  probe_timeout: float = 120.0, gates: Gates = Gates(), verifier_args: tuple[str, ...] = (),
-                 progress=lambda line: None) -> VerifyReport:
+                 progress=lambda line: None, clock: Clock = SYSTEM_CLOCK) -> VerifyReport:
     """Run the probe (and the verifier where the guest has python3) and judge; always a report.
 
     The probe travels as ``sh -c``'s argument, the verifier on ``python3 -``'s stdin: one SSH
@@ -213,7 +213,7 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
     (no connection) are raised: there is no guest to judge.
     """
     try:
-        probe = run_probe(session, timeout=probe_timeout, progress=progress)
+        probe = run_probe(session, timeout=probe_timeout, progress=progress, clock=clock)
     except VerifyError as exc:
         return dataclasses.replace(report([check("probe", FAIL, reason=str(exc))], {}, None), expected=list(expected))
     verifier = problem = None
@@ -221,9 +221,9 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
         # Too long for a command line everywhere (dropbear refuses commands over 9000 bytes,
         # MAX_CMD_LEN): python3 reads the program from stdin, all of it before running it.
         argv = [probe["python3"], "-", *verifier_args] + ([] if bandwidth else ["--no-bandwidth"])
-        began = time.monotonic()
+        began = clock.monotonic()
         status, out, err = session.run(argv, timeout=timeout, stdin=verifier_program())
-        progress(f"  in-guest verifier: exit {status} ({time.monotonic() - began:.1f}s)")
+        progress(f"  in-guest verifier: exit {status} ({clock.monotonic() - began:.1f}s)")
         try:
             verifier = parse_verifier(out)
         except VerifyError as exc:

@@ -1,24 +1,30 @@
-"""What the services need from the world, passed in: the host, the kernel side of sysfs writes,
-modprobe/systemctl, local commands, libvirt connections, the clock and a progress sink.
+"""What the services need from the world, passed in: the host and its settings (read from the
+environment once, gpuvfio.settings), the state dir, the kernel side of sysfs writes,
+modprobe/systemctl, local commands, libvirt connections, SSH sessions, NVML, the Fabric
+Manager, the run lock, the clock and a progress sink.
 
 The CLI, the Ansible modules and the testbed build one with ``live_context`` (the real kernel,
-the real libvirt); the tests build one around a simulated kernel and libvirt's test driver.
-Nothing in gpuvfio.ops reaches the world any other way, so no test patches internals.
+the real libvirt); the tests build one around a simulated kernel and libvirt's test driver, and
+give their doubles (a fake clock, a pause after a bind step) to it. A Context only reads unless
+the command that builds it changes the host. tests/unit/test_structure.py holds the rules: no
+environment read, clock, lock or process start outside their owners, no writable Context
+beyond the commands listed there.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.bind.apply import Actions
 from gpuvfio.bind.fabric_manager import FabricManagerClient
-from gpuvfio.bind.journal import Journal, RunLock, state_dir
+from gpuvfio.bind.journal import Journal, RunLock, known_hosts_file, state_dir
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
+from gpuvfio.clock import Clock
 from gpuvfio.commands import Runner
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
+from gpuvfio.guest.ssh import Session, SshTarget
 from gpuvfio.host.root import HostRoot
 from gpuvfio.settings import ROOT_ENV
 from gpuvfio.virt.connection import default_uri, open_connection
@@ -42,12 +48,6 @@ def _no_step(number: int) -> None:
 
 
 @dataclass
-class Clock:
-    monotonic: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
-
-
-@dataclass
 class Context:
     host: HostRoot
     backend: Backend = kernel_write  # one sysfs write: real write(2), or a simulated kernel
@@ -57,7 +57,7 @@ class Context:
     # The host's Fabric Manager (HGX shared-NVSwitch partitions); None: not reachable from here.
     # The clients it makes run fmpm through ``run`` below, whoever made them.
     fabric_manager: Callable[[], FabricManagerClient] | None = None
-    clock: Clock = field(default_factory=Clock)
+    clock: Clock = field(default_factory=Clock)  # every wait, interval and time stamp of the run
     progress: Callable[[str], None] = _no_progress
     # Called with N once a bind's step N is done and journaled: nothing for a user; a test stops
     # a bind half-way here (the kernel lane kills it there) instead of through a variable the
@@ -89,13 +89,13 @@ class Context:
 
     def journal(self) -> Journal:
         """The journal as it is now (reading writes nothing; a damaged one raises)."""
-        return Journal.load(self.state)
+        return Journal.load(self.state, clock=self.clock)
 
     def lock(self) -> RunLock:
         """The run lock, held for an operation (re-entrant within this process)."""
         if not self.writable:
             raise ReadOnly(f"the run lock under {self.state.path()} refused: this context only reads")
-        return RunLock(self.state, self.lock_timeout, progress=self.progress)
+        return RunLock(self.state, self.lock_timeout, progress=self.progress, clock=self.clock)
 
     def libvirt(self, uri: str | None = None):
         """One connection per URI for the whole command (default: libvirt's default URI), so a
@@ -123,7 +123,13 @@ class Context:
         if not self.writable:
             raise ReadOnly(f"sysfs writes under {self.host.root} refused: this context only reads (a dry run, a "
                            "recording)")
-        return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend)
+        return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend, clock=self.clock)
+
+    def ssh(self, target: SshTarget, known_hosts: str | None = None) -> Session:
+        """An SSH session to ``target`` (not yet connected), on this run's clock; keys trusted on
+        first use go to ``known_hosts``, else to the state dir's known_hosts."""
+        return Session(target, known_hosts if known_hosts is not None else known_hosts_file(self.host),
+                       clock=self.clock)
 
     def host_actions(self) -> Actions:
         if self.actions is None:

@@ -29,7 +29,6 @@ from gpuvfio.guest.checks import VerifyReport, judge
 from gpuvfio.guest.nccl_conf import CONF_FILE as NCCL_CONF, ConfChange, merge as merge_conf
 from gpuvfio.guest.expect import Expected, expectations, parse_expect  # noqa: F401 - parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
-from gpuvfio.guest.ssh import Session
 from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_guest
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.fabric import read_fabric
@@ -43,7 +42,7 @@ from gpuvfio.ops.plans import CheckStatus, Plan, Step, StepKind
 from gpuvfio.ops.domains import Provisioned, nccl_topology_file, run_define
 # verify_options: for the CLI, the Ansible modules and the testbed, which reach it through here.
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
-from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target, recorded_known_hosts
+from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
 
@@ -188,7 +187,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
     def start() -> None:
         state["started"] = ctx.clock.monotonic()
         lifecycle.start(state["dom"])
-        undo.append(("destroy", lambda: lifecycle.stop(state["dom"], timeout=0)))
+        undo.append(("destroy", lambda: lifecycle.stop(state["dom"], timeout=0, clock=ctx.clock)))
 
     def find() -> None:
         state["target"] = _discover(ctx, ssh, conn, state["dom"])
@@ -196,7 +195,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
     def wait_for_ssh() -> None:
         target = state.get("target") or guest_target(ssh, run=ctx.run)
         result.ssh = {"host": target.host, "port": target.port, "user": target.user}
-        state["session"] = Session(target, recorded_known_hosts(ctx)).connect()
+        state["session"] = ctx.ssh(target).connect()
         result.ssh["notes"] = list(target.notes)  # after the connect: a key trusted on first use is said there
         # Big-BAR guests took minutes to start before kernel huge-pfnmap and QEMU 9.2: say how long.
         result.start_to_ssh_s = round(ctx.clock.monotonic() - state["started"], 3)
@@ -206,7 +205,7 @@ def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False)
         result.report = verify_guest(
             state["session"], expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
             probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
-            progress=ctx.progress)
+            progress=ctx.progress, clock=ctx.clock)
 
     def nccl() -> None:
         result.nccl_topology = write_nccl_topology(ctx, state["session"], provisioned,
@@ -300,7 +299,7 @@ def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_t
     written to (a user without root), gets no file: the answer says why, as a warning (the
     verifier judges the devices themselves)."""
     try:
-        facts = run_probe(session, timeout=probe_timeout, progress=ctx.progress)
+        facts = run_probe(session, timeout=probe_timeout, progress=ctx.progress, clock=ctx.clock)
         text = nccl_topology_file(ctx, provisioned, facts["pci"])
         directory = posixpath.dirname(GUEST_FILE)
         # GPUVFIO_PROBE_ROOT: the stand-in guests of the tests keep their /etc under a root, as the probe does.
@@ -462,7 +461,7 @@ def run_detach(ctx: Context, plan: DetachPlan) -> DetachResult:
     how = "not running"
     for step in plan.steps:
         if step.kind is StepKind.STOP:
-            how = lifecycle.stop(dom, timeout=plan.timeout, monotonic=ctx.clock.monotonic, sleep=ctx.clock.sleep)
+            how = lifecycle.stop(dom, timeout=plan.timeout, clock=ctx.clock)
             ctx.progress(f"{name}: {how}")
         elif step.kind is StepKind.UNDEFINE:
             lifecycle.undefine(dom)
@@ -500,10 +499,10 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
     inventory = read_inventory(ctx.host)
     expected = expectations(inventory, (expect or []) if given else recorded) + (expect_ids or [])
     expected = fabric_driver(ctx, inventory, with_cliques(expected, cliques))
-    with Session(target, recorded_known_hosts(ctx)) as session:
+    with ctx.ssh(target) as session:
         report = verify_guest(session, expected, bandwidth=options.bandwidth, timeout=options.timeout,
                               probe_timeout=options.probe_timeout, gates=options.gates,
-                              verifier_args=options.verifier_args, progress=ctx.progress)
+                              verifier_args=options.verifier_args, progress=ctx.progress, clock=ctx.clock)
     return dataclasses.replace(report, ssh_notes=list(target.notes))
 
 

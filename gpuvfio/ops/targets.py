@@ -23,7 +23,7 @@ from gpuvfio.options import SSH, USER
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
 __all__ = ["SshOptions", "ssh_options", "ssh_from_table", "valid_host", "guest_target", "configured",
-           "recorded_known_hosts", "AddressUnknown"]
+           "AddressUnknown"]
 
 _USER = USER  # the one user-name pattern (gpuvfio.options), for guests and a testbed's hypervisor
 # A DNS name (labels of 1-63 characters, RFC 1123) or an IPv4/IPv6 address.
@@ -134,8 +134,3 @@ def _jump_target(spec: str, target: SshTarget, ssh_config: str | None, run: Runn
     return SshTarget(config.hostname, port or config.port or 22, user or config.user or "root", None,
                      target.known_hosts, target.trust_on_first_use, connect_timeout=target.connect_timeout,
                      identity_files=config.identity_files, pinned_files=config.known_hosts_files)
-
-
-def recorded_known_hosts(ctx: Context) -> str:
-    """Where host keys trusted on first use go when no known_hosts file is given."""
-    return known_hosts_file(ctx.host)

@@ -25,7 +25,6 @@ import json
 import tarfile
 
 from gpuvfio import strictjson
-from gpuvfio.commands import Runner
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.user_files import read_regular, user_dir
 from gpuvfio.guest.ssh import ConnectionLost, Session, SshError
@@ -41,12 +40,13 @@ MAX_MEMBERS = MAX_VARIANTS * 1001 + 2  # results/<variant>/rep-N.json of every v
 RUN_FOREVER = 30 * 24 * 3600.0  # a testbed may run for days; progress is streamed meanwhile
 
 
-def session_for(remote: RemoteHost, default_known_hosts: str | None, run: Runner) -> Session:
-    """The session to the remote hypervisor, with the admin's SSH config applied as for guests
-    (``run``: what starts ssh -G here)."""
+def session_for(ctx: Context, remote: RemoteHost) -> Session:
+    """The session to the remote hypervisor, with the admin's SSH config applied as for guests.
+    ``ctx``: this machine's (its runner starts ssh -G, its state dir records a host key trusted
+    on first use, its clock bounds the waits)."""
     target = configured(dataclasses.replace(remote.ssh, notes=[]), remote.ssh_config, given=set(remote.given),
-                        run=run)
-    return Session(target, default_known_hosts)
+                        run=ctx.run)
+    return ctx.ssh(target)
 
 
 def remote_argv(remote: RemoteHost, *args: str) -> list[str]:
@@ -68,10 +68,10 @@ def fetch_host_record(session, remote: RemoteHost) -> str:
                     timeout=300).decode("utf-8")
 
 
-def plan_remote(spec: Spec, default_known_hosts: str | None, *, run: Runner, yes: bool = False) -> TestbedPlan:
+def plan_remote(ctx: Context, spec: Spec, *, yes: bool = False) -> TestbedPlan:
     """The plan for a remote hypervisor, from its recorded host (nothing changes there; libvirt
-    there is not asked: the run asks it)."""
-    with session_for(spec.host, default_known_hosts, run) as session:
+    there is not asked: the run asks it). ``ctx``: this machine's (session_for)."""
+    with session_for(ctx, spec.host) as session:
         record = fetch_host_record(session, spec.host)
     with host_from_record(record) as host:
         host.files_checked_by_run = True  # the ROM and UEFI files a spec names are there, not here
@@ -247,12 +247,14 @@ class _Scratch:
             self.tree.remove("remote.json")
 
 
-def run_remote(spec: Spec, out: str, *, default_known_hosts: str | None, run: Runner, connect: str | None = None,
-               yes: bool = False, progress=lambda line: None) -> dict:
+def run_remote(ctx: Context, spec: Spec, out: str, *, connect: str | None = None, yes: bool = False,
+               progress=lambda line: None) -> dict:
+    """The testbed run on the remote hypervisor the spec names. ``ctx``: this machine's
+    (session_for)."""
     remote = spec.host
     user_dir(out, create=True)
     interrupted = False
-    with session_for(remote, default_known_hosts, run) as session:
+    with session_for(ctx, remote) as session:
         scratch = _Scratch(session, remote, out, progress)
         label = scratch.label
         scratch.pick_up_earlier()

@@ -9,10 +9,8 @@ libvirt network, the QEMU guest agent, or the ARP table.
 
 from __future__ import annotations
 
-import time
-from typing import Callable
-
 from gpuvfio.address import PciAddress
+from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.domain.render import METADATA_NS
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
@@ -53,9 +51,9 @@ def start(dom) -> None:
         call(f"starting {dom.name()}", dom.create)
 
 
-def stop(dom, timeout: float = 60.0, *, monotonic: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> str:
-    """ACPI shutdown, wait up to ``timeout``, then destroy. Returns how it ended."""
+def stop(dom, timeout: float = 60.0, *, clock: Clock = SYSTEM_CLOCK) -> str:
+    """ACPI shutdown, wait up to ``timeout`` on ``clock`` (the Context's), then destroy. Returns
+    how it ended."""
     libvirt = libvirt_module()
     if not is_active(dom):
         return "not running"
@@ -64,11 +62,11 @@ def stop(dom, timeout: float = 60.0, *, monotonic: Callable[[], float] = time.mo
             dom.shutdown()
         except libvirt.libvirtError:
             pass
-        deadline = monotonic() + timeout
-        while monotonic() < deadline:
+        deadline = clock.monotonic() + timeout
+        while clock.monotonic() < deadline:
             if not is_active(dom):
                 return "shut down"
-            sleep(0.25)
+            clock.sleep(0.25)
     if is_active(dom):
         call(f"destroying {dom.name()}", dom.destroy)
     return "destroyed"

@@ -14,6 +14,8 @@ from gpuvfio.commands import Runner
 from gpuvfio.errors import InputError
 from gpuvfio.guest.ssh import HostKeyError, Session, SshError
 from gpuvfio.guest.ssh_config import resolve
+from gpuvfio.host.root import HostRoot
+from gpuvfio.ops.context import Context
 from gpuvfio.ops.targets import guest_target, ssh_options
 
 SSH = shutil.which("ssh")
@@ -186,9 +188,9 @@ def test_a_testbeds_remote_hypervisor_takes_the_ssh_config_too(tmp_path, files):
                                     f"  IdentityFile {key}\n  UserKnownHostsFile {known}\n")
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(BASE + f'\n[host]\naddress = "hv-lab"\nknown_hosts = "{known}"\nssh_config = "{config}"\n')
-    target = session_for(load_spec(str(spec_path)).host, None, Runner()).target
+    target = session_for(Context(host=HostRoot(str(tmp_path))), load_spec(str(spec_path)).host).target
     assert (target.host, target.port, target.user, target.identity_files) == ("10.20.30.40", 2222, "ops", (key,))
     spec_path.write_text(BASE + f'\n[host]\naddress = "hv-lab"\nknown_hosts = "{known}"\nssh_config = "{config}"\n'
                                 'user = "root"\nport = 22\n')
-    target = session_for(load_spec(str(spec_path)).host, None, Runner()).target
+    target = session_for(Context(host=HostRoot(str(tmp_path))), load_spec(str(spec_path)).host).target
     assert (target.host, target.port, target.user) == ("10.20.30.40", 22, "root")

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from gpuvfio.commands import Runner
+from gpuvfio.host.root import HostRoot
+from gpuvfio.ops.context import Context
 from tests.lanes import hypervisor as hv
 from tests.make_samples import sample_path
 from tests.testbed_data import guest_toml
@@ -48,6 +49,13 @@ name = "pt-remote"
 kind = "passthrough"
 numa = "remote"
 """
+
+
+def this_machine(tmp_path) -> Context:
+    """The Context of the machine a remote run is started from: its runner and clock, a state dir
+    of its own for host keys trusted on first use."""
+    (tmp_path / "here").mkdir(exist_ok=True)
+    return Context(host=HostRoot(str(tmp_path / "here")))
 
 
 def reps(directory) -> list[str]:
@@ -182,7 +190,7 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
     conn = daemon.connect()
     try:
         with pytest.raises(GpuvfioError, match="interrupted"):
-            run_remote(spec, out, default_known_hosts=None, run=Runner(), progress=interrupt_on_second_repetition)
+            run_remote(this_machine(tmp_path), spec, out, progress=interrupt_on_second_repetition)
         assert "tiny-4k: attach" in seen
         assert [d.name() for d in conn.listAllDomains(0) if d.name().startswith("gpuvfio-tb-")] == []
         assert reps(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"], (seen, os.listdir(os.path.join(out, "results")))
@@ -198,7 +206,7 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
 
         seen.clear()
         with pytest.raises(GpuvfioError, match="connection lost.*hung up and tears itself down") as lost:
-            run_remote(spec, out, default_known_hosts=None, run=Runner(), progress=drop_connection_on_attach)
+            run_remote(this_machine(tmp_path), spec, out, progress=drop_connection_on_attach)
         scratch = next(line.split("scratch directory ", 1)[1] for line in seen if "scratch directory" in line)
         assert scratch in str(lost.value)
         remote_pid = int(open(os.path.join(scratch, "pid")).read())
@@ -210,7 +218,7 @@ def test_remote_run_hung_up_tears_down_there_and_resumes(daemon, tmp_path, hyper
         assert reps(os.path.join(out, "results", "tiny-4k")) == ["rep-0.json"]
         assert json.load(open(os.path.join(out, "remote.json")))["scratch"] == scratch  # kept for the next run
         seen.clear()
-        summary = run_remote(spec, out, default_known_hosts=None, run=Runner(), progress=seen.append)
+        summary = run_remote(this_machine(tmp_path), spec, out, progress=seen.append)
         assert "results/tiny-4k/rep-1.json" in summary["files"] and "results/baremetal/rep-1.json" in summary["files"]
         assert not any(line == "tiny-4k: repetition 1/2" for line in seen)  # rep 0 went up and was kept
         assert f"root@127.0.0.1:{hypervisor.port}: fetching the results of an earlier run from {scratch}" in seen
@@ -299,12 +307,12 @@ def test_an_earlier_run_still_going_there_is_not_started_twice(tmp_path, hypervi
         (out / "remote.json").write_text(json.dumps({"host": f"root@127.0.0.1:{hypervisor.port}",
                                                      "scratch": scratch}))
         with pytest.raises(GpuvfioError, match=f"still going .*pid {sleeper.pid}, in {scratch}"):
-            run_remote(spec, str(out), default_known_hosts=None, run=Runner())
+            run_remote(this_machine(tmp_path), spec, str(out))
         assert os.path.isdir(scratch) and not os.path.exists(out / "results")
         sleeper.kill()
         sleeper.wait()
         seen: list[str] = []
-        run_remote(spec, str(out), default_known_hosts=None, run=Runner(), progress=seen.append)  # now it is picked up
+        run_remote(this_machine(tmp_path), spec, str(out), progress=seen.append)  # now it is picked up
         assert any("fetching the results of an earlier run" in line for line in seen)
         assert not os.path.exists(scratch) and reps(out / "results" / "baremetal") == [
             "rep-0.json", "rep-1.json"]

@@ -14,7 +14,7 @@ PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.tree_filler",
               "gpuvfio.strictjson",
               "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.names", "gpuvfio.user_files", "gpuvfio.options", "gpuvfio.settings",
-              "gpuvfio.commands", "gpuvfio.planning"}
+              "gpuvfio.commands", "gpuvfio.planning", "gpuvfio.clock"}
 # What each layer may import besides itself and the foundation (README "Layout").
 ALLOWED = {
     "host": set(),
@@ -380,3 +380,43 @@ def test_a_writable_context_is_asked_for_only_where_a_command_changes_the_host()
     from gpuvfio.ops.context import Context
 
     assert Context.__dataclass_fields__["writable"].default is False
+
+
+# Issue 36 item 1: the time is read, and waited on, in gpuvfio.clock only; the Context owns one
+# Clock and hands it to each part that measures, waits or stamps, which the services build with it.
+CLOCK_TAKERS = {"RunLock", "SysfsWriter", "Session", "Journal.load", "verify_guest", "run_probe", "lifecycle.stop"}
+
+
+def _uses_time(path: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import) and any(a.name in ("time", "datetime") for a in node.names):
+            found.append(f"line {node.lineno}: import")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("time", "datetime"):
+            found.append(f"line {node.lineno}: from {node.module} import")
+    return found
+
+
+def test_the_time_is_read_in_gpuvfio_clock_only():
+    found = {module: lines for module, path in MODULES.items() if ".payload" not in module
+             and (lines := _uses_time(path))}
+    assert set(found) == {"gpuvfio.clock"}, found
+
+
+def test_the_services_hand_their_contexts_clock_on():
+    missing = []
+    for module, path in MODULES.items():
+        if not module.startswith(("gpuvfio.ops", "gpuvfio.testbed")):
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            name = _call_name(node) if isinstance(node, ast.Call) else None
+            if name in CLOCK_TAKERS and not any(k.arg == "clock" for k in node.keywords):
+                missing.append(f"{module} line {node.lineno}: {name}(...)")
+    assert not missing, missing
+
+
+def test_ssh_sessions_are_made_by_the_context_only():
+    """Context.ssh makes every session (its known_hosts, its clock); a session's own jump host is
+    the one other place a session is made."""
+    found = {module: lines for module, path in MODULES.items() if (lines := _constructs(path, "Session"))}
+    assert set(found) == {"gpuvfio.ops.context", "gpuvfio.guest.ssh"}, found
