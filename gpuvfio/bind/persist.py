@@ -23,6 +23,7 @@ from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, InputError, Refused
+from gpuvfio.host.inventory import require_present
 from gpuvfio.host.root import HostRoot
 from gpuvfio.names import is_module_name
 from gpuvfio.text import printable
@@ -340,6 +341,4 @@ def initramfs_hint(host: HostRoot) -> str:
 def check_addresses(known: set[PciAddress], addresses: list[PciAddress]) -> None:
     if not addresses:
         raise InputError("no PCI address given")
-    unknown = [str(a) for a in addresses if a not in known]
-    if unknown:
-        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+    require_present(known, addresses)

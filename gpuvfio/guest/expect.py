@@ -101,9 +101,7 @@ def expectations(inventory: Inventory, addresses: list[PciAddress]) -> list[Expe
     """One entry per host function, with the link its slot allows."""
     out = []
     for address in addresses:
-        fn = inventory.functions.get(address)
-        if fn is None:
-            raise InputError(f"no such PCI function on this host: {address}")
+        fn = inventory.require(address)[0]
         gen = width = source = None
         link = fn.link
         if fn.is_nvidia and link and link.max_gen and link.max_width:

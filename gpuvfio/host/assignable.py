@@ -31,9 +31,7 @@ class Problem:
 
 def endpoint(inventory: Inventory, address: PciAddress) -> PciFunction:
     """The function at ``address``; bad input when there is none or it is a bridge."""
-    fn = inventory.functions.get(address)
-    if fn is None:
-        raise InputError(f"no such PCI function on this host: {address}")
+    fn = inventory.require(address)[0]
     if fn.is_bridge:
         raise InputError(f"{address} is a PCI bridge; give the address of a device behind it")
     return fn

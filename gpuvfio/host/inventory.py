@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import HostReadError
+from gpuvfio.errors import HostReadError, InputError
 from gpuvfio.host.groups import build_groups
 from gpuvfio.host.health import read_health
 from gpuvfio.host.model import Bar, IommuGroup, Link, MdevType, PciFunction, VgpuType
@@ -234,6 +234,20 @@ class Inventory:
         if fn is None or fn.iommu_group is None or self.groups is None:
             return None
         return self.groups.get(fn.iommu_group)
+
+    def require(self, *addresses: PciAddress) -> list[PciFunction]:
+        """The functions at ``addresses``, in their order; bad input naming each one this host
+        does not have."""
+        require_present(self.functions, addresses)
+        return [self.functions[address] for address in addresses]
+
+
+def require_present(present, addresses) -> None:
+    """Bad input naming each of ``addresses`` not in ``present`` (the host's functions, as any
+    container of addresses): the one "no such PCI function" refusal."""
+    missing = [str(address) for address in addresses if address not in present]
+    if missing:
+        raise InputError(f"no such PCI function on this host: {', '.join(missing)}")
 
 
 def iommu_groups_present(host: HostRoot) -> bool:

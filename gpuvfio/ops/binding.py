@@ -432,9 +432,7 @@ def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, "HeldDevice"]:
     """What release(addresses) would give back: address -> the device as gpuvfio holds it (its
     driver now, and the original driver restore gives it back to), in address order."""
     inventory = read_inventory(ctx.host)
-    unknown = [str(a) for a in addresses if a not in inventory.functions]
-    if unknown:
-        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+    inventory.require(*addresses)
     journal = ctx.journal()
     return {a: _held_device(ctx, a, journal.devices[a]) for a in held_in_groups(ctx, journal, addresses)}
 

@@ -157,9 +157,7 @@ def _chosen(inventory: Inventory, addresses: list[PciAddress]) -> list[PciFuncti
     """The functions named (each an NVIDIA one)."""
     chosen = []
     for address in addresses:
-        fn = inventory.functions.get(address)
-        if fn is None:
-            raise InputError(f"no such PCI function on this host: {address}")
+        fn = inventory.require(address)[0]
         if not fn.is_nvidia:
             raise InputError(f"{address} is not an NVIDIA device ({fn.vendor_id}:{fn.device_id}); the KubeVirt and "
                              "DRA exports name NVIDIA GPUs")

@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError
 from gpuvfio.host.fixture import host_from_record, open_host
-from gpuvfio.host.inventory import FunctionIndex, Inventory, read_inventory, read_selected
+from gpuvfio.host.inventory import FunctionIndex, Inventory, read_inventory, read_selected, require_present
 from gpuvfio.host.model import NVIDIA_VENDOR, IommuGroup, PciFunction
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
@@ -41,9 +40,7 @@ def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = (),
         return inventory_report(read_inventory(host, names=names), show_all=True)
     index = index or FunctionIndex(host)
     if only:
-        unknown = [str(a) for a in only if a not in index.present]
-        if unknown:
-            raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+        require_present(index.present, only)
         chosen = sorted(set(only))
     else:
         with host.sys_dirs() as dirs:
@@ -54,9 +51,7 @@ def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = (),
 def inventory_report(inventory: Inventory, *, show_all: bool, only: list[PciAddress] = ()) -> ListReport:
     functions = list(inventory.functions.values())
     if only:
-        unknown = [str(a) for a in only if a not in inventory.functions]
-        if unknown:
-            raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+        inventory.require(*only)
         chosen = [inventory.functions[a] for a in sorted(set(only))]
     else:
         chosen = functions if show_all else [f for f in functions if f.is_nvidia]

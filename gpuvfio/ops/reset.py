@@ -66,9 +66,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
     if bus and forget:
         raise InputError("--bus and --forget exclude each other")
     inventory = read_inventory(ctx.host)
-    unknown = [str(a) for a in addresses if a not in inventory.functions]
-    if unknown:
-        raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+    inventory.require(*addresses)
     plan = ResetPlan("reset", ", ".join(map(str, addresses)), root=ctx.host.root)
     journal = ctx.journal()
     try:

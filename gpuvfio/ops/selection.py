@@ -16,7 +16,7 @@ from typing import Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError, Refused
-from gpuvfio.host.inventory import FunctionIndex, list_addresses, read_ids
+from gpuvfio.host.inventory import FunctionIndex, list_addresses, read_ids, require_present
 from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
 from gpuvfio.host.root import HostRoot
 from gpuvfio.planning import Check, CheckStatus
@@ -136,10 +136,7 @@ def the_gpu(host: HostRoot, addresses: list[PciAddress]) -> PciAddress:
     """The one GPU (display-class function) among ``addresses``, as a vGPU needs one parent: a
     slot's audio function is left out; none, more than one, or a function the host does not
     have is bad input."""
-    present = set(list_addresses(host))
-    missing = [str(a) for a in addresses if a not in present]
-    if missing:
-        raise InputError(f"no such PCI function on this host: {', '.join(missing)}")
+    require_present(set(list_addresses(host)), addresses)
     gpus = [a for a in addresses if read_ids(host, a)[2].startswith(DISPLAY_CLASS)]
     if len(gpus) != 1:
         raise InputError(f"a vGPU takes one GPU, the selection holds {len(gpus)} "

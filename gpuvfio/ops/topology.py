@@ -199,9 +199,7 @@ def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> TopologyR
 def _chosen(inventory: Inventory, only: list[PciAddress]) -> tuple[list[PciFunction], int]:
     functions = inventory.functions
     if only:
-        unknown = [str(a) for a in only if a not in functions]
-        if unknown:
-            raise InputError(f"no such PCI function on this host: {', '.join(unknown)}")
+        inventory.require(*only)
         other = [functions[a].label() for a in only if not (functions[a].is_nvidia_gpu or is_nic(functions[a]))]
         if other:
             raise InputError(f"not an NVIDIA GPU (class 03xx) or a NIC (class 02xx): {'; '.join(other)}")

@@ -49,9 +49,7 @@ def plan_unbind(ctx: Context, addresses: list[PciAddress], *, uri: str | None = 
     if not addresses:
         raise InputError("no PCI address given")
     inventory = read_inventory(ctx.host)
-    for address in addresses:
-        if address not in inventory.functions:
-            raise InputError(f"no such PCI function on this host: {address}")
+    inventory.require(*addresses)
     targets = sorted(set(addresses))
     plan = UnbindPlan("unbind", ", ".join(map(str, targets)), root=ctx.host.root, devices=[str(a) for a in targets])
     view = libvirt_view(ctx, targets, uri=uri)

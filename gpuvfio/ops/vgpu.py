@@ -124,9 +124,7 @@ def create_for_domain(ctx: Context, domain_name: str, address: PciAddress,
     """The vGPU instance a domain will use: a legacy mdev gets the UUID the domain XML names
     (the same derivation as gpuvfio xml), an SR-IOV vGPU a free VF set to the type."""
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
-    fn = inventory.functions.get(address)
-    if fn is None:
-        raise InputError(f"no such PCI function on this host: {address}")
+    fn = inventory.require(address)[0]
     uuid = mdev_uuid(domain_name, address, pick_mdev(inventory, address, profile, check_available=False)) \
         if fn.mdev_types else None
     return create(ctx, address, profile, uuid=uuid)

@@ -28,9 +28,7 @@ from gpuvfio.vgpu.types import (MdevTypeOffer, OfferedTypes, SriovTypeOffer, Typ
 
 
 def types(inventory: Inventory, address: PciAddress) -> OfferedTypes:
-    fn = inventory.functions.get(address)
-    if fn is None:
-        raise InputError(f"no such PCI function on this host: {address}")
+    fn = inventory.require(address)[0]
     if fn.physfn is not None:  # a VF lists no types of its own: its physical function offers them
         return OfferedTypes(str(address), TypesKind.VF, [], [], [], physfn=str(fn.physfn))
     legacy = [MdevTypeOffer(m.type_id, m.name, m.available_instances, m.description) for m in fn.mdev_types]
@@ -123,9 +121,7 @@ def decide_create(host: HostRoot, inventory: Inventory, address: PciAddress, wan
                   uuid: str | None = None) -> Creation:
     """Which instance ``create`` makes (a type and availability checked; an mdev UUID in use with
     another type refused); reads only."""
-    fn = inventory.functions.get(address)
-    if fn is None:
-        raise InputError(f"no such PCI function on this host: {address}")
+    fn = inventory.require(address)[0]
     if fn.mdev_types:
         uuid = str(uuidlib.UUID(uuid)) if uuid else None
         if uuid is not None and os.path.lexists(mdev_dir(host, uuid)):

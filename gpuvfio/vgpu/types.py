@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError, Refused
+from gpuvfio.errors import Refused
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.root import HostRoot
@@ -124,9 +124,7 @@ class OfferedTypes:
 
 
 def _gpu(inventory: Inventory, address: PciAddress) -> PciFunction:
-    fn = inventory.functions.get(address)
-    if fn is None:
-        raise InputError(f"no such PCI function on this host: {address}")
+    fn = inventory.require(address)[0]
     return fn
 
 

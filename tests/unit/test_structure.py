@@ -420,3 +420,28 @@ def test_ssh_sessions_are_made_by_the_context_only():
     the one other place a session is made."""
     found = {module: lines for module, path in MODULES.items() if (lines := _constructs(path, "Session"))}
     assert set(found) == {"gpuvfio.ops.context", "gpuvfio.guest.ssh"}, found
+
+
+def test_the_missing_function_refusal_is_written_once():
+    """Issue 36 item 6: host.inventory.require_present (behind Inventory.require) is the one
+    "no such PCI function" refusal; a copy elsewhere would drift from it."""
+    import re
+
+    found = {module: len(re.findall(r"no such PCI function on this host", open(path, encoding="utf-8").read()))
+             for module, path in MODULES.items()}
+    assert {module: n for module, n in found.items() if n} == {"gpuvfio.host.inventory": 1}
+
+
+def test_inventory_require_names_every_missing_function_in_order():
+    from gpuvfio.address import PciAddress
+    from gpuvfio.errors import InputError
+    from gpuvfio.host.inventory import Inventory
+    from gpuvfio.host.model import PciFunction
+
+    a, b, c = (PciAddress.parse(t) for t in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"))
+    here = PciFunction.__new__(PciFunction)
+    inventory = Inventory({b: here}, None)
+    assert inventory.require(b) == [here] and inventory.require() == []
+    with pytest.raises(InputError) as info:
+        inventory.require(c, b, a)
+    assert str(info.value) == "no such PCI function on this host: 0000:03:00.0, 0000:01:00.0"
