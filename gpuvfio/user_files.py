@@ -11,7 +11,7 @@ import stat
 from gpuvfio.errors import HostReadError, InputError, UnsafePathError
 from gpuvfio.files import TEXT_LIMIT, NotRegular, Tree, kind_name
 
-__all__ = ["user_file", "check_output_path", "write_output", "read_regular", "user_dir"]
+__all__ = ["user_file", "check_output_path", "write_output", "read_regular", "user_dir", "for_another_program"]
 
 
 def user_file(path: str) -> tuple[Tree, str]:
@@ -77,3 +77,11 @@ def user_dir(path: str, *, create: bool = False) -> Tree:
         except UnsafePathError as exc:
             raise InputError(f"cannot make {path}: {exc}") from None
     return Tree(full)
+
+
+def for_another_program(path: str, *, directory: bool = False) -> bool:
+    """Is there a regular file (a directory with ``directory``) at a path a user named for another
+    program to read (an SSH key, known_hosts or config for ssh and paramiko, templates for jinja2,
+    a schema for libxml2), reached as that program reaches it, links followed? What gpuvfio reads
+    itself goes through read_regular instead; this is the one place such a path is looked at."""
+    return os.path.isdir(path) if directory else os.path.isfile(path)

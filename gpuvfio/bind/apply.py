@@ -129,7 +129,7 @@ def apply_bind(host: HostRoot, plan: BindPlan, journal: Journal, writer: SysfsWr
 def _execute(host: HostRoot, step: Step, writer: SysfsWriter, actions: Actions) -> None:
     if step.kind is StepKind.MODPROBE:
         actions.modprobe(step.name)
-        if not os.path.isdir(host.sys_path("bus", "pci", "drivers", step.name)):
+        if not host.is_dir(host.sys_path("bus", "pci", "drivers", step.name)):
             raise GpuvfioError(f"module {step.name} loaded but sys/bus/pci/drivers/{step.name} did not appear")
         return
     if step.kind is StepKind.STOP_SERVICE:
@@ -210,7 +210,7 @@ def _restore_one(host: HostRoot, address: str, record: dict, writer: SysfsWriter
     original_driver = record.get("original_driver")
     original_override = record.get("original_override")
     device_dir = host.sys_path("bus", "pci", "devices", address)
-    if not os.path.lexists(device_dir):
+    if not host.exists(device_dir):
         raise GpuvfioError(f"{address} is gone from sysfs (hot-removed?)")
     problem = return_problem(host, address) if current_driver(host, address) != original_driver else None
     if problem:
@@ -225,7 +225,7 @@ def _restore_one(host: HostRoot, address: str, record: dict, writer: SysfsWriter
         writer.write(host.sys_path("bus", "pci", "drivers", driver, "unbind"), address)
     if original_driver is not None and current_driver(host, address) != original_driver:
         writer.write(host.sys_path("bus", "pci", "drivers_probe"), address)
-        if current_driver(host, address) is None and os.path.isdir(
+        if current_driver(host, address) is None and host.is_dir(
                 host.sys_path("bus", "pci", "drivers", original_driver)):
             writer.write(host.sys_path("bus", "pci", "drivers", original_driver, "bind"), address)
     got = current_driver(host, address)

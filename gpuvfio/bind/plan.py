@@ -186,7 +186,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                                     "dead, not free"))
     _domain_checks(libvirt, devices, checks)
     steps: list[Step] = []
-    vfio_loaded = os.path.isdir(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER))
+    vfio_loaded = host.is_dir(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER))
     if moving and not vfio_loaded:
         if kernel.module_available("vfio_pci") or "vfio_pci" in kernel.builtin_modules:
             steps.append(Step(StepKind.MODPROBE, name="vfio-pci"))
@@ -225,7 +225,7 @@ def _moving_checks(host: HostRoot, kernel: KernelInfo, fn, companion: bool, chec
         checks.append(Check("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
                                 "disable them first (echo 0 > sriov_numvfs)"))
     real = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
-    if not os.path.exists(os.path.join(real, "driver_override")):
+    if not host.exists(os.path.join(real, "driver_override")):
         checks.append(Check("driver_override", REFUSE, f"{address} has no driver_override attribute "
                                 "(kernel older than 3.16?): gpuvfio binds only by address"))
 

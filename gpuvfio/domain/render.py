@@ -14,6 +14,7 @@ import os
 
 from gpuvfio.domain.spec import DomainSpec
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.user_files import for_another_program
 from gpuvfio.settings import SCHEMA_ENV, TEMPLATES_ENV
 
 # gpuvfio's element in a domain's <metadata>: the devices it assigned (for detach), where the
@@ -36,7 +37,7 @@ def templates_dir(named: str | None = None) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     checkout = os.path.dirname(os.path.dirname(here))
     for candidate in (os.path.join(here, "templates"), os.path.join(checkout, "templates")):
-        if os.path.isfile(os.path.join(candidate, "domain.xml.j2")):
+        if for_another_program(os.path.join(candidate, "domain.xml.j2")):
             return candidate
     raise GpuvfioError(f"the domain template is missing from {os.path.join(here, 'templates')} (a broken "
                        f"install?); set {TEMPLATES_ENV}")
@@ -54,7 +55,7 @@ def _environment(directory: str):
 def _schema(path: str):
     from lxml import etree
 
-    if not os.path.exists(path):
+    if not for_another_program(path):
         raise GpuvfioError(f"libvirt's RelaxNG schema {path} is missing (install libvirt's schemas, e.g. "
                            f"the libvirt-daemon or libvirt-clients package, or set {SCHEMA_ENV})")
     return etree.RelaxNG(file=path)

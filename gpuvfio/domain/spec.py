@@ -272,11 +272,11 @@ def _host_file(host: HostRoot, path: str, what: str, warnings: list[str]) -> str
         candidate = host.config_path(*path.strip("/").split("/"))
     except UnsafePathError:
         raise InputError(f"{what} {path} leads out of the host root") from None
-    if host.files_checked_by_run and not os.path.lexists(candidate):
+    if host.files_checked_by_run and not host.exists(candidate):
         warnings.append(f"{what} {path} not checked here: the hypervisor's recording does not hold it (the run "
                         "there checks it)")
         return None
-    if not os.path.isfile(candidate):
+    if not host.is_file(candidate):
         raise InputError(f"{what} {path}: no such file on this host")
     return candidate
 

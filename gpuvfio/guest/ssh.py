@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.settings import Settings
-from gpuvfio.user_files import read_regular, user_file
+from gpuvfio.user_files import for_another_program, read_regular, user_file
 
 
 class SshError(GpuvfioError):
@@ -108,9 +108,9 @@ class Session:
                  clock: Clock = SYSTEM_CLOCK) -> None:
         if not 0 < target.port < 65536:
             raise InputError(f"SSH port out of range: {target.port}")
-        if target.key and not os.path.isfile(target.key):
+        if target.key and not for_another_program(target.key):
             raise InputError(f"SSH key file not found: {target.key}")
-        if target.known_hosts and not target.trust_on_first_use and not os.path.isfile(target.known_hosts):
+        if target.known_hosts and not target.trust_on_first_use and not for_another_program(target.known_hosts):
             raise InputError(f"known_hosts file not found: {target.known_hosts}")
         self.target = target
         self.record_to = target.known_hosts or default_known_hosts
@@ -150,7 +150,7 @@ class Session:
             # In a fixed order, gpuvfio's own files first: paramiko keeps the first key of a type
             # it reads for a host.
             for path in dict.fromkeys(p for p in (target.known_hosts, self.record_to, *target.pinned_files)
-                                      if p and os.path.isfile(p)):
+                                      if p and for_another_program(p)):
                 try:
                     _load_known_hosts(client.get_host_keys(), path)
                 except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, GpuvfioError, UnicodeError,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from gpuvfio.commands import CommandError, Runner, last_line
 from gpuvfio.errors import InputError
+from gpuvfio.user_files import for_another_program
 from gpuvfio.numbers import shown, uint
 
 SSH_G_TIMEOUT = 10.0
@@ -59,7 +60,7 @@ def check_config_file(path: str | None) -> str | None:
     """An --ssh-config value: an existing regular file (bad input otherwise)."""
     if path is None:
         return None
-    if not isinstance(path, str) or not path or "\0" in path or not os.path.isfile(path):
+    if not isinstance(path, str) or not path or "\0" in path or not for_another_program(path):
         raise InputError(f"SSH config file not found: {path!r}")
     return path
 
@@ -68,7 +69,7 @@ def _existing(paths) -> tuple[str, ...]:
     found = []
     for path in paths:
         full = os.path.expanduser(path)
-        if full not in found and os.path.isfile(full):
+        if full not in found and for_another_program(full):
             found.append(full)
     return tuple(found)
 
@@ -130,7 +131,7 @@ def resolve(host: str, config_file: str | None = None, *, ssh: str | None = "aut
     ("auto": from PATH; None: paramiko's parser); ``run``: what starts it (the Context's runner)."""
     config_file = check_config_file(config_file)
     path = config_file or os.path.expanduser("~/.ssh/config")
-    if not os.path.isfile(path):
+    if not for_another_program(path):
         return HostConfig(hostname=host)
     binary = shutil.which("ssh") if ssh == "auto" else ssh
     if binary:

@@ -27,7 +27,7 @@ OVMF_CANDIDATES = (
 def find_ovmf(host: HostRoot) -> tuple[str, str] | None:
     """(code, vars template) as the host names them, or None when no OVMF is installed."""
     for code, vars_ in OVMF_CANDIDATES:
-        if os.path.exists(host.path(code)) and os.path.exists(host.path(vars_)):
+        if host.exists(host.path(code)) and host.exists(host.path(vars_)):
             return "/" + code, "/" + vars_
     return None
 
@@ -46,7 +46,7 @@ def uefi_descriptors(host: HostRoot) -> list[str]:
     found = []
     for name in sorted(chosen):
         path = host.path(chosen[name], name)
-        if os.path.islink(path):
+        if host.is_link(path):
             continue  # a mask (a link to /dev/null), or a link gpuvfio does not follow
         try:
             data = strict_loads(host.read(path) or "")

@@ -47,7 +47,7 @@ def cpu_flags(host: HostRoot) -> set[str] | None:
 
 
 def _exists(host: HostRoot, *parts: str) -> bool:
-    return os.path.lexists(host.path(*parts))
+    return host.exists(host.path(*parts))
 
 
 def check_kvm(host: HostRoot, kernel: KernelInfo) -> Check:

@@ -274,7 +274,7 @@ def read_recording(host: HostRoot) -> NvLinkReading | None:
     path = host.config_path(*RECORD)
     data = host.read_head(path, MAX_BYTES + 1)
     if data is None:
-        if os.path.isdir(path):
+        if host.is_dir(path):
             raise HostReadError(f"cannot read the NVLink recording {RECORD_PATH}: it is a directory")
         return None
     if len(data) > MAX_BYTES:

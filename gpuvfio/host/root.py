@@ -288,6 +288,21 @@ class HostRoot:
         except HostReadError:
             return False
 
+    def is_file(self, path: str) -> bool:
+        """Is ``path`` a regular file, reached as ``exists`` reaches it (a final link is no)?"""
+        return self._kind_is(path, stat.S_ISREG)
+
+    def is_link(self, path: str) -> bool:
+        """Is ``path`` itself a symlink (never followed), reached as ``exists`` reaches it?"""
+        return self._kind_is(path, stat.S_ISLNK)
+
+    def _kind_is(self, path: str, test) -> bool:
+        try:
+            found = self.tree.lstat(self._beneath(path))
+        except (HostReadError, UnsafePathError):
+            return False
+        return found is not None and test(found.st_mode)
+
     def link_name(self, path: str) -> str | None:
         """The last component of a symlink's target, without following it.
 

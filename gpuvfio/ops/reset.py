@@ -176,7 +176,7 @@ def _check_unused(ctx: Context, affected: list[PciAddress], uri: str | None) -> 
 def _kernel_file(ctx: Context, address: PciAddress, name: str, missing: str) -> str:
     device = ctx.host.resolve_in_sys(ctx.host.sys_path("bus", "pci", "devices", str(address)))
     path = os.path.join(device, name)
-    if not os.path.exists(path):
+    if not ctx.host.exists(path):
         raise Refused(f"refused: {address}: {missing}")
     return path
 

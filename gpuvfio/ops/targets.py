@@ -13,9 +13,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from gpuvfio.bind.journal import known_hosts_file
 from gpuvfio.commands import Runner
 from gpuvfio.errors import InputError
+from gpuvfio.user_files import for_another_program
 from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.guest.ssh_config import check_config_file, parse_jump, resolve
 from gpuvfio.ops.context import Context, checked_seconds
@@ -61,9 +61,9 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
     for what, path in (("SSH key", key), ("known_hosts", known_hosts)):
         if path is not None and (not isinstance(path, str) or not path or "\0" in path):
             raise InputError(f"{what} must be a file path, not {path!r}")
-    if key is not None and not os.path.isfile(key):
+    if key is not None and not for_another_program(key):
         raise InputError(f"SSH key file not found: {key}")
-    if known_hosts is not None and not trust_on_first_use and not os.path.isfile(known_hosts):
+    if known_hosts is not None and not trust_on_first_use and not for_another_program(known_hosts):
         raise InputError(f"known_hosts file not found: {known_hosts}")
     return SshOptions(host, port, user, key, known_hosts, bool(trust_on_first_use),
                       checked_seconds(timeout, "SSH timeout", upper=24 * 3600), check_config_file(ssh_config))

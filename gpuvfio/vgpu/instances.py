@@ -124,7 +124,7 @@ def decide_create(host: HostRoot, inventory: Inventory, address: PciAddress, wan
     fn = inventory.require(address)[0]
     if fn.mdev_types:
         uuid = str(uuidlib.UUID(uuid)) if uuid else None
-        if uuid is not None and os.path.lexists(mdev_dir(host, uuid)):
+        if uuid is not None and host.exists(mdev_dir(host, uuid)):
             current = host.link_name(os.path.join(host.resolve_in_sys(mdev_dir(host, uuid)), "mdev_type"))
             named = next((m.type_id for m in fn.mdev_types if wanted in (m.type_id, m.name)), None)
             if named is not None and current == named:
@@ -170,7 +170,7 @@ def _create_mdev(host, creation: Creation, writer, journal) -> InstanceResult:
     journal.save()
     writer.write(host.sys_path("bus", "pci", "devices", str(address), "mdev_supported_types", type_id, "create"),
                  uuid)
-    if not os.path.lexists(mdev_dir(host, uuid)):
+    if not host.exists(mdev_dir(host, uuid)):
         raise GpuvfioError(f"wrote {uuid} to {type_id}/create but /sys/bus/mdev/devices/{uuid} did not appear")
     journal.data["mdevs"][uuid]["state"] = "created"
     journal.save()
@@ -209,7 +209,7 @@ def remove_instance(host: HostRoot, journal: Journal, instance: str, writer: Sys
         raise InputError(f"not an mdev UUID or a VF address: {instance!r}") from None
     if uuid not in mdevs:
         raise InputError(f"mdev {uuid} was not created by gpuvfio (see gpuvfio status)")
-    if os.path.lexists(mdev_dir(host, uuid)):
+    if host.exists(mdev_dir(host, uuid)):
         writer.write(os.path.join(host.resolve_in_sys(mdev_dir(host, uuid)), "remove"), "1")
     host.tree.remove(mdevctl_rel(mdevs[uuid].get("parent", "-"), uuid))
     del mdevs[uuid]
@@ -255,7 +255,7 @@ def existing_instances(host: HostRoot, inventory: Inventory, journal: Journal) -
             continue
         parent, type_id = existing
         found.append(VgpuInstance("mdev", uuid, str(parent), type_id, uuid in journal.data["mdevs"],
-                                  os.path.exists(mdevctl_path(host, str(parent), uuid))))
+                                  host.exists(mdevctl_path(host, str(parent), uuid))))
     for address, fn in sorted(inventory.functions.items()):
         if fn.physfn is not None and fn.vgpu_current:
             # A VF whose type is set may list no creatable types any more: its siblings name it.

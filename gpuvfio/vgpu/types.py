@@ -151,7 +151,7 @@ def existing_mdev(host: HostRoot, uuid: str) -> tuple[PciAddress, str] | None:
     """(parent, type id) of the mdev ``uuid`` when it exists (drivers/vfio/mdev/mdev_sysfs.c: the
     device sits under its parent's directory and links ``mdev_type`` to its type)."""
     path = mdev_dir(host, uuid)
-    if not os.path.lexists(path):
+    if not host.exists(path):
         return None
     real = host.resolve_in_sys(path)
     parent = PciAddress.try_parse(os.path.basename(os.path.dirname(real)))

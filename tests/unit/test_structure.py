@@ -445,3 +445,28 @@ def test_inventory_require_names_every_missing_function_in_order():
     with pytest.raises(InputError) as info:
         inventory.require(c, b, a)
     assert str(info.value) == "no such PCI function on this host: 0000:03:00.0, 0000:01:00.0"
+
+
+# Issue 36 item 5: a stat-like check follows links the file layer refuses. Host paths go
+# through HostRoot (exists, is_dir, is_file, is_link), paths a user names for another program
+# through user_files.for_another_program; the root itself is told apart (a directory or a
+# recording) by its owners.
+STAT_CHECKS = {"os.path.exists", "os.path.lexists", "os.path.isfile", "os.path.isdir", "os.path.islink"}
+STAT_CHECK_OWNERS = {"gpuvfio.files", "gpuvfio.user_files", "gpuvfio.host.root", "gpuvfio.host.fixture"}
+
+
+def _stat_checks(path: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and isinstance(node.value.value, ast.Name) \
+                and f"{node.value.value.id}.{node.value.attr}.{node.attr}" in STAT_CHECKS:
+            found.append(f"line {node.lineno}: {node.value.value.id}.{node.value.attr}.{node.attr}")
+    return found
+
+
+def test_stat_like_checks_go_through_the_file_layer():
+    found = {module: lines for module, path in MODULES.items()
+             if ".payload" not in module and module not in STAT_CHECK_OWNERS and (lines := _stat_checks(path))}
+    assert not found, found
+    assert _stat_checks(MODULES["gpuvfio.user_files"])  # the check sees them where they are allowed
