@@ -30,8 +30,11 @@ from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathEr
 from gpuvfio.settings import Settings
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
+# The layer's open flags, one set for every opener (tree_filler included): a link is never
+# followed, a FIFO never waited on, a terminal never made ours, no fd leaks into a child.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
+NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | _CLOEXEC  # a new regular file
 ATTRIBUTE_LIMIT = 64 << 10  # a sysfs attribute is at most a page; a recorded one is small too
 TEXT_LIMIT = 1 << 20
 HOST_TEXT_LIMIT = 16 << 20  # /proc/cpuinfo of a 512-thread host, pci.ids (1.4 MB in 2024)
@@ -105,7 +108,7 @@ def read_at(dir_fd: int, name: str, limit: int, where: str, *, head: bool = Fals
         if not stat.S_ISREG(before.st_mode):
             raise NotRegular(f"{where} is {kind_name(before.st_mode)}, not a regular file")
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -160,7 +163,7 @@ def open_dir_at(dir_fd: int, name: str, where: str) -> int | None:
     """The fd of directory ``name`` in an open directory (O_NOFOLLOW: a link there is refused);
     None when it is missing. The caller closes it."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -533,7 +536,7 @@ class ReadOnlyTree(Tree):
 
 def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool) -> None:
     """A new file ``name`` (O_EXCL: never an existing one, nor through a link) with ``payload``."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=dir_fd)
+    fd = os.open(name, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
     try:
         view = memoryview(payload)
         while view:

@@ -13,11 +13,8 @@ import os
 import stat
 
 from gpuvfio.errors import GpuvfioError, HostReadError, UnsafePathError
-from gpuvfio.files import NotRegular, Tree, kind_name, open_dir_at
+from gpuvfio.files import DIR_FLAGS, NEW_FILE_FLAGS, NotRegular, Tree, kind_name, open_dir_at
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | _CLOEXEC
 
 
 class TreeFiller:
@@ -56,7 +53,7 @@ class TreeFiller:
         for part in parts[keep:]:
             _check_component(part)
             try:
-                fd = os.open(part, _DIR_FLAGS, dir_fd=self._fds[-1])
+                fd = os.open(part, DIR_FLAGS, dir_fd=self._fds[-1])
             except FileNotFoundError:
                 fd = self._make(part)
             except OSError:  # a link or a file there: open_dir_at says which, in words
@@ -73,7 +70,7 @@ class TreeFiller:
         except OSError as exc:
             raise GpuvfioError(f"cannot make {self._where(self._parts + [part])}: {exc.strerror or exc}") from None
         try:
-            return os.open(part, _DIR_FLAGS, dir_fd=self._fds[-1])
+            return os.open(part, DIR_FLAGS, dir_fd=self._fds[-1])
         except OSError:  # what is there now, in words (a link planted meanwhile, or gone)
             fd = open_dir_at(self._fds[-1], part, self._where(self._parts + [part]))
         if fd is None:
@@ -103,7 +100,7 @@ class TreeFiller:
         a directory, a FIFO or a device: NotRegular)."""
         dir_fd, name = self._parent(parts)
         try:  # O_EXCL: a new regular file, never anything that was there
-            fd = os.open(name, _NEW_FLAGS, 0o644, dir_fd=dir_fd)
+            fd = os.open(name, NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd)
         except FileExistsError:
             self._replace(dir_fd, name, parts, data)
             return
@@ -140,7 +137,7 @@ class TreeFiller:
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp, dir_fd=dir_fd)
-            self._write_all(dir_fd, temp, os.open(temp, _NEW_FLAGS, 0o644, dir_fd=dir_fd), data, parts)
+            self._write_all(dir_fd, temp, os.open(temp, NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd), data, parts)
             os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
             with contextlib.suppress(OSError):

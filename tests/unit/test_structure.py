@@ -470,3 +470,16 @@ def test_stat_like_checks_go_through_the_file_layer():
              if ".payload" not in module and module not in STAT_CHECK_OWNERS and (lines := _stat_checks(path))}
     assert not found, found
     assert _stat_checks(MODULES["gpuvfio.user_files"])  # the check sees them where they are allowed
+
+
+def test_the_file_layers_open_flags_are_declared_once():
+    """Issue 36 item 5: gpuvfio.files declares the layer's open flags; tree_filler (its bulk
+    writer) uses them rather than a copy that could lose O_NOFOLLOW."""
+    from gpuvfio import files
+
+    tree = ast.parse(open(MODULES["gpuvfio.tree_filler"], encoding="utf-8").read())
+    flags = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Name) and node.value.id == "os" and node.attr.startswith("O_")]
+    assert flags == [], f"gpuvfio.tree_filler spells open flags itself (lines {flags}): use gpuvfio.files'"
+    assert files.NEW_FILE_FLAGS & os.O_EXCL and files.NEW_FILE_FLAGS & os.O_NOFOLLOW
+    assert files.DIR_FLAGS & os.O_NOFOLLOW and files.READ_FLAGS & os.O_NONBLOCK
