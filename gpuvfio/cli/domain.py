@@ -74,35 +74,13 @@ def xml_cmd(
         check_output_path(nccl_topo)
     with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
         wanted = resolve(host, addresses, device_ids)
-        seed = None
-        if target is not None:
-            seed = plan_seed(ctx, request.name, cloud_init, ssh=target, forward_port=request.user_net_ssh_port)
-            for check in seed.checks:
-                if check.status is CheckStatus.WARN:
-                    say(f"warning: {check.message}")
-            if seed.refusals:
-                raise Refused("; ".join(seed.refusals))
+        seed = _seed_plan(ctx, request, cloud_init, target) if target is not None else None
         # With --define, the domain it would replace: a running one's hugepages count as its own.
         existing = existing_domain(ctx, request.name, uri=connect) if define else None
         provisioned = provision_xml(ctx, wanted, request, replacing=existing, uri=connect,
                                     ask_libvirt=define or connect is not None, seed_iso=cloud_init)
-        for warning in provisioned.spec.warnings:
-            say(f"warning: {warning}")
-        for note in provisioned.spec.notes:
-            say(f"note: {note}")
-        for line in version_lines(provisioned.spec.versions):
-            say(line)
-        if nccl_topo is not None and dry_run:
-            say(f"dry run: {nccl_topo} not written")
-        elif nccl_topo is not None:
-            write_output(nccl_topo, nccl_topology_file(ctx, provisioned))
-            say(f"wrote {nccl_topo}: a PREDICTION of the guest's bus ids (firmware numbers them at boot); attach "
-                f"writes the file from what the guest shows, as {NCCL_GUEST_FILE}")
-        if seed is not None and dry_run:
-            say(f"dry run: {seed.describe()}: not written")
-        elif seed is not None:  # before the define: the domain's cdrom and the pin are there first
-            write_seed(ctx, seed)
-            say(seed.describe())
+        _tell_spec(provisioned.spec)
+        _write_files(ctx, provisioned, nccl_topo, seed, dry_run)
         # The define's plan: what libvirt holds under the name, and what the run does to it. A dry
         # run prints it ("would_define", "unchanged", "would_update", or "differs": exit 1).
         plan = plan_define(ctx, provisioned.xml, uri=connect, update=update) if define else None
@@ -111,6 +89,49 @@ def xml_cmd(
         result = plan.to_json()["define"] if plan is not None else None
         if plan is not None and not dry_run and not plan.refused:
             result = run_define(ctx, plan).to_json()
+    _show_xml(request, provisioned, seed, result, as_json)
+    if result is not None and result["result"] == "differs":
+        raise typer.Exit(1)
+
+
+def _seed_plan(ctx, request, cloud_init: str, target):
+    """--cloud-init's seed, planned; its warnings said, its refusals raised."""
+    seed = plan_seed(ctx, request.name, cloud_init, ssh=target, forward_port=request.user_net_ssh_port)
+    for check in seed.checks:
+        if check.status is CheckStatus.WARN:
+            say(f"warning: {check.message}")
+    if seed.refusals:
+        raise Refused("; ".join(seed.refusals))
+    return seed
+
+
+def _tell_spec(spec) -> None:
+    for warning in spec.warnings:
+        say(f"warning: {warning}")
+    for note in spec.notes:
+        say(f"note: {note}")
+    for line in version_lines(spec.versions):
+        say(line)
+
+
+def _write_files(ctx, provisioned, nccl_topo: str | None, seed, dry_run: bool) -> None:
+    """--nccl-topo's file and --cloud-init's seed (before the define: the domain's cdrom and the
+    pin are there first); a dry run says what it would write."""
+    if nccl_topo is not None and dry_run:
+        say(f"dry run: {nccl_topo} not written")
+    elif nccl_topo is not None:
+        write_output(nccl_topo, nccl_topology_file(ctx, provisioned))
+        say(f"wrote {nccl_topo}: a PREDICTION of the guest's bus ids (firmware numbers them at boot); attach "
+            f"writes the file from what the guest shows, as {NCCL_GUEST_FILE}")
+    if seed is not None and dry_run:
+        say(f"dry run: {seed.describe()}: not written")
+    elif seed is not None:
+        write_seed(ctx, seed)
+        say(seed.describe())
+
+
+def _show_xml(request, provisioned, seed, result: dict | None, as_json: bool) -> None:
+    """The XML (or, with --define, the define's result and libvirt's definition diffed)."""
     if as_json:
         emit_json({"name": request.name, "xml": provisioned.xml, "warnings": provisioned.spec.warnings,
                    "notes": provisioned.spec.notes, "topology": provisioned.layout_json(),
@@ -127,5 +148,3 @@ def xml_cmd(
             sys.stdout.write("".join(f"+ {line}\n" for line in provisioned.xml.splitlines()))
         if result["result"] == "differs":
             say("the domain exists and differs; nothing changed (--update to redefine)")
-    if result is not None and result["result"] == "differs":
-        raise typer.Exit(1)

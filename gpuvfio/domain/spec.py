@@ -151,46 +151,13 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     firmware, MMIO window. ``pages_held``: node -> page KiB -> hugepages the running domain this
     definition replaces holds (they count as free for it). ``pinned``: host CPU -> the other
     domains whose vCPUs are pinned there (gpuvfio.virt.pins): their cores are stayed off."""
-    if not addresses and (request.mdev or request.vgpu):
-        raise InputError("--mdev/--vgpu need the address of the GPU")
     warnings: list[str] = []
-    devices: list[list[PciFunction]] = []
-    mdevs: list[tuple[str, str]] = []
-    vfs: list[PciAddress] = []
-    if request.mdev or request.vgpu:
-        for address in addresses:
-            assignable.endpoint(inventory, address)
-            if request.mdev:
-                mdevs.append(_mdev_for(host, inventory, address, request))
-            else:
-                vfs.append(pick_vf(inventory, address, request.vgpu))
-        device_fns = [inventory.functions[a] for a in addresses]
-    else:
-        refusals = []
-        for address in addresses:
-            refusals += [p.message for p in assignable.problems(inventory, address, addresses)
-                         if p.message not in refusals]
-        if refusals:
-            raise Refused("; ".join(refusals))
-        seen = set()
-        for address in addresses:
-            if address.device not in seen:
-                seen.add(address.device)
-                devices.append(assignable.slot_functions(inventory, address))
-        device_fns = [f for group in devices for f in group]
+    devices, device_fns, mdevs, vfs = _devices(host, inventory, addresses, request)
     node_ids = {n.node_id: n for n in nodes}
     cells = _choose_nodes(request, device_fns, node_ids, warnings)
     placements = _place(host, request, cells, node_ids, pinned or {})
     warnings += [w for cell in placements for w in cell.warnings]
-    free = {n.node_id: {size: f for size, (_t, f) in n.hugepages.items()} for n in nodes}
-    for node, sizes in (pages_held or {}).items():
-        for size, count in sizes.items():
-            free.setdefault(node, {})[size] = free.get(node, {}).get(size, 0) + count
-    # Without guest NUMA cells the memory may come from any node: the pages of all nodes count.
-    demand = [(c.node, c.memory_kib) for c in placements] or [(None, request.memory_kib)]
-    hugepage, warning = hugepage_choice(request.hugepages, demand, free, force=request.force)
-    if warning:
-        warnings.append(warning)
+    hugepage = _hugepage(request, placements, nodes, pages_held, warnings)
     loader, nvram, firmware_auto = _uefi(host, request, warnings)
     if request.rom_file is not None:
         _check_rom(host, request.rom_file, warnings)
@@ -206,6 +173,59 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
                       rom_file=request.rom_file)
     if spec.disk and spec.disk.endswith((".qcow2", ".qcow")):
         spec.disk_format = "qcow2"
+    kernel = read_kernel(host)
+    _lay_out(spec, host, request, devices, node_ids, kernel, single_node=len(nodes) <= 1)
+    _address_space(spec, host, request, kernel)
+    return spec
+
+
+def _devices(host: HostRoot, inventory: Inventory, addresses: list[PciAddress], request: DomainRequest):
+    """(devices: each slot's functions, passed through whole; every function; mdevs; VFs)."""
+    if not addresses and (request.mdev or request.vgpu):
+        raise InputError("--mdev/--vgpu need the address of the GPU")
+    devices: list[list[PciFunction]] = []
+    mdevs: list[tuple[str, str]] = []
+    vfs: list[PciAddress] = []
+    if request.mdev or request.vgpu:
+        for address in addresses:
+            assignable.endpoint(inventory, address)
+            if request.mdev:
+                mdevs.append(_mdev_for(host, inventory, address, request))
+            else:
+                vfs.append(pick_vf(inventory, address, request.vgpu))
+        return devices, [inventory.functions[a] for a in addresses], mdevs, vfs
+    refusals = []
+    for address in addresses:
+        refusals += [p.message for p in assignable.problems(inventory, address, addresses) if p.message not in refusals]
+    if refusals:
+        raise Refused("; ".join(refusals))
+    seen = set()
+    for address in addresses:
+        if address.device not in seen:
+            seen.add(address.device)
+            devices.append(assignable.slot_functions(inventory, address))
+    return devices, [f for group in devices for f in group], mdevs, vfs
+
+
+def _hugepage(request: DomainRequest, placements, nodes: list[NumaNode], pages_held, warnings: list[str]):
+    """The huge page size the guest's memory comes from (hugepage_choice), the pages a replaced
+    running domain holds counted as free."""
+    free = {n.node_id: {size: f for size, (_t, f) in n.hugepages.items()} for n in nodes}
+    for node, sizes in (pages_held or {}).items():
+        for size, count in sizes.items():
+            free.setdefault(node, {})[size] = free.get(node, {}).get(size, 0) + count
+    # Without guest NUMA cells the memory may come from any node: the pages of all nodes count.
+    demand = [(c.node, c.memory_kib) for c in placements] or [(None, request.memory_kib)]
+    hugepage, warning = hugepage_choice(request.hugepages, demand, free, force=request.force)
+    if warning:
+        warnings.append(warning)
+    return hugepage
+
+
+def _lay_out(spec: DomainSpec, host: HostRoot, request: DomainRequest, devices, node_ids, kernel, *,
+             single_node: bool) -> None:
+    """The guest's PCIe layout (ports, controllers, topology), cell distances and P2P cliques."""
+    placements, guest_cells = spec.cells, spec.guest_cells
     cell_of_node = {p.node: i for i, p in enumerate(placements)}
     topology = request.topology if request.topology != "auto" else ("mirror" if len(devices) > 1 else "flat")
     layout = plan_layout(devices, topology, cell_of_node, guest_cells)
@@ -214,14 +234,18 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     if guest_cells:
         spec.distances, note = _cell_distances(placements, node_ids)
         spec.notes += [note] if note else []
-    kernel = read_kernel(host)
-    spec.p2p = _p2p(request, devices, len(nodes) <= 1, acs_override=kernel.param("pcie_acs_override") is not None,
+    spec.p2p = _p2p(request, devices, single_node, acs_override=kernel.param("pcie_acs_override") is not None,
                     cpu_vendor=cpu_vendor(host))
     spec.notes += spec.p2p.notes
     spec.warnings += spec.p2p.forced
     gpu_ports = [port for port in spec.ports if spec.p2p.clique_of(port.functions[0].address) is not None]
     for n, port in enumerate(gpu_ports):
         port.alias = f"ua-gpu{n}"  # a user alias: <qemu:override> finds the device by it
+
+
+def _address_space(spec: DomainSpec, host: HostRoot, request: DomainRequest, kernel) -> None:
+    """The MMIO window that fits the BARs, and the versions of QEMU, libvirt and the kernel the
+    features it takes need."""
     groups, buses = bridge_groups(spec)
     spec.address = plan_address_space(groups, spec.memory_kib, host_phys_bits=physical_address_bits(host),
                                       virt_type=spec.virt_type, firmware=spec.firmware, cpu_vendor=cpu_vendor(host),
@@ -234,7 +258,6 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     have = {"qemu": request.qemu_version, "libvirt": request.libvirt_version,
             "kernel": versions.kernel_version(kernel.release)}
     spec.versions = versions.check(have, sorted(set(features), key=features.index))
-    return spec
 
 
 def _uefi(host: HostRoot, request: DomainRequest, warnings: list[str]) -> tuple[str | None, str | None, bool]:

@@ -125,6 +125,15 @@ def _filter_modules(text: str) -> str:
 def dump_host(host: HostRoot) -> str:
     """Record the parts of ``host`` that gpuvfio reads, as fixture text."""
     rec = _Recorder(host)
+    # In this order: a recording's lines are the same on every run of the same host.
+    for part in (_record_pci_devices, _record_iommu, _record_numa_and_cpus, _record_proc, _record_config_files,
+                 _record_modules_and_devices, _record_firmware, _record_holders, _record_host_use):
+        part(rec, host)
+    return HEADER + "\n" + "\n".join(rec.lines) + "\n"
+
+
+def _record_pci_devices(rec: _Recorder, host: HostRoot) -> None:
+    """Each PCI function: its attributes, config space head, links, mdev and vGPU types; the drivers."""
     devices_dir = host.require_dir("bus", "pci", "devices")
     for name in host.listdir(devices_dir):
         if PciAddress.try_parse(name) is None:
@@ -151,6 +160,10 @@ def dump_host(host: HostRoot) -> str:
     for name in host.listdir(drivers):
         rec.directory(os.path.join(drivers, name))
         rec.link(os.path.join(drivers, name, "module"))  # its kernel module (persist's softdep)
+
+
+def _record_iommu(rec: _Recorder, host: HostRoot) -> None:
+    """The IOMMU groups' members and the IOMMU units' capabilities."""
     groups = host.sys_path("kernel", "iommu_groups")
     for group in host.listdir(groups):
         gdir = os.path.join(groups, group, "devices")
@@ -168,6 +181,10 @@ def dump_host(host: HostRoot) -> str:
         for sub, attrs in (("intel-iommu", ("cap", "ecap", "version")), ("amd-iommu", ("features", "cap"))):
             for attr in attrs:
                 rec.file(os.path.join(real, sub, attr))
+
+
+def _record_numa_and_cpus(rec: _Recorder, host: HostRoot) -> None:
+    """NUMA nodes (CPUs, memory, distances, huge pages) and each CPU's topology."""
     nodes = host.sys_path("devices", "system", "node")
     for attr in ("online", "possible", "has_cpu"):
         rec.file(os.path.join(nodes, attr))
@@ -188,6 +205,10 @@ def dump_host(host: HostRoot) -> str:
         if re.fullmatch(r"cpu\d+", cpu):
             for attr in ("core_id", "physical_package_id", "thread_siblings_list"):
                 rec.file(os.path.join(cpus, cpu, "topology", attr))
+
+
+def _record_proc(rec: _Recorder, host: HostRoot) -> None:
+    """Module parameters, the NVIDIA driver's version and GPUs, and /proc's answers."""
     for module, param in MODULE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
     rec.file(host.sys_path("module", "nvidia", "version"))  # the driver's, so the Fabric Manager's (host.fabric)
@@ -199,11 +220,19 @@ def dump_host(host: HostRoot) -> str:
     for gpu in host.listdir(gpus):
         if PciAddress.try_parse(gpu):
             rec.file(os.path.join(gpus, gpu, "information"))  # "Device Minor: N" -> /dev/nvidiaN
+
+
+def _record_config_files(rec: _Recorder, host: HostRoot) -> None:
+    """os-release, the Fabric Manager's config and the NVLink recording."""
     rec.file(host.path("etc", "os-release"), config=True)
     rec.file(host.path(*FABRIC_MANAGER_CONFIG), config=True)
     nvlink = nvlink_record(host)
     if nvlink is not None:
         rec.add("F", host.path(*NVLINK_RECORD), _esc(nvlink))
+
+
+def _record_modules_and_devices(rec: _Recorder, host: HostRoot) -> None:
+    """The kernel's module lists, cgroups, device node names and the security parameters."""
     release = (host.read(host.path("proc", "sys", "kernel", "osrelease")) or "").strip()
     if release and "/" not in release and release not in (".", ".."):
         for name in ("modules.dep", "modules.builtin"):
@@ -214,6 +243,10 @@ def dump_host(host: HostRoot) -> str:
             rec.add("F", host.path(*parts), "")
     for module, param, _name in SECURE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
+
+
+def _record_firmware(rec: _Recorder, host: HostRoot) -> None:
+    """QEMU's firmware descriptors and which OVMF images exist."""
     for directory in FIRMWARE_DESCRIPTOR_DIRS:  # QEMU's firmware descriptors (small JSON: libvirt's choice)
         for name in host.listdir(host.path(directory)):
             if name.endswith(".json") and host.raw_link(host.path(directory, name)) is None:
@@ -222,9 +255,6 @@ def dump_host(host: HostRoot) -> str:
         for rel in pair:
             if host.exists(host.path(rel)):
                 rec.add("F", host.path(rel), "")
-    _record_holders(rec, host)
-    _record_host_use(rec, host)
-    return HEADER + "\n" + "\n".join(rec.lines) + "\n"
 
 
 def _record_holders(rec: _Recorder, host: HostRoot) -> None:

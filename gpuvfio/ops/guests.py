@@ -149,96 +149,111 @@ def attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *,
 
 def run_attach(ctx: Context, plan: AttachPlan, *, keep_on_failure: bool = False) -> AttachResult:
     """Execute ``plan`` (made under the run lock the caller holds), step by step as planned."""
-    name, uri, provisioned, ssh, verify = plan.target, plan.uri, plan.provisioned, plan.ssh, plan.verify
-    conn = ctx.libvirt(uri)
-    result = AttachResult(name, xml=plan.xml, notes=list(plan.notes),
-                          placement=plan.placement)
-    undo: list[tuple[str, Callable[[], None]]] = []
-    state: dict = {}
-
-    def bind() -> None:
-        bound = binding.apply_operation(ctx, plan.bind, ctx.journal())
-        moved = list(bound.moving) if bound.status is binding.BindStatus.APPLIED else []
-        if moved:  # the undo gives back only what this bind moved
-            undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
-
-    def activate() -> None:
-        # HGX shared NVSwitch: bind, then activate the partition, then start (its undo runs
-        # after the guest is stopped and before the devices go back).
-        activated = fabric.activate(ctx, provisioned.spec.fabric)
-        undo.append(("deactivate partition", lambda: fabric.deactivate(ctx, partition_ids=activated)))
-
-    def seed() -> None:
-        write_seed(ctx, plan.seed)
-        undo.append(("remove the cloud-init seed", lambda: remove_seed(plan.seed)))
-
-    def define() -> None:
-        defined = run_define(ctx, plan.define)
-        result.define = defined.to_json()
-        state["dom"] = dom = lifecycle.lookup(conn, name)
-        if dom is None:  # undefined by someone else the moment after
-            raise GpuvfioError(f"domain {name} is gone from libvirt right after its define")
-        if defined.created:  # "unchanged": nothing to undo
-            undo.append(("undefine", lambda: lifecycle.undefine(dom)))
-        elif defined.previous_xml is not None:
-            undo.append(("put back the previous definition",
-                         lambda: call(f"redefining {name}", conn.defineXML, defined.previous_xml)))
-
-    def start() -> None:
-        state["started"] = ctx.clock.monotonic()
-        lifecycle.start(state["dom"])
-        undo.append(("destroy", lambda: lifecycle.stop(state["dom"], timeout=0, clock=ctx.clock)))
-
-    def find() -> None:
-        state["target"] = _discover(ctx, ssh, conn, state["dom"])
-
-    def wait_for_ssh() -> None:
-        target = state.get("target") or guest_target(ssh, run=ctx.run)
-        result.ssh = {"host": target.host, "port": target.port, "user": target.user}
-        state["session"] = ctx.ssh(target).connect()
-        result.ssh["notes"] = list(target.notes)  # after the connect: a key trusted on first use is said there
-        # Big-BAR guests took minutes to start before kernel huge-pfnmap and QEMU 9.2: say how long.
-        result.start_to_ssh_s = round(ctx.clock.monotonic() - state["started"], 3)
-
-    def check_guest() -> None:
-        expected = planned_expectations(provisioned, expectations(provisioned.inventory, provisioned.assigned))
-        result.report = verify_guest(
-            state["session"], expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
-            probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
-            progress=ctx.progress, clock=ctx.clock)
-
-    def nccl() -> None:
-        result.nccl_topology = write_nccl_topology(ctx, state["session"], provisioned,
-                                                   verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
-
-    actions = {StepKind.BIND: bind, StepKind.ACTIVATE_PARTITION: activate, StepKind.SEED: seed,
-               StepKind.DEFINE: define, StepKind.START: start, StepKind.FIND_ADDRESS: find,
-               StepKind.WAIT_FOR_SSH: wait_for_ssh, StepKind.VERIFY: check_guest, StepKind.NCCL_TOPOLOGY: nccl}
+    run = _AttachRun(ctx, plan)
     try:
         try:
             for planned in plan.steps:
-                _timed_step(ctx, result, planned.kind.value, actions[planned.kind])
+                _timed_step(ctx, run.result, planned.kind.value, run.actions[planned.kind])
         finally:
-            if "session" in state:
-                state["session"].close()
+            if "session" in run.state:
+                run.state["session"].close()
     except BaseException as exc:
         # Any failure -- also a libvirt error gpuvfio did not expect, Ctrl-C, a testbed's
         # SIGTERM -- undoes what this run did before it goes on.
         if not keep_on_failure:
-            for what, action in reversed(undo):
-                try:
-                    action()
-                    result.rolled_back.append(what)
-                except Exception as undo_exc:  # noqa: BLE001 - every undo is tried
-                    result.rolled_back.append(f"{what} FAILED: {undo_exc}")
+            run.undo_all()
         if not isinstance(exc, GpuvfioError):
             raise
-        raise AttachFailed(f"attach {name} failed: {exc}"
-                           + (f"; rolled back: {', '.join(result.rolled_back)}" if result.rolled_back else
-                              ("; kept as it is (--keep-on-failure)" if keep_on_failure and undo else "")),
-                           result, exit_code=getattr(exc, "exit_code", 1)) from None
-    result.ok = result.report is None or result.report.ok
-    return result
+        rolled_back = run.result.rolled_back
+        raise AttachFailed(f"attach {plan.target} failed: {exc}"
+                           + (f"; rolled back: {', '.join(rolled_back)}" if rolled_back else
+                              ("; kept as it is (--keep-on-failure)" if keep_on_failure and run.undo else "")),
+                           run.result, exit_code=getattr(exc, "exit_code", 1)) from None
+    run.result.ok = run.result.report is None or run.result.report.ok
+    return run.result
+
+
+class _AttachRun:
+    """One attach being carried out: a method per kind of step, and the undo of each step done
+    (run in reverse on failure)."""
+
+    def __init__(self, ctx: Context, plan: AttachPlan) -> None:
+        self.ctx, self.plan = ctx, plan
+        self.conn = ctx.libvirt(plan.uri)
+        self.result = AttachResult(plan.target, xml=plan.xml, notes=list(plan.notes), placement=plan.placement)
+        self.undo: list[tuple[str, Callable[[], None]]] = []
+        self.state: dict = {}
+        self.actions = {StepKind.BIND: self.bind, StepKind.ACTIVATE_PARTITION: self.activate,
+                        StepKind.SEED: self.seed, StepKind.DEFINE: self.define, StepKind.START: self.start,
+                        StepKind.FIND_ADDRESS: self.find, StepKind.WAIT_FOR_SSH: self.wait_for_ssh,
+                        StepKind.VERIFY: self.check_guest, StepKind.NCCL_TOPOLOGY: self.nccl}
+
+    def undo_all(self) -> None:
+        for what, action in reversed(self.undo):
+            try:
+                action()
+                self.result.rolled_back.append(what)
+            except Exception as undo_exc:  # noqa: BLE001 - every undo is tried
+                self.result.rolled_back.append(f"{what} FAILED: {undo_exc}")
+
+    def bind(self) -> None:
+        ctx = self.ctx
+        bound = binding.apply_operation(ctx, self.plan.bind, ctx.journal())
+        moved = list(bound.moving) if bound.status is binding.BindStatus.APPLIED else []
+        if moved:  # the undo gives back only what this bind moved
+            self.undo.append(("restore devices", lambda: binding.restore(ctx, moved)))
+
+    def activate(self) -> None:
+        # HGX shared NVSwitch: bind, then activate the partition, then start (its undo runs
+        # after the guest is stopped and before the devices go back).
+        activated = fabric.activate(self.ctx, self.plan.provisioned.spec.fabric)
+        self.undo.append(("deactivate partition", lambda: fabric.deactivate(self.ctx, partition_ids=activated)))
+
+    def seed(self) -> None:
+        write_seed(self.ctx, self.plan.seed)
+        self.undo.append(("remove the cloud-init seed", lambda: remove_seed(self.plan.seed)))
+
+    def define(self) -> None:
+        name, conn = self.plan.target, self.conn
+        defined = run_define(self.ctx, self.plan.define)
+        self.result.define = defined.to_json()
+        self.state["dom"] = dom = lifecycle.lookup(conn, name)
+        if dom is None:  # undefined by someone else the moment after
+            raise GpuvfioError(f"domain {name} is gone from libvirt right after its define")
+        if defined.created:  # "unchanged": nothing to undo
+            self.undo.append(("undefine", lambda: lifecycle.undefine(dom)))
+        elif defined.previous_xml is not None:
+            self.undo.append(("put back the previous definition",
+                              lambda: call(f"redefining {name}", conn.defineXML, defined.previous_xml)))
+
+    def start(self) -> None:
+        self.state["started"] = self.ctx.clock.monotonic()
+        lifecycle.start(self.state["dom"])
+        self.undo.append(("destroy", lambda: lifecycle.stop(self.state["dom"], timeout=0, clock=self.ctx.clock)))
+
+    def find(self) -> None:
+        self.state["target"] = _discover(self.ctx, self.plan.ssh, self.conn, self.state["dom"])
+
+    def wait_for_ssh(self) -> None:
+        target = self.state.get("target") or guest_target(self.plan.ssh, run=self.ctx.run)
+        self.result.ssh = {"host": target.host, "port": target.port, "user": target.user}
+        self.state["session"] = self.ctx.ssh(target).connect()
+        self.result.ssh["notes"] = list(target.notes)  # after the connect: a key trusted on first use is said there
+        # Big-BAR guests took minutes to start before kernel huge-pfnmap and QEMU 9.2: say how long.
+        self.result.start_to_ssh_s = round(self.ctx.clock.monotonic() - self.state["started"], 3)
+
+    def check_guest(self) -> None:
+        provisioned, verify = self.plan.provisioned, self.plan.verify
+        expected = planned_expectations(provisioned, expectations(provisioned.inventory, provisioned.assigned))
+        self.result.report = verify_guest(
+            self.state["session"], expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
+            probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
+            progress=self.ctx.progress, clock=self.ctx.clock)
+
+    def nccl(self) -> None:
+        verify = self.plan.verify
+        self.result.nccl_topology = write_nccl_topology(self.ctx, self.state["session"], self.plan.provisioned,
+                                                        verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
 
 
 def _timed_step(ctx: Context, result: AttachResult, name: str, func: Callable[[], None]) -> None:

@@ -85,18 +85,6 @@ def _properties(*options: Option) -> dict:
 
 
 def schema() -> dict:
-    guest = _properties(*DOMAIN.in_section("guest"))
-    guest["ssh"] = {
-        "type": "object",
-        "additionalProperties": False,
-        "anyOf": [{"required": ["port"]}, {"required": ["host"]}],
-        "properties": _properties(*SSH.in_section("guest.ssh")),
-    }
-    variant = {"name": {"type": "string", "pattern": f"^{NAME.pattern}$"}, "kind": {"enum": list(KINDS)},
-               **_properties(*DOMAIN.in_section("variant")),
-               "profile": {"type": "string", "pattern": "\\S"},
-               "scheduler": {"enum": list(POLICIES)},
-               **_properties(*RUN.in_section("variant"))}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://gpuvfio.invalid/schemas/testbed-spec/1",
@@ -110,60 +98,14 @@ def schema() -> dict:
         "additionalProperties": False,
         "required": ["guest", "variant"],
         "properties": {
-            "guest": {
-                "description": "The guest template every variant shares.",
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["ssh"],
-                "anyOf": [{"required": ["kernel"]}, {"required": ["disk"]}],
-                "dependentRequired": {"loader": ["nvram_template"], "nvram_template": ["loader"],
-                                      "initrd": ["kernel"], "cmdline": ["kernel"]},
-                "not": {"required": ["disk", "kernel"]},
-                "allOf": [
-                    {"if": {"required": ["loader"]}, "then": {"properties": {"firmware": {"const": "efi"}}}},
-                    {"if": {"required": ["rom_bar"], "properties": {"rom_bar": {"const": "off"}}},
-                     "then": {"not": {"required": ["rom_file"]}}}],
-                "properties": guest,
-            },
+            "guest": _guest(),
             "run": {
                 "type": "object",
                 "additionalProperties": False,
                 "properties": _properties(*RUN.in_section("run"), *VERIFY.in_section("run")),
             },
-            "variant": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name", "kind"],
-                    "properties": variant,
-                    "allOf": [
-                        {"if": {"properties": {"kind": {"const": "vgpu"}}},
-                         "then": {"required": ["profile"]},
-                         "else": {"not": {"anyOf": [{"required": ["profile"]}, {"required": ["scheduler"]}]}}}],
-                },
-            },
-            "host": {
-                "description": "A remote hypervisor, driven over SSH, where gpuvfio itself runs.",
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["address"],
-                "anyOf": [{"required": ["known_hosts"]},
-                          {"required": ["trust_on_first_use"], "properties": {"trust_on_first_use": {"const": True}}}],
-                "properties": {
-                    "address": {"type": "string", "pattern": _HOST},
-                    "port": {"$ref": "#/$defs/port"},
-                    "user": {"type": "string", "pattern": f"^(?:{USER_PATTERN})$"},
-                    "key": {"$ref": "#/$defs/path"},
-                    "known_hosts": {"$ref": "#/$defs/path"},
-                    "root": {"$ref": "#/$defs/path"},
-                    "workdir": {"$ref": "#/$defs/path"},
-                    "ssh_config": {"$ref": "#/$defs/path", "description": "an ssh_config file instead of ~/.ssh/config"},
-                    "trust_on_first_use": {"type": "boolean"},
-                    "gpuvfio": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
-                },
-            },
+            "variant": _variants(),
+            "host": _remote_host(),
         },
         "if": {"required": ["variant"],
                "properties": {"variant": {"contains": {"properties": {"kind": {"const": "vgpu"}}, "required": ["kind"]}}}},
@@ -171,6 +113,76 @@ def schema() -> dict:
             {"required": ["gpus"], "properties": {"gpus": {"minItems": 1}}},
             {"required": ["gpu_ids"], "properties": {"gpu_ids": {"minItems": 1}}}]}}},
         "$defs": DEFS,
+    }
+
+
+def _guest() -> dict:
+    guest = _properties(*DOMAIN.in_section("guest"))
+    guest["ssh"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "anyOf": [{"required": ["port"]}, {"required": ["host"]}],
+        "properties": _properties(*SSH.in_section("guest.ssh")),
+    }
+    return {
+        "description": "The guest template every variant shares.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["ssh"],
+        "anyOf": [{"required": ["kernel"]}, {"required": ["disk"]}],
+        "dependentRequired": {"loader": ["nvram_template"], "nvram_template": ["loader"],
+                              "initrd": ["kernel"], "cmdline": ["kernel"]},
+        "not": {"required": ["disk", "kernel"]},
+        "allOf": [
+            {"if": {"required": ["loader"]}, "then": {"properties": {"firmware": {"const": "efi"}}}},
+            {"if": {"required": ["rom_bar"], "properties": {"rom_bar": {"const": "off"}}},
+             "then": {"not": {"required": ["rom_file"]}}}],
+        "properties": guest,
+    }
+
+
+def _variants() -> dict:
+    variant = {"name": {"type": "string", "pattern": f"^{NAME.pattern}$"}, "kind": {"enum": list(KINDS)},
+               **_properties(*DOMAIN.in_section("variant")),
+               "profile": {"type": "string", "pattern": "\\S"},
+               "scheduler": {"enum": list(POLICIES)},
+               **_properties(*RUN.in_section("variant"))}
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "kind"],
+            "properties": variant,
+            "allOf": [
+                {"if": {"properties": {"kind": {"const": "vgpu"}}},
+                 "then": {"required": ["profile"]},
+                 "else": {"not": {"anyOf": [{"required": ["profile"]}, {"required": ["scheduler"]}]}}}],
+        },
+    }
+
+
+def _remote_host() -> dict:
+    return {
+        "description": "A remote hypervisor, driven over SSH, where gpuvfio itself runs.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["address"],
+        "anyOf": [{"required": ["known_hosts"]},
+                  {"required": ["trust_on_first_use"], "properties": {"trust_on_first_use": {"const": True}}}],
+        "properties": {
+            "address": {"type": "string", "pattern": _HOST},
+            "port": {"$ref": "#/$defs/port"},
+            "user": {"type": "string", "pattern": f"^(?:{USER_PATTERN})$"},
+            "key": {"$ref": "#/$defs/path"},
+            "known_hosts": {"$ref": "#/$defs/path"},
+            "root": {"$ref": "#/$defs/path"},
+            "workdir": {"$ref": "#/$defs/path"},
+            "ssh_config": {"$ref": "#/$defs/path", "description": "an ssh_config file instead of ~/.ssh/config"},
+            "trust_on_first_use": {"type": "boolean"},
+            "gpuvfio": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        },
     }
 
 

@@ -156,142 +156,176 @@ MAX_VARIANTS = 256  # a plan per variant: 10,000 took 15 minutes to plan; past t
 
 
 def load_spec(path: str) -> Spec:
+    text = _spec_text(path)
+    data = _parse_toml(path, text)
+    reader = _SpecReader(path, _Lines(text))
+    unknown = set(data) - {"guest", "run", "variant", "host"}
+    if unknown:
+        reader.fail(f"unknown section(s): {', '.join(sorted(unknown))}", sorted(unknown)[0])
+    guest, ssh = reader.guest(data.get("guest"))
+    run = reader.run(data.get("run", {}))
+    gpus, gpu_ids = run.get("gpus", RUN["gpus"].default), run.get("gpu_ids", RUN["gpu_ids"].default)
+    variants = reader.variants(data.get("variant"), run, bool(gpus or gpu_ids))
+    verify = {o.name: run[o.name] for o in VERIFY.in_section("run") if o.name in run}
+    return Spec(path=path, guest=guest, ssh=ssh, repetitions=run.get("repetitions", RUN["repetitions"].default),
+                gpus=gpus, connect=run.get("connect"), variants=variants,
+                host=_remote_host(data.get("host"), reader.fail), verify=verify, gpu_ids=gpu_ids)
+
+
+def _spec_text(path: str) -> str:
     raw = read_regular(path, SPEC_LIMIT)  # a regular file: no FIFO waited on, no /dev/zero read whole
     if raw is None:
         raise InputError(f"cannot read testbed spec {path}: no such file")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8 text (TOML is UTF-8)") from None
+
+
+def _parse_toml(path: str, text: str) -> dict:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses per nested array or inline table
         raise InputError(f"{path}: nested too deeply") from None
     except ValueError:  # int() past Python's digit limit (sys.int_info.default_max_str_digits)
         raise InputError(f"{path}: a number with more digits than any setting takes") from None
-    lines = _Lines(text)
 
-    def fail(message: str, table: str = "", index: int = 0, key: str | None = None):
-        number = lines.line(table, index, key)
-        raise InputError(f"{path}:{number}: {message}" if number else f"{path}: {message}")
 
-    def boolean(table: str, index: int, raw: dict, key: str, default: bool) -> bool:
+class _SpecReader:
+    """A spec's tables checked one by one; every refusal names the file and the line."""
+
+    def __init__(self, path: str, lines: "_Lines") -> None:
+        self.path, self.lines = path, lines
+
+    def fail(self, message: str, table: str = "", index: int = 0, key: str | None = None):
+        number = self.lines.line(table, index, key)
+        raise InputError(f"{self.path}:{number}: {message}" if number else f"{self.path}: {message}")
+
+    def boolean(self, table: str, index: int, raw: dict, key: str, default: bool) -> bool:
         value = raw.get(key, default)
         if not isinstance(value, bool):
-            fail(f"{key} must be true or false, not {value!r}", table, index, key)
+            self.fail(f"{key} must be true or false, not {value!r}", table, index, key)
         return value
 
-    def section(table: str, raw: dict, declared: tuple[Option, ...], extra: set[str], label: str = "") -> None:
+    def section(self, table: str, raw: dict, declared: tuple[Option, ...], extra: set[str], label: str = "") -> None:
         """Only the keys gpuvfio.options declares for ``table`` (and ``extra``), each of its shape."""
         allowed = {o.spec_key for o in declared} | extra
         for key in raw:
             if key not in allowed:
-                fail(f"unknown key {key!r} in [{table}] (allowed: {', '.join(sorted(allowed))})", table, 0, key)
+                self.fail(f"unknown key {key!r} in [{table}] (allowed: {', '.join(sorted(allowed))})", table, 0, key)
         for option in declared:
             if option.spec_key in raw and option.name != "memory":  # memory: a size, parsed below
                 wrong = shape(option, raw[option.spec_key])
                 if wrong:
-                    fail(f"{label}{option.spec_key} must be {wrong}", table, 0, option.spec_key)
+                    self.fail(f"{label}{option.spec_key} must be {wrong}", table, 0, option.spec_key)
 
-    unknown = set(data) - {"guest", "run", "variant", "host"}
-    if unknown:
-        fail(f"unknown section(s): {', '.join(sorted(unknown))}", sorted(unknown)[0])
-    guest = data.get("guest")
-    if not isinstance(guest, dict):
-        fail("missing [guest] section")
-    section("guest", guest, DOMAIN.in_section("guest"), {"ssh"})
-    if not guest.get("kernel") and not guest.get("disk"):
-        fail("[guest] needs kernel (+ initrd) or disk", "guest")
-    if "memory" in guest:
-        try:
-            parse_size_kib(str(guest["memory"]) if not isinstance(guest["memory"], bool) else "")
-        except InputError as exc:
-            fail(str(exc), "guest", 0, "memory")
-    ssh = guest.get("ssh", {})
-    if not isinstance(ssh, dict) or "port" not in ssh and "host" not in ssh:
-        fail("[guest.ssh] needs port (user-net forward) or host", "guest.ssh")
-    section("guest.ssh", ssh, SSH.in_section("guest.ssh"), set(), "ssh ")
-    try:  # what the run asks libvirt for, validated now (not after the first variant ran)
-        domain_request("gpuvfio-tb-spec", **guest_request_args(guest, ssh))
-    except InputError as exc:
-        fail(f"[guest]: {exc}", "guest")
-    run = data.get("run", {})
-    if not isinstance(run, dict):
-        fail("[run] must be a table", "run")
-    section("run", run, RUN.in_section("run") + VERIFY.in_section("run"), set())
-    reps = run.get("repetitions", RUN["repetitions"].default)
-    gpus, gpu_ids = run.get("gpus", RUN["gpus"].default), run.get("gpu_ids", RUN["gpu_ids"].default)
-    for key, values, parse in (("gpus", gpus, Selector.parse), ("gpu_ids", gpu_ids, IdFilter.parse)):
-        for value in values:
+    def guest(self, guest) -> tuple[dict, dict]:
+        """[guest] and [guest.ssh], checked as the run's domain request takes them."""
+        if not isinstance(guest, dict):
+            self.fail("missing [guest] section")
+        self.section("guest", guest, DOMAIN.in_section("guest"), {"ssh"})
+        if not guest.get("kernel") and not guest.get("disk"):
+            self.fail("[guest] needs kernel (+ initrd) or disk", "guest")
+        if "memory" in guest:
             try:
-                parse(value)
+                parse_size_kib(str(guest["memory"]) if not isinstance(guest["memory"], bool) else "")
             except InputError as exc:
-                fail(str(exc), "run", 0, key)
-    if "connect" in run:  # even a plan opens it, and libvirt may run programs a URI names
-        try:
-            check_uri(run["connect"], source="connect")
+                self.fail(str(exc), "guest", 0, "memory")
+        ssh = guest.get("ssh", {})
+        if not isinstance(ssh, dict) or "port" not in ssh and "host" not in ssh:
+            self.fail("[guest.ssh] needs port (user-net forward) or host", "guest.ssh")
+        self.section("guest.ssh", ssh, SSH.in_section("guest.ssh"), set(), "ssh ")
+        try:  # what the run asks libvirt for, validated now (not after the first variant ran)
+            domain_request("gpuvfio-tb-spec", **guest_request_args(guest, ssh))
         except InputError as exc:
-            fail(str(exc), "run", 0, "connect")
-    verify = {o.name: run[o.name] for o in VERIFY.in_section("run") if o.name in run}
-    stop_services = run.get("stop_services", RUN["stop_services"].default)
-    force = run.get("force", RUN["force"].default)
-    take_host_devices = run.get("take_host_devices", RUN["take_host_devices"].default)
-    variants_raw = data.get("variant")
-    if not isinstance(variants_raw, list) or not variants_raw:
-        fail("no [[variant]] tables: a testbed compares at least one variant")
-    if len(variants_raw) > MAX_VARIANTS:
-        fail(f"{len(variants_raw)} [[variant]] tables: a testbed compares at most {MAX_VARIANTS} (each is a guest "
-             "provisioned, measured and torn down; split the comparison into several specs)")
-    variants, names = [], set()
-    for index, raw in enumerate(variants_raw):
+            self.fail(f"[guest]: {exc}", "guest")
+        return guest, ssh
+
+    def run(self, run) -> dict:
+        """[run]: its keys, its device selectors and its libvirt URI."""
+        if not isinstance(run, dict):
+            self.fail("[run] must be a table", "run")
+        self.section("run", run, RUN.in_section("run") + VERIFY.in_section("run"), set())
+        gpus, gpu_ids = run.get("gpus", RUN["gpus"].default), run.get("gpu_ids", RUN["gpu_ids"].default)
+        for key, values, parse in (("gpus", gpus, Selector.parse), ("gpu_ids", gpu_ids, IdFilter.parse)):
+            for value in values:
+                try:
+                    parse(value)
+                except InputError as exc:
+                    self.fail(str(exc), "run", 0, key)
+        if "connect" in run:  # even a plan opens it, and libvirt may run programs a URI names
+            try:
+                check_uri(run["connect"], source="connect")
+            except InputError as exc:
+                self.fail(str(exc), "run", 0, "connect")
+        return run
+
+    def variants(self, variants_raw, run: dict, devices_chosen: bool) -> list["Variant"]:
+        if not isinstance(variants_raw, list) or not variants_raw:
+            self.fail("no [[variant]] tables: a testbed compares at least one variant")
+        if len(variants_raw) > MAX_VARIANTS:
+            self.fail(f"{len(variants_raw)} [[variant]] tables: a testbed compares at most {MAX_VARIANTS} (each is a "
+                      "guest provisioned, measured and torn down; split the comparison into several specs)")
+        names: set[str] = set()
+        return [self.variant(index, raw, run, devices_chosen, names) for index, raw in enumerate(variants_raw)]
+
+    def variant(self, index: int, raw, run: dict, devices_chosen: bool, names: set[str]) -> "Variant":
+        """One [[variant]]; its name joins ``names`` (the earlier variants')."""
         if not isinstance(raw, dict):
-            fail("each [[variant]] must be a table", "variant", index)
+            self.fail("each [[variant]] must be a table", "variant", index)
         name = raw.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
-            fail("variant name must be 1-41 letters, digits, '.', '_' or '-'", "variant", index, "name")
+            self.fail("variant name must be 1-41 letters, digits, '.', '_' or '-'", "variant", index, "name")
         if name in names:
-            fail(f"duplicate variant name {name!r}", "variant", index, "name")
+            self.fail(f"duplicate variant name {name!r}", "variant", index, "name")
         names.add(name)
         kind = raw.get("kind")
         if kind not in KINDS:
-            fail(f"variant kind must be one of {', '.join(KINDS)}, not {kind!r}", "variant", index, "kind")
+            self.fail(f"variant kind must be one of {', '.join(KINDS)}, not {kind!r}", "variant", index, "kind")
         extra = set(raw) - {"name", "kind", "profile", "scheduler"} - VARIANT_KEYS
         if extra:
-            fail(f"unknown key(s) {', '.join(sorted(extra))} in variant {name}", "variant", index, sorted(extra)[0])
+            self.fail(f"unknown key(s) {', '.join(sorted(extra))} in variant {name}", "variant", index,
+                      sorted(extra)[0])
+        hugepages, numa = self.pages_and_numa(index, raw)
+        profile, scheduler = self.vgpu_keys(index, raw, name, kind, devices_chosen)
+        flags = [self.boolean("variant", index, raw, key, run.get(key, RUN[key].default))
+                 for key in ("stop_services", "force", "take_host_devices")]
+        return Variant(name, kind, hugepages, numa, profile, scheduler, *flags)
+
+    def pages_and_numa(self, index: int, raw: dict):
         try:
             if not isinstance(raw.get("hugepages", DOMAIN["hugepages"].default), str):
                 raise InputError(f"hugepages must be auto, none, 4K, 2M or 1G (a string), not {raw['hugepages']!r}")
             hugepages = parse_hugepages(raw.get("hugepages", DOMAIN["hugepages"].default))
         except InputError as exc:
-            fail(str(exc), "variant", index, "hugepages")
+            self.fail(str(exc), "variant", index, "hugepages")
         try:
             numa = parse_numa(raw.get("numa", DOMAIN["numa"].default))
         except InputError as exc:
-            fail(str(exc), "variant", index, "numa")
+            self.fail(str(exc), "variant", index, "numa")
+        return hugepages, numa
+
+    def vgpu_keys(self, index: int, raw: dict, name: str, kind: str, devices_chosen: bool):
+        """A variant's profile and scheduler: for vgpu variants only, a profile each."""
         profile = raw.get("profile")
         if profile is not None and (not isinstance(profile, str) or not profile.strip()):
-            fail("profile must be a vGPU type name or id", "variant", index, "profile")
+            self.fail("profile must be a vGPU type name or id", "variant", index, "profile")
         if kind == "vgpu" and not profile:
-            fail(f"vgpu variant {name} needs a profile", "variant", index)
+            self.fail(f"vgpu variant {name} needs a profile", "variant", index)
         if kind != "vgpu" and profile:
-            fail(f"profile is for vgpu variants only ({name} is {kind})", "variant", index, "profile")
-        if kind == "vgpu" and not gpus and not gpu_ids:
-            fail("vgpu variants need [run] gpus or gpu_ids", "run")
+            self.fail(f"profile is for vgpu variants only ({name} is {kind})", "variant", index, "profile")
+        if kind == "vgpu" and not devices_chosen:
+            self.fail("vgpu variants need [run] gpus or gpu_ids", "run")
         scheduler = raw.get("scheduler")
         if scheduler is not None:
             if kind != "vgpu":
-                fail(f"scheduler is for vgpu variants only ({name} is {kind})", "variant", index, "scheduler")
+                self.fail(f"scheduler is for vgpu variants only ({name} is {kind})", "variant", index, "scheduler")
             if scheduler not in POLICIES:
-                fail(f"scheduler must be one of {', '.join(POLICIES)}, not {scheduler!r}", "variant", index,
-                     "scheduler")
-        variants.append(Variant(name, kind, hugepages, numa, profile, scheduler,
-                                boolean("variant", index, raw, "stop_services", stop_services),
-                                boolean("variant", index, raw, "force", force),
-                                boolean("variant", index, raw, "take_host_devices", take_host_devices)))
-    return Spec(path=path, guest=guest, ssh=ssh, repetitions=reps, gpus=gpus, connect=run.get("connect"),
-                variants=variants, host=_remote_host(data.get("host"), fail), verify=verify, gpu_ids=gpu_ids)
+                self.fail(f"scheduler must be one of {', '.join(POLICIES)}, not {scheduler!r}", "variant", index,
+                          "scheduler")
+        return profile, scheduler
 
 
 def guest_request_args(guest: dict, ssh: dict) -> dict:

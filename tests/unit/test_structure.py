@@ -483,3 +483,13 @@ def test_the_file_layers_open_flags_are_declared_once():
     assert flags == [], f"gpuvfio.tree_filler spells open flags itself (lines {flags}): use gpuvfio.files'"
     assert files.NEW_FILE_FLAGS & os.O_EXCL and files.NEW_FILE_FLAGS & os.O_NOFOLLOW
     assert files.DIR_FLAGS & os.O_NOFOLLOW and files.READ_FLAGS & os.O_NONBLOCK
+
+
+def test_functions_stay_short():
+    """Issue 36 item 6: functions within about 60 lines, none over 80."""
+    long = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, long
