@@ -69,9 +69,7 @@ def state_tree(directory: str | Tree) -> Tree:
     return Tree(parent, name)  # name is '' for '/', Tree's own default
 
 
-def known_hosts_file(host: HostRoot) -> str:
-    """Where SSH host keys trusted on first use are recorded (guests, remote hypervisors)."""
-    return state_dir(host).path("known_hosts")
+KNOWN_HOSTS = "known_hosts"  # in the state dir: SSH host keys trusted on first use or pinned by a seed
 
 
 def make_state_dir(directory: Tree) -> None:

@@ -31,10 +31,10 @@ Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help
 
 
 def _this_machine():
-    """The Context of this machine for a remote hypervisor's session (its host key trusted on
-    first use is recorded in this machine's state dir: --root names the hypervisor's host, or a
-    recording of it, not this machine)."""
-    return live_context("/")
+    """The Context of this machine for a remote hypervisor's session: writable, since a host key
+    trusted on first use is recorded in this machine's state dir (--root names the hypervisor's
+    host, or a recording of it, not this machine)."""
+    return live_context("/", writable=True)
 
 
 @testbed_app.command("plan")

@@ -105,7 +105,9 @@ def _fingerprint(key) -> str:
 
 class Session:
     def __init__(self, target: SshTarget, default_known_hosts: str | None = None, *,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, record=None) -> None:
+        """``record(line)``: how a key trusted on first use is added to ``default_known_hosts``
+        (the Context's: through its state dir); None: appended to the file by its path."""
         if not 0 < target.port < 65536:
             raise InputError(f"SSH port out of range: {target.port}")
         if target.key and not for_another_program(target.key):
@@ -117,6 +119,7 @@ class Session:
         self.client = None
         self.jump_session: Session | None = None
         self.clock = clock  # the Context's (Context.ssh): connection waits and command deadlines
+        self.record = record if not target.known_hosts else None  # a known_hosts the user named: by path
 
     def connect(self) -> "Session":
         import logging
@@ -205,7 +208,8 @@ class Session:
         if self.target.jump is None:
             return None
         if self.jump_session is None:
-            self.jump_session = Session(self.target.jump, self.record_to, clock=self.clock).connect()
+            self.jump_session = Session(self.target.jump, self.record_to, clock=self.clock,
+                                        record=self.record).connect()
         try:
             return self.jump_session.client.get_transport().open_channel(
                 "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0), timeout=10)
@@ -361,14 +365,16 @@ class _Policy:
         if not target.trust_on_first_use:
             raise HostKeyError(f"unknown host key for {name} ({key.get_name()} {_fingerprint(key)}); pin it "
                                "with --known-hosts FILE or accept it once with --trust-on-first-use")
-        path = self.session.record_to
-        if path:
+        path, line = self.session.record_to, f"{name} {key.get_name()} {key.get_base64()}"
+        if path and self.session.record is not None:
+            self.session.record(line)
+        elif path:
             tree, file_name = user_file(path)
             tree.make_dir()
             earlier = tree.text(file_name, KNOWN_HOSTS_LIMIT) or ""
             if earlier and not earlier.endswith("\n"):
                 earlier += "\n"
-            tree.write(file_name, f"{earlier}{name} {key.get_name()} {key.get_base64()}\n", 0o600)
+            tree.write(file_name, f"{earlier}{line}\n", 0o600)
         target.notes.append(f"trusted on first use: {name} {key.get_name()} {_fingerprint(key)}"
                             + (f", recorded in {path}" if path else ""))
         client.get_host_keys().add(name, key.get_name(), key)

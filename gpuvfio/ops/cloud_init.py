@@ -21,7 +21,7 @@ import io
 import os
 from dataclasses import dataclass, field
 
-from gpuvfio.bind.journal import known_hosts_file, make_state_dir, state_dir
+from gpuvfio.bind.journal import KNOWN_HOSTS, make_state_dir
 from gpuvfio.commands import CommandNotStarted
 from gpuvfio.domain.cloud_init import (META_DATA, USER_DATA, VOLUME_ID, HostKey, SeedDocuments, fingerprint,
                                        generate_host_key, seed_documents)
@@ -123,7 +123,7 @@ def plan_seed(ctx: Context, name: str, path: str, *, ssh: SshOptions, forward_po
         checks.append(Check("cloud_init", CheckStatus.REFUSE, problem))
     host_key = generate_host_key()
     return SeedPlan(path, user, ssh.key, authorized, host_key, seed_documents(name, user, authorized, host_key),
-                    ssh.known_hosts or known_hosts_file(ctx.host), pins, tuple(checks))
+                    ssh.known_hosts or ctx.state.path(KNOWN_HOSTS), pins, tuple(checks))
 
 
 def public_key(key_file: str) -> str:
@@ -211,9 +211,11 @@ def pin_host_key(ctx: Context, seed: SeedPlan) -> None:
     recorded for a host wins when the file is read (gpuvfio.guest.ssh)."""
     if not seed.pins:
         return
-    if seed.known_hosts == known_hosts_file(ctx.host):
-        make_state_dir(state_dir(ctx.host))
-    tree, name = user_file(seed.known_hosts)
+    if seed.known_hosts == ctx.state.path(KNOWN_HOSTS):  # the state dir's: through the Context's
+        make_state_dir(ctx.state)
+        tree, name = ctx.state, KNOWN_HOSTS
+    else:
+        tree, name = user_file(seed.known_hosts)
     kept = [line for line in (_without(line, seed.pins) for line in (tree.text(name, KNOWN_HOSTS_LIMIT) or "")
                               .splitlines()) if line is not None]
     kept.append(f"{','.join(seed.pins)} {seed.host_key.key_type} {seed.host_key.base64}")

@@ -18,13 +18,13 @@ from typing import Callable
 
 from gpuvfio.bind.apply import Actions
 from gpuvfio.bind.fabric_manager import FabricManagerClient
-from gpuvfio.bind.journal import Journal, RunLock, known_hosts_file, state_dir
+from gpuvfio.bind.journal import KNOWN_HOSTS, Journal, RunLock, make_state_dir, state_dir
 from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
 from gpuvfio.clock import Clock
 from gpuvfio.commands import Runner
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
-from gpuvfio.guest.ssh import Session, SshTarget
+from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT, Session, SshTarget
 from gpuvfio.host.root import HostRoot
 from gpuvfio.settings import ROOT_ENV
 from gpuvfio.virt.connection import default_uri, open_connection
@@ -127,9 +127,18 @@ class Context:
 
     def ssh(self, target: SshTarget, known_hosts: str | None = None) -> Session:
         """An SSH session to ``target`` (not yet connected), on this run's clock; keys trusted on
-        first use go to ``known_hosts``, else to the state dir's known_hosts."""
-        return Session(target, known_hosts if known_hosts is not None else known_hosts_file(self.host),
-                       clock=self.clock)
+        first use go to ``known_hosts``, else to the state dir's (record_host_key)."""
+        if known_hosts is not None:
+            return Session(target, known_hosts, clock=self.clock)
+        return Session(target, self.state.path(KNOWN_HOSTS), clock=self.clock, record=self.record_host_key)
+
+    def record_host_key(self, line: str) -> None:
+        """Add a known_hosts line to the state dir's known_hosts: the state dir made private when
+        it is made, the file 0600; refused by a Context that only reads."""
+        make_state_dir(self.state)
+        earlier = self.state.text(KNOWN_HOSTS, KNOWN_HOSTS_LIMIT) or ""
+        self.state.write(KNOWN_HOSTS, earlier + ("\n" if earlier and not earlier.endswith("\n") else "") + line + "\n",
+                         0o600)
 
     def host_actions(self) -> Actions:
         if self.actions is None:

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, _shown, journal_check, known_hosts_file
+from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, _shown, journal_check
+from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.host.checks import FAIL, OK, WARN
 from gpuvfio.host.root import HostRoot
 from gpuvfio.errors import GpuvfioError
@@ -224,9 +225,11 @@ def test_a_step_keeps_the_detail_it_was_given_and_only_that(host):
 
 def test_trusted_ssh_host_keys_live_in_the_state_directory(host, tmp_path, monkeypatch):
     """Host keys trusted on first use are kept in <state>/known_hosts, wherever the state directory is."""
-    assert known_hosts_file(host) == os.path.join(state_of(host), "known_hosts")
+    from gpuvfio.ops.context import Context
+
+    assert Context(host=host).ssh(SshTarget("h")).record_to == os.path.join(state_of(host), "known_hosts")
     monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
-    assert known_hosts_file(HostRoot(host.root)) == str(tmp_path / "state" / "known_hosts")
+    assert Context(host=HostRoot(host.root)).ssh(SshTarget("h")).record_to == str(tmp_path / "state" / "known_hosts")
 
 
 # -- the run lock and a holder still alive -----------------------------------------------------------

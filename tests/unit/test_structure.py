@@ -347,7 +347,8 @@ WRITABLE_CONTEXTS = {
     ("gpuvfio.cli.binding", "unbind_cmd"), ("gpuvfio.cli.binding", "restore_cmd"),
     ("gpuvfio.cli.binding", "reset_cmd"), ("gpuvfio.cli.plans", "command_context"),
     ("gpuvfio.cli.guest", "verify_cmd"), ("gpuvfio.cli.guest", "attach_cmd"), ("gpuvfio.cli.guest", "detach_cmd"),
-    ("gpuvfio.cli.testbed", "run_cmd"), ("gpuvfio.cli.vgpu", "create_cmd"), ("gpuvfio.cli.vgpu", "remove_cmd"),
+    ("gpuvfio.cli.testbed", "run_cmd"), ("gpuvfio.cli.testbed", "_this_machine"), ("gpuvfio.cli.domain", "xml_cmd"),
+    ("gpuvfio.cli.vgpu", "create_cmd"), ("gpuvfio.cli.vgpu", "remove_cmd"),
     ("gpuvfio.cli.vgpu", "scheduler_cmd"), ("gpuvfio.ops.context", "host_context"),
     ("module_utils.common", "task_context"), ("modules.device", "main"), ("modules.domain", "main"),
 }
