@@ -1,4 +1,5 @@
-"""Binding services: bind, restore, release, status, persist.
+"""Binding services: bind, restore (all or named devices; restore_groups: their IOMMU groups), status,
+persist.
 
 Each step is written here once; gpuvfio bind, attach and detach, the testbed and the Ansible
 device and domain modules all call these. Two policies live here and nowhere else:
@@ -8,7 +9,7 @@ device and domain modules all call these. Two policies live here and nowhere els
   else, on this machine, libvirt's default URI. ``--connect none`` (or a root that is not
   this machine) does not ask, and says so. A libvirt that should answer and does not
   refuses the bind: a check that could not run is not a pass.
-* Giving devices back (release): bind moves whole IOMMU groups, so what goes back is every
+* Giving devices back (restore_groups): bind moves whole IOMMU groups, so what goes back is every
   device gpuvfio holds in the groups of the devices named -- and only what gpuvfio holds
   (a device that was on vfio-pci before gpuvfio stays there).
 """
@@ -43,8 +44,8 @@ from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
            "BindOperation", "BindReport", "BindStatus", "CheckStatus", "Check", "plan_operation", "apply_operation",
-           "RestoreResult", "Status", "HeldDevice", "restore", "held", "release", "unbind", "status",
-           "plan_restore", "plan_release", "run_restore", "RestorePlan", "persist", "plan_persist", "run_persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
+           "RestoreResult", "Status", "HeldDevice", "restore", "held", "restore_groups", "unbind", "status",
+           "plan_restore", "plan_restore_groups", "run_restore", "RestorePlan", "persist", "plan_persist", "run_persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
            "PersistedOverrides", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
@@ -156,7 +157,7 @@ class BindOperation:
 
 @dataclass
 class RestoreResult:
-    """What a restore (or release) gave back: address -> the driver it is on now, the ones that
+    """What a restore (or restore_groups) gave back: address -> the driver it is on now, the ones that
     failed and why, the ones kept on vfio-pci (a Fabric Manager partition still active), the
     services left stopped, and what happened to gpuvfio's vGPU instances and policies."""
 
@@ -225,7 +226,7 @@ def bind(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *, uri: 
 
 @dataclass
 class RestorePlan(Plan):
-    """What a restore (or a release) gives back, decided from the journal: ``everything`` (a
+    """What a restore (or restore_groups) gives back, decided from the journal: ``everything`` (a
     full restore: also the vGPU instances and scheduler policies gpuvfio made), else the
     ``devices`` named with their group members and companions."""
 
@@ -252,15 +253,15 @@ def plan_restore(ctx: Context, addresses: list[PciAddress], journal: Journal | N
     return _restore_plan(journal, "restore", wanted, everything=not wanted)
 
 
-def plan_release(ctx: Context, addresses: list[PciAddress], journal: Journal | None = None) -> RestorePlan:
-    """What ``release`` gives back: what gpuvfio holds in the IOMMU groups of ``addresses``
+def plan_restore_groups(ctx: Context, addresses: list[PciAddress], journal: Journal | None = None) -> RestorePlan:
+    """What ``restore_groups`` gives back: what gpuvfio holds in the IOMMU groups of ``addresses``
     (detach, attach's rollback, a testbed variant's teardown, the Ansible device module's
     state=host); nothing held is nothing to do."""
     journal = ctx.journal() if journal is None else journal
     held = held_in_groups(ctx, journal, addresses)
     # The partitions of the devices named go too, held or not: an attach of GPUs that were on
     # vfio-pci already bound nothing, yet activated their partition.
-    return _restore_plan(journal, "release", held, everything=False,
+    return _restore_plan(journal, "restore groups", held, everything=False,
                          reach=sorted({*map(str, addresses), *held}))
 
 
@@ -311,12 +312,12 @@ def restore(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
         return run_restore(ctx, plan_restore(ctx, addresses, journal), journal)
 
 
-def release(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
-    """Give back what gpuvfio holds in the IOMMU groups of ``addresses``: plan_release, made
+def restore_groups(ctx: Context, addresses: list[PciAddress]) -> "RestoreResult":
+    """Give back what gpuvfio holds in the IOMMU groups of ``addresses``: plan_restore_groups, made
     under the run lock, carried out."""
     with ctx.lock():
         journal = ctx.journal()
-        return run_restore(ctx, plan_release(ctx, addresses, journal), journal)
+        return run_restore(ctx, plan_restore_groups(ctx, addresses, journal), journal)
 
 
 def run_restore(ctx: Context, plan: RestorePlan, journal: Journal) -> "RestoreResult":
@@ -429,7 +430,7 @@ def _with_companions(ctx: Context, inventory: Inventory, journal: Journal, leavi
 
 
 def held(ctx: Context, addresses: list[PciAddress]) -> dict[str, "HeldDevice"]:
-    """What release(addresses) would give back: address -> the device as gpuvfio holds it (its
+    """What restore_groups(addresses) would give back: address -> the device as gpuvfio holds it (its
     driver now, and the original driver restore gives it back to), in address order."""
     inventory = read_inventory(ctx.host)
     inventory.require(*addresses)

@@ -30,8 +30,9 @@ from gpuvfio.virt.define import DefineResult, Definition, current_definition, de
 from gpuvfio.virt.defined import DefinedDomain, read_defined
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
-__all__ = ["Provisioned", "provision_xml", "defined", "DefinedDomain", "nccl_topology_file", "NCCL_GUEST_FILE",
-           "pages_held", "define_domain", "plan_define", "run_define", "DefinePlan", "Existing", "existing_domain",
+# read_defined: the one reader of a domain's definition (gpuvfio.virt.defined), for the interfaces.
+__all__ = ["Provisioned", "provision_xml", "read_defined", "DefinedDomain", "nccl_topology_file", "NCCL_GUEST_FILE",
+           "pages_held", "plan_define", "run_define", "DefinePlan", "Existing", "existing_domain",
            "differences",
            "DomainRequest", "domain_request", "parse_hugepages", "parse_numa", "parse_uuid", "mdev_uuid"]
 
@@ -128,11 +129,6 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
                                    host_functions=provisioned.inventory.functions)
 
 
-def defined(xml: str) -> DefinedDomain:
-    """A domain's definition as gpuvfio reads it (gpuvfio.virt.defined: the one reader)."""
-    return read_defined(xml)
-
-
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:
     """node -> page KiB -> pages a running domain's definition holds (its memory in hugepages,
     split over its memnode nodes, else its numatune nodeset, else host node 0)."""
@@ -208,11 +204,6 @@ def run_define(ctx: Context, plan: DefinePlan) -> DefineResult:
     if plan.nothing_to_do:
         return DefineResult(plan.target, "unchanged")
     return define(conn, plan.xml, plan.held)
-
-
-def define_domain(ctx: Context, xml: str, *, uri: str | None = None, update: bool = False) -> DefineResult:
-    """Define ``xml`` idempotently: its plan, carried out (``update``: redefine when it differs)."""
-    return run_define(ctx, plan_define(ctx, xml, uri=uri, update=update))
 
 
 @dataclass

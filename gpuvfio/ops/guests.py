@@ -6,7 +6,7 @@ existing definition's UUID), started, reached over SSH (ops.targets) and verifie
 step that changes something registers its undo, and an undo touches only what this run
 did: a domain this run created is undefined, one it redefined gets its previous definition
 back, one it found unchanged is left; devices go back by the one group-aware policy
-(ops.binding.release). SR-IOV vGPU VFs are passed with managed='no' and never rebound: the
+(ops.binding.restore_groups). SR-IOV vGPU VFs are passed with managed='no' and never rebound: the
 vGPU host driver keeps them.
 detach: stop the guest (ACPI, then destroy after a timeout), undefine it if gpuvfio defined
 it, give its devices back.
@@ -409,7 +409,7 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
                 restore: bool = True) -> DetachPlan:
     """What ``detach`` will do: stop, undefine, deactivate the Fabric Manager partitions gpuvfio
     activated for the domain's devices, and give back what gpuvfio holds in their groups (by
-    the one release policy). A domain gpuvfio did not define is refused; none is bad input."""
+    the one give-back policy). A domain gpuvfio did not define is refused; none is bad input."""
     timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600, allow_zero=True)
     plan = DetachPlan("detach", name, uri=uri, timeout=timeout)
     dom = lifecycle.lookup(ctx.libvirt(uri), name)
@@ -427,9 +427,9 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
               f"not running now; {how} if it runs by then", name=name)
     plan.step(StepKind.UNDEFINE, f"undefine {name}", name=name)
     if devices and restore:
-        # The give-back as release plans it (partitions first, then the devices), made now,
+        # The give-back as restore_groups plans it (partitions first, then the devices), made now,
         # under the run lock the run holds, from the journal as it is.
-        plan.restore = binding.plan_release(ctx, devices)
+        plan.restore = binding.plan_restore_groups(ctx, devices)
         if plan.restore.nothing_to_do:
             plan.notes.append("gpuvfio holds none of its devices: nothing to give back")
         plan.steps += plan.restore.steps

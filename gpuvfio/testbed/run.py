@@ -59,8 +59,8 @@ def _metrics(report: VerifyReport, gpus: list[PciAddress]) -> dict:
 
 def placement(xml: str | None) -> dict | None:
     """What the variant's domain really got (auto choices resolved), read from its XML by the one
-    reader of a defined domain (gpuvfio.ops.domains.defined)."""
-    return domains.defined(xml).placement_json() if xml else None
+    reader of a defined domain (gpuvfio.ops.domains.read_defined)."""
+    return domains.read_defined(xml).placement_json() if xml else None
 
 
 def _guest_facts(report: VerifyReport) -> dict:

@@ -16,7 +16,7 @@ from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, 
 from gpuvfio.bind.sysfs_write import kernel_write
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot
-from gpuvfio.ops.binding import BindPolicy, BindStatus, CheckStatus, bind, plan_operation, release, restore, status
+from gpuvfio.ops.binding import BindPolicy, BindStatus, CheckStatus, bind, plan_operation, restore, restore_groups, status
 from gpuvfio.ops.unbind import unbind
 from tests.conftest import REPO
 from tests.contexts import Services, sim_context, libvirt_test_uri
@@ -454,11 +454,11 @@ def test_release_gives_back_the_whole_group_gpuvfio_holds(h):
     naming the GPU gives its audio function back too."""
     h.bind(GPU)
     with h.context() as ctx:
-        report = release(ctx, [A(GPU)])
+        report = restore_groups(ctx, [A(GPU)])
     assert report.restored == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert h.drivers() == ORIGINAL
     with h.context() as ctx:
-        assert release(ctx, [A(GPU)]).restored == {}  # nothing held: nothing to do
+        assert restore_groups(ctx, [A(GPU)]).restored == {}  # nothing held: nothing to do
 
 
 def test_release_leaves_devices_gpuvfio_does_not_hold(h):
@@ -468,7 +468,7 @@ def test_release_leaves_devices_gpuvfio_does_not_hold(h):
     h.kernel.modprobe("vfio-pci")
     h.bind(GPU)
     with h.context() as ctx:
-        assert release(ctx, [A(NIC)]).restored == {}
+        assert restore_groups(ctx, [A(NIC)]).restored == {}
 
 
 def _fabric_mode(h, mode: int) -> None:
@@ -524,11 +524,11 @@ def test_release_of_one_group_keeps_the_services_stopped_for_the_others(tmp_path
     services = Services()
     ctx = sim_context(b.root, services=services)
     bind(ctx, [A("0000:01:00.0"), A("0000:02:00.0")], BindPolicy(stop_services=True))
-    first = release(ctx, [A("0000:01:00.0")])
+    first = restore_groups(ctx, [A("0000:01:00.0")])
     assert first.restored == {"0000:01:00.0": "nvidia"} and first.services_not_restarted == [
         "nvidia-persistenced"]
     assert services.calls == [("stop", "nvidia-persistenced")]
-    release(ctx, [A("0000:02:00.0")])
+    restore_groups(ctx, [A("0000:02:00.0")])
     assert services.calls[-1] == ("start", "nvidia-persistenced")
 
 

@@ -47,7 +47,7 @@ def test_detach_deactivates_the_partition_it_activated_for_gpus_gpuvfio_does_not
     name = f"partition-{restore}"
     provisioned = domains.provision_xml(ctx, gpus(5, 6, 7, 8), domain_request(
         name, vcpus=4, memory="16G", numa="none", firmware="bios"), uri="test:///default")
-    domains.define_domain(ctx, provisioned.xml, uri="test:///default")
+    domains.run_define(ctx, domains.plan_define(ctx, provisioned.xml, uri="test:///default"))
     assert fabric.activate(ctx, provisioned.spec.fabric) == [2]
     assert not Journal.load(state_dir(ctx.host)).devices  # on vfio-pci before: the bind moved none
     plan = guests.plan_detach(ctx, name, uri="test:///default", timeout=0, restore=restore)
@@ -62,7 +62,7 @@ def test_detach_stops_a_guest_started_after_its_plan(workstation):
         binding.bind(ctx, SLOT, BindPolicy())
         xml = domains.provision_xml(ctx, SLOT, domain_request("started-late", firmware="bios"),
                                     uri="test:///default").xml
-        domains.define_domain(ctx, xml, uri="test:///default")
+        domains.run_define(ctx, domains.plan_define(ctx, xml, uri="test:///default"))
         conn = ctx.libvirt("test:///default")
         with binding.operation_lock(ctx):
             plan = guests.plan_detach(ctx, "started-late", uri="test:///default", timeout=0)
@@ -82,7 +82,7 @@ def test_attach_refuses_in_one_line_when_libvirt_changed_after_its_plan(workstat
     ssh = ssh_options(host="127.0.0.1", port=free_port(), timeout=1, trust_on_first_use=True)
     with sim_context(built.root, kernel) as ctx:
         first = plan_attach(ctx, SLOT, request, ssh=ssh, uri="test:///default", policy=BindPolicy(), verify=None)
-        domains.define_domain(ctx, first.xml, uri="test:///default")
+        domains.run_define(ctx, domains.plan_define(ctx, first.xml, uri="test:///default"))
         plan = plan_attach(ctx, SLOT, request, ssh=ssh, uri="test:///default", policy=BindPolicy(), verify=None)
         assert plan.define.outcome == "unchanged"
         ctx.libvirt("test:///default").lookupByName("changed-behind").undefine()
@@ -110,8 +110,8 @@ def test_a_resumed_testbed_detaches_a_running_leftover_then_attaches(workstation
         gpus_now = gpus_on(ctx, spec, yes=True)
         request = request_for(ctx, spec, spec.variants[0], gpus_now)
         binding.bind(ctx, SLOT, BindPolicy())  # what an interrupted run leaves: bound, defined, running
-        domains.define_domain(ctx, domains.provision_xml(ctx, gpus_now, request, uri="test:///default").xml,
-                              uri="test:///default")
+        domains.run_define(ctx, domains.plan_define(
+            ctx, domains.provision_xml(ctx, gpus_now, request, uri="test:///default").xml, uri="test:///default"))
         ctx.libvirt("test:///default").lookupByName(request.name).create()
         with pytest.raises(GpuvfioError, match="did not answer SSH"):  # the attach ran: no guest OS here
             run_testbed(ctx, spec, str(tmp_path / "out"), uri="test:///default")

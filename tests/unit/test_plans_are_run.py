@@ -89,8 +89,8 @@ def test_reset_runs_its_plans_writes(host, monkeypatch):
 def test_restore_and_release_run_their_plans_steps(host):
     built, kernel = _bound(host)
     with sim_context(built.root, kernel) as ctx:
-        planned = binding.plan_release(ctx, [A(GPU)])
-        done = binding.release(ctx, [A(GPU)])
+        planned = binding.plan_restore_groups(ctx, [A(GPU)])
+        done = binding.restore_groups(ctx, [A(GPU)])
     assert keys(done.steps) == keys(planned.steps) == [("restore", GPU, None), ("restore", AUDIO, None)]
     _bound(host)
     with sim_context(built.root, kernel) as ctx:

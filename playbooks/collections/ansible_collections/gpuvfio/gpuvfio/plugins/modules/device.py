@@ -201,8 +201,8 @@ def to_vfio(module, ctx, addresses) -> dict:
 
 
 def to_host(module, ctx, addresses) -> dict:
-    """gpuvfio's one release policy: what gpuvfio holds in the devices' IOMMU groups goes back;
-    check mode returns the release's own plan (gpuvfio.ops.binding.plan_release)."""
+    """gpuvfio's one give-back policy: what gpuvfio holds in the devices' IOMMU groups goes back;
+    check mode returns restore_groups' own plan (gpuvfio.ops.binding.plan_restore_groups)."""
     held = binding.held(ctx, addresses)
     before = binding.current_drivers(ctx, held)
     for address, driver in binding.current_drivers(ctx, addresses).items():
@@ -217,9 +217,9 @@ def to_host(module, ctx, addresses) -> dict:
     result.update(drivers={"before": before, "after": after},
                   diff=driver_diff(before, after, "devices held by gpuvfio"))
     if module.check_mode:
-        result["plan"] = binding.plan_release(ctx, addresses).to_json()
+        result["plan"] = binding.plan_restore_groups(ctx, addresses).to_json()
         return result
-    result["restore"] = binding.release(ctx, addresses).to_json()
+    result["restore"] = binding.restore_groups(ctx, addresses).to_json()
     result["drivers"]["after"] = binding.current_drivers(ctx, held)
     return result
 
