@@ -1,16 +1,19 @@
 """Plans as values: what an operation that changes the host will do, decided once.
 
-Every operation that changes the host is split in two: ``plan_X(ctx, ...) -> XPlan`` reads
-the host and libvirt and decides -- the steps, each check with its verdict, the XML and its
-differences against what libvirt holds -- and ``run_X(ctx, plan)`` carries out that plan
-object, step by step, under the run lock, recording each step it took (gpuvfio.planning:
-one vocabulary of checks and steps). ``--dry-run``, Ansible check mode and ``testbed plan``
-print the same object and exit as the run would: a refusal in the plan is the run's refusal,
-with the same words (Terraform's plan/apply, community.libvirt's check mode).
+Every operation that changes the host is split in two: a plan function reads the host and
+libvirt and decides -- the steps, each check with its verdict, the XML and its differences
+against what libvirt holds -- and a run function carries out that plan object, step by step,
+under the run lock, recording the steps it took in its result (gpuvfio.planning: one
+vocabulary of checks and steps). Most pairs are ``plan_X(ctx, ...) -> XPlan`` and
+``run_X(ctx, plan)``; a bind's are plan_operation and apply_operation (gpuvfio.ops.binding), a
+cloud-init seed's plan_seed and write_seed. ``--dry-run``, Ansible check mode and ``testbed
+plan`` print the same object and exit as the run would: a refusal in the plan is the run's
+refusal, with the same words (Terraform's plan/apply, community.libvirt's check mode).
 
 A plan is made without the run lock and writes nothing: not the tree, not libvirt, not the
-journal, not the lock file. A run makes its plan again under the lock, so it acts on the
-host as it is then, and executes that plan as it is.
+journal, not the lock file. A dry run makes it on a Context that only reads, which refuses
+those writes by construction (gpuvfio.ops.context). A run makes its plan again under the
+lock, so it acts on the host as it is then, and executes that plan as it is.
 """
 
 from __future__ import annotations
