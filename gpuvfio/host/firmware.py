@@ -27,7 +27,7 @@ OVMF_CANDIDATES = (
 def find_ovmf(host: HostRoot) -> tuple[str, str] | None:
     """(code, vars template) as the host names them, or None when no OVMF is installed."""
     for code, vars_ in OVMF_CANDIDATES:
-        if host.exists(host.path(code)) and host.exists(host.path(vars_)):
+        if host.installed(host.path(code)) and host.installed(host.path(vars_)):
             return "/" + code, "/" + vars_
     return None
 

@@ -253,7 +253,7 @@ def _record_firmware(rec: _Recorder, host: HostRoot) -> None:
                 rec.file(host.path(directory, name))  # a link is a mask or one libvirt's reader skips too
     for pair in OVMF_CANDIDATES:  # which firmware images exist (names only: their bytes do not matter)
         for rel in pair:
-            if host.exists(host.path(rel)):
+            if host.installed(host.path(rel)):  # as find_ovmf asks: a dangling link is not an image
                 rec.add("F", host.path(rel), "")
 
 

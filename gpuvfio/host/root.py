@@ -292,6 +292,16 @@ class HostRoot:
         """Is ``path`` a regular file, reached as ``exists`` reaches it (a final link is no)?"""
         return self._kind_is(path, stat.S_ISREG)
 
+    def installed(self, path: str) -> bool:
+        """Is there a regular file at ``path`` as the host itself opens it: its links followed as
+        the host follows them (absolute targets taken under the root, never out of it)? A
+        dangling link is no."""
+        try:
+            real = self._resolve(path, self.root, host_links=True)
+        except (HostReadError, UnsafePathError):
+            return False
+        return self.is_file(real)
+
     def is_link(self, path: str) -> bool:
         """Is ``path`` itself a symlink (never followed), reached as ``exists`` reaches it?"""
         return self._kind_is(path, stat.S_ISLNK)

@@ -29,3 +29,28 @@ def test_checks_never_follow_a_link_out_of_the_root(tmp_path):
     assert not host.is_dir(path("escape"))
     assert host.exists(path("share/OVMF/fifo.fd")) and not host.is_file(path("share/OVMF/fifo.fd"))
     assert host.is_dir(path("share/OVMF")) and not host.exists(path("share/OVMF/none.fd"))
+
+
+def test_installed_follows_the_hosts_own_links_inside_the_root_only(tmp_path):
+    """OVMF images are often links (Fedora: /usr/share/OVMF -> ../edk2/ovmf): a link the host
+    would follow to a file counts, a dangling one or one out of the root does not."""
+    from gpuvfio.host.firmware import find_ovmf
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "usr/share/OVMF").mkdir(parents=True)
+    (root / "usr/share/edk2/ovmf").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "OVMF_CODE_4M.fd").write_bytes(b"x")
+    for name in ("OVMF_CODE.fd", "OVMF_VARS.fd"):
+        (root / "usr/share/edk2/ovmf" / name).write_bytes(b"x")
+    os.symlink("/usr/share/nowhere/OVMF_CODE_4M.fd", root / "usr/share/OVMF/OVMF_CODE_4M.fd")  # dangling
+    os.symlink("/usr/share/nowhere/OVMF_VARS_4M.fd", root / "usr/share/OVMF/OVMF_VARS_4M.fd")
+    os.symlink(str(outside / "OVMF_CODE_4M.fd"), root / "usr/share/OVMF/out.fd")  # this machine's file
+    os.symlink("/usr/share/edk2/ovmf/OVMF_CODE.fd", root / "usr/share/OVMF/abs.fd")  # the host's, absolute
+    host = HostRoot(str(root))
+    assert not host.installed(host.path("usr/share/OVMF/OVMF_CODE_4M.fd"))
+    assert not host.installed(host.path("usr/share/OVMF/out.fd"))
+    assert host.installed(host.path("usr/share/OVMF/abs.fd"))
+    assert host.installed(host.path("usr/share/edk2/ovmf/OVMF_CODE.fd"))
+    code, _vars = find_ovmf(host)
+    assert not code.endswith("_4M.fd")  # the dangling pair is passed over for the real one
