@@ -105,9 +105,10 @@ def _fingerprint(key) -> str:
 
 class Session:
     def __init__(self, target: SshTarget, default_known_hosts: str | None = None, *,
-                 clock: Clock = SYSTEM_CLOCK, record=None) -> None:
-        """``record(line)``: how a key trusted on first use is added to ``default_known_hosts``
-        (the Context's: through its state dir); None: appended to the file by its path."""
+                 clock: Clock = SYSTEM_CLOCK, record=None, recorded=None) -> None:
+        """``record(line)`` and ``recorded()``: how a key trusted on first use is added to
+        ``default_known_hosts`` and how that file is read (the Context's: through its state dir,
+        no link followed); None: by its path."""
         if not 0 < target.port < 65536:
             raise InputError(f"SSH port out of range: {target.port}")
         if target.key and not for_another_program(target.key):
@@ -119,7 +120,9 @@ class Session:
         self.client = None
         self.jump_session: Session | None = None
         self.clock = clock  # the Context's (Context.ssh): connection waits and command deadlines
-        self.record = record if not target.known_hosts else None  # a known_hosts the user named: by path
+        # A known_hosts the user named goes by its path, unless it is the default file itself.
+        own = not target.known_hosts or path_is(target.known_hosts, default_known_hosts)
+        self.record, self.recorded = (record, recorded) if own else (None, None)
 
     def connect(self) -> "Session":
         import logging
@@ -150,16 +153,7 @@ class Session:
                 delay = min(delay * 1.5, 1.0)
                 continue
             client = paramiko.SSHClient()
-            # In a fixed order, gpuvfio's own files first: paramiko keeps the first key of a type
-            # it reads for a host.
-            for path in dict.fromkeys(p for p in (target.known_hosts, self.record_to, *target.pinned_files)
-                                      if p and for_another_program(p)):
-                try:
-                    _load_known_hosts(client.get_host_keys(), path)
-                except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, GpuvfioError, UnicodeError,
-                        ValueError, TypeError) as exc:
-                    client.close()
-                    raise SshError(f"cannot read the host keys in {path}: {exc}") from None
+            self._load_host_keys(client)
             client.set_missing_host_key_policy(_Policy(self))
             try:
                 keys = [target.key] if target.key else list(target.identity_files)
@@ -202,6 +196,25 @@ class Session:
             self.clock.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
+    def _load_host_keys(self, client) -> None:
+        """The known_hosts files into ``client``, in a fixed order, gpuvfio's own first: paramiko
+        keeps the first key of a type it reads for a host. The default file is read as the
+        Context reads its state dir (``recorded``), no link followed."""
+        import paramiko
+
+        target = self.target
+        for path in dict.fromkeys(p for p in (target.known_hosts, self.record_to, *target.pinned_files)
+                                  if p and (self._own(p) or for_another_program(p))):
+            try:
+                _load_known_hosts(client.get_host_keys(), path, self.recorded() if self._own(path) else None)
+            except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, GpuvfioError, UnicodeError,
+                    ValueError, TypeError) as exc:
+                client.close()
+                raise SshError(f"cannot read the host keys in {path}: {exc}") from None
+
+    def _own(self, path: str) -> bool:
+        return self.recorded is not None and path_is(path, self.record_to)
+
     def _through_jump(self):
         """A channel to the target through the ProxyJump host (its own session, same host-key
         policy), or None for a direct connection."""
@@ -209,7 +222,7 @@ class Session:
             return None
         if self.jump_session is None:
             self.jump_session = Session(self.target.jump, self.record_to, clock=self.clock,
-                                        record=self.record).connect()
+                                        record=self.record, recorded=self.recorded).connect()
         try:
             return self.jump_session.client.get_transport().open_channel(
                 "direct-tcpip", (self.target.host, self.target.port), ("127.0.0.1", 0), timeout=10)
@@ -330,14 +343,18 @@ class _Bounded:
         return b"".join(self.chunks)
 
 
-def _load_known_hosts(keys, path: str) -> None:
+def path_is(path: str, other: str | None) -> bool:
+    return other is not None and os.path.abspath(path) == os.path.abspath(other)
+
+
+def _load_known_hosts(keys, path: str, data: bytes | None = None) -> None:
     """Add a known_hosts file's keys to paramiko's HostKeys as HostKeys.load does (the first key
-    of a type recorded for a host wins), read through the file layer: a regular file only (a
-    FIFO there is not waited on), bounded. Markers (@cert-authority, @revoked) are refused:
+    of a type recorded for a host wins), read through the file layer (``data``: read already, by
+    the Context's state dir): a regular file only (a FIFO there is not waited on), bounded. Markers (@cert-authority, @revoked) are refused:
     paramiko cannot honour them, and skipping a @revoked line would trust a revoked key."""
     import paramiko
 
-    data = read_regular(path, KNOWN_HOSTS_LIMIT) or b""
+    data = (read_regular(path, KNOWN_HOSTS_LIMIT) if data is None else data) or b""
     for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):

@@ -130,7 +130,8 @@ class Context:
         first use go to ``known_hosts``, else to the state dir's (record_host_key)."""
         if known_hosts is not None:
             return Session(target, known_hosts, clock=self.clock)
-        return Session(target, self.state.path(KNOWN_HOSTS), clock=self.clock, record=self.record_host_key)
+        return Session(target, self.state.path(KNOWN_HOSTS), clock=self.clock, record=self.record_host_key,
+                       recorded=lambda: self.state.read(KNOWN_HOSTS, KNOWN_HOSTS_LIMIT) or b"")
 
     def record_host_key(self, line: str) -> None:
         """Add a known_hosts line to the state dir's known_hosts: the state dir made private when

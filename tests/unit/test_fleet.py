@@ -515,10 +515,11 @@ def test_verify_module_reports_and_fails_on_a_failed_check(run_module, built_hos
     try:
         with open(bare.client_key) as handle:
             key = handle.read()
-        failed, result = run_module("verify", {
+        failed, result = run_module("verify", {  # its key trusted on first use, recorded in state_dir
             "root": root, "state_dir": state, "ssh_host": "127.0.0.1", "ssh_port": bare.port,
-            "known_hosts": bare.known_hosts, "expect_devices": [GPU], "ssh_private_key": key, "bandwidth": False})
+            "trust_on_first_use": True, "expect_devices": [GPU], "ssh_private_key": key, "bandwidth": False})
         assert failed and result["report"]["ok"] is False  # an NVIDIA GPU and no CUDA: not a pass
+        assert open(os.path.join(state, "known_hosts")).read().startswith(f"[127.0.0.1]:{bare.port} ")
         assert {c["id"]: c["status"] for c in result["report"]["checks"]}["cuda"] == "fail"
     finally:
         bare.stop()

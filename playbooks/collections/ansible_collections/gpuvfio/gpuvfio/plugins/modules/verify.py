@@ -176,7 +176,8 @@ def main(context_factory=None) -> None:
     try:
         check_libvirt_uri(module, "uri")
         check_devices(module, required=False, key="expect_devices", ids_key=None)
-        with private_key_file(module) as key_file, task_context(module, context_factory) as ctx:
+        with private_key_file(module) as key_file, task_context(
+                module, context_factory, writable=bool(params.get("trust_on_first_use"))) as ctx:
             # an empty list is not given (as an empty --expect-device): the domain's record then, never
             # "expect nothing", which would pass a guest without looking
             expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
