@@ -72,9 +72,10 @@ def xml_cmd(
             raise InputError("--nccl-topo needs a file name (stdout carries the XML) and GPUs passed through "
                              "whole (not --mdev/--vgpu)")
         check_output_path(nccl_topo)
-    # --cloud-init writes a seed and pins its host key in the state dir: that run changes the host.
+    # --cloud-init writes a seed and pins its host key in the state dir, --define defines the
+    # domain: such a run changes the host.
     with open_host(root_of(root)) as (host, _label), \
-            Context(host=host, writable=cloud_init is not None and not dry_run) as ctx:
+            Context(host=host, writable=(cloud_init is not None or define) and not dry_run) as ctx:
         wanted = resolve(host, addresses, device_ids)
         seed = _seed_plan(ctx, request, cloud_init, target) if target is not None else None
         # With --define, the domain it would replace: a running one's hugepages count as its own.

@@ -14,6 +14,7 @@ followed.
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import stat
@@ -62,6 +63,13 @@ class HostRoot:
     @staticmethod
     def _inside(path: str, top: str) -> bool:
         return path == top or path.startswith(top.rstrip("/") + "/")
+
+    def read_only(self) -> "HostRoot":
+        """This host with its files reached through a Tree that refuses every write (the host of
+        a Context that only reads: a persist or an mdevctl file is refused, as the state dir is)."""
+        view = copy.copy(self)
+        view.tree = files.ReadOnlyTree(self.root)
+        return view
 
     def path(self, *parts: str) -> str:
         """A path under the root (``proc/cmdline``, ``var/lib/gpuvfio``); parts are relative."""

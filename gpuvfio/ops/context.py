@@ -83,6 +83,7 @@ class Context:
         if self.fabric_manager is not None:
             self.fabric_manager = _through(self.fabric_manager, self.run)
         if not self.writable:
+            self.host = self.host.read_only()
             self.state = ReadOnlyTree(self.state.top, "/".join(self.state.base))
             self.actions = None
             self.fabric_manager = None

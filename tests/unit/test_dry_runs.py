@@ -13,7 +13,7 @@ import os
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import InputError, Refused
+from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.ops import binding, vgpu
 from gpuvfio.ops import unbind as unbinding
 from gpuvfio.host.root import HostRoot
@@ -354,9 +354,12 @@ def test_a_read_only_context_cannot_write_by_construction(bound, tmp_path, monke
                     lambda: ctx.state.remove("journal.json"), lambda: ctx.state.open_lock("lock"),
                     lambda: ctx.state.sub("a").write("b", "c"), ctx.lock,
                     lambda: ctx.writer().write(os.path.join(host.root, "sys", "bus", "pci", "drivers_probe"), GPU),
-                    lambda: binding.restore(ctx, []), lambda: unbinding.unbind(ctx, [A(GPU)], uri="none")):
+                    lambda: binding.restore(ctx, []), lambda: unbinding.unbind(ctx, [A(GPU)], uri="none"),
+                    lambda: ctx.host.tree.write("etc/gpuvfio-probe", "x")):  # the host's own files too
         with pytest.raises(ReadOnly):
             attempt()
+    with pytest.raises(GpuvfioError, match="this context only reads"):  # persist's files: none written
+        binding.run_persist(ctx, binding.plan_persist(ctx, [A(GPU)]))
     with pytest.raises(Exception, match="not the live host"):
         ctx.host_actions().modprobe("vfio-pci")
     assert (tree_digest(host.root), tree_digest(str(state))) == before
