@@ -322,7 +322,7 @@ class _SpecReader:
         if scheduler is not None:
             if kind != "vgpu":
                 self.fail(f"scheduler is for vgpu variants only ({name} is {kind})", "variant", index, "scheduler")
-            if scheduler not in POLICIES:
+            if not isinstance(scheduler, str) or scheduler not in POLICIES:  # a table is unhashable
                 self.fail(f"scheduler must be one of {', '.join(POLICIES)}, not {scheduler!r}", "variant", index,
                           "scheduler")
         return profile, scheduler

@@ -141,6 +141,8 @@ MUTATIONS = [
     ("vgpu without profile", 'profile = "NVIDIA A10-4Q"\n', ""),
     ("blank profile", 'profile = "NVIDIA A10-4Q"', 'profile = "   "'),
     ("unknown scheduler", 'scheduler = "equal-share"', 'scheduler = "round-robin"'),
+    ("scheduler a table", 'scheduler = "equal-share"', "scheduler = {}"),  # was a TypeError traceback
+    ("scheduler a list", 'scheduler = "equal-share"', 'scheduler = ["equal-share"]'),
     ("unknown variant key", 'scheduler = "equal-share"', 'scheduler = "equal-share"\nmig = true'),
     ("vgpu without run gpus", 'gpus = ["0000:1b:00.0"]\n', ""),
     ("no variants", BASE[BASE.index("[[variant]]"):], ""),
