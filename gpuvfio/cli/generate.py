@@ -1,5 +1,6 @@
 """Write what gpuvfio.options generates outside the package: the testbed spec's JSON Schema, the
-Ansible modules' argument specs and the options part of their DOCUMENTATION.
+Ansible modules' argument specs and the options part of their DOCUMENTATION, and the domain
+options the role's attach tasks hand each guest's settings to.
 
     python -m gpuvfio.cli.generate [--check] [REPOSITORY]
 
@@ -14,11 +15,11 @@ import os
 import sys
 
 from gpuvfio.user_files import user_dir
-from gpuvfio.options import ANSIBLE_MODULES, SETS, ansible_options, argument_spec, documentation_options
+from gpuvfio.options import ANSIBLE_MODULES, DOMAIN, SETS, ansible_options, argument_spec, documentation_options
 from gpuvfio.testbed.schema import schema_text
 
 __all__ = ["SCHEMA", "COLLECTION", "ARGUMENT_SPECS", "BEGIN", "END", "module_path", "generated", "argument_specs_text",
-           "with_documentation"]
+           "with_documentation", "ROLE_ATTACH", "ROLE_BEGIN", "ROLE_END", "with_role_options"]
 
 SCHEMA = os.path.join("docs", "testbed-spec.schema.json")
 # The Ansible collection gpuvfio.gpuvfio: ansible-galaxy and ansible-test take a collection only at
@@ -29,6 +30,12 @@ ARGUMENT_SPECS = os.path.join(COLLECTION, "plugins", "module_utils", "options.py
 # The lines in a module's DOCUMENTATION between which its declared options are written.
 BEGIN = "  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.\n"
 END = "  # End of the generated options.\n"
+# The role's attach tasks: each guest's domain options (guest.<name>, or omitted), in every block
+# between these lines. An alias the table keeps for playbooks is taken when the name is not given.
+ROLE_ATTACH = os.path.join(COLLECTION, "roles", "gpuvfio", "tasks", "attach.yml")
+ROLE_BEGIN = "    # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: the domain options.\n"
+ROLE_END = "    # End of the generated domain options.\n"
+ROLE_MODULE = "gpuvfio.gpuvfio.domain"
 
 
 def argument_specs_text() -> str:
@@ -66,6 +73,33 @@ def with_documentation(text: str, module: str) -> str:
     return head + BEGIN + documentation_options(module) + END + tail
 
 
+def role_options() -> str:
+    """The domain module's declared options as the attach tasks pass them: each from the guest's
+    entry (its aliases in turn), left out when the guest does not set it. ``name`` the tasks pass
+    themselves."""
+    lines = []
+    for option in DOMAIN.for_module(ROLE_MODULE):
+        if option.name == "name":
+            continue
+        value = "omit"
+        for alias in reversed(option.aliases):
+            value = f"guest.{alias} | default({value})"
+        lines.append(f'    {option.name}: "{{{{ guest.{option.name} | default({value}) }}}}"\n')
+    return "".join(lines)
+
+
+def with_role_options(text: str) -> str:
+    """The role's attach tasks with each generated block replaced by the table's options."""
+    if not text.count(ROLE_BEGIN) or text.count(ROLE_BEGIN) != text.count(ROLE_END):
+        raise ValueError(f"{ROLE_ATTACH}: the generated options' markers are missing or unpaired")
+    head, *blocks = text.split(ROLE_BEGIN)
+    out = [head]
+    for block in blocks:
+        _old, tail = block.split(ROLE_END)
+        out.append(ROLE_BEGIN + role_options() + ROLE_END + tail)
+    return "".join(out)
+
+
 def module_path(module: str) -> str:
     """The file of a module named by its FQCN (gpuvfio.gpuvfio.domain), in the repository."""
     return os.path.join(COLLECTION, "plugins", "modules", module.rsplit(".", 1)[-1] + ".py")
@@ -78,6 +112,7 @@ def generated(repository: str) -> dict[str, str]:
     for module in ANSIBLE_MODULES:
         path = module_path(module)
         out[path] = with_documentation(tree.text(path) or "", module)
+    out[ROLE_ATTACH] = with_role_options(tree.text(ROLE_ATTACH) or "")
     return out
 
 

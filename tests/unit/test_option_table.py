@@ -361,3 +361,21 @@ def test_each_check_finds_a_change_on_one_side(mutation, modules, monkeypatch, t
 def test_the_schema_is_generated_from_the_table():
     """Changing the table changes the generated schema (what the committed-file test compares)."""
     assert "console_log" in spec_schema.schema()["properties"]["guest"]["properties"]
+
+
+def test_the_roles_attach_tasks_pass_every_domain_option():
+    """Issue 36 item 3: the role's define and start tasks hand each guest's settings to the domain
+    module for every option the module takes (they listed 18 by hand, missing topology, p2p, mdev,
+    vgpu, uuid, console_log and qemu_version), an alias the table keeps taken too."""
+    import yaml
+
+    with open(os.path.join(REPO, generate.ROLE_ATTACH), encoding="utf-8") as handle:
+        tasks = yaml.safe_load(handle)
+    domain_tasks = [t["gpuvfio.gpuvfio.domain"] for t in tasks if "gpuvfio.gpuvfio.domain" in t]
+    assert len(domain_tasks) == 2
+    for task in domain_tasks:
+        for option in DOMAIN.for_module("gpuvfio.gpuvfio.domain"):
+            if option.name == "name":
+                continue
+            assert f"guest.{option.name} |" in task.get(option.name, ""), option.name
+            assert all(f"guest.{alias} |" in task[option.name] for alias in option.aliases), option.name
