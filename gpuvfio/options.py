@@ -27,7 +27,7 @@ KINDS = ("str", "int", "float", "bool", "path", "list")
 # sshd and most directories allow), at most 32 characters: guests and a testbed's hypervisor.
 USER_PATTERN = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
 USER = re.compile(USER_PATTERN)
-CLI_COMMANDS = ("xml", "attach", "verify")
+CLI_COMMANDS = ("xml", "attach", "verify", "detach")
 # The Ansible modules that take the table's options, by their FQCN (the gpuvfio.gpuvfio collection in
 # playbooks/collections/): the name also keeps them apart from the commands of the same word.
 ANSIBLE_MODULES = ("gpuvfio.gpuvfio.domain", "gpuvfio.gpuvfio.verify")
@@ -245,7 +245,13 @@ RUN = OptionSet(
            [], spec=RUN_SPEC),
     Option("gpu_ids", "list", "lspci -d VENDOR:[DEVICE][:CLASS]; with {gpus}, what both select.", [],
            spec=RUN_SPEC),
-    Option("connect", "str", "A libvirt URI.", spec=RUN_SPEC),
+    # One name everywhere: --connect, the modules' connect (uri, the name they had, kept as an
+    # alias), [run] connect.
+    Option("connect", "str", "The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system); "
+           "one that would make libvirt run a program or skip a check (the ext and SSH transports, command=, "
+           "netcat=, no_verify= and the like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.",
+           metavar="URI", cli=("xml", "attach", "verify", "detach"), ansible=MODULES, spec=RUN_SPEC,
+           aliases=("uri",)),
     Option("stop_services", "bool", "Stop NVIDIA services that hold the GPU while binding; restore restarts "
            "them.", False, cli=("attach",), ansible=DOM, spec=RUN_VARIANT),
     Option("force", "bool", "Bind groups with a foreign device or the console GPU anyway.", False,

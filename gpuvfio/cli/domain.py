@@ -24,7 +24,7 @@ from gpuvfio.user_files import check_output_path, write_output
 from gpuvfio.ops.domains import (NCCL_GUEST_FILE, domain_request, existing_domain, plan_define, run_define,
                                  nccl_topology_file, provision_xml)
 from gpuvfio.ops.selection import check_devices, resolve
-from gpuvfio.options import DOMAIN, SSH
+from gpuvfio.options import DOMAIN, RUN, SSH
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
@@ -48,9 +48,7 @@ def xml_cmd(
     ssh: dict = options(SSH, "xml"),
     define: Annotated[bool, typer.Option("--define", help="Define it in libvirt (idempotent).")] = False,
     update: Annotated[bool, typer.Option("--update", help="With --define: redefine when it differs.")] = False,
-    connect: Annotated[Optional[str], typer.Option(
-        "--connect", metavar="URI",
-        help="libvirt URI (for --define, and to ask QEMU's version and other domains' pins).")] = None,
+    run: dict = options(RUN, "xml"),
     nccl_topo: Annotated[Optional[str], typer.Option(
         "--nccl-topo", metavar="FILE", help="Also write the predicted NCCL topology file (NCCL_TOPO_FILE) for the "
         "guest; attach writes the real one inside the guest.")] = None,
@@ -60,7 +58,7 @@ def xml_cmd(
 ) -> None:
     """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
     from the BARs), or a vGPU; --define defines it idempotently."""
-    check_uri(connect, source="--connect")
+    connect = check_uri(run["connect"], source="--connect")
     cloud_init = ssh.pop("cloud_init")
     request = domain_request(**domain)
     if cloud_init is None and any(value is not None for value in ssh.values()):

@@ -25,9 +25,6 @@ from gpuvfio.options import DOMAIN, RUN, SSH, VERIFY
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
-Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help="libvirt URI.")]
-
-
 def _complete_domain(ctx: typer.Context, incomplete: str) -> list[str]:
     # completion opens libvirt itself: a URI the policy refuses completes nothing, and a Tab
     # prints no warning into the shell's line
@@ -51,11 +48,11 @@ def verify_cmd(
     expect_ids: Annotated[Optional[list[str]], typer.Option(
         "--expect", metavar="VENDOR:DEVICE[xN]", help="N functions with these IDs must be in the guest (a guest "
                                                       "gpuvfio did not define; e.g. 10de:2335x4).")] = None,
-    ssh: dict = options(SSH, "verify"), connect: Connect = None, checks: dict = options(VERIFY, "verify"),
+    ssh: dict = options(SSH, "verify"), run: dict = options(RUN, "verify"), checks: dict = options(VERIFY, "verify"),
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth."""
-    check_uri(connect, source="--connect")
+    connect = check_uri(run["connect"], source="--connect")
     check_devices(expect_device, None, required=False)
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
     target = ssh_from_table(ssh, timeout=ssh["timeout"])
@@ -80,8 +77,7 @@ def verify_cmd(
 @from_table
 def attach_cmd(
     addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False,
-    domain: dict = options(DOMAIN, "attach"), ssh: dict = options(SSH, "attach"), connect: Connect = None,
-    run: dict = options(RUN, "attach"),
+    domain: dict = options(DOMAIN, "attach"), ssh: dict = options(SSH, "attach"), run: dict = options(RUN, "attach"),
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Wait for SSH, skip the in-guest checks.")] = False,
     checks: dict = options(VERIFY, "attach"),
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a failed attach as it is, for "
@@ -91,7 +87,7 @@ def attach_cmd(
                                                               "too (the plan shows its differences).")] = False,
 ) -> None:
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
-    check_uri(connect, source="--connect")
+    connect = check_uri(run.pop("connect"), source="--connect")
     check_devices(addresses, device_ids, required=False)
     cloud_init = ssh.pop("cloud_init")
     request = domain_request(**domain)
@@ -138,14 +134,15 @@ def attach_cmd(
 
 
 @commands.command("detach")
+@from_table
 def detach_cmd(name: Annotated[str, typer.Argument(
                    metavar="NAME", help="The libvirt domain.", autocompletion=_complete_domain)],
-               connect: Connect = None,
+               run: dict = options(RUN, "detach"),
                timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                                               help="Seconds for ACPI shutdown.")] = 60.0,
                dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""
-    check_uri(connect, source="--connect")
+    connect = check_uri(run["connect"], source="--connect")
     if dry_run:
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
             show_plan(plan_detach(ctx, name, uri=connect, timeout=timeout), as_json)

@@ -37,15 +37,16 @@ PLAYBOOKS = os.path.join(REPO, "playbooks")
 EVERY_COMMAND = {"verbose"}
 # What each command and module takes besides the table's options (their own, not shared).
 COMMAND_OWN = {
-    "xml": {"addresses", "device_ids", "define", "update", "connect", "nccl_topo", "dry_run", "as_json", "root"},
-    "attach": {"addresses", "device_ids", "yes", "connect", "no_verify", "keep_on_failure", "dry_run", "as_json",
+    "xml": {"addresses", "device_ids", "define", "update", "nccl_topo", "dry_run", "as_json", "root"},
+    "attach": {"addresses", "device_ids", "yes", "no_verify", "keep_on_failure", "dry_run", "as_json",
                "root", "show_xml"},
-    "verify": {"domain", "expect_device", "expect_ids", "connect", "as_json", "root"},
+    "verify": {"domain", "expect_device", "expect_ids", "as_json", "root"},
+    "detach": {"name", "timeout", "dry_run", "as_json", "root"},
 }
 MODULE_OWN = {
-    "gpuvfio.gpuvfio.domain": {"root", "state_dir", "devices", "device_ids", "all_matched", "state", "uri", "update",
+    "gpuvfio.gpuvfio.domain": {"root", "state_dir", "devices", "device_ids", "all_matched", "state", "update",
                        "verify", "keep_on_failure", "stop_timeout", "restore_devices"},
-    "gpuvfio.gpuvfio.verify": {"root", "state_dir", "domain", "uri", "expect_devices"},
+    "gpuvfio.gpuvfio.verify": {"root", "state_dir", "domain", "expect_devices"},
 }
 
 

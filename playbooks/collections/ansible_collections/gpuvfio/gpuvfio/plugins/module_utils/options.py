@@ -49,6 +49,7 @@ ARGUMENT_SPECS = {
         'samples': {'type': 'int'},
         'probe_timeout': {'type': 'float', 'default': 120.0},
         'verify_timeout': {'type': 'float', 'default': 600.0},
+        'connect': {'type': 'str', 'aliases': ['uri']},
         'stop_services': {'type': 'bool', 'default': False},
         'take_host_devices': {'type': 'bool', 'default': False},
     },
@@ -70,6 +71,7 @@ ARGUMENT_SPECS = {
         'samples': {'type': 'int'},
         'probe_timeout': {'type': 'float', 'default': 120.0},
         'verify_timeout': {'type': 'float', 'default': 600.0},
+        'connect': {'type': 'str', 'aliases': ['uri']},
     },
 }
 
@@ -88,6 +90,6 @@ SETS = {
         'verify_timeout',
     ),
     'run': (
-        'stop_services', 'take_host_devices',
+        'connect', 'stop_services', 'take_host_devices',
     ),
 }

@@ -75,7 +75,7 @@ options:
       names the chain (for example a partition holding LUKS holding LVM mounted on /).
     type: bool
     default: false
-  libvirt_uri:
+  connect:
     description:
       - libvirt URI asked which domains use the devices before binding (a libvirt that does not
         answer refuses the bind). Default libvirt's default URI when C(root) is C(/), else no
@@ -84,6 +84,7 @@ options:
         transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
         C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
     type: str
+    aliases: [libvirt_uri]
   write_timeout:
     description: Seconds to wait for one sysfs write.
     type: float
@@ -179,7 +180,7 @@ def to_vfio(module, ctx, addresses) -> dict:
                                 allow_unsafe_host=params["allow_unsafe_host"],
                                 take_host_devices=params["take_host_devices"])
     # The plan of the real run: a refusal fails the task in check mode exactly as it would for real.
-    plan = binding.plan_operation(ctx, addresses, policy, uri=params["libvirt_uri"]).shown()
+    plan = binding.plan_operation(ctx, addresses, policy, uri=params["connect"]).shown()
     devices = [str(a) for a in plan.devices]
     result = {"devices": devices, "plan": plan.to_json()}
     before = binding.current_drivers(ctx, devices)
@@ -193,7 +194,7 @@ def to_vfio(module, ctx, addresses) -> dict:
                   diff=driver_diff(before, after, "IOMMU group(s) of " + ", ".join(map(str, addresses))))
     if module.check_mode:
         return result
-    report = binding.bind(ctx, addresses, policy, uri=params["libvirt_uri"])
+    report = binding.bind(ctx, addresses, policy, uri=params["connect"])
     result["plan"] = report.to_json()
     result["drivers"]["after"] = binding.current_drivers(ctx, report.devices)
     result["changed"] = report.status is binding.BindStatus.APPLIED
@@ -247,7 +248,7 @@ def main(context_factory=None) -> None:
                            stop_services=dict(type="bool", default=False),
                            allow_unsafe_host=dict(type="bool", default=False),
                            take_host_devices=dict(type="bool", default=False),
-                           libvirt_uri=dict(type="str"),
+                           connect=dict(type="str", aliases=["libvirt_uri"]),
                            write_timeout=dict(type="float", default=10.0),
                            lock_timeout=dict(type="float", default=30.0)),
         supports_check_mode=True,
@@ -257,7 +258,7 @@ def main(context_factory=None) -> None:
     selected: list = []
     result = {}
     try:
-        check_libvirt_uri(module, "libvirt_uri", keywords=(binding.NO_LIBVIRT,))
+        check_libvirt_uri(module, "connect", keywords=(binding.NO_LIBVIRT,))
         check_devices(module, required=True)
         with task_context(module, context_factory, writable=True, write_timeout=module.params["write_timeout"],
                           lock_timeout=module.params["lock_timeout"]) as ctx:

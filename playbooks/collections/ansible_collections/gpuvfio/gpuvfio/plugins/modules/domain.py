@@ -51,13 +51,6 @@ options:
       one physical device (the command's C(--yes)); without it such a task fails and names what matched.
     type: bool
     default: false
-  uri:
-    description:
-      - libvirt URI. Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
-      - gpuvfio refuses a URI that would make libvirt run a program or skip a check (the C(ext) and SSH
-        transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
-        C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
-    type: str
   update:
     description: Redefine an existing gpuvfio domain that differs (C(state=defined)).
     type: bool
@@ -278,6 +271,13 @@ options:
       Allow the in-guest verifier (bandwidth runs) this long.
     type: float
     default: 600.0
+  connect:
+    description: >-
+      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system); one that would make
+      libvirt run a program or skip a check (the ext and SSH transports, command=, netcat=, no_verify= and the
+      like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+    type: str
+    aliases: ["uri"]
   stop_services:
     description: >-
       Stop NVIDIA services that hold the GPU while binding; restore restarts them.
@@ -480,7 +480,6 @@ def main(context_factory=None) -> None:
             **DEVICE_ARGS,
             **ARGUMENT_SPECS["gpuvfio.gpuvfio.domain"],  # the domain, SSH and verify options gpuvfio.options declares
             state=dict(type="str", choices=["defined", "running", "absent"], default="defined"),
-            uri=dict(type="str"),
             update=dict(type="bool", default=True),
             verify=dict(type="bool", default=True),
             keep_on_failure=dict(type="bool", default=False),
@@ -492,11 +491,11 @@ def main(context_factory=None) -> None:
     )
     require_gpuvfio(module)
     state = module.params["state"]
-    uri = module.params["uri"]
+    uri = module.params["connect"]
     selected: list = []
     result = {}
     try:
-        check_libvirt_uri(module, "uri")
+        check_libvirt_uri(module, "connect")
         check_devices(module, required=False)
         with task_context(module, context_factory, writable=True) as ctx:
             if state != "absent":

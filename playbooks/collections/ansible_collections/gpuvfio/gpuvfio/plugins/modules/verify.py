@@ -24,13 +24,6 @@ options:
   domain:
     description: Find the guest's address through libvirt (forwarded port, DHCP lease, agent, ARP).
     type: str
-  uri:
-    description:
-      - libvirt URI for C(domain). Default C($LIBVIRT_DEFAULT_URI) or C(qemu:///system).
-      - gpuvfio refuses a URI that would make libvirt run a program or skip a check (the C(ext) and SSH
-        transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
-        C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
-    type: str
   expect_devices:
     description:
       - Host devices that must be in the guest, as the gpuvfio command takes them (C(DDDD:BB:SS.F),
@@ -113,6 +106,13 @@ options:
       Allow the in-guest verifier (bandwidth runs) this long.
     type: float
     default: 600.0
+  connect:
+    description: >-
+      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system); one that would make
+      libvirt run a program or skip a check (the ext and SSH transports, command=, netcat=, no_verify= and the
+      like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+    type: str
+    aliases: ["uri"]
   # End of the generated options.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -164,7 +164,6 @@ def main(context_factory=None) -> None:
             COMMON_ARGS,
             **ARGUMENT_SPECS["gpuvfio.gpuvfio.verify"],  # the SSH and verify options gpuvfio.options declares
             domain=dict(type="str"),
-            uri=dict(type="str"),
             expect_devices=dict(type="list", elements="str"),
         ),
         required_one_of=[("domain", "ssh_host")],
@@ -174,7 +173,7 @@ def main(context_factory=None) -> None:
     require_gpuvfio(module)
     params = module.params
     try:
-        check_libvirt_uri(module, "uri")
+        check_libvirt_uri(module, "connect")
         check_devices(module, required=False, key="expect_devices", ids_key=None)
         with private_key_file(module) as key_file, task_context(
                 module, context_factory, writable=bool(params.get("trust_on_first_use"))) as ctx:
@@ -183,7 +182,7 @@ def main(context_factory=None) -> None:
             expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
                       if params["expect_devices"] else None)
             ssh = guest_ssh(module, key_file, params["timeout"])
-            report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["uri"], expect=expect,
+            report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["connect"], expect=expect,
                                    options=guests.verify_options(**table_values(params, "verify")))
     except GpuvfioError as exc:
         fail_gpuvfio(module, exc)
