@@ -129,7 +129,8 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
     # A guest that can boot and be reached, known before the bind changes anything.
     plan.checks += reach_checks(ctx, request, ssh, uri=uri, asked=asked)
     if provisioned.passthrough:
-        _plan_bind(ctx, plan, provisioned, policy, (uri or default_uri()) if asked else binding.NO_LIBVIRT, name)
+        bind_uri = (uri or default_uri(ctx.host.settings)) if asked else binding.NO_LIBVIRT
+        _plan_bind(ctx, plan, provisioned, policy, bind_uri, name)
     if spec.fabric is not None and spec.fabric.partition is not None:
         plan.step(StepKind.ACTIVATE_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
     if plan.seed is not None:

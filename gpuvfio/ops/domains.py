@@ -182,7 +182,7 @@ def plan_define(ctx: Context, xml: str, *, uri: str | None = None, update: bool 
     plan.held = held = current_definition(conn, xml)
     plan.changes = list(held.changes)
     if held.current_xml is None:
-        plan.step(StepKind.DEFINE, f"define {name} on {uri or default_uri()}", name=name)
+        plan.step(StepKind.DEFINE, f"define {name} on {uri or default_uri(ctx.host.settings)}", name=name)
     elif not held.changes:
         plan.notes.append(f"{name} is defined so already (unchanged)")
     elif update:

@@ -26,7 +26,7 @@ def default_uri(settings: Settings | None = None) -> str:
     """libvirt's own default: $LIBVIRT_DEFAULT_URI (by gpuvfio's URI policy), else the system
     QEMU driver. ``settings``: the run's (default: read now)."""
     settings = settings if settings is not None else Settings.from_environment()
-    return check_uri(settings.libvirt_uri, source=URI_ENV) or SYSTEM_URI
+    return check_uri(settings.libvirt_uri, source=URI_ENV, settings=settings) or SYSTEM_URI
 
 
 def libvirt_module():

@@ -88,11 +88,11 @@ def _stderr(line: str) -> None:
 
 
 def check_uri(uri: str | None, *, source: str = "libvirt URI", keywords: Iterable[str] = (),
-              warn: Callable[[str], None] | None = None) -> str | None:
+              warn: Callable[[str], None] | None = None, settings: Settings | None = None) -> str | None:
     """``uri`` when gpuvfio lets libvirt open it (None and the ``keywords``, such as --connect's
     ``none``, come back as they are); InputError naming ``source`` and the offending part
     otherwise. ``warn``: where the warning of GPUVFIO_ALLOW_UNSAFE_URI=1 goes (stderr), once
-    per URI in a process."""
+    per URI in a process. ``settings``: the run's (the opt-out read there; default: read now)."""
     if uri is None or uri in tuple(keywords):
         return uri
     if not isinstance(uri, str) or uri == "":
@@ -106,7 +106,7 @@ def check_uri(uri: str | None, *, source: str = "libvirt URI", keywords: Iterabl
     try:
         _policy(uri)
     except _Unsafe as exc:
-        if not Settings.from_environment().allow_unsafe_uri:
+        if not (settings if settings is not None else Settings.from_environment()).allow_unsafe_uri:
             raise InputError(f"{source} {ascii(uri)}: {exc}; refused ({UNSAFE_ENV}=1 lets it through)") from None
         if uri not in _warned:
             _warned.add(uri)

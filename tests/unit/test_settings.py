@@ -24,3 +24,20 @@ def test_unset_and_empty_variables_mean_the_defaults():
     assert got.libvirt_uri is None and got.pci_ids is None
     assert not got.tmpdir_set and not got.ssh_agent and not got.completion and got.root is None
     assert Settings.from_environment({}) == Settings()
+
+
+def test_the_runs_settings_decide_the_uri_policy_not_the_environment_later(monkeypatch):
+    """A URI the policy refuses goes through only when the run's settings say so: the variable
+    set in the environment after they were read changes nothing for that run."""
+    import pytest
+
+    from gpuvfio.errors import InputError
+    from gpuvfio.virt.connection import default_uri
+
+    monkeypatch.setenv("GPUVFIO_ALLOW_UNSAFE_URI", "1")
+    run = Settings(libvirt_uri="qemu+ext:///system?command=/bin/true")
+    with pytest.raises(InputError, match="refused"):
+        default_uri(run)
+    allowed = Settings(libvirt_uri="qemu+ext:///system?command=/bin/true", allow_unsafe_uri=True)
+    monkeypatch.delenv("GPUVFIO_ALLOW_UNSAFE_URI")
+    assert default_uri(allowed).startswith("qemu+ext://")
