@@ -64,7 +64,7 @@ GROUPS = {
                   _t("test_binding", "test_bind_results", "test_bind_cli", "test_sysfs_write", "test_confined_writes",
                      "test_recovery_gaps", "test_dry_runs", "test_plans_are_run", "test_plan_runs_meet_the_world",
                      "test_health", "test_kernel_names", "test_host_use", "test_fabric_flow", "test_doctor",
-                     "test_persist_edges", "test_journal_edges", "test_apply_edges", "test_plan_edges")),
+                     "test_persist_edges", "test_journal_edges", "test_apply_edges", "test_plan_edges", "test_clock")),
     "host": Group(("gpuvfio/host/inventory.py", "gpuvfio/host/groups.py", "gpuvfio/host/topology.py"),
                   _t("test_inventory", "test_inventory_edges", "test_inventory_generated", "test_topology",
                      "test_topology_edges", "test_selectors")),
@@ -75,7 +75,7 @@ GROUPS = {
                    _t("test_file_layer", "test_file_layer_reads", "test_tree_reads", "test_tree_writes",
                       "test_tree_replace", "test_tree_filler", "test_confined_writes", "test_fixture_safety",
                       "test_bounded_recordings", "test_edges")),
-    "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri")),
+    "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri", "test_settings")),
     "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py"),
                    _t("test_verify", "test_verify_report", "test_plausible_guest", "test_edges", "test_fabric_flow",
                       "test_verifier_fakecuda", "test_verify_record", "test_bus_ids")),
@@ -226,10 +226,29 @@ def _is_codec(name: str) -> bool:
 
 
 def load_triage() -> dict[str, str]:
+    """mutant -> why it may survive (an entry's ``reason`` where it is a table)."""
+    return {k: str(v["reason"]) if isinstance(v, dict) else str(v) for k, v in _triage_entries().items()}
+
+
+def triage_diffs() -> dict[str, str]:
+    """mutant -> the mutation its entry was written for, where the entry says it (a table with
+    ``reason`` and ``diff``). mutmut numbers a function's mutants in order, so an entry written
+    for a mutant names another one once its function changes above it; the changed-lines run
+    takes such an entry only while the mutation it describes is still the one it names."""
+    return {k: str(v["diff"]) for k, v in _triage_entries().items() if isinstance(v, dict) and "diff" in v}
+
+
+def _triage_entries() -> dict:
     if not os.path.exists(TRIAGE):
         return {}
     with open(TRIAGE, "rb") as handle:
-        return {k: str(v) for k, v in tomllib.load(handle).get("survivors", {}).items()}
+        return tomllib.load(handle).get("survivors", {})
+
+
+def same_mutation(described: str, shown: str) -> bool:
+    """Two mutmut diffs of one mutation (each line's indentation aside)."""
+    return [line[:1] + line[1:].strip() for line in described.strip().splitlines()] == \
+        [line[:1] + line[1:].strip() for line in shown.strip().splitlines()]
 
 
 def explain(mutant: str, diff: str, triage: dict[str, str]) -> str | None:
@@ -441,14 +460,16 @@ def changed_run(bases: dict[str, str], jobs: int, limit: int, triage: dict[str, 
         print("mutation: no core function changed since its group was measured "
               f"({', '.join(sorted({base[:12] for base in bases.values()}))})")
         return 0
-    untriaged = []
+    untriaged, diffs = [], triage_diffs()
     for name, group_patterns in patterns.items():
         outcome = run_group(name, jobs, group_patterns[:limit])
         print(f"mutation {name}: {outcome.killed}/{outcome.total} killed in the changed functions "
               f"({', '.join(p.rsplit('.', 1)[-1].removesuffix('__mutmut_*') for p in group_patterns)})", flush=True)
-        untriaged += [(m, d) for m, d in outcome.survivors.items() if explain(m, d, triage) is None]
+        untriaged += [(m, d) for m, d in outcome.survivors.items() if explain(m, d, triage) is None
+                      or (m in diffs and not same_mutation(diffs[m], d))]
     for mutant, diff in untriaged:
-        print(f"SURVIVED {mutant}\n{diff}")
+        stale = " (its triage entry describes another mutation: renumbered?)" if mutant in diffs else ""
+        print(f"SURVIVED {mutant}{stale}\n{diff}")
     if untriaged:
         print(f"mutation: {len(untriaged)} mutant(s) in changed functions survive untriaged: add a test that kills "
               "each, or explain it in tests/mutation/triage.toml")

@@ -171,3 +171,29 @@ def test_the_report_lists_each_unexplained_survivor_or_says_there_is_none(tmp_pa
     mutate.write_report([], {"gpuvfio.virt.uri.x_f__mutmut_1": "equivalent: n is not read"})
     report = (tmp_path / "mutation.md").read_text()
     assert "x_f__mutmut_1" not in report and report.endswith("None: every survivor of the groups measured is explained.\n")
+
+
+def test_a_triage_entry_for_a_renumbered_mutant_is_not_taken_in_the_changed_run(tmp_path, monkeypatch, capsys):
+    """mutmut numbers a function's mutants in order, so a change above a triaged mutant makes its
+    number name another mutation (RunLock.__enter__'s 28 became 26 when it took the clock, and 28
+    then named another). An entry that says which mutation it was written for explains only that
+    one in the changed-lines run; the record's report still reads its reason."""
+    triage = tmp_path / "triage.toml"
+    triage.write_text('[survivors]\n"m.x_f__mutmut_3" = {reason = "equivalent", diff = "-    a < b\\n+    a <= b"}\n'
+                      '"m.x_f__mutmut_4" = "equivalent, by number only"\n', encoding="utf-8")
+    monkeypatch.setattr(mutate, "TRIAGE", str(triage))
+    assert mutate.load_triage()["m.x_f__mutmut_3"] == "equivalent"
+    assert mutate.same_mutation("-    a < b\n+    a <= b", "-        a < b\n+        a <= b")  # indentation aside
+    outcome = mutate.Outcome("bind", seconds=1.0, commit="c")
+    monkeypatch.setattr(mutate, "changed_patterns", lambda bases: {"bind": ["m.x_f__mutmut_*"]})
+
+    def run_group(name, jobs, patterns):
+        outcome.counts = {"killed": 8, "survived": 2}
+        return outcome
+
+    monkeypatch.setattr(mutate, "run_group", run_group)
+    outcome.survivors = {"m.x_f__mutmut_3": "-    a < b\n+    a <= b", "m.x_f__mutmut_4": "-    x\n+    y"}
+    assert mutate.changed_run({"bind": "c"}, 2, 10, mutate.load_triage()) == 0
+    outcome.survivors = {"m.x_f__mutmut_3": "-    a = 1\n+    a = 2"}  # the number names another mutation now
+    assert mutate.changed_run({"bind": "c"}, 2, 10, mutate.load_triage()) == 1
+    assert "SURVIVED m.x_f__mutmut_3 (its triage entry describes another mutation: renumbered?)" in capsys.readouterr().out
