@@ -120,6 +120,7 @@ class Session:
         self.client = None
         self.jump_session: Session | None = None
         self.clock = clock  # the Context's (Context.ssh): connection waits and command deadlines
+        self.agent = Settings.from_environment().ssh_agent  # read once, not on each connection attempt
         # A known_hosts the user named goes by its path, unless it is the default file itself.
         own = not target.known_hosts or path_is(target.known_hosts, default_known_hosts)
         self.record, self.recorded = (record, recorded) if own else (None, None)
@@ -160,7 +161,7 @@ class Session:
                 sock = self._through_jump()
                 client.connect(target.host, port=target.port, username=target.user, key_filename=keys or None,
                                timeout=5, banner_timeout=15, auth_timeout=20,
-                               allow_agent=Settings.from_environment().ssh_agent, look_for_keys=not keys,
+                               allow_agent=self.agent, look_for_keys=not keys,
                                sock=sock)
                 # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
                 # noticed while a long command (a remote testbed run) waits.
@@ -350,8 +351,9 @@ def path_is(path: str, other: str | None) -> bool:
 def _load_known_hosts(keys, path: str, data: bytes | None = None) -> None:
     """Add a known_hosts file's keys to paramiko's HostKeys as HostKeys.load does (the first key
     of a type recorded for a host wins), read through the file layer (``data``: read already, by
-    the Context's state dir): a regular file only (a FIFO there is not waited on), bounded. Markers (@cert-authority, @revoked) are refused:
-    paramiko cannot honour them, and skipping a @revoked line would trust a revoked key."""
+    the Context's state dir): a regular file only (a FIFO there is not waited on), bounded.
+    Markers (@cert-authority, @revoked) are refused: paramiko cannot honour them, and skipping a
+    @revoked line would trust a revoked key."""
     import paramiko
 
     data = (read_regular(path, KNOWN_HOSTS_LIMIT) if data is None else data) or b""

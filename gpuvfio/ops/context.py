@@ -126,11 +126,9 @@ class Context:
                            "recording)")
         return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend, clock=self.clock)
 
-    def ssh(self, target: SshTarget, known_hosts: str | None = None) -> Session:
+    def ssh(self, target: SshTarget) -> Session:
         """An SSH session to ``target`` (not yet connected), on this run's clock; keys trusted on
-        first use go to ``known_hosts``, else to the state dir's (record_host_key)."""
-        if known_hosts is not None:
-            return Session(target, known_hosts, clock=self.clock)
+        first use go to the target's known_hosts, else to the state dir's (record_host_key)."""
         return Session(target, self.state.path(KNOWN_HOSTS), clock=self.clock, record=self.record_host_key,
                        recorded=lambda: self.state.read(KNOWN_HOSTS, KNOWN_HOSTS_LIMIT) or b"")
 
