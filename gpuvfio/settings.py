@@ -15,13 +15,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "TEMPLATES_ENV", "SCHEMA_ENV", "UNSAFE_URI_ENV",
+__all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "SCHEMA_ENV", "UNSAFE_URI_ENV",
            "LIBVIRT_URI_ENV", "COMPLETE_ENV"]
 
 ROOT_ENV = "GPUVFIO_ROOT"  # the host root (a directory or a recording); default /
 STATE_ENV = "GPUVFIO_STATE_DIR"  # the state dir; default <root>/var/lib/gpuvfio
 PCI_IDS_ENV = "GPUVFIO_PCI_IDS"  # a pci.ids file before the host's own
-TEMPLATES_ENV = "GPUVFIO_TEMPLATES"  # the domain templates, instead of the packaged ones
 SCHEMA_ENV = "GPUVFIO_LIBVIRT_SCHEMAS"  # libvirt's RelaxNG schemas, instead of /usr/share/libvirt/schemas
 UNSAFE_URI_ENV = "GPUVFIO_ALLOW_UNSAFE_URI"  # 1: a libvirt URI the policy refuses goes through, loudly
 LIBVIRT_URI_ENV = "LIBVIRT_DEFAULT_URI"  # libvirt's own default URI (virsh(1) ENVIRONMENT)
@@ -33,7 +32,6 @@ class Settings:
     root: str | None = None
     state_dir: str | None = None
     pci_ids: str | None = None
-    templates: str | None = None
     schemas: str | None = None
     allow_unsafe_uri: bool = False  # only the value 1 lifts the URI policy
     libvirt_uri: str | None = None  # LIBVIRT_DEFAULT_URI, unchecked here (gpuvfio.virt.connection checks it)
@@ -47,7 +45,7 @@ class Settings:
     def from_environment(cls, environ=None) -> "Settings":
         env = dict(os.environ if environ is None else environ)
         return cls(root=env.get(ROOT_ENV), state_dir=env.get(STATE_ENV), pci_ids=env.get(PCI_IDS_ENV) or None,
-                   templates=env.get(TEMPLATES_ENV) or None, schemas=env.get(SCHEMA_ENV) or None,
+                   schemas=env.get(SCHEMA_ENV) or None,
                    allow_unsafe_uri=env.get(UNSAFE_URI_ENV) == "1", libvirt_uri=env.get(LIBVIRT_URI_ENV) or None,
                    tmpdir_set=bool(env.get("TMPDIR")), ssh_agent=bool(env.get("SSH_AUTH_SOCK")),
                    completion=bool(env.get(COMPLETE_ENV)), environ=env)

@@ -24,7 +24,6 @@ ENVIRONMENT = (
     ("GPUVFIO_STATE_DIR", "Where the journal, the lock and guests' known_hosts live. Default <root>/var/lib/gpuvfio."),
     ("GPUVFIO_PCI_IDS", "A pci.ids file to name devices with, before <root>/usr/share/misc/pci.ids and the "
                         "system's."),
-    ("GPUVFIO_TEMPLATES", "A directory of domain XML templates instead of the packaged ones."),
     ("GPUVFIO_LIBVIRT_SCHEMAS", "Where libvirt's RelaxNG schemas are (domain.rng), to validate generated XML."),
     ("LIBVIRT_DEFAULT_URI", "libvirt's default connection, as for virsh (default qemu:///system); checked as "
                             "--connect is."),

@@ -1,6 +1,6 @@
 """DomainSpec: every decision about a guest, made in Python from the host model.
 
-The template (templates/domain.xml.j2) only renders what is decided here -- Nova's
+The renderer (gpuvfio.domain.render) only lays out what is decided here -- Nova's
 split between config objects and the designer that fills them. The request arrives
 validated (request.py); placement.py holds the CPU/NUMA/hugepage/MMIO policy and
 gpuvfio.host.assignable what a device brings along. Bad input is InputError (exit 2); a

@@ -96,7 +96,7 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
         spec.notes = [line.message for line in fabric.lines if line.status != FABRIC_WARN] + spec.notes
         spec.warnings += [line.message for line in fabric.lines if line.status == FABRIC_WARN]
     settings = ctx.host.settings
-    return Provisioned(spec, domain_xml(spec, templates=settings.templates, schemas=settings.schemas), inventory)
+    return Provisioned(spec, domain_xml(spec, schemas=settings.schemas), inventory)
 
 
 def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None) -> str:

@@ -1,6 +1,6 @@
 """The testbed report as a document -- title, sections of paragraphs, bullets, tables and
 plots -- written out as Markdown and as a self-contained HTML page, both by jinja2 templates
-from the same structure, so both always show the same sections and numbers.
+(templates/report.md.j2 and report.html.j2) from the same structure, so both always show the same sections and numbers.
 
 What the results say (variant names, identity.json's keys and values, the guest's facts, how a
 variant was provisioned) is another machine's text: the document holds it as :class:`Host`
@@ -18,13 +18,15 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
 
-
-from gpuvfio.errors import Refused
+from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N
 from gpuvfio.text import printable
+from gpuvfio.user_files import for_another_program
 
 TITLE = "gpuvfio testbed report"
+MARKDOWN, PAGE = "report.md.j2", "report.html.j2"  # in the top-level templates/
 SYNTHETIC_LABEL = "SYNTHETIC SAMPLE, not measured"
 COLUMNS = ["variant", "n", "mean", "95 % CI of mean", "median", "min", "max", "p95", "p99", "% of {ref}",
            "95 % CI of %", "Welch p (df)", "significant"]
@@ -165,23 +167,15 @@ def document(results: dict, metric_tables: list[dict], images: dict[str, bytes])
 
 
 # Markdown is not HTML: no autoescape here; every text that can hold a Host piece goes through md.
-MARKDOWN = """# {{ doc.title }}
-
-{% if doc.banner %}> **{{ doc.banner }}**
-
-{% endif %}{% for section in doc.sections %}## {{ section.heading }}
-
-{% for paragraph in section.paragraphs %}{{ paragraph }}
-
-{% endfor %}{% if section.bullets %}{% for name, text in section.bullets %}- **{{ name | md }}**{{ text | md }}
-{% endfor %}
-{% endif %}{% if section.table %}| {{ section.table.header | map('md') | join(' | ') }} |
-|{% for _ in section.table.header %}---|{% endfor %}
-{% for row in section.table.rows %}| {{ row | map('md') | join(' | ') }} |
-{% endfor %}
-{% endif %}{% if section.image and section.image.name in images %}![{{ section.image.alt }}]({{ section.image.name }})
-
-{% endif %}{% endfor %}"""
+def templates_dir() -> str:
+    """The report templates: shipped in the package (a wheel maps the repository's top-level
+    templates/ to gpuvfio/testbed/templates), or templates/ at the top of a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(os.path.dirname(here))
+    for candidate in (os.path.join(here, "templates"), os.path.join(checkout, "templates")):
+        if for_another_program(os.path.join(candidate, MARKDOWN)):
+            return candidate
+    raise GpuvfioError(f"the report templates are missing from {os.path.join(here, 'templates')} (a broken install?)")
 
 
 def environment(*, autoescape: bool, **filters):
@@ -189,42 +183,21 @@ def environment(*, autoescape: bool, **filters):
     written: a command that writes none does not load it)."""
     import jinja2
 
-    env = jinja2.Environment(autoescape=autoescape, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters.update(filters)
     return env
 
 
 def markdown(doc: dict, images: dict[str, bytes]) -> str:
     """report.md: the same document as html_page(), rendered by jinja2 as Markdown."""
-    template = environment(autoescape=False, md=_md).from_string(MARKDOWN)
+    template = environment(autoescape=False, md=_md).get_template(MARKDOWN)
     return template.render(doc=doc, images=images).rstrip("\n") + "\n"
-
-
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{{ doc.title }}</title><style>
-body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}
-td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right;white-space:nowrap}
-td:first-child,th:first-child{text-align:left}
-.banner{background:#fde2e1;border:2px solid #c0392b;color:#7b1e16;font-weight:bold;padding:.6em}
-</style></head><body>
-<h1>{{ doc.title }}</h1>
-{% if doc.banner %}<p class="banner">{{ doc.banner }}</p>
-{% endif %}{% for section in doc.sections %}<h2>{{ section.heading }}</h2>
-{% for paragraph in section.paragraphs %}<p>{{ paragraph }}</p>
-{% endfor %}{% if section.bullets %}<ul>{% for name, text in section.bullets %}<li><b>{{ name }}</b>{{ text | joined }}</li>
-{% endfor %}</ul>
-{% endif %}{% if section.table %}<table><tr>{% for cell in section.table.header %}<th>{{ cell | joined }}</th>{% endfor %}</tr>
-{% for row in section.table.rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
-{% endfor %}</table>
-{% endif %}{% if section.image and section.image.name in images %}<img alt="{{ section.image.alt }}" \
-src="data:image/png;base64,{{ images[section.image.name] }}">
-{% endif %}{% endfor %}</body></html>
-"""
 
 
 def html_page(doc: dict, images: dict[str, bytes]) -> str:
     encoded = {name: base64.b64encode(data).decode() for name, data in images.items()}
-    return environment(autoescape=True, joined=_joined).from_string(PAGE).render(doc=doc, images=encoded)
+    return environment(autoescape=True, joined=_joined).get_template(PAGE).render(doc=doc, images=encoded)
 
 
 REPORT_EXTRA = "gpuvfio[report]"  # pyproject.toml: the plotting libraries a hypervisor does not need

@@ -4,26 +4,26 @@ One reader of a domain's definition (virDomainGetXMLDesc) serves every question 
 which host PCI functions and mdevs it assigns (who uses a device), what gpuvfio recorded in
 its metadata (detach, verify), the P2P clique of each GPU (QEMU's x-nv-gpudirect-clique in
 ``<qemu:override>``), where its SSH answers (gpuvfio's record or a user-networking forward),
-its firmware and machine, and its placement (vCPUs, memory, hugepages, NUMA, pins) as the
-testbed records it. One parser (the standard library's ElementTree) and one walk per read.
-CPU pins for the other domains' placement keep their own reader (gpuvfio.virt.pins), whose
-cpuset rules are libvirt's cputune semantics, not a list of facts.
+its firmware and machine, its placement (vCPUs, memory, hugepages, NUMA, pins) as the testbed
+records it, and the model itself for the CPU pins (gpuvfio.virt.pins). The definition is
+parsed into gpuvfio.domain.model, the same classes gpuvfio writes its own documents with.
 """
 
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
-from gpuvfio.domain.render import METADATA_NS
+from gpuvfio.domain import model
+from gpuvfio.domain.device_elements import Hostdev
+from gpuvfio.domain.elements import UnreadableXml
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.numbers import uint
+from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
 
-__all__ = ["DefinedDomain", "read_defined", "hostdev_address", "QEMU_NS"]
+__all__ = ["DefinedDomain", "read_defined", "hostdev_address", "HostDomain", "read_all"]
 
-QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
 _HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>\d+)-[0-9.]*:22\b")
 _PIN_LIMIT = 1 << 16  # a cpuset bound: libvirt's own is far lower; a hostile XML must not make us count forever
 
@@ -32,16 +32,12 @@ class UnreadableDomain(GpuvfioError):
     """libvirt handed back a definition that is not XML."""
 
 
-def hostdev_address(hostdev: ET.Element) -> PciAddress | None:
+def hostdev_address(hostdev: Hostdev) -> PciAddress | None:
     """The source address of a ``<hostdev type='pci'>`` element, or None."""
-    addr = hostdev.find("./source/address") if hostdev.get("type") == "pci" else None
-    if addr is None:
+    source = hostdev.source.address if hostdev.type == "pci" and hostdev.source else None
+    if source is None or None in (source.bus, source.slot, source.function):
         return None
-    try:
-        return PciAddress(int(addr.get("domain", "0"), 16), int(addr.get("bus"), 16), int(addr.get("slot"), 16),
-                          int(addr.get("function"), 16))
-    except (TypeError, ValueError, GpuvfioError):  # not hex, or out of range
-        return None
+    return PciAddress(source.domain or 0, source.bus, source.slot, source.function)
 
 
 @dataclass(frozen=True)
@@ -63,6 +59,8 @@ class DefinedDomain:
     vcpu_pins: str | None = None  # the host CPUs of every <vcpupin>, in order, comma-separated
     macs: frozenset[str] = frozenset()
     networks: tuple[str, ...] = ()  # the libvirt networks its interfaces are on
+    # The whole definition, for what is asked by rule rather than as a fact (gpuvfio.virt.pins).
+    model: model.Domain | None = field(default=None, compare=False, repr=False)
 
     def placement_json(self) -> dict:
         """Where it sits, as the testbed records it with each result."""
@@ -73,64 +71,105 @@ class DefinedDomain:
 def read_defined(xml: str) -> DefinedDomain:
     """Everything gpuvfio asks of a domain's definition, from one parse of it."""
     try:
-        root = ET.fromstring(xml)
-    except ET.ParseError as exc:
-        raise UnreadableDomain(f"libvirt's definition is not XML ({exc})") from None
-    metadata = root.find(f"metadata/{{{METADATA_NS}}}domain")
-    recorded = tuple(a for a in (PciAddress.try_parse(e.get("address", ""))
-                                 for e in root.iter(f"{{{METADATA_NS}}}device")) if a)
-    by_alias = {device.get("alias"): int(prop.get("value"))
-                for device in root.iter(f"{QEMU_NS}device") for prop in device.iter(f"{QEMU_NS}property")
-                if prop.get("name") == "x-nv-gpudirect-clique" and prop.get("value", "").isdigit()}
+        domain = model.read_domain(xml)
+    except UnreadableXml as exc:
+        raise UnreadableDomain(f"libvirt's {exc}") from None
+    record = domain.record
     hostdevs, mdevs, cliques = set(), set(), {}
-    for hostdev in root.iter("hostdev"):
+    by_alias = _cliques(domain)
+    for hostdev in domain.hostdevs:
         address = hostdev_address(hostdev)
         if address is not None:
             hostdevs.add(address)
-            alias = hostdev.find("alias")
-            if alias is not None and alias.get("name") in by_alias:
-                cliques[address] = by_alias[alias.get("name")]
-        if hostdev.get("type") == "mdev":
-            mdevs |= {a.get("uuid") for a in hostdev.iterfind("source/address") if a.get("uuid")}
-    page = root.find("memoryBacking/hugepages/page")
-    memory = root.find("numatune/memory")
-    os_type = root.find("os/type")
-    pins = [cpu for pin in root.iterfind("cputune/vcpupin") for cpu in (pin.get("cpuset") or "").split(",") if cpu]
+            if hostdev.alias is not None and hostdev.alias.name in by_alias:
+                cliques[address] = by_alias[hostdev.alias.name]
+        elif hostdev.type == "mdev" and hostdev.source and hostdev.source.address and hostdev.source.address.uuid:
+            mdevs.add(hostdev.source.address.uuid)
+    interfaces = domain.devices.interfaces if domain.devices else ()
     return DefinedDomain(
-        name=root.findtext("name") or "", by_gpuvfio=metadata is not None, recorded=recorded,
-        hostdevs=frozenset(hostdevs), mdevs=frozenset(mdevs), cliques=cliques, ssh=_ssh(root),
-        firmware=_firmware(root), machine=os_type.get("machine") if os_type is not None else None,
-        vcpus=uint(root.findtext("vcpu"), _PIN_LIMIT) or 0, memory_kib=uint(root.findtext("memory")) or 0,
-        hugepage_kib=uint(page.get("size")) if page is not None else None,
-        numa_nodeset=memory.get("nodeset") if memory is not None else None,
-        memnodes=tuple(n for n in (uint(m.get("nodeset"), _PIN_LIMIT) for m in root.iterfind("numatune/memnode"))
-                       if n is not None),
-        vcpu_pins=",".join(sorted(dict.fromkeys(pins), key=lambda c: uint(c.split("-")[0], _PIN_LIMIT) or 0))
-        or None,
-        macs=frozenset(m.get("address") for m in root.iter("mac") if m.get("address")),
-        networks=tuple(s.get("network") for i in root.iter("interface") if i.get("type") == "network"
-                       for s in i.iterfind("source") if s.get("network")))
+        name=domain.name or "", by_gpuvfio=record is not None,
+        recorded=tuple(a for a in (PciAddress.try_parse(d.address or "") for d in record.devices) if a)
+        if record else (),
+        hostdevs=frozenset(hostdevs), mdevs=frozenset(mdevs), cliques=cliques, ssh=_ssh(domain),
+        firmware=_firmware(domain.os), machine=domain.os.type.machine if domain.os and domain.os.type else None,
+        **_placement(domain),
+        macs=frozenset(i.mac.address for i in interfaces if i.mac and i.mac.address),
+        networks=tuple(i.source.network for i in interfaces if i.type == "network" and i.source and i.source.network),
+        model=domain)
 
 
-def _ssh(root: ET.Element) -> tuple[str, int] | None:
-    for element in root.iter(f"{{{METADATA_NS}}}ssh"):
-        port = uint(element.get("port", ""), 65535)
-        if port:
-            return element.get("host") or "127.0.0.1", port
-    for arg in root.iter(f"{QEMU_NS}arg"):
-        match = _HOSTFWD.search(arg.get("value", ""))
+def _cliques(domain: model.Domain) -> dict[str, int]:
+    """Hostdev alias -> the P2P clique QEMU's override gives it."""
+    devices = domain.qemu_override.devices if domain.qemu_override else ()
+    return {device.alias: int(prop.value) for device in devices if device.frontend
+            for prop in device.frontend.properties
+            if prop.name == "x-nv-gpudirect-clique" and uint(prop.value or "") is not None}
+
+
+def _placement(domain: model.Domain) -> dict:
+    backing = domain.memory_backing
+    pages = backing.hugepages.pages if backing and backing.hugepages else ()
+    numatune, cputune = domain.numatune, domain.cputune
+    pins = [cpu for pin in (cputune.vcpupins if cputune else ()) for cpu in (pin.cpuset or "").split(",") if cpu]
+    vcpus = domain.vcpu.count if domain.vcpu else None
+    return {
+        "vcpus": vcpus if vcpus is not None and vcpus <= _PIN_LIMIT else 0,
+        "memory_kib": (domain.memory.kib if domain.memory else None) or 0,
+        "hugepage_kib": pages[0].size if pages else None,
+        "numa_nodeset": numatune.memory.nodeset if numatune and numatune.memory else None,
+        "memnodes": tuple(n for n in (uint(m.nodeset or "", _PIN_LIMIT) for m in (numatune.memnodes if numatune else ()))
+                          if n is not None),
+        "vcpu_pins": ",".join(sorted(dict.fromkeys(pins), key=lambda c: uint(c.split("-")[0], _PIN_LIMIT) or 0))
+        or None}
+
+
+def _ssh(domain: model.Domain) -> tuple[str, int] | None:
+    record = domain.record
+    if record is not None and record.ssh is not None and record.ssh.port and record.ssh.port <= 65535:
+        return record.ssh.host or "127.0.0.1", record.ssh.port
+    for arg in domain.qemu_commandline.args if domain.qemu_commandline else ():
+        match = _HOSTFWD.search(arg.value or "")
         if match and 0 < int(match.group("port")) < 65536:
             return match.group("host") or "127.0.0.1", int(match.group("port"))
     return None
 
 
-def _firmware(root: ET.Element) -> str | None:
-    os_element = root.find("os")
+def _firmware(os_element: model.Os | None) -> str | None:
     if os_element is None:
         return None
-    if os_element.get("firmware"):
-        return os_element.get("firmware")
-    loader = os_element.find("loader")
-    if loader is not None and loader.get("type") == "pflash":
+    if os_element.firmware:
+        return os_element.firmware
+    loader = os_element.loader
+    if loader is not None and loader.type == "pflash":
         return "efi"
     return "bios" if loader is None else None
+
+
+@dataclass(frozen=True)
+class HostDomain:
+    """A domain on a connection: its live definition and, when it runs and persists, the one it
+    takes on its next start (what it holds now and what it will hold)."""
+
+    name: str
+    definitions: tuple[DefinedDomain, ...]
+
+
+def read_all(conn, *, exclude: str | None = None) -> tuple[HostDomain, ...]:
+    """Every domain on ``conn`` but ``exclude``, each definition read once. A transient domain
+    that ended since the listing holds nothing and is left out."""
+    libvirt = libvirt_module()
+    found = []
+    for dom in call("listing libvirt's domains", conn.listAllDomains, 0):
+        try:
+            name = dom.name()
+            if name == exclude:
+                continue
+            xmls = [dom.XMLDesc(0)]
+            if dom.isActive() and dom.isPersistent():
+                xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                continue
+            raise LibvirtError(f"reading a domain's definition: {exc.get_error_message()}") from None
+        found.append(HostDomain(name, tuple(read_defined(x) for x in xmls)))
+    return tuple(found)

@@ -6,16 +6,18 @@ domain that has no pin of its own (libvirt's qemuProcessSetupPid falls back to d
 vCPUs, the emulator and I/O threads alike). Placement uses the answer to keep a new guest's
 vCPUs off cores another guest already has (gpuvfio.domain.placement.place_cell ``avoid``).
 
-Stdlib XML parsing, as in gpuvfio.virt.usage.
+Read through gpuvfio.domain.model, the one model of a domain's definition.
 """
 
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 
+from gpuvfio.domain import model
+from gpuvfio.domain.elements import UnreadableXml
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
+from gpuvfio.numbers import uint
+from gpuvfio.virt.defined import read_all
 
 VCPU, EMULATOR, IOTHREAD = "vcpu", "emulator", "iothread"
 ALL_PINS = frozenset({VCPU, EMULATOR, IOTHREAD})
@@ -61,52 +63,62 @@ def parse_cpuset(text: str) -> set[int]:
     return cpus
 
 
-def domain_pins(domain_xml: str, kinds: frozenset[str] = ALL_PINS, name: str = "the domain") -> set[int]:
-    """Host CPUs a domain definition pins its threads of ``kinds`` (VCPU, EMULATOR, IOTHREAD) to.
-    ``<vcpu cpuset>`` counts for each kind that has a thread without its own pin: a vCPU without
-    a ``vcpupin``, the emulator without ``emulatorpin``, an I/O thread without ``iothreadpin``."""
-    try:
-        root = ET.fromstring(domain_xml)
-    except ET.ParseError as exc:
-        raise UnreadablePins(f"{name}: libvirt's definition is not XML ({exc})") from None
+def domain_pins(definition: "str | model.Domain", kinds: frozenset[str] = ALL_PINS,
+                name: str = "the domain") -> set[int]:
+    """Host CPUs a domain definition (its XML, or the model read from it) pins its threads of
+    ``kinds`` (VCPU, EMULATOR, IOTHREAD) to. ``<vcpu cpuset>`` counts for each kind that has a
+    thread without its own pin: a vCPU without a ``vcpupin``, the emulator without
+    ``emulatorpin``, an I/O thread without ``iothreadpin``."""
+    domain = _read(definition, name)
 
     def cpuset(element, what: str) -> set[int]:
         try:
-            return parse_cpuset(element.get("cpuset") or "")
+            return parse_cpuset(element.cpuset or "")
         except UnreadablePins as exc:
             raise UnreadablePins(f"{name}: {what}: {exc}") from None
 
-    def count(path: str) -> int:
-        text = (root.findtext(path) or "0").strip()
-        if not text.isdigit():
-            raise UnreadablePins(f"{name}: <{path}> is {text[:20]!r}, not a count")
-        return int(text)
-
+    cputune = domain.cputune or model.Cputune()
     found: set[int] = set()
-    unpinned = set()  # kinds with a thread that falls back to <vcpu cpuset>
-    pinned_vcpus, pinned_iothreads = set(), set()
-    for pin in root.iterfind("cputune/vcpupin"):
-        pinned_vcpus.add(pin.get("vcpu"))
-        if VCPU in kinds:
-            found |= cpuset(pin, f"vcpupin of vCPU {pin.get('vcpu')}")
-    if root.find("cputune/emulatorpin") is None:
-        unpinned.add(EMULATOR)
-    elif EMULATOR in kinds:
-        found |= cpuset(root.find("cputune/emulatorpin"), "emulatorpin")
-    for pin in root.iterfind("cputune/iothreadpin"):
-        pinned_iothreads.add(pin.get("iothread"))
-        if IOTHREAD in kinds:
-            found |= cpuset(pin, f"iothreadpin of I/O thread {pin.get('iothread')}")
-    if {str(n) for n in range(count("vcpu"))} - pinned_vcpus:
-        unpinned.add(VCPU)
-    iothread_ids = [t.get("id") for t in root.iterfind("iothreadids/iothread")]
-    if set(iothread_ids or map(str, range(1, count("iothreads") + 1))) - pinned_iothreads:
-        unpinned.add(IOTHREAD)
-    vcpu = root.find("vcpu")
-    if vcpu is not None and vcpu.get("cpuset") and vcpu.get("placement", "static") == "static" \
-            and unpinned & kinds:
+    for pin in cputune.vcpupins if VCPU in kinds else ():
+        found |= cpuset(pin, f"vcpupin of vCPU {pin.vcpu}")
+    if cputune.emulatorpin is not None and EMULATOR in kinds:
+        found |= cpuset(cputune.emulatorpin, "emulatorpin")
+    for pin in cputune.iothreadpins if IOTHREAD in kinds else ():
+        found |= cpuset(pin, f"iothreadpin of I/O thread {pin.iothread}")
+    vcpu = domain.vcpu
+    if vcpu is not None and vcpu.cpuset and (vcpu.placement or "static") == "static" \
+            and _unpinned(domain, name) & kinds:
         found |= cpuset(vcpu, "<vcpu cpuset>")
     return found
+
+
+def _read(definition, name: str) -> model.Domain:
+    if not isinstance(definition, str):
+        return definition
+    try:
+        return model.read_domain(definition)
+    except UnreadableXml as exc:
+        raise UnreadablePins(f"{name}: libvirt's {exc}") from None
+
+
+def _unpinned(domain: model.Domain, name: str) -> set[str]:
+    """The kinds with a thread that has no pin of its own and falls back to ``<vcpu cpuset>``."""
+    cputune = domain.cputune or model.Cputune()
+    vcpus = domain.vcpu.count if domain.vcpu is not None else 0
+    if vcpus is None:
+        raise UnreadablePins(f"{name}: <vcpu> is not a count")
+    iothreads = uint(domain.iothreads or "0")
+    if iothreads is None:
+        raise UnreadablePins(f"{name}: <iothreads> is {domain.iothreads[:20]!r}, not a count")
+    unpinned = set()
+    if {str(n) for n in range(min(vcpus, CPUSET_LIMIT))} - {p.vcpu for p in cputune.vcpupins}:
+        unpinned.add(VCPU)
+    if cputune.emulatorpin is None:
+        unpinned.add(EMULATOR)
+    ids = [t.id for t in domain.iothreadids.threads] if domain.iothreadids else []
+    if set(ids or map(str, range(1, min(iothreads, CPUSET_LIMIT) + 1))) - {p.iothread for p in cputune.iothreadpins}:
+        unpinned.add(IOTHREAD)
+    return unpinned
 
 
 def pinned_elsewhere(conn, exclude_name: str | None, *, kinds: frozenset[str] = ALL_PINS) -> dict[int, list[str]]:
@@ -117,21 +129,9 @@ def pinned_elsewhere(conn, exclude_name: str | None, *, kinds: frozenset[str] = 
     threads use now, ``virsh vcpupin --live`` included) and its persistent definition (what it
     gets on its next start); a defined, shut-off one by its definition, which it takes when
     started. ``kinds``: ALL_PINS, or VCPU_PINS for the vCPU pins only."""
-    libvirt = libvirt_module()
     used: dict[int, set[str]] = {}
-    for dom in call("listing libvirt's domains", conn.listAllDomains, 0):
-        name = dom.name()
-        if name == exclude_name:
-            continue
-        try:
-            xmls = [dom.XMLDesc(0)]
-            if dom.isActive() and dom.isPersistent():
-                xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                continue  # a transient domain that ended since the listing pins nothing
-            raise LibvirtError(f"reading {name}'s definition: {exc.get_error_message()}") from None
-        for xml in xmls:
-            for cpu in domain_pins(xml, kinds, name):
-                used.setdefault(cpu, set()).add(name)
+    for domain in read_all(conn, exclude=exclude_name):
+        for defined in domain.definitions:
+            for cpu in domain_pins(defined.model, kinds, domain.name):
+                used.setdefault(cpu, set()).add(domain.name)
     return {cpu: sorted(names) for cpu, names in sorted(used.items())}

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from gpuvfio.address import PciAddress
-from gpuvfio.virt.connection import LibvirtError, libvirt_module
-from gpuvfio.virt.defined import read_defined
+from gpuvfio.virt.defined import read_all, read_defined
 
 
 def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
@@ -22,21 +21,11 @@ def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
 def assignments(conn, *, exclude: str | None = None) -> dict[str, list[str]]:
     """Which domains assign each PCI address (as text) and each mdev UUID, in their live or
     persistent definition; ``exclude``: a domain not to count."""
-    libvirt = libvirt_module()
     found: dict[str, list[str]] = {}
-    try:
-        for dom in conn.listAllDomains(0):
-            if dom.name() == exclude:
-                continue
-            xmls = [dom.XMLDesc(0)]
-            if dom.isActive() and dom.isPersistent():
-                xmls.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-            defined = [read_defined(x) for x in xmls]
-            keys = {str(a) for d in defined for a in d.hostdevs} | {u for d in defined for u in d.mdevs}
-            for key in keys:
-                found.setdefault(key, []).append(dom.name())
-    except libvirt.libvirtError as exc:
-        raise LibvirtError(f"listing libvirt's domains: {exc.get_error_message()}") from None
+    for domain in read_all(conn, exclude=exclude):
+        keys = {str(a) for d in domain.definitions for a in d.hostdevs} | {u for d in domain.definitions for u in d.mdevs}
+        for key in sorted(keys):
+            found.setdefault(key, []).append(domain.name)
     return found
 
 

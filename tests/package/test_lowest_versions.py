@@ -4,7 +4,7 @@ A virtual environment from the distribution's own Python (Debian 12's /usr/bin/p
 site packages: its python3-libvirt is the binding a hypervisor has, no compiler needed) gets the
 wheel with every dependency pinned to the floor pyproject.toml declares (``>=X`` installed as
 ``==X``), the report extra too. The unit tests that exercise each dependency then run on it:
-typer (the command line), lxml and jinja2 (domain XML, RelaxNG), libvirt (test:///), paramiko
+typer (the command line), lxml (RelaxNG), jinja2 (the report), libvirt (test:///), paramiko
 and cryptography (SSH targets, the cloud-init seed), rich (output), nvidia-ml-py (the vGPU
 scheduler), matplotlib (the report)."""
 
@@ -22,6 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DISTRIBUTION_PYTHON = "/usr/bin/python3"
 # The unit tests run on the lowest versions: one or more per dependency (see the docstring).
 UNIT_TESTS = ["tests/unit/test_cli.py", "tests/unit/test_lazy_commands.py", "tests/unit/test_domain.py",
+              "tests/unit/test_domain_model.py",
               "tests/unit/test_libvirt_domains.py", "tests/unit/test_verify.py", "tests/unit/test_output.py",
               "tests/unit/test_vgpu_scheduler.py", "tests/unit/test_cloud_init.py", "tests/unit/test_inventory.py",
               "tests/unit/test_testbed.py"]

@@ -6,12 +6,12 @@ from gpuvfio.settings import Settings
 
 
 def test_each_variable_is_read_into_its_setting():
-    env = {"GPUVFIO_ROOT": "/r", "GPUVFIO_STATE_DIR": "/s", "GPUVFIO_PCI_IDS": "/p", "GPUVFIO_TEMPLATES": "/t",
+    env = {"GPUVFIO_ROOT": "/r", "GPUVFIO_STATE_DIR": "/s", "GPUVFIO_PCI_IDS": "/p",
            "GPUVFIO_LIBVIRT_SCHEMAS": "/x", "GPUVFIO_ALLOW_UNSAFE_URI": "1", "LIBVIRT_DEFAULT_URI": "test:///default",
            "TMPDIR": "/tmp/elsewhere", "SSH_AUTH_SOCK": "/run/agent", "_GPUVFIO_COMPLETE": "bash_complete",
            "HOME": "/root"}
     got = Settings.from_environment(env)
-    assert (got.root, got.state_dir, got.pci_ids, got.templates, got.schemas) == ("/r", "/s", "/p", "/t", "/x")
+    assert (got.root, got.state_dir, got.pci_ids, got.schemas) == ("/r", "/s", "/p", "/x")
     assert got.allow_unsafe_uri and got.libvirt_uri == "test:///default"
     assert got.tmpdir_set and got.ssh_agent and got.completion
     assert got.environ == env and got.environ is not env  # a copy: later changes to the mapping do not leak in

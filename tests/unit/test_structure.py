@@ -74,7 +74,7 @@ def test_every_package_is_in_pyproject():
 
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as handle:
         listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
-    packages = {m for m, p in MODULES.items() if p.endswith("__init__.py")} | {"gpuvfio.domain.templates"}
+    packages = {m for m, p in MODULES.items() if p.endswith("__init__.py")} | {"gpuvfio.testbed.templates"}
     assert listed == packages
 
 
@@ -495,3 +495,47 @@ def test_functions_stay_short():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
                 long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, long
+
+
+# Issue 36 item 2: one model of a domain's definition. gpuvfio.domain.elements parses every
+# domain document (libvirt's and gpuvfio's own) into gpuvfio.domain.model; the other parsers
+# read what is not a domain: the renderer's own output for libvirt's RelaxNG schema, and a
+# libvirt network's XML (ops.reach).
+XML_PARSERS = {"gpuvfio.domain.elements": "the domain model", "gpuvfio.domain.render": "RelaxNG validation",
+               "gpuvfio.ops.reach": "a libvirt network's XML"}
+XML_PARSE_CALLS = {"fromstring", "XML", "parse", "iterparse", "XMLParser", "XMLPullParser", "fromstringlist",
+                   "parseString"}
+
+
+def _parses_xml(path: str) -> list[str]:
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    xml_names = {(a.asname or a.name) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                 for a in node.names
+                 if "xml" in (getattr(node, "module", None) or a.name) or a.name in ("etree", "ElementTree")}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in XML_PARSE_CALLS and isinstance(node.value, ast.Name) \
+                and node.value.id in xml_names:
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in XML_PARSE_CALLS and node.id in xml_names:
+            found.append(f"line {node.lineno}: {node.id}")
+    return found
+
+
+def test_domain_xml_is_parsed_by_the_model_only(tmp_path):
+    found = {module: lines for module, path in MODULES.items() if (lines := _parses_xml(path))}
+    assert set(found) == set(XML_PARSERS), found
+    sample = tmp_path / "sample.py"
+    sample.write_text("import xml.etree.ElementTree as ET\nfrom lxml import etree\nfrom xml.dom.minidom import "
+                      "parseString\nET.fromstring('x')\netree.XML('x')\nparseString('x')\nET.tostring(None)\n")
+    assert _parses_xml(str(sample)) == ["line 4: ET.fromstring", "line 5: etree.XML", "line 6: parseString"]
+
+
+def test_what_gpuvfio_owns_in_a_domain_is_declared_by_the_model_only():
+    """No list of owned elements beside the model (the OWNED table of gpuvfio.virt.define is gone):
+    a name in the package spelling an element gpuvfio owns whole would drift from the model."""
+    import re
+
+    found = {module for module, path in MODULES.items()
+             if re.search(r"\bOWNED\b", open(path, encoding="utf-8").read())}
+    assert found == set(), found

@@ -1,0 +1,404 @@
+"""Declared XML elements: one declaration of an element formats it, parses it and compares it.
+
+virtinst's XMLProperty and Nova's libvirt config objects, in the small. An element is a frozen
+dataclass that names its tag (``TAG``) and declares each attribute, text, child and list of
+children with a field (attr, text, leaf, flag, child, children, others). From that one
+declaration:
+
+* format_document() writes the document gpuvfio defines, in its house style: two-space
+  indents, single-quoted attributes, ``<tag/>`` for an empty element, markupsafe's escapes
+  (the escapes jinja2's autoescape wrote, so digests of unchanged documents stay the same);
+* parse_document() reads a definition libvirt hands back into the same classes: what is not
+  declared is not read, except in a class with an ``others`` field, which keeps every child
+  it does not declare (a part gpuvfio decides whole, where anything else is a difference);
+* difference() compares what gpuvfio wants with what libvirt holds: every value gpuvfio sets
+  must be there (libvirt adds its own), lists are matched one to one, and a part declared
+  ``owned`` must hold nothing gpuvfio would not set.
+
+Namespaced tags are written with their prefix (``qemu:arg``); NAMESPACES maps the prefixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from gpuvfio.errors import GpuvfioError
+from gpuvfio.numbers import hex_uint, uint
+
+__all__ = ["Element", "Foreign", "Codec", "TEXT", "INT", "hex_codec", "YES_NO", "attr", "text", "leaf", "flag",
+           "child", "children", "others", "format_document", "parse_document", "difference", "to_etree",
+           "UnreadableXml", "NAMESPACES", "DOCUMENT_LIMIT"]
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+METADATA_NS = "https://gpuvfio.invalid/xmlns/domain/1"
+NAMESPACES = {"qemu": QEMU_NS, "gpuvfio": METADATA_NS}
+_PREFIXES = {uri: prefix for prefix, uri in NAMESPACES.items()}
+# A definition libvirt hands back is a few KiB; even a guest with hundreds of devices stays far
+# below this. Anything larger is not a domain this host defined.
+DOCUMENT_LIMIT = 4 << 20
+_KEY = "gpuvfio.xml"
+
+
+class UnreadableXml(GpuvfioError):
+    """A document that is not XML, too large, or not the element asked for."""
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How a value is written (``write``) and read back (``read``: None for text it cannot be)."""
+
+    write: Callable[[Any], str]
+    read: Callable[[str], Any]
+    same: Callable[[Any, Any], bool] = staticmethod(lambda ours, theirs: ours == theirs)
+
+
+TEXT = Codec(str, lambda raw: raw)
+INT = Codec(str, uint)
+YES_NO = Codec(lambda value: "yes" if value else "no", {"yes": True, "no": False}.get)
+
+
+def hex_codec(width: int, upper: int) -> Codec:
+    """``0x`` and at least ``width`` hex digits, as libvirt writes PCI addresses; read back up to ``upper``."""
+    return Codec(lambda value: f"0x{value:0{width}x}", lambda raw: hex_uint(raw, upper))
+
+
+@dataclass(frozen=True)
+class Declared:
+    kind: str  # attr | text | leaf | flag | child | children | others
+    name: str | None = None  # the attribute's name or the leaf's / flag's tag
+    codec: Codec = TEXT
+    owned: bool = False  # gpuvfio decides this part whole: what else libvirt holds there differs
+    compared: bool = True
+    cls: type | None = None  # the Element class of a child or children field
+
+
+def _declare(kind: str, default=None, factory=None, **how) -> Any:
+    metadata = {_KEY: Declared(kind, **how)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def attr(name: str | None = None, codec: Codec = TEXT) -> Any:
+    """An attribute (``name``: the field's own name by default)."""
+    return _declare("attr", name=name, codec=codec)
+
+
+def text(codec: Codec = TEXT) -> Any:
+    """The element's text."""
+    return _declare("text", codec=codec)
+
+
+def leaf(tag: str, codec: Codec = TEXT, *, owned: bool = False) -> Any:
+    """A child element that holds only text: ``<tag>value</tag>``."""
+    return _declare("leaf", name=tag, codec=codec, owned=owned)
+
+
+def flag(tag: str) -> Any:
+    """An empty child element that is there or not: ``<tag/>``."""
+    return _declare("flag", default=False, name=tag)
+
+
+def child(cls: type, *, owned: bool = False, compared: bool = True) -> Any:
+    """At most one child element of class ``cls`` (``compared``: False for parts a difference
+    leaves alone, such as <metadata>)."""
+    return _declare("child", cls=cls, owned=owned, compared=compared)
+
+
+def children(cls: type, *, owned: bool = False) -> Any:
+    """Every child element of class ``cls``, in order."""
+    return _declare("children", factory=tuple, cls=cls, owned=owned)
+
+
+def others() -> Any:
+    """Every child no other field declares: the element is gpuvfio's whole, so each is a difference."""
+    return _declare("others", factory=tuple, owned=True)
+
+
+class Element:
+    """An XML element declared as a frozen dataclass of attr/text/leaf/flag/child/children fields."""
+
+    TAG: ClassVar[str]
+    # Compared part by part (a container: each declared part on its own line of a difference),
+    # rather than whole (the element matches, or it is missing).
+    PARTS: ClassVar[bool] = False
+    # Prefixes declared on this element when used anywhere beneath it (libvirt's qemu namespace
+    # on <domain>).
+    DECLARES: ClassVar[tuple[str, ...]] = ()
+    # Written as an open and a close tag on two lines even when empty (gpuvfio's metadata record
+    # always was: the digests of the documents it defined before stay the same).
+    OPEN_WHEN_EMPTY: ClassVar[bool] = False
+
+    def not_owned(self) -> frozenset[str]:
+        """Tags of owned parts that, in this instance, are libvirt's to fill in."""
+        return frozenset()
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A child gpuvfio does not declare, kept where the parent is gpuvfio's whole."""
+
+    tag: str
+    attrib: tuple[tuple[str, str], ...] = ()
+    text: str | None = None
+    children: tuple["Foreign", ...] = ()
+    open_when_empty: bool = False
+
+
+def _parts(cls) -> list[tuple[dataclasses.Field, Declared]]:
+    return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
+
+
+
+def _known_tags(cls) -> set[str]:
+    return {d.name if d.kind in ("leaf", "flag") else d.cls.TAG
+            for _, d in _parts(cls) if d.kind in ("leaf", "flag", "child", "children")}
+
+
+# ---------------------------------------------------------------------------------------------
+# A plain view: tag, attributes in declared order, text, children. Formatting and the lines of
+# a difference are written from it; a Foreign child is already one.
+
+def view(element: "Element | Foreign") -> Foreign:
+    """``element`` as a plain tree (attribute values written by their codecs)."""
+    if isinstance(element, Foreign):
+        return element
+    attrib, body, inner = [], None, []
+    for f, d in _parts(type(element)):
+        value = getattr(element, f.name)
+        if not _set(d, value):
+            continue
+        if d.kind == "attr":
+            attrib.append((d.name or f.name, d.codec.write(value)))
+        elif d.kind == "text":
+            body = d.codec.write(value)
+        elif d.kind == "leaf":
+            inner.append(Foreign(d.name, text=d.codec.write(value)))
+        elif d.kind == "flag":
+            inner.append(Foreign(d.name))
+        elif d.kind == "child":
+            inner.append(view(value))
+        else:  # children, others
+            inner += [view(item) for item in value]
+    return Foreign(element.TAG, tuple(attrib), body, tuple(inner), element.OPEN_WHEN_EMPTY)
+
+
+def _escape(value: str) -> str:
+    # markupsafe's escapes, as jinja2's autoescape wrote them: documents gpuvfio defined before
+    # keep their digests.
+    return (value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("'", "&#39;").replace('"', "&#34;"))
+
+
+def _prefix(tag: str) -> str | None:
+    return tag.split(":", 1)[0] if ":" in tag and not tag.startswith("{") else None
+
+
+def _uses(node: Foreign, prefix: str) -> bool:
+    return _prefix(node.tag) == prefix or any(_uses(c, prefix) for c in node.children)
+
+
+def format_document(root: Element) -> str:
+    """The document of ``root``, with the namespaces it declares where they are used."""
+    tree = view(root)
+    used = tuple(p for p in root.DECLARES if _uses(tree, p))
+    tree = dataclasses.replace(tree, attrib=tree.attrib + tuple((f"xmlns:{p}", NAMESPACES[p]) for p in used))
+    lines: list[str] = []
+    _write(tree, 0, frozenset(used), lines)
+    return "\n".join(lines) + "\n"
+
+
+def _write(node: Foreign, depth: int, scope: frozenset[str], lines: list[str]) -> None:
+    attrib = node.attrib
+    own = _prefix(node.tag)
+    if own is not None and own not in scope and own in NAMESPACES:
+        attrib = ((f"xmlns:{own}", NAMESPACES[own]),) + attrib
+        scope = scope | {own}
+    indent = "  " * depth
+    opening = f"{indent}<{node.tag}" + "".join(f" {k}='{_escape(v)}'" for k, v in attrib)
+    if node.children or (node.open_when_empty and node.text is None):
+        lines.append(opening + ">")
+        for item in node.children:
+            _write(item, depth + 1, scope, lines)
+        lines.append(f"{indent}</{node.tag}>")
+    elif node.text is not None:
+        lines.append(f"{opening}>{_escape(node.text)}</{node.tag}>")
+    else:
+        lines.append(opening + "/>")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a definition back.
+
+def parse_document(cls: type, xml: str):
+    """``xml`` (a definition libvirt handed back, or one gpuvfio wrote) as ``cls``; UnreadableXml
+    for anything that is not XML, is larger than DOCUMENT_LIMIT, or is another element."""
+    if not isinstance(xml, str) or len(xml) > DOCUMENT_LIMIT:
+        raise UnreadableXml(f"definition is not a document of at most {DOCUMENT_LIMIT} characters")
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as exc:
+        raise UnreadableXml(f"definition is not XML ({exc})") from None
+    if _tag(root) != cls.TAG:
+        raise UnreadableXml(f"definition is <{_tag(root)[:40]}>, not <{cls.TAG}>")
+    return _parse(cls, root)
+
+
+def _tag(node: ET.Element) -> str:
+    tag = node.tag if isinstance(node.tag, str) else ""
+    if tag.startswith("{"):
+        uri, _, local = tag[1:].partition("}")
+        return f"{_PREFIXES[uri]}:{local}" if uri in _PREFIXES else tag
+    return tag
+
+
+def _text(node: ET.Element | None) -> str | None:
+    """The element's text as written (a number with spaces around it is not one libvirt wrote),
+    or None where it holds only the indentation between children."""
+    value = node.text if node is not None else None
+    return value if value and value.strip() else None
+
+
+def _parse(cls: type, node: ET.Element):
+    kids = [(k, _tag(k)) for k in node]
+    values: dict[str, Any] = {}
+    for f, d in _parts(cls):
+        if d.kind == "attr":
+            raw = node.get(d.name or f.name)
+            values[f.name] = None if raw is None else d.codec.read(raw)
+        elif d.kind == "text":
+            raw = _text(node)
+            values[f.name] = None if raw is None else d.codec.read(raw)
+        elif d.kind == "leaf":
+            raw = next((_text(k) for k, tag in kids if tag == d.name), None)
+            values[f.name] = None if raw is None else d.codec.read(raw)
+        elif d.kind == "flag":
+            values[f.name] = any(tag == d.name for _, tag in kids)
+        elif d.kind == "child":
+            values[f.name] = next((_parse(d.cls, k) for k, tag in kids if tag == d.cls.TAG), None)
+        elif d.kind == "children":
+            values[f.name] = tuple(_parse(d.cls, k) for k, tag in kids if tag == d.cls.TAG)
+        else:
+            known = _known_tags(cls)
+            values[f.name] = tuple(_foreign(k, 0) for k, tag in kids if tag not in known)
+    return cls(**values)
+
+
+def _foreign(node: ET.Element, depth: int) -> Foreign:
+    inner = tuple(_foreign(k, depth + 1) for k in node) if depth < 4 else ()
+    return Foreign(_tag(node), tuple(node.attrib.items()), _text(node), inner)
+
+
+# ---------------------------------------------------------------------------------------------
+# What differs between what gpuvfio wants and what libvirt holds.
+
+def _set(d: Declared, value) -> bool:
+    """Whether a field holds something: a value, a flag that is there, a non-empty list."""
+    if d.kind in ("flag", "children", "others"):
+        return bool(value)
+    return value is not None
+
+
+def matches(ours, theirs) -> bool:
+    """``theirs`` holds every value ``ours`` sets (libvirt may add its own), children one to one."""
+    if isinstance(ours, Foreign) or theirs is None or type(ours) is not type(theirs):
+        return ours == theirs
+    for f, d in _parts(type(ours)):
+        mine, held = getattr(ours, f.name), getattr(theirs, f.name)
+        if not d.compared or not _set(d, mine):
+            continue
+        if d.kind in ("attr", "text", "leaf") and not d.codec.same(mine, held):
+            return False
+        if d.kind == "flag" and not held:
+            return False
+        if d.kind == "child" and not matches(mine, held):
+            return False
+        if d.kind in ("children", "others") and pair(mine, held)[0]:
+            return False
+    return True
+
+
+def pair(ours, theirs) -> tuple[list, list]:
+    """Match each of ``ours`` to a distinct one of ``theirs``: (ours unmatched, theirs unmatched)."""
+    left, missing = list(theirs), []
+    for item in ours:
+        found = next((t for t in left if matches(item, t)), None)
+        if found is None:
+            missing.append(item)
+        else:
+            left.remove(found)
+    return missing, left
+
+
+def describe(element, path: str) -> str:
+    """One line naming ``element`` at ``path``: its attributes and its source address, its text, or
+    (without attributes) its first few parts."""
+    node = view(element)
+    attrs = ",".join(f"{k}={v}" for k, v in sorted(node.attrib))
+    inner = list(_descendants(node))
+    source = next((a for s in node.children if s.tag == "source" for a in s.children if a.tag == "address"), None)
+    detail = ""
+    if source is not None:
+        detail = " source " + ",".join(f"{k}={v}" for k, v in sorted(source.attrib))
+    elif node.text:
+        detail = f"={node.text}"
+    elif inner and not attrs:
+        detail = " " + ",".join(f"{c.tag}[{','.join(f'{k}={v}' for k, v in sorted(c.attrib))}]" for c in inner[:3])
+    return f"{path}/{node.tag}" + (f"[{attrs}]" if attrs else "") + detail
+
+
+def _descendants(node: Foreign):
+    for item in node.children:
+        yield item
+        yield from _descendants(item)
+
+
+def difference(wanted: Element, current: Element, path: str = "") -> list[str]:
+    """``+`` what ``wanted`` sets that ``current`` lacks, ``-`` what ``current`` holds in an owned
+    part that ``wanted`` would not set. A PARTS child is compared part by part beneath its path;
+    anything else whole."""
+    changes: list[str] = []
+    yielded = wanted.not_owned()
+    for f, d in _parts(type(wanted)):
+        ours, theirs = getattr(wanted, f.name), getattr(current, f.name)
+        if not d.compared:
+            continue
+        if d.kind in ("attr", "text"):
+            if _set(d, ours) and not d.codec.same(ours, theirs):
+                changes.append(f"+ {path or '/' + wanted.TAG}[{d.name or f.name}={d.codec.write(ours)}]")
+            continue
+        tag = d.name if d.kind in ("leaf", "flag") else (d.cls.TAG if d.cls else None)
+        owned = d.owned and tag not in yielded
+        if d.kind in ("children", "others"):
+            missing, extra = pair(ours, theirs)
+            changes += ["+ " + describe(_as_node(d, m), path) for m in missing]
+            changes += ["- " + describe(_as_node(d, e), path) for e in extra if owned]
+        elif _set(d, ours) and d.kind == "child" and d.cls.PARTS and theirs is not None:
+            changes += difference(ours, theirs, f"{path}/{tag}")
+        elif _set(d, ours) and not _single_matches(d, ours, theirs):
+            changes.append("+ " + describe(_as_node(d, ours), path))
+            if owned and _set(d, theirs):
+                changes.append("- " + describe(_as_node(d, theirs), path))
+        elif not _set(d, ours) and owned and _set(d, theirs):
+            changes.append("- " + describe(_as_node(d, theirs), path))
+    return changes
+
+
+def _single_matches(d: Declared, ours, theirs) -> bool:
+    if d.kind == "leaf":
+        return d.codec.same(ours, theirs)
+    if d.kind == "flag":
+        return bool(theirs)
+    return matches(ours, theirs)
+
+
+def _as_node(d: Declared, value) -> "Element | Foreign":
+    """A leaf or flag field's value as the element it is written as."""
+    if d.kind == "leaf":
+        return Foreign(d.name, text=d.codec.write(value))
+    if d.kind == "flag":
+        return Foreign(d.name)
+    return value
