@@ -39,6 +39,10 @@ _PREFIXES = {uri: prefix for prefix, uri in NAMESPACES.items()}
 # A definition libvirt hands back is a few KiB; even a guest with hundreds of devices stays far
 # below this. Anything larger is not a domain this host defined.
 DOCUMENT_LIMIT = 4 << 20
+# Children of one element: libvirt's own vCPU limit (VIR_DOMAIN_CPUMASK_LEN's cpusets, QEMU's
+# 4096 vCPUs on x86) bounds the longest list gpuvfio reads, one <vcpupin> per vCPU. More is not
+# a definition libvirt wrote, and would make a difference's one-to-one matching quadratic.
+CHILDREN_LIMIT = 4096
 _KEY = "gpuvfio.xml"
 
 
@@ -187,10 +191,13 @@ def view(element: "Element | Foreign") -> Foreign:
 
 
 def _escape(value: str) -> str:
-    # markupsafe's escapes, as jinja2's autoescape wrote them: documents gpuvfio defined before
-    # keep their digests.
+    # markupsafe's escapes, as jinja2's autoescape wrote them (documents gpuvfio defined before
+    # keep their digests), and the whitespace an XML reader would otherwise normalise (XML 1.0
+    # sections 2.11 and 3.3.3: a CR becomes a newline, a tab or newline in an attribute a space),
+    # so libvirt reads the very value gpuvfio wrote.
     return (value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("'", "&#39;").replace('"', "&#34;"))
+            .replace("'", "&#39;").replace('"', "&#34;").replace("\t", "&#9;").replace("\n", "&#10;")
+            .replace("\r", "&#13;"))
 
 
 def _prefix(tag: str) -> str | None:
@@ -238,10 +245,17 @@ def parse_document(cls: type, xml: str):
     for anything that is not XML, is larger than DOCUMENT_LIMIT, or is another element."""
     if not isinstance(xml, str) or len(xml) > DOCUMENT_LIMIT:
         raise UnreadableXml(f"definition is not a document of at most {DOCUMENT_LIMIT} characters")
+    if "<!DOCTYPE" in xml:
+        # libvirt writes no document type; its internal entities could expand elements past the
+        # size limit (expat bounds only amplification above 100 times).
+        raise UnreadableXml("definition carries a document type (<!DOCTYPE>), which libvirt never writes")
     try:
         root = ET.fromstring(xml)
-    except ET.ParseError as exc:
-        raise UnreadableXml(f"definition is not XML ({exc})") from None
+    except (ET.ParseError, UnicodeError) as exc:
+        raise UnreadableXml(f"definition is not XML ({type(exc).__name__})") from None
+    crowded = next((node for node in root.iter() if len(node) > CHILDREN_LIMIT), None)
+    if crowded is not None:
+        raise UnreadableXml(f"definition has more than {CHILDREN_LIMIT} children in one <{_tag(crowded)[:40]}>")
     if _tag(root) != cls.TAG:
         raise UnreadableXml(f"definition is <{_tag(root)[:40]}>, not <{cls.TAG}>")
     return _parse(cls, root)

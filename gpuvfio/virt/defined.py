@@ -24,7 +24,7 @@ from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
 
 __all__ = ["DefinedDomain", "read_defined", "hostdev_address", "HostDomain", "read_all"]
 
-_HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>\d+)-[0-9.]*:22\b")
+_HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>[0-9]{1,5})-[0-9.]*:22\b", re.ASCII)
 _PIN_LIMIT = 1 << 16  # a cpuset bound: libvirt's own is far lower; a hostile XML must not make us count forever
 
 

@@ -26,7 +26,7 @@ VCPU_PINS = frozenset({VCPU})
 # 16384 in current releases, 1024 in old ones); a larger number is not something libvirt wrote.
 CPUSET_LIMIT = 16384
 
-_ITEM = re.compile(r"\s*(\^?)([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", re.ASCII)  # \s: c_isspace, as virSkipSpaces
+_ITEM = re.compile(r"\s*(\^?)([0-9]{1,5})\s*(?:-\s*([0-9]{1,5})\s*)?", re.ASCII)  # \s: c_isspace, as virSkipSpaces
 
 
 class UnreadablePins(GpuvfioError):

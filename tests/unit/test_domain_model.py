@@ -113,3 +113,61 @@ def test_hostile_nesting_and_entities_are_bounded():
 def test_another_element_is_not_read_as_a_domain():
     with pytest.raises(UnreadableXml, match="not <domain>"):
         model.read_domain("<network><name>default</name></network>")
+
+
+def test_a_document_type_is_refused_before_its_entities_expand():
+    """An internal entity can hold elements: 3 MB of definition expanded to 8 million <vcpupin>
+    (31 s, 2 GB) under expat's amplification guard. libvirt writes no DOCTYPE."""
+    entity = "<!DOCTYPE domain [<!ENTITY v \"" + "<vcpupin vcpu='0' cpuset='1'/>" * 10 + "\">]>"
+    xml = entity + "<domain><name>h</name><cputune>" + "&v;" * 10 + "</cputune></domain>"
+    with pytest.raises(UnreadableXml, match="DOCTYPE"):
+        model.read_domain(xml)
+    with pytest.raises(UnreadableDomain):
+        read_defined(xml)
+
+
+def test_an_element_with_more_children_than_libvirt_writes_is_refused():
+    """One-to-one matching is quadratic: 5,000 hostdevs against 5,000 others took minutes."""
+    from gpuvfio.domain.elements import CHILDREN_LIMIT
+
+    pins = "".join(f"<vcpupin vcpu='{n}' cpuset='1'/>" for n in range(CHILDREN_LIMIT + 1))
+    with pytest.raises(UnreadableXml, match="children"):
+        model.read_domain(f"<domain><name>h</name><cputune>{pins}</cputune></domain>")
+    just = "".join(f"<vcpupin vcpu='{n}' cpuset='1'/>" for n in range(CHILDREN_LIMIT))
+    assert len(model.read_domain(f"<domain><name>h</name><cputune>{just}</cputune></domain>").cputune.vcpupins) \
+        == CHILDREN_LIMIT
+
+
+@pytest.mark.parametrize("value", ["/srv/evil\tname.qcow2", "/var/log/a\rb.log", "console=ttyS0\rinit=/bin/sh",
+                                   "a\nb", "  lead and trail  "])
+def test_whitespace_is_written_so_that_libvirt_reads_the_value_gpuvfio_wrote(value):
+    """XML readers turn a CR into a newline and a tab or newline in an attribute into a space
+    (XML 1.0 2.11, 3.3.3): unescaped, libvirt would define another file or command line."""
+    from lxml import etree
+
+    from gpuvfio.domain import device_elements as dev
+
+    disk = dev.Disk("file", "disk", source=dev.Source(file=value))
+    domain = model.Domain(type="kvm", name="n", os=model.Os(cmdline=value),
+                          devices=dev.Devices(disks=(disk,)))
+    text = model.write_domain(domain)
+    libxml2 = etree.fromstring(text.encode())  # libvirt's own parser
+    assert libxml2.find("devices/disk/source").get("file") == value
+    assert libxml2.findtext("os/cmdline") == value
+    again = model.read_domain(text)
+    assert again.devices.disks[0].source.file == value and again.os.cmdline == value
+
+
+def test_numbers_in_cpusets_and_forwards_are_bounded_ascii():
+    """A 5,000-digit cpuset or port was a ValueError traceback (int() refuses over 4,300 digits);
+    an Arabic-Indic port was read as 2222."""
+    from gpuvfio.virt.pins import UnreadablePins, domain_pins
+
+    for cpuset in ("0" * 5000, "0-" + "9" * 5000):
+        with pytest.raises(UnreadablePins):
+            domain_pins(f"<domain><name>h</name><vcpu>1</vcpu><cputune><vcpupin vcpu='0' cpuset='{cpuset}'/>"
+                        "</cputune></domain>")
+    for port in ("1" * 5000, "\u0662\u0662\u0662\u0662"):
+        xml = (f"<domain xmlns:qemu='{model.QEMU_NS}'><name>h</name><qemu:commandline><qemu:arg "
+               f"value='user,hostfwd=tcp::{port}-:22'/></qemu:commandline></domain>")
+        assert read_defined(xml).ssh is None
