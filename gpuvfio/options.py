@@ -27,10 +27,13 @@ KINDS = ("str", "int", "float", "bool", "path", "list")
 # sshd and most directories allow), at most 32 characters: guests and a testbed's hypervisor.
 USER_PATTERN = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
 USER = re.compile(USER_PATTERN)
-CLI_COMMANDS = ("xml", "attach", "verify", "detach")
+CLI_DOMAIN_COMMANDS = ("xml", "attach", "verify", "detach")
+# Every command that takes options from this table ("vgpu list": a subcommand by its words).
+CLI_COMMANDS = CLI_DOMAIN_COMMANDS + ("bind", "unbind", "restore", "reset", "persist", "unpersist", "vgpu list",
+                                      "vgpu create", "testbed plan", "testbed run")
 # The Ansible modules that take the table's options, by their FQCN (the gpuvfio.gpuvfio collection in
 # playbooks/collections/): the name also keeps them apart from the commands of the same word.
-ANSIBLE_MODULES = ("gpuvfio.gpuvfio.domain", "gpuvfio.gpuvfio.verify")
+ANSIBLE_MODULES = ("gpuvfio.gpuvfio.domain", "gpuvfio.gpuvfio.verify", "gpuvfio.gpuvfio.device")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Option:
     aliases: tuple[str, ...] = ()  # Ansible aliases: older names playbooks may still use
     no_log: bool = False
     off_help: str | None = None  # a switch on by default: the help of its --no-X flag
+    old_flags: tuple[str, ...] = ()  # command flags it had before (still taken, shown after the flag)
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS and re.fullmatch(r"[a-z][a-z0-9_]*", self.name), self.name
@@ -70,6 +74,11 @@ class Option:
     def flag(self) -> str:
         word = self.name.replace("_", "-")
         return f"--no-{word}" if self.negated else f"--{word}"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Every flag the command takes for it: its own first, then the older ones."""
+        return (self.flag,) + self.old_flags
 
     @property
     def parameter(self) -> str:
@@ -112,7 +121,7 @@ class OptionSet:
 BOTH = ("xml", "attach")
 GUEST_CMDS = ("verify", "attach")
 DOM = ("gpuvfio.gpuvfio.domain",)
-MODULES = ANSIBLE_MODULES
+MODULES = ("gpuvfio.gpuvfio.domain", "gpuvfio.gpuvfio.verify")  # the guest-facing modules
 GUEST = ("guest",)
 MAX_VCPUS = 4096  # gpuvfio.domain.request takes its bound from here
 
@@ -147,8 +156,8 @@ DOMAIN = OptionSet(
     Option("mdev", "str", "Legacy mdev vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",),
            ansible=DOM),
     Option("vgpu", "str", "SR-IOV vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",), ansible=DOM),
-    Option("uuid", "str", "mdev UUID (default: derived from name, GPU and type).",
-           metavar="UUID", cli=("xml",), ansible=DOM),
+    Option("uuid", "str", "mdev UUID (default: xml derives it from the domain name, GPU and type; vgpu create "
+           "takes a random one).", metavar="UUID", cli=("xml", "vgpu create"), ansible=DOM),
     Option("disk", "path", "Boot disk image (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
     Option("kernel", "path", "Direct kernel boot (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM,
            spec=GUEST),
@@ -237,6 +246,10 @@ VERIFY = OptionSet(
 )
 
 RUN_VARIANT = ("run", "variant")  # a [[variant]] overrides [run]'s
+# The commands that move devices between drivers, and those that take the host's lock.
+BINDING = ("bind", "unbind", "restore", "reset")
+LOCKING = BINDING + ("persist", "unpersist")
+DEVICE = ("gpuvfio.gpuvfio.device",)
 
 RUN = OptionSet(
     "run",
@@ -245,20 +258,35 @@ RUN = OptionSet(
            [], spec=RUN_SPEC),
     Option("gpu_ids", "list", "lspci -d VENDOR:[DEVICE][:CLASS]; with {gpus}, what both select.", [],
            spec=RUN_SPEC),
-    # One name everywhere: --connect, the modules' connect (uri, the name they had, kept as an
-    # alias), [run] connect.
-    Option("connect", "str", "The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system); "
-           "one that would make libvirt run a program or skip a check (the ext and SSH transports, command=, "
-           "netcat=, no_verify= and the like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.",
-           metavar="URI", cli=("xml", "attach", "verify", "detach"), ansible=MODULES, spec=RUN_SPEC,
-           aliases=("uri",)),
-    Option("stop_services", "bool", "Stop NVIDIA services that hold the GPU while binding; restore restarts "
-           "them.", False, cli=("attach",), ansible=DOM, spec=RUN_VARIANT),
-    Option("force", "bool", "Bind groups with a foreign device or the console GPU anyway.", False,
+    # One name everywhere: --connect, the modules' connect (uri and libvirt_uri, the names they
+    # had, kept as aliases), [run] connect.
+    Option("connect", "str", "The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system; "
+           "for a testbed, its spec's [run] connect); one that would make libvirt run a program or skip a check "
+           "(the ext and SSH transports, command=, netcat=, no_verify= and the like) is refused unless "
+           "GPUVFIO_ALLOW_UNSAFE_URI=1. Where libvirt is only asked which domains use the devices (bind, unbind, "
+           "reset, vgpu list, the device module) none means: do not ask.",
+           metavar="URI", cli=CLI_DOMAIN_COMMANDS + ("bind", "unbind", "reset", "vgpu list", "testbed plan",
+                                                     "testbed run"),
+           ansible=MODULES + DEVICE, spec=RUN_SPEC, aliases=("uri", "libvirt_uri")),
+    Option("stop_services", "bool", "Stop NVIDIA services that hold the GPU while binding (nvidia-persistenced, "
+           "fabricmanager, DCGM); restore restarts them.", False, cli=("attach", "bind"), ansible=DOM + DEVICE,
            spec=RUN_VARIANT),
+    Option("force", "bool", "Override the checks marked overridable: a foreign device in the group, the console "
+           "GPU (boot VGA).", False, cli=("bind", "persist"), ansible=DEVICE, spec=RUN_VARIANT),
+    Option("allow_unsafe_host", "bool", "DANGEROUS: bind even with ACS override, unsafe interrupts or no-IOMMU "
+           "mode.", False, cli=("bind",), ansible=DEVICE),
+    Option("here", "bool", "Use this machine even when the spec names a remote [host] (how gpuvfio runs itself "
+           "there).", False, cli=("testbed plan", "testbed run")),
     Option("take_host_devices", "bool", "DANGEROUS: take from the host what it runs on (a mounted disk, swap, an "
            "interface with its routes or addresses, its console) when binding; the host loses it.", False,
-           cli=("attach",), ansible=DOM, spec=RUN_VARIANT),
+           cli=("attach", "bind", "persist"), ansible=DOM + DEVICE, spec=RUN_VARIANT),
+    Option("write_timeout", "float", "Give up on a sysfs write the kernel does not return from after this many "
+           "seconds.", 10.0, above=0, maximum=3600.0, metavar="SECONDS", cli=BINDING, ansible=DEVICE,
+           old_flags=("--timeout",)),
+    Option("lock_timeout", "float", "Wait this long for another gpuvfio run to finish.", 30.0, above=0,
+           maximum=SECONDS, metavar="SECONDS", cli=LOCKING, ansible=DEVICE),
+    Option("stop_timeout", "float", "Seconds for the guest's ACPI shutdown before it is destroyed.", 60.0,
+           above=0, maximum=SECONDS, metavar="SECONDS", cli=("detach",), ansible=DOM, old_flags=("--timeout",)),
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)

@@ -9,6 +9,7 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
 from gpuvfio.cli.lazy import command_typer
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes
 from gpuvfio.cli.plans import DryRun, command_context, confirmation, needs_yes, preview
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, write_text
@@ -17,28 +18,14 @@ from gpuvfio.ops import binding
 from gpuvfio.ops import unbind as unbinding
 from gpuvfio.ops.reset import plan_reset, reset
 from gpuvfio.ops.binding import BindPolicy, BindReport, BindStatus, PersistReport, PersistStatus
-from gpuvfio.ops.context import DEFAULT_LOCK_TIMEOUT, DEFAULT_WRITE_TIMEOUT, check_uri, host_context, live_context
+from gpuvfio.ops.context import check_uri, host_context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.options import RUN
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
-WriteTimeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS",
-                                             help="Give up on a sysfs write the kernel does not return from.")]
-LockTimeout = Annotated[float, typer.Option("--lock-timeout", metavar="SECONDS",
-                                            help="Wait this long for another gpuvfio run to finish.")]
-Force = Annotated[bool, typer.Option("--force", help="Override the checks marked overridable "
-                                                     "(a foreign device in the group, boot VGA).")]
-StopServices = Annotated[bool, typer.Option("--stop-services", help="Stop nvidia-persistenced, fabricmanager, DCGM "
-                                                                    "now; restore restarts them.")]
-AllowUnsafeHost = Annotated[bool, typer.Option("--allow-unsafe-host", help="DANGEROUS: bind even with ACS override, "
-                                                                           "unsafe interrupts or no-IOMMU mode.")]
-# The one override of the host-use checks, named and worded as gpuvfio.options declares it for attach.
-TakeHostDevices = Annotated[bool, typer.Option(RUN["take_host_devices"].flag, help=RUN["take_host_devices"].help)]
-Connect = Annotated[Optional[str], typer.Option(
-    "--connect", metavar="URI", help="libvirt to ask which domains use the devices (default: libvirt's default on "
-                                     "this machine; 'none': do not ask).")]
+# Each command's shared options (connect, force, the timeouts, ...) come from gpuvfio.options.RUN.
 
 
 def reporting_failure(as_json: bool, call):
@@ -53,20 +40,18 @@ def reporting_failure(as_json: bool, call):
 
 
 @commands.command("bind")
-def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, force: Force = False, stop_services: StopServices = False,
-             allow_unsafe_host: AllowUnsafeHost = False, take_host_devices: TakeHostDevices = False,
-             connect: Connect = None,
-             timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
-             as_json: JsonOption = False, root: RootOption = None) -> None:
+@from_table
+def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
+             run: dict = options(RUN, "bind"), as_json: JsonOption = False, root: RootOption = None) -> None:
     """Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back on
     failure."""
-    check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
-    policy = BindPolicy(force=force, stop_services=stop_services, allow_unsafe_host=allow_unsafe_host,
-                        take_host_devices=take_host_devices)
+    policy = BindPolicy(force=run["force"], stop_services=run["stop_services"],
+                        allow_unsafe_host=run["allow_unsafe_host"], take_host_devices=run["take_host_devices"])
     try:
-        with command_context(root_of(root), dry_run, progress=progress_for(as_json), write_timeout=timeout,
-                      lock_timeout=lock_timeout) as ctx:
+        with command_context(root_of(root), dry_run, progress=progress_for(as_json),
+                             write_timeout=run["write_timeout"], lock_timeout=run["lock_timeout"]) as ctx:
             wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
                              tell=progress_for(as_json))
             unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
@@ -108,18 +93,18 @@ def _bind_dry_run(ctx, wanted, policy: BindPolicy, connect: str | None, confirme
 
 
 @commands.command("unbind")
+@from_table
 def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
-               connect: Connect = None, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
-               lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
-               root: RootOption = None) -> None:
+               run: dict = options(RUN, "unbind"), as_json: JsonOption = False, root: RootOption = None) -> None:
     """Give devices back to the host: clear driver_override, leave vfio-pci, reprobe (no journal)."""
-    check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     if dry_run:
         preview(root_of(root), addresses, device_ids, yes, as_json,
                 lambda ctx, wanted: unbinding.plan_unbind(ctx, wanted, uri=connect))
         return
-    ctx = live_context(root_of(root), write_timeout=timeout, lock_timeout=lock_timeout, writable=True)
+    ctx = live_context(root_of(root), write_timeout=run["write_timeout"], lock_timeout=run["lock_timeout"],
+                       writable=True)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     result = reporting_failure(as_json, lambda: unbinding.unbind(ctx, wanted, uri=connect))
     if as_json:
@@ -130,18 +115,17 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
 
 
 @commands.command("restore")
+@from_table
 def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
-                timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
-                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
-                root: RootOption = None) -> None:
+                run: dict = options(RUN, "restore"), as_json: JsonOption = False, root: RootOption = None) -> None:
     """Return devices gpuvfio bound to exactly their recorded drivers (all, when none is named); works
     after a crash."""
     check_devices(addresses, device_ids, required=False)
     if dry_run:
         preview(root_of(root), addresses, device_ids, yes, as_json, binding.plan_restore)
         return
-    ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
-                       lock_timeout=lock_timeout, writable=True)
+    ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=run["write_timeout"],
+                       lock_timeout=run["lock_timeout"], writable=True)
     wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     result = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
     if as_json:
@@ -151,17 +135,17 @@ def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
 
 
 @commands.command("reset")
+@from_table
 def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, bus: Annotated[bool, typer.Option(
                   "--bus", help="Reset the bus below the devices' bridge (reset_subordinate): only when every "
                                 "device below it is gpuvfio's.")] = False,
               forget: Annotated[bool, typer.Option(
                   "--forget", help="Clear the broken mark without a reset, once the device answers again.")] = False,
-              connect: Connect = None, dry_run: DryRun = False, timeout: WriteTimeout = DEFAULT_WRITE_TIMEOUT,
-              lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
+              dry_run: DryRun = False, run: dict = options(RUN, "reset"), as_json: JsonOption = False,
               root: RootOption = None) -> None:
     """Reset devices gpuvfio holds through the kernel (a device that came back broken from a guest);
     one that answers again may be bound or restored."""
-    check_uri(connect, source="--connect", keywords=(binding.NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(binding.NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     if bus and forget:
         raise InputError("--bus and --forget exclude each other")
@@ -169,8 +153,8 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
         preview(root_of(root), addresses, device_ids, yes, as_json,
                 lambda ctx, wanted: plan_reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
         return
-    with live_context(root_of(root), progress=progress_for(as_json), write_timeout=timeout,
-                      lock_timeout=lock_timeout, writable=True) as ctx:
+    with live_context(root_of(root), progress=progress_for(as_json), write_timeout=run["write_timeout"],
+                      lock_timeout=run["lock_timeout"], writable=True) as ctx:
         wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
         result = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
     if as_json:
@@ -231,18 +215,15 @@ def _persist_output(report: PersistReport, remove: bool, dry_run: bool, as_json:
 
 
 @commands.command("persist")
+@from_table
 def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
-                force: Annotated[bool, typer.Option(
-                    "--force", help="Persist a group that holds a foreign device too.")] = False,
-                take_host_devices: TakeHostDevices = False,
+                run: dict = options(RUN, "persist"),
                 list_: Annotated[bool, typer.Option("--list", help="List the boot-time overrides (driverctl's and "
                                                               "gpuvfio's), as driverctl list-overrides.")] = False,
-                output_format: FormatOption = None,
-                lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT, as_json: JsonOption = False,
-                root: RootOption = None) -> None:
+                output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Keep devices on vfio-pci across reboots, by address (driverctl, or a udev rule + softdep)."""
     if list_:
-        if addresses or device_ids or dry_run or force or take_host_devices:
+        if addresses or device_ids or dry_run or run["force"] or run["take_host_devices"]:
             raise InputError("--list takes no devices and no --dry-run/--force/--take-host-devices")
         fmt = chosen_format(output_format, as_json)
         with open_host(root_of(root)) as (host, _label):
@@ -258,11 +239,13 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         return
     if output_format is not None:
         raise InputError("--format goes with --list")
-    _persist(addresses, device_ids, yes, False, dry_run, force, as_json, lock_timeout, root, take_host_devices)
+    _persist(addresses, device_ids, yes, False, dry_run, run["force"], as_json, run["lock_timeout"], root,
+             run["take_host_devices"])
 
 
 @commands.command("unpersist")
-def unpersist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False, lock_timeout: LockTimeout = DEFAULT_LOCK_TIMEOUT,
-                  as_json: JsonOption = False, root: RootOption = None) -> None:
+@from_table
+def unpersist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
+                  run: dict = options(RUN, "unpersist"), as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop keeping devices on vfio-pci across reboots."""
-    _persist(addresses, device_ids, yes, True, dry_run, False, as_json, lock_timeout, root)
+    _persist(addresses, device_ids, yes, True, dry_run, False, as_json, run["lock_timeout"], root)

@@ -138,16 +138,14 @@ def attach_cmd(
 def detach_cmd(name: Annotated[str, typer.Argument(
                    metavar="NAME", help="The libvirt domain.", autocompletion=_complete_domain)],
                run: dict = options(RUN, "detach"),
-               timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS",
-                                                              help="Seconds for ACPI shutdown.")] = 60.0,
                dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""
     connect = check_uri(run["connect"], source="--connect")
     if dry_run:
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
-            show_plan(plan_detach(ctx, name, uri=connect, timeout=timeout), as_json)
+            show_plan(plan_detach(ctx, name, uri=connect, timeout=run["stop_timeout"]), as_json)
         return
     with live_context(root_of(root), progress=progress_for(as_json), writable=True) as ctx:
-        result = detach(ctx, name, uri=connect, timeout=timeout)
+        result = detach(ctx, name, uri=connect, timeout=run["stop_timeout"])
     if as_json:
         emit_json(result.to_json())

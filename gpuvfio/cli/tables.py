@@ -48,7 +48,7 @@ def annotation_of(option: Option):
     if option.default is None and not option.required and kind is not bool:
         kind = Optional[kind]
     text = option.off_help if option.negated else option.text(flag_of)
-    return Annotated[kind, typer.Option(option.flag, help=text, metavar=option.metavar)]
+    return Annotated[kind, typer.Option(*option.flags, help=text, metavar=option.metavar)]
 
 
 def _default(option: Option):

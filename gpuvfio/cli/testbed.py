@@ -9,10 +9,12 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
 from gpuvfio.cli.lazy import COMMANDS, command_typer
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
 from gpuvfio.errors import Refused
+from gpuvfio.options import RUN
 from gpuvfio.user_files import user_dir
 from gpuvfio.ops.context import Context, check_uri, live_context
 from gpuvfio.ops.inventory import open_host
@@ -24,12 +26,6 @@ from gpuvfio.testbed.spec import Spec, load_spec
 
 testbed_app = command_typer(help=COMMANDS["testbed"].help, no_args_is_help=True)
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Testbed spec (TOML).")]
-HereOption = Annotated[bool, typer.Option(
-    "--here", help="Use this machine even when the spec names a remote [host] (how gpuvfio runs itself there).")]
-Connect = Annotated[Optional[str], typer.Option("--connect", metavar="URI", help="libvirt URI (default: the "
-                                                                                 "spec's [run] connect).")]
-
-
 def _this_machine():
     """The Context of this machine for a remote hypervisor's session: writable, since a host key
     trusted on first use is recorded in this machine's state dir (--root names the hypervisor's
@@ -38,12 +34,13 @@ def _this_machine():
 
 
 @testbed_app.command("plan")
-def plan_cmd(spec_path: SpecArg, connect: Connect = None, yes: Yes = False, as_json: JsonOption = False,
-             here: HereOption = False, root: RootOption = None) -> None:
+@from_table
+def plan_cmd(spec_path: SpecArg, run: dict = options(RUN, "testbed plan"), yes: Yes = False, as_json: JsonOption = False,
+             root: RootOption = None) -> None:
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
     Exit 1 when the run would refuse a variant (a selection beyond one device without --yes too)."""
-    check_uri(connect, source="--connect")
-    _show_plan(load_spec(spec_path), connect, yes, as_json, here, root)
+    connect = check_uri(run["connect"], source="--connect")
+    _show_plan(load_spec(spec_path), connect, yes, as_json, run["here"], root)
 
 
 def _show_plan(spec: Spec, connect: str | None, yes: bool, as_json: bool, here: bool, root: str | None) -> None:
@@ -110,14 +107,15 @@ def _print_steps(steps: list[dict]) -> None:
 
 
 @testbed_app.command("run")
+@from_table
 def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option(
                 "--out", metavar="DIR", help="Directory for the results and the report (made when missing).")],
-            connect: Connect = None,
-            yes: Yes = False, here: HereOption = False, dry_run: DryRun = False, as_json: JsonOption = False,
+            run: dict = options(RUN, "testbed run"),
+            yes: Yes = False, dry_run: DryRun = False, as_json: JsonOption = False,
             root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
-    check_uri(connect, source="--connect")
-    spec = load_spec(spec_path)
+    connect = check_uri(run["connect"], source="--connect")
+    spec, here = load_spec(spec_path), run["here"]
     if dry_run:  # the plan testbed plan prints; --out is neither made nor read
         local = spec.host is None or here
         unconfirmed = None

@@ -9,6 +9,7 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
 from gpuvfio.cli.lazy import COMMANDS, command_typer
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.plans import DryRun, command_context, show_plan
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, printable, printable_report
 from gpuvfio.ops.inventory import open_host
@@ -17,6 +18,7 @@ from gpuvfio.ops.context import Context, check_uri, host_context, live_context
 from gpuvfio.ops.domains import parse_uuid
 from gpuvfio.ops.binding import NO_LIBVIRT
 from gpuvfio.ops.selection import resolve_one
+from gpuvfio.options import DOMAIN, RUN
 from gpuvfio.selector import SELECTOR_HELP, Selector
 
 vgpu_app = command_typer(help=COMMANDS["vgpu"].help, no_args_is_help=True)
@@ -49,13 +51,12 @@ def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = 
 
 
 @vgpu_app.command("list")
-def list_cmd(connect: Annotated[Optional[str], typer.Option(
-                 "--connect", metavar="URI", help="libvirt to ask which domains use each instance (default: libvirt's "
-                                                  "default on this machine; 'none': do not ask).")] = None,
-             output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
+@from_table
+def list_cmd(run: dict = options(RUN, "vgpu list"), output_format: FormatOption = None, as_json: JsonOption = False,
+             root: RootOption = None) -> None:
     """The vGPU instances on this host, as mdevctl list shows mdevs, with SR-IOV vGPUs: type, parent
     GPU, the domains using each, whether gpuvfio made it and whether it is persisted."""
-    check_uri(connect, source="--connect", keywords=(NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     fmt = chosen_format(output_format, as_json)
     with open_host(root_of(root)) as (host, _label):
         report = vgpu.instances_list(host_context(host), uri=connect)
@@ -76,17 +77,16 @@ def list_cmd(connect: Annotated[Optional[str], typer.Option(
 
 
 @vgpu_app.command("create")
+@from_table
 def create_cmd(address: Address,
                vgpu_type: Annotated[str, typer.Argument(metavar="TYPE", help="Type id or name.")],
-               uuid: Annotated[Optional[str], typer.Option("--uuid", metavar="UUID",
-                                                           help="mdev UUID (default: random).")] = None,
+               domain: dict = options(DOMAIN, "vgpu create"),
                persist: Annotated[bool, typer.Option("--persist", help="Recreate it at boot (mdevctl's store, "
                                                                        "/etc/mdevctl.d).")] = False,
                dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Create a vGPU instance (legacy: an mdev; SR-IOV: a type on a free VF), journaled."""
     Selector.parse(address)
-    if uuid is not None:
-        uuid = parse_uuid(uuid)
+    uuid = None if domain["uuid"] is None else parse_uuid(domain["uuid"])
     if dry_run:
         with command_context(root_of(root), True) as ctx:
             show_plan(vgpu.plan_create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist),

@@ -26,6 +26,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
 from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT, Session, SshTarget
 from gpuvfio.host.root import HostRoot
+from gpuvfio.options import RUN
 from gpuvfio.settings import ROOT_ENV
 from gpuvfio.virt.connection import default_uri, open_connection
 from gpuvfio.virt.uri import check_uri
@@ -35,8 +36,9 @@ from gpuvfio.vgpu.scheduler import Nvml
 # policy open_connection applies (gpuvfio.virt.uri), without reaching past the services.
 __all__ = ["Context", "Clock", "live_context", "host_context", "checked_seconds", "ROOT_ENV", "DEFAULT_LOCK_TIMEOUT",
            "DEFAULT_WRITE_TIMEOUT", "check_uri", "default_uri"]
-DEFAULT_LOCK_TIMEOUT = 30.0
-DEFAULT_WRITE_TIMEOUT = DEFAULT_TIMEOUT
+DEFAULT_LOCK_TIMEOUT = RUN["lock_timeout"].default  # gpuvfio.options declares them and their bounds
+DEFAULT_WRITE_TIMEOUT = RUN["write_timeout"].default
+assert DEFAULT_WRITE_TIMEOUT == DEFAULT_TIMEOUT  # the sysfs writer's own default
 
 
 def _no_progress(line: str) -> None:
@@ -205,8 +207,10 @@ def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progre
     return Context(host=host, actions=live_actions(run) if live else None, progress=progress, writable=writable,
                    run=run, nvml=Nvml if live else refusing_nvml(host),
                    fabric_manager=FabricManagerClient if live else None,
-                   write_timeout=checked_seconds(write_timeout, "--timeout", upper=3600),
-                   lock_timeout=checked_seconds(lock_timeout, "--lock-timeout", upper=24 * 3600))
+                   write_timeout=checked_seconds(write_timeout, RUN["write_timeout"].flag,
+                                                 upper=RUN["write_timeout"].maximum),
+                   lock_timeout=checked_seconds(lock_timeout, RUN["lock_timeout"].flag,
+                                                upper=RUN["lock_timeout"].maximum))
 
 
 def live_context(root: str | None = None, **kwargs) -> Context:

@@ -41,12 +41,23 @@ COMMAND_OWN = {
     "attach": {"addresses", "device_ids", "yes", "no_verify", "keep_on_failure", "dry_run", "as_json",
                "root", "show_xml"},
     "verify": {"domain", "expect_device", "expect_ids", "as_json", "root"},
-    "detach": {"name", "timeout", "dry_run", "as_json", "root"},
+    "detach": {"name", "dry_run", "as_json", "root"},
+    "bind": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
+    "unbind": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
+    "restore": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
+    "reset": {"addresses", "device_ids", "yes", "bus", "forget", "dry_run", "as_json", "root"},
+    "persist": {"addresses", "device_ids", "yes", "dry_run", "list_", "output_format", "as_json", "root"},
+    "unpersist": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
+    "vgpu list": {"output_format", "as_json", "root"},
+    "testbed plan": {"spec_path", "yes", "as_json", "root"},
+    "testbed run": {"spec_path", "out", "yes", "dry_run", "as_json", "root"},
+    "vgpu create": {"address", "vgpu_type", "persist", "dry_run", "as_json", "root"},
 }
 MODULE_OWN = {
     "gpuvfio.gpuvfio.domain": {"root", "state_dir", "devices", "device_ids", "all_matched", "state", "update",
-                       "verify", "keep_on_failure", "stop_timeout", "restore_devices"},
+                       "verify", "keep_on_failure", "restore_devices"},
     "gpuvfio.gpuvfio.verify": {"root", "state_dir", "domain", "expect_devices"},
+    "gpuvfio.gpuvfio.device": {"root", "state_dir", "devices", "device_ids", "all_matched", "state"},
 }
 
 
@@ -57,8 +68,11 @@ def carried(table, where: str) -> list[Option]:
 # --- the command ----------------------------------------------------------------------------------
 
 def command_params(command: str) -> dict:
-    click_group = typer.main.get_command(app)
-    return {p.name: p for p in click_group.commands[command].params}
+    """The parameters of a command named by its words ("vgpu list": a subcommand)."""
+    found = typer.main.get_command(app)
+    for word in command.split():
+        found = found.commands[word]
+    return {p.name: p for p in found.params}
 
 
 def cli_differences(table, command: str, params: dict) -> list[str]:
@@ -71,8 +85,8 @@ def cli_differences(table, command: str, params: dict) -> list[str]:
             continue
         expected_default = None if option.required else (False if option.negated else option.default)
         help_text = option.off_help if option.negated else option.text(flag_of)
-        if param.opts != [option.flag]:
-            out.append(f"{command}: {option.name} is {param.opts}, not {option.flag}")
+        if param.opts != list(option.flags):
+            out.append(f"{command}: {option.name} is {param.opts}, not {list(option.flags)}")
         if param.default != expected_default:
             out.append(f"{command}: {option.flag} defaults to {param.default!r}, not {expected_default!r}")
         if bool(param.required) != option.required:
@@ -380,3 +394,52 @@ def test_the_roles_attach_tasks_pass_every_domain_option():
                 continue
             assert f"guest.{option.name} |" in task.get(option.name, ""), option.name
             assert all(f"guest.{alias} |" in task[option.name] for alias in option.aliases), option.name
+
+
+# --- no option declared outside the table ---------------------------------------------------------
+
+# How a command is driven, not what its service takes: the devices it acts on, how its answer is
+# printed, where the host is. Every other option two commands share is the table's.
+INTERFACE_FLAGS = {"--device-id", "--yes", "--dry-run", "--json", "--format", "--root", "--verbose", "--help",
+                   "--version", "--install-completion", "--show-completion"}
+
+
+def every_command(group=None, words: tuple[str, ...] = ()):
+    group = group or typer.main.get_command(app)
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from every_command(command, words + (name,))
+        else:
+            yield " ".join(words + (name,)), command
+
+
+def declared_apart(table) -> dict[str, list[str]]:
+    """Each flag declared outside the table that more than one command takes, or that spells a
+    table option, with the commands that declare it."""
+    table_flags = {flag for option_set in table for option in option_set for flag in option.flags}
+    by_flag: dict[str, list[str]] = {}
+    for name, command in every_command():
+        params = {p.name: p for p in command.params}
+        owned = {o.parameter for o in carried(table, name)}
+        for param in params.values():
+            if param.param_type_name != "option" or param.name in owned:
+                continue
+            for flag in (o for o in param.opts if o.startswith("--") and o not in INTERFACE_FLAGS):
+                by_flag.setdefault(flag, []).append(name)
+    return {flag: names for flag, names in by_flag.items() if len(names) > 1 or flag in table_flags}
+
+
+def test_options_shared_by_commands_are_declared_in_the_table():
+    """Issue 36 item 3: connect, the timeouts, force, stop-services and the rest were declared in
+    each command (--connect five times); now an option two commands take, or one the table
+    declares, comes from gpuvfio.options."""
+    assert declared_apart(SETS) == {}
+
+
+def test_the_declared_apart_check_sees_a_hand_written_option():
+    """With bind's options taken out of the table, bind's --force (hand-written, as before) and
+    its --connect, shared with other commands, show."""
+    bind_free = tuple(OptionSet(s.name, *(dataclasses.replace(o, cli=tuple(c for c in o.cli if c != "bind"))
+                                          for o in s)) for s in SETS)
+    found = declared_apart(bind_free)
+    assert "bind" in found["--connect"] and "bind" in found["--force"]

@@ -49,9 +49,10 @@ ARGUMENT_SPECS = {
         'samples': {'type': 'int'},
         'probe_timeout': {'type': 'float', 'default': 120.0},
         'verify_timeout': {'type': 'float', 'default': 600.0},
-        'connect': {'type': 'str', 'aliases': ['uri']},
+        'connect': {'type': 'str', 'aliases': ['uri', 'libvirt_uri']},
         'stop_services': {'type': 'bool', 'default': False},
         'take_host_devices': {'type': 'bool', 'default': False},
+        'stop_timeout': {'type': 'float', 'default': 60.0},
     },
     'gpuvfio.gpuvfio.verify': {
         'ssh_host': {'type': 'str'},
@@ -71,7 +72,16 @@ ARGUMENT_SPECS = {
         'samples': {'type': 'int'},
         'probe_timeout': {'type': 'float', 'default': 120.0},
         'verify_timeout': {'type': 'float', 'default': 600.0},
-        'connect': {'type': 'str', 'aliases': ['uri']},
+        'connect': {'type': 'str', 'aliases': ['uri', 'libvirt_uri']},
+    },
+    'gpuvfio.gpuvfio.device': {
+        'connect': {'type': 'str', 'aliases': ['uri', 'libvirt_uri']},
+        'stop_services': {'type': 'bool', 'default': False},
+        'force': {'type': 'bool', 'default': False},
+        'allow_unsafe_host': {'type': 'bool', 'default': False},
+        'take_host_devices': {'type': 'bool', 'default': False},
+        'write_timeout': {'type': 'float', 'default': 10.0},
+        'lock_timeout': {'type': 'float', 'default': 30.0},
     },
 }
 
@@ -90,6 +100,7 @@ SETS = {
         'verify_timeout',
     ),
     'run': (
-        'connect', 'stop_services', 'take_host_devices',
+        'connect', 'stop_services', 'force', 'allow_unsafe_host', 'take_host_devices', 'write_timeout',
+        'lock_timeout', 'stop_timeout',
     ),
 }

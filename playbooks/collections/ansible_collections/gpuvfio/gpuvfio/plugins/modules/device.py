@@ -55,44 +55,49 @@ options:
     type: str
     choices: [vfio, host, persisted, unpersisted]
     default: vfio
-  force:
-    description: Override the overridable refusals (non-viable group, boot VGA); with C(state=persisted), persist
-      a group that holds a foreign device. Dangerous.
+  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.
+  connect:
+    description: >-
+      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system; for a testbed, its
+      spec's [run] connect); one that would make libvirt run a program or skip a check (the ext and SSH
+      transports, command=, netcat=, no_verify= and the like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+      Where libvirt is only asked which domains use the devices (bind, unbind, reset, vgpu list, the device
+      module) none means: do not ask.
+    type: str
+    aliases: ["uri", "libvirt_uri"]
+  stop_services:
+    description: >-
+      Stop NVIDIA services that hold the GPU while binding (nvidia-persistenced, fabricmanager, DCGM); restore
+      restarts them.
     type: bool
     default: false
-  stop_services:
-    description: Stop nvidia-persistenced, fabricmanager, DCGM while binding (restore restarts them).
+  force:
+    description: >-
+      Override the checks marked overridable: a foreign device in the group, the console GPU (boot VGA).
     type: bool
     default: false
   allow_unsafe_host:
-    description: Bind even with ACS override, unsafe interrupts or no-IOMMU mode. Dangerous.
+    description: >-
+      DANGEROUS: bind even with ACS override, unsafe interrupts or no-IOMMU mode.
     type: bool
     default: false
   take_host_devices:
     description: >-
       DANGEROUS: take from the host what it runs on (a mounted disk, swap, an interface with its routes or
-      addresses, its console) when binding or persisting; the host loses it. Without it such a task fails and
-      names the chain (for example a partition holding LUKS holding LVM mounted on /).
+      addresses, its console) when binding; the host loses it.
     type: bool
     default: false
-  connect:
-    description:
-      - libvirt URI asked which domains use the devices before binding (a libvirt that does not
-        answer refuses the bind). Default libvirt's default URI when C(root) is C(/), else no
-        libvirt check; C(none) binds without asking.
-      - gpuvfio refuses a URI that would make libvirt run a program or skip a check (the C(ext) and SSH
-        transports, C(command=), C(netcat=), C(no_verify=) and the like), in check mode too;
-        C(GPUVFIO_ALLOW_UNSAFE_URI=1) in the task's environment lets it through with a warning.
-    type: str
-    aliases: [libvirt_uri]
   write_timeout:
-    description: Seconds to wait for one sysfs write.
+    description: >-
+      Give up on a sysfs write the kernel does not return from after this many seconds.
     type: float
     default: 10.0
   lock_timeout:
-    description: Seconds to wait for another gpuvfio run to finish.
+    description: >-
+      Wait this long for another gpuvfio run to finish.
     type: float
     default: 30.0
+  # End of the generated options.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -167,6 +172,7 @@ from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.common import (
     COMMON_ARGS, DEVICE_ARGS, HAS_GPUVFIO, GpuvfioError, check_devices, check_libvirt_uri, driver_diff,
     fail_gpuvfio, finish, require_gpuvfio, resolve_devices, task_context,
 )
+from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.options import ARGUMENT_SPECS
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding
@@ -244,13 +250,7 @@ def main(context_factory=None) -> None:
         argument_spec=dict(COMMON_ARGS, **DEVICE_ARGS,
                            state=dict(type="str", choices=["vfio", "host", "persisted", "unpersisted"],
                                       default="vfio"),
-                           force=dict(type="bool", default=False),
-                           stop_services=dict(type="bool", default=False),
-                           allow_unsafe_host=dict(type="bool", default=False),
-                           take_host_devices=dict(type="bool", default=False),
-                           connect=dict(type="str", aliases=["libvirt_uri"]),
-                           write_timeout=dict(type="float", default=10.0),
-                           lock_timeout=dict(type="float", default=30.0)),
+                           **ARGUMENT_SPECS["gpuvfio.gpuvfio.device"]),  # what gpuvfio.options declares
         supports_check_mode=True,
     )
     require_gpuvfio(module)

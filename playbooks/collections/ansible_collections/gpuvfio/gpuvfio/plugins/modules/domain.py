@@ -63,10 +63,6 @@ options:
     description: With C(state=running), keep a failed attach for inspection instead of undoing it.
     type: bool
     default: false
-  stop_timeout:
-    description: With C(state=absent), seconds of ACPI shutdown before destroy.
-    type: float
-    default: 60.0
   restore_devices:
     description: With C(state=absent), give the devices back to their host drivers.
     type: bool
@@ -142,7 +138,7 @@ options:
     type: str
   uuid:
     description: >-
-      mdev UUID (default: derived from name, GPU and type).
+      mdev UUID (default: xml derives it from the domain name, GPU and type; vgpu create takes a random one).
     type: str
   disk:
     description: >-
@@ -273,14 +269,17 @@ options:
     default: 600.0
   connect:
     description: >-
-      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system); one that would make
-      libvirt run a program or skip a check (the ext and SSH transports, command=, netcat=, no_verify= and the
-      like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system; for a testbed, its
+      spec's [run] connect); one that would make libvirt run a program or skip a check (the ext and SSH
+      transports, command=, netcat=, no_verify= and the like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+      Where libvirt is only asked which domains use the devices (bind, unbind, reset, vgpu list, the device
+      module) none means: do not ask.
     type: str
-    aliases: ["uri"]
+    aliases: ["uri", "libvirt_uri"]
   stop_services:
     description: >-
-      Stop NVIDIA services that hold the GPU while binding; restore restarts them.
+      Stop NVIDIA services that hold the GPU while binding (nvidia-persistenced, fabricmanager, DCGM); restore
+      restarts them.
     type: bool
     default: false
   take_host_devices:
@@ -289,6 +288,11 @@ options:
       addresses, its console) when binding; the host loses it.
     type: bool
     default: false
+  stop_timeout:
+    description: >-
+      Seconds for the guest's ACPI shutdown before it is destroyed.
+    type: float
+    default: 60.0
   # End of the generated options.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -483,7 +487,6 @@ def main(context_factory=None) -> None:
             update=dict(type="bool", default=True),
             verify=dict(type="bool", default=True),
             keep_on_failure=dict(type="bool", default=False),
-            stop_timeout=dict(type="float", default=60.0),
             restore_devices=dict(type="bool", default=True),
         ),
         mutually_exclusive=[("mdev", "vgpu"), ("ssh_key", "ssh_private_key"), ("disk", "kernel")],

@@ -108,11 +108,13 @@ options:
     default: 600.0
   connect:
     description: >-
-      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system); one that would make
-      libvirt run a program or skip a check (the ext and SSH transports, command=, netcat=, no_verify= and the
-      like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+      The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system; for a testbed, its
+      spec's [run] connect); one that would make libvirt run a program or skip a check (the ext and SSH
+      transports, command=, netcat=, no_verify= and the like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
+      Where libvirt is only asked which domains use the devices (bind, unbind, reset, vgpu list, the device
+      module) none means: do not ask.
     type: str
-    aliases: ["uri"]
+    aliases: ["uri", "libvirt_uri"]
   # End of the generated options.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
