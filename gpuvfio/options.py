@@ -16,11 +16,15 @@ gpuvfio.ops.verify_options.verify_options), taking their bounds from here.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["Option", "OptionSet", "DOMAIN", "SSH", "VERIFY", "RUN", "SETS", "USER_PATTERN", "USER",
-           "ANSIBLE_MODULES", "CLI_COMMANDS"]
+from gpuvfio.errors import InputError
+from gpuvfio.numbers import finite, shown
+
+__all__ = ["Option", "OptionSet", "OptionError", "DOMAIN", "SSH", "VERIFY", "RUN", "SETS", "USER_PATTERN", "USER",
+           "ANSIBLE_MODULES", "CLI_COMMANDS", "checked", "cli_flag"]
 
 KINDS = ("str", "int", "float", "bool", "path", "list")
 # A login name as useradd(8) takes it (shadow-utils, NAME_REGEX relaxed to upper case as
@@ -48,6 +52,7 @@ class Option:
     maximum: float | None = None
     above: float | None = None  # exclusive minimum
     pattern: str | None = None  # what the whole value matches (JSON Schema, the spec)
+    shape: str | None = None  # the pattern in words, for the message when a value does not match it
     metavar: str | None = None
     cli: tuple[str, ...] = ()  # the commands that take it
     ansible: tuple[str, ...] = ()  # the modules that take it
@@ -164,8 +169,9 @@ DOMAIN = OptionSet(
     Option("initrd", "path", "initrd for direct kernel boot (with {kernel}).", metavar="PATH", cli=BOTH,
            ansible=DOM, spec=GUEST),
     Option("cmdline", "str", "Kernel command line for direct kernel boot (one line).", pattern=r"[^\n\x00]*",
-           metavar="STR", cli=BOTH, ansible=DOM, spec=GUEST),
-    Option("network", "str", "libvirt network to attach.", pattern=r"[^/\n\x00]+", metavar="NAME", cli=BOTH,
+           shape="one line", metavar="STR", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("network", "str", "libvirt network to attach.", pattern=r"[^/\n\x00]+",
+           shape="a libvirt network name (no '/')", metavar="NAME", cli=BOTH,
            ansible=DOM, spec=GUEST),
     # The testbed forwards its [guest.ssh] port: that key is the spec's spelling of this one.
     Option("user_net_ssh_port", "int", "QEMU user networking, 127.0.0.1:PORT -> guest:22.", minimum=1,
@@ -196,7 +202,7 @@ SSH = OptionSet(
     Option("ssh_port", "int", "Guest SSH port (default: discovered, else 22).", minimum=1, maximum=65535,
            metavar="PORT", cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH, key="port"),
     Option("ssh_user", "str", "Guest user (default: the SSH config's User, else root).", pattern=USER_PATTERN,
-           metavar="USER", cli=GUEST_CMDS + ("xml",), ansible=MODULES, spec=GUEST_SSH, key="user"),
+           shape="a login name", metavar="USER", cli=GUEST_CMDS + ("xml",), ansible=MODULES, spec=GUEST_SSH, key="user"),
     Option("ssh_key", "path", "Private key file.", metavar="FILE", cli=GUEST_CMDS + ("xml",), ansible=MODULES,
            spec=GUEST_SSH, key="key"),
     Option("ssh_private_key", "str", "Private key content (kept out of logs); written to a mode 0600 temp file "
@@ -290,6 +296,76 @@ RUN = OptionSet(
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)
+
+
+def cli_flag(name: str) -> str:
+    """How the commands spell a declared option (``--no-X`` for a switch on by default)."""
+    for option_set in SETS:
+        if name in option_set.by_name:
+            return option_set[name].flag
+    return "--" + name.replace("_", "-")
+
+
+class OptionError(InputError):
+    """Bad input that names declared options. The message is kept with ``{option_name}`` in
+    place of each name, so that each interface says it its own way (``spelled``): ``--rom-bar``
+    for the commands (``str()``), ``rom_bar`` for the Ansible modules, the spec's key in a
+    testbed spec."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        super().__init__(self.spelled(cli_flag))
+
+    def spelled(self, spell) -> str:
+        return re.sub(r"\{([a-z_]+)\}", lambda m: spell(m.group(1)), self.template)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind_error(option: Option, value) -> str | None:
+    """What ``value`` must be for ``option``'s kind, when it is not."""
+    if option.kind == "bool":
+        return None if isinstance(value, bool) else "true or false"
+    if option.kind == "int":
+        return None if _whole(value) else "a whole number"
+    if option.kind == "float":
+        return None if finite(value) else "a number"
+    if option.kind == "list":
+        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "a list of strings"
+    if not isinstance(value, str):
+        return "a string"
+    if option.kind == "path" and (not os.path.isabs(value) or any(c in value for c in "\n\0")):
+        return "an absolute path"
+    return None
+
+
+def _range_error(option: Option, value) -> str | None:
+    low, top, above = option.minimum, option.maximum, option.above
+    if (low is not None and value < low) or (top is not None and value > top) or (above is not None
+                                                                                   and value <= above):
+        lower = f"above {above:g}" if above is not None else f"from {low:g}"
+        return f"{lower} to {top:g}" if top is not None else lower
+    return None
+
+
+def checked(option: Option, value):
+    """``value`` when it has ``option``'s kind and lies within the bounds, choices and pattern the
+    table declares; OptionError naming the option otherwise (exit status 2)."""
+    name = "{" + option.name + "}"
+    wrong = _kind_error(option, value)
+    if wrong is not None:
+        raise OptionError(f"{name} must be {wrong}, not {shown(value)}")
+    if option.choices and value not in option.choices:
+        raise OptionError(f"{name} must be {' or '.join(option.choices)}, not {shown(value)}")
+    if option.kind in ("int", "float"):
+        span = _range_error(option, value)
+        if span is not None:
+            raise OptionError(f"{name} must be {span}, not {shown(value)}")
+    if option.pattern is not None and isinstance(value, str) and not re.fullmatch(option.pattern, value):
+        raise OptionError(f"{name} must be {option.shape or 'of the form ' + option.pattern}, not {shown(value)}")
+    return value
 
 
 # The Ansible side: argument specs and the DOCUMENTATION options, generated into the collection by

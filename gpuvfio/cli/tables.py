@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpuvfio.options import SETS, Option, OptionSet
+from gpuvfio.options import Option, OptionSet, cli_flag
 
 __all__ = ["Group", "options", "from_table", "flag_of", "annotation_of"]
 
@@ -36,10 +36,7 @@ def options(option_set: OptionSet, command: str) -> Group:
 
 def flag_of(name: str) -> str:
     """How the command spells a declared option (for help texts that name another one)."""
-    for option_set in SETS:
-        if name in option_set.by_name:
-            return option_set[name].flag
-    return "--" + name.replace("_", "-")
+    return cli_flag(name)
 
 
 def annotation_of(option: Option):

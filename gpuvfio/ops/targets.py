@@ -19,7 +19,7 @@ from gpuvfio.user_files import for_another_program
 from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.guest.ssh_config import check_config_file, parse_jump, resolve
 from gpuvfio.ops.context import Context, checked_seconds
-from gpuvfio.options import SSH, USER
+from gpuvfio.options import SSH, USER, checked
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
 __all__ = ["SshOptions", "ssh_options", "ssh_from_table", "valid_host", "guest_target", "configured",
@@ -54,10 +54,10 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
     """Validated SSH options (bad input: InputError, exit 2)."""
     if host is not None and not valid_host(host):
         raise InputError(f"not a host name or IP address: {host!r}")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
-        raise InputError(f"SSH port must be 1-65535, not {port!r}")
-    if user is not None and (not isinstance(user, str) or not _USER.fullmatch(user)):
-        raise InputError(f"not a user name: {user!r}")
+    if port is not None:
+        checked(SSH["ssh_port"], port)
+    if user is not None:
+        checked(SSH["ssh_user"], user)
     for what, path in (("SSH key", key), ("known_hosts", known_hosts)):
         if path is not None and (not isinstance(path, str) or not path or "\0" in path):
             raise InputError(f"{what} must be a file path, not {path!r}")

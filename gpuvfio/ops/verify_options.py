@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpuvfio.errors import InputError
 from gpuvfio.guest.expect import LINK_EFFICIENCY, Gates, gates
 from gpuvfio.ops.context import checked_seconds
-from gpuvfio.options import VERIFY
+from gpuvfio.options import VERIFY, checked
 
 __all__ = ["PROBE_TIMEOUT", "VERIFY_TIMEOUT", "VerifyOptions", "verify_options"]
 
@@ -41,10 +41,11 @@ def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEO
                    samples: int | None = None) -> VerifyOptions:
     """The one validation of the verify options (gpuvfio.options.VERIFY names them and sets
     their bounds; bad input: InputError, exit 2)."""
-    for name, value in (("size_mib", size_mib), ("copies", copies), ("samples", samples)):
-        low, top = VERIFY[name].minimum, VERIFY[name].maximum
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top):
-            raise InputError(f"{VERIFY[name].flag} must be a whole number from {low} to {top}")
+    given = {"size_mib": size_mib, "copies": copies, "samples": samples, "link_efficiency": link_efficiency,
+             "min_gbps": min_gbps, "probe_timeout": probe_timeout, "verify_timeout": verify_timeout}
+    for name, value in given.items():
+        if value is not None:
+            checked(VERIFY[name], value)
     chosen = gates(link_efficiency=LINK_EFFICIENCY if link_efficiency is None else link_efficiency, min_gbps=min_gbps)
     return VerifyOptions(bool(bandwidth),
                          checked_seconds(probe_timeout, "probe timeout", upper=VERIFY["probe_timeout"].maximum),

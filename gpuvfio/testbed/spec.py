@@ -73,7 +73,7 @@ from gpuvfio.ops.context import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
-from gpuvfio.options import DOMAIN, RUN, SSH, USER, VERIFY, Option
+from gpuvfio.options import DOMAIN, RUN, SSH, USER, VERIFY, Option, OptionError
 from gpuvfio.selector import IdFilter, Selector
 from gpuvfio.sizes import parse_size_kib
 
@@ -240,7 +240,7 @@ class _SpecReader:
         try:  # what the run asks libvirt for, validated now (not after the first variant ran)
             domain_request("gpuvfio-tb-spec", **guest_request_args(guest, ssh))
         except InputError as exc:
-            self.fail(f"[guest]: {exc}", "guest")
+            self.fail(f"[guest]: {in_spec_words(exc)}", "guest")
         return guest, ssh
 
     def run(self, run) -> dict:
@@ -300,11 +300,11 @@ class _SpecReader:
                 raise InputError(f"hugepages must be auto, none, 4K, 2M or 1G (a string), not {raw['hugepages']!r}")
             hugepages = parse_hugepages(raw.get("hugepages", DOMAIN["hugepages"].default))
         except InputError as exc:
-            self.fail(str(exc), "variant", index, "hugepages")
+            self.fail(in_spec_words(exc), "variant", index, "hugepages")
         try:
             numa = parse_numa(raw.get("numa", DOMAIN["numa"].default))
         except InputError as exc:
-            self.fail(str(exc), "variant", index, "numa")
+            self.fail(in_spec_words(exc), "variant", index, "numa")
         return hugepages, numa
 
     def vgpu_keys(self, index: int, raw: dict, name: str, kind: str, devices_chosen: bool):
@@ -326,6 +326,17 @@ class _SpecReader:
                 self.fail(f"scheduler must be one of {', '.join(POLICIES)}, not {scheduler!r}", "variant", index,
                           "scheduler")
         return profile, scheduler
+
+
+def in_spec_words(exc: InputError) -> str:
+    """``exc``'s message with the options it names as the spec's keys (the SSH forward as
+    [guest.ssh] port): the spec's author never typed --rom-bar."""
+    def key(name: str) -> str:
+        if name == "user_net_ssh_port":
+            return "[guest.ssh] " + SSH["ssh_port"].spec_key
+        return next((s[name].spec_key for s in (DOMAIN, SSH, VERIFY, RUN) if name in s.by_name), name)
+
+    return exc.spelled(key) if isinstance(exc, OptionError) else str(exc)
 
 
 def guest_request_args(guest: dict, ssh: dict) -> dict:

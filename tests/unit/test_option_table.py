@@ -19,13 +19,13 @@ import typer
 from gpuvfio.cli import generate
 from gpuvfio.cli.app import app
 from gpuvfio.cli.tables import flag_of
-from gpuvfio.domain.request import domain_request
+from gpuvfio.domain.request import FIELDS as request_fields, READERS, DomainRequest, domain_request
 from gpuvfio.errors import InputError
 from gpuvfio.guest.expect import LINK_EFFICIENCY
 from gpuvfio.ops.targets import ssh_options
 from gpuvfio.ops.verify_options import verify_options
 from gpuvfio.options import (ANSIBLE_MODULES, CLI_COMMANDS, DOMAIN, RUN, SETS, SSH, VERIFY, Option, OptionSet,
-                             argument_spec)
+                             argument_spec, checked)
 from gpuvfio.testbed import schema as spec_schema
 from gpuvfio.testbed.plan import request_for
 from gpuvfio.testbed.spec import guest_request_args, load_spec
@@ -288,10 +288,11 @@ def test_the_spec_gains_the_domain_options_and_they_reach_the_request(tmp_path):
 # --- the services' defaults -----------------------------------------------------------------------
 
 def service_differences(table) -> list[str]:
-    """Each option's default where a service takes it as a parameter."""
+    """Each option's default where a service takes it as a parameter, and the domain request's
+    fields and defaults (made from the table: a request built with no options holds each
+    table default, read as the request holds it)."""
     out = []
-    services = {"domain": (domain_request, lambda o: o.name), "verify": (verify_options, lambda o: o.name),
-                "ssh": (ssh_options, lambda o: o.spec_key)}
+    services = {"verify": (verify_options, lambda o: o.name), "ssh": (ssh_options, lambda o: o.spec_key)}
     for option_set in table:
         if option_set.name not in services:
             continue
@@ -305,10 +306,23 @@ def service_differences(table) -> list[str]:
                 out.append(f"{function.__name__}({named(option)}={parameter.default!r}): the table says "
                            f"{option.default!r}")
     domain = next(option_set for option_set in table if option_set.name == "domain")
+    fields = {f.name for f in dataclasses.fields(DomainRequest)}
+    defaults = DomainRequest(name="x")
     for option in domain:
-        if not option.required and option.name not in parameters_of(domain_request):
-            out.append(f"domain_request takes no {option.name}")
+        field_name = request_fields.get(option.name, option.name)
+        if field_name not in fields:
+            out.append(f"DomainRequest has no {option.name}")
+        elif not option.required and getattr(defaults, field_name) != read_request_value(option, option.default):
+            out.append(f"DomainRequest's {option.name} defaults to {getattr(defaults, field_name)!r}, not "
+                       f"{option.default!r}")
     return out
+
+
+def read_request_value(option: Option, value):
+    try:
+        return None if value is None else READERS.get(option.name, lambda v: v)(value)
+    except InputError:
+        return value
 
 
 def parameters_of(function) -> set[str]:
@@ -443,3 +457,29 @@ def test_the_declared_apart_check_sees_a_hand_written_option():
                                           for o in s)) for s in SETS)
     found = declared_apart(bind_free)
     assert "bind" in found["--connect"] and "bind" in found["--force"]
+
+
+# --- messages name the options as each interface spells them ----------------------------------------
+
+def test_a_bad_domain_option_is_named_as_the_command_and_the_spec_spell_it(tmp_path):
+    """One rule (--rom-bar off with --rom-file), three spellings: the command's flags, the spec's
+    keys (the module's names: tests/unit/test_fleet.py)."""
+    with pytest.raises(InputError) as caught:
+        domain_request("x", rom_bar="off", rom_file="/var/lib/gpuvfio/clean.rom")
+    assert str(caught.value) == "--rom-bar off hides the ROM that --rom-file gives: one of them"
+    path = tmp_path / "spec.toml"
+    path.write_text(BASE.replace("[guest]\n", '[guest]\nrom_bar = "off"\nrom_file = "/var/lib/g.rom"\n', 1))
+    with pytest.raises(InputError) as caught:
+        load_spec(str(path))
+    assert "[guest]: rom_bar off hides the ROM that rom_file gives" in str(caught.value)
+    assert "--" not in str(caught.value)
+
+
+def test_a_value_out_of_the_tables_bounds_is_refused_by_the_table():
+    """The request's bounds are the table's: a narrower table refuses what the wider one took."""
+    with pytest.raises(InputError, match="--vcpus must be from 1 to 4096, not 4097"):
+        domain_request("x", vcpus=4097)
+    assert domain_request("x", vcpus=4096).vcpus == 4096
+    narrow = dataclasses.replace(DOMAIN["vcpus"], maximum=8)
+    with pytest.raises(InputError, match="--vcpus must be from 1 to 8, not 9"):
+        checked(narrow, 9)

@@ -445,13 +445,14 @@ def test_ssh_errors_say_which(cli, tmp_path):
     refused = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "1", "--timeout", "0.5")
     assert refused.code == 1 and "connection refused" in refused.err
     zero = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "0")
-    assert zero.code == 2 and "SSH port must be 1-65535" in zero.err  # on main 0 silently became 22
+    assert zero.code == 2 and "--ssh-port must be from 1 to 65535" in zero.err  # on main 0 silently became 22
 
 
 @pytest.mark.parametrize("args, words", [
     (["--expect", "10de"], "--expect takes VENDOR:DEVICE"), (["--expect", "10de:2335x0"], "count must be 1-64"),
-    (["--link-efficiency", "nan"], "link efficiency"), (["--link-efficiency", "1.5"], "link efficiency"),
-    (["--min-gbps", "-1"], "minimum bandwidth"), (["--min-gbps", "inf"], "minimum bandwidth"),
+    (["--link-efficiency", "nan"], "--link-efficiency must be a number"),
+    (["--link-efficiency", "1.5"], "--link-efficiency must be from 0.01 to 1"),
+    (["--min-gbps", "-1"], "--min-gbps must be from 0.001"), (["--min-gbps", "inf"], "--min-gbps must be a number"),
     (["--size-mib", "0"], "--size-mib"), (["--copies", "100000"], "--copies")])
 def test_verify_options_are_checked_before_anything_runs(cli, args, words):
     result = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "1", *args)

@@ -179,7 +179,8 @@ def fail_gpuvfio(module, exc, **extra) -> None:
     attach_result = getattr(exc, "result", None)
     if attach_result is not None and hasattr(attach_result, "to_json"):
         result["attach"] = attach_result.to_json()
-    module.fail_json(msg=str(exc), **result)
+    spelled = getattr(exc, "spelled", None)  # gpuvfio.options.OptionError: options by their names here
+    module.fail_json(msg=spelled(str) if spelled is not None else str(exc), **result)
 
 
 def driver_lines(drivers: dict) -> str:
