@@ -202,7 +202,8 @@ SSH = OptionSet(
     Option("ssh_port", "int", "Guest SSH port (default: discovered, else 22).", minimum=1, maximum=65535,
            metavar="PORT", cli=GUEST_CMDS, ansible=MODULES, spec=GUEST_SSH, key="port"),
     Option("ssh_user", "str", "Guest user (default: the SSH config's User, else root).", pattern=USER_PATTERN,
-           shape="a login name", metavar="USER", cli=GUEST_CMDS + ("xml",), ansible=MODULES, spec=GUEST_SSH, key="user"),
+           shape="a login name", metavar="USER", cli=GUEST_CMDS + ("xml",), ansible=MODULES, spec=GUEST_SSH,
+           key="user"),
     Option("ssh_key", "path", "Private key file.", metavar="FILE", cli=GUEST_CMDS + ("xml",), ansible=MODULES,
            spec=GUEST_SSH, key="key"),
     Option("ssh_private_key", "str", "Private key content (kept out of logs); written to a mode 0600 temp file "

@@ -35,8 +35,8 @@ def _this_machine():
 
 @testbed_app.command("plan")
 @from_table
-def plan_cmd(spec_path: SpecArg, run: dict = options(RUN, "testbed plan"), yes: Yes = False, as_json: JsonOption = False,
-             root: RootOption = None) -> None:
+def plan_cmd(spec_path: SpecArg, run: dict = options(RUN, "testbed plan"), yes: Yes = False,
+             as_json: JsonOption = False, root: RootOption = None) -> None:
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
     Exit 1 when the run would refuse a variant (a selection beyond one device without --yes too)."""
     connect = check_uri(run["connect"], source="--connect")

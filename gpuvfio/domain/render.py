@@ -72,11 +72,11 @@ def domain_xml(spec: DomainSpec, *, schemas: str | None = None) -> str:
 
 def document(spec: DomainSpec, digest: str) -> m.Domain:
     """The domain ``spec`` decided, in libvirt's element order (formatdomain)."""
-    kib = spec.memory_kib
+    kib, port = spec.memory_kib, spec.asked.user_net_ssh_port
     record = m.Record(digest=digest, devices=tuple(m.RecordedDevice(a) for a in spec.host_devices),
-                      ssh=m.RecordedSsh("127.0.0.1", spec.ssh_forward_port) if spec.ssh_forward_port else None)
+                      ssh=m.RecordedSsh("127.0.0.1", port) if port else None)
     return m.Domain(
-        type=spec.virt_type, name=spec.name, metadata=m.Metadata(record), memory=m.Memory("KiB", kib),
+        type=spec.asked.virt_type, name=spec.name, metadata=m.Metadata(record), memory=m.Memory("KiB", kib),
         current_memory=m.CurrentMemory("KiB", kib), memory_backing=_memory_backing(spec),
         vcpu=m.Vcpu(placement="static", count=spec.vcpus), cputune=_cputune(spec), numatune=_numatune(spec),
         os=_os(spec), features=_features(spec), cpu=_cpu(spec), clock=m.Clock("utc"),
@@ -115,24 +115,25 @@ def _numatune(spec: DomainSpec) -> m.Numatune | None:
 def _os(spec: DomainSpec) -> m.Os:
     firmware = m.Firmware(tuple(m.FirmwareFeature(enabled, name) for name, enabled in spec.firmware_features)) \
         if spec.firmware_auto else None
-    kernel = spec.kernel
+    asked = spec.asked
+    kernel = asked.kernel
     return m.Os(firmware="efi" if spec.firmware_auto else None, type=m.OsType("x86_64", "q35", "hvm"),
                 firmware_features=firmware,
                 loader=m.Loader("yes", "pflash", spec.loader) if spec.loader else None,
                 nvram=m.Nvram(spec.nvram_template) if spec.loader else None,
-                kernel=kernel, initrd=spec.initrd if kernel else None, cmdline=spec.cmdline if kernel else None)
+                kernel=kernel, initrd=asked.initrd if kernel else None, cmdline=asked.cmdline if kernel else None)
 
 
 def _features(spec: DomainSpec) -> m.Features:
-    kvm = spec.virt_type == "kvm"
+    kvm = spec.asked.virt_type == "kvm"
     return m.Features(acpi=True, apic=True,
-                      hyperv=m.Hyperv("custom", m.VendorId("on", "gpuvfio0000")) if spec.hide_kvm else None,
-                      kvm=m.KvmFeatures(m.State("on")) if spec.hide_kvm else None,
+                      hyperv=m.Hyperv("custom", m.VendorId("on", "gpuvfio0000")) if spec.asked.hide_kvm else None,
+                      kvm=m.KvmFeatures(m.State("on")) if spec.asked.hide_kvm else None,
                       ioapic=m.Ioapic("kvm") if kvm else None)
 
 
 def _cpu(spec: DomainSpec) -> m.Cpu:
-    kvm = spec.virt_type == "kvm"
+    kvm = spec.asked.virt_type == "kvm"
     maxphysaddr = None
     if spec.address and spec.address.maxphysaddr:
         mode, bits = spec.address.maxphysaddr
@@ -167,7 +168,7 @@ def _controllers(spec: DomainSpec) -> tuple[dev.Controller, ...]:
 
 def _hostdevs(spec: DomainSpec) -> tuple[dev.Hostdev, ...]:
     out = []
-    rom = dev.Rom(spec.rom_bar, spec.rom_file) if spec.rom_bar or spec.rom_file else None
+    rom = dev.Rom(spec.asked.rom_bar, spec.asked.rom_file) if spec.asked.rom_bar or spec.asked.rom_file else None
     for port in spec.ports:
         for index, fn in enumerate(port.functions):
             first = index == 0
@@ -183,16 +184,16 @@ def _hostdevs(spec: DomainSpec) -> tuple[dev.Hostdev, ...]:
 
 
 def _devices(spec: DomainSpec) -> dev.Devices:
-    disks = []
-    if spec.disk:
+    asked, disks = spec.asked, []
+    if asked.disk:
         disks.append(dev.Disk("file", "disk", dev.DiskDriver("qemu", spec.disk_format, "none", "native", "unmap"),
-                            dev.Source(file=spec.disk), dev.Target(dev="vda", bus="virtio")))
+                            dev.Source(file=asked.disk), dev.Target(dev="vda", bus="virtio")))
     if spec.seed_iso:
         disks.append(dev.Disk("file", "cdrom", dev.DiskDriver("qemu", "raw"), dev.Source(file=spec.seed_iso),
                             dev.Target(dev="sda", bus="sata"), readonly=True))
-    interfaces = (dev.Interface("network", source=dev.Source(network=spec.network), model=dev.InterfaceModel("virtio")),) \
-        if spec.network else ()
-    serial = dev.Serial("pty", dev.Log(spec.console_log, "off") if spec.console_log else None, dev.Target(port=0))
+    interfaces = (dev.Interface("network", source=dev.Source(network=asked.network),
+                                model=dev.InterfaceModel("virtio")),) if asked.network else ()
+    serial = dev.Serial("pty", dev.Log(asked.console_log, "off") if asked.console_log else None, dev.Target(port=0))
     return dev.Devices(_controllers(spec), _hostdevs(spec), tuple(disks), interfaces, (serial,),
                      (dev.Console("pty", dev.Target(type="serial", port=0)),), dev.Memballoon("none"))
 

@@ -60,6 +60,10 @@ class DomainSpec:
     guest_cells: bool  # expose NUMA cells to the guest (devices on more than one node)
     threads: int
     hugepage_kib: int | None
+    # What the admin asked for, as asked: the options the domain takes as given (hide_kvm, disk,
+    # kernel, network, console_log, rom_bar, ...) are read from here, so such an option needs no
+    # field of its own; the fields beside it are what the plan decided.
+    asked: DomainRequest
     controllers: list[Controller] = field(default_factory=list)
     ports: list[GuestPort] = field(default_factory=list)
     topology: str = "flat"
@@ -71,24 +75,12 @@ class DomainSpec:
     vf_hostdevs: list[PciAddress] = field(default_factory=list)  # SR-IOV vGPU VFs, managed='no'
     address: AddressPlan | None = None  # the 64-bit MMIO window, phys-bits, firmware fallbacks
     versions: list[versions.Row] = field(default_factory=list)  # minimum versions the plan relies on
-    hide_kvm: bool = False
-    disk: str | None = None
-    disk_format: str = "raw"
-    kernel: str | None = None
-    initrd: str | None = None
-    cmdline: str | None = None
-    network: str | None = None
-    virt_type: str = "kvm"
-    ssh_forward_port: int | None = None
-    console_log: str | None = None
     warnings: list[str] = field(default_factory=list)
     firmware_auto: bool = False  # <os firmware='efi'>: libvirt's firmware auto-selection
     # What auto-selection must honour (libvirt formatdomain "BIOS bootloader", <firmware><feature>):
     # no secure boot, since NVIDIA's guest drivers are out-of-tree modules that a secure-boot guest
     # refuses unless signed with an enrolled key (the descriptors with enrolled keys are picked first).
     firmware_features: list[tuple[str, bool]] = field(default_factory=lambda: [("secure-boot", False)])
-    rom_bar: str | None = None  # on | off for the GPUs' hostdevs
-    rom_file: str | None = None
     # A cloud-init NoCloud seed image (gpuvfio.domain.cloud_init), attached as a read-only cdrom.
     seed_iso: str | None = None
 
@@ -100,14 +92,19 @@ class DomainSpec:
             # Only where the window OVMF sizes from phys-bits is too small: a minimum it honours
             # (libvirt refuses opt/ovmf/ names in <sysinfo type='fwcfg'>, so through the command line).
             args += ["-fw_cfg", f"name=opt/ovmf/X-PciMmio64Mb,string={self.address.ovmf_mmio64_mb}"]
-        if self.ssh_forward_port:
+        port = self.asked.user_net_ssh_port
+        if port:
             # libvirt 9.0 in Debian has passt disabled: user networking with a host forward
             # is the way to reach a guest without a bridge.
-            args += ["-netdev", f"user,id=gpuvfio-net0,hostfwd=tcp:127.0.0.1:{self.ssh_forward_port}-:22",
+            args += ["-netdev", f"user,id=gpuvfio-net0,hostfwd=tcp:127.0.0.1:{port}-:22",
                      # A fixed slot on pcie.0 high above the ones libvirt hands out from 0x01
                      # for its own controllers (QEMU would otherwise take slot 1 first).
                      "-device", "virtio-net-pci,netdev=gpuvfio-net0,bus=pcie.0,addr=0x1c,romfile="]
         return args
+
+    @property
+    def disk_format(self) -> str:
+        return "qcow2" if self.asked.disk and self.asked.disk.endswith((".qcow2", ".qcow")) else "raw"
 
     @property
     def cliques(self) -> list[tuple[str, int]]:
@@ -165,14 +162,8 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     spec = DomainSpec(name=request.name, vcpus=request.vcpus, memory_kib=request.memory_kib,
                       firmware=request.firmware, loader=loader, nvram_template=nvram, cells=placements,
                       guest_cells=guest_cells, threads=placements[0].threads if placements else 1,
-                      hugepage_kib=hugepage, mdevs=mdevs, vf_hostdevs=vfs, hide_kvm=request.hide_kvm,
-                      disk=request.disk, kernel=request.kernel, initrd=request.initrd, cmdline=request.cmdline,
-                      network=request.network, virt_type=request.virt_type,
-                      ssh_forward_port=request.user_net_ssh_port, console_log=request.console_log,
-                      warnings=warnings, firmware_auto=firmware_auto, rom_bar=request.rom_bar,
-                      rom_file=request.rom_file)
-    if spec.disk and spec.disk.endswith((".qcow2", ".qcow")):
-        spec.disk_format = "qcow2"
+                      hugepage_kib=hugepage, asked=request, mdevs=mdevs, vf_hostdevs=vfs, warnings=warnings,
+                      firmware_auto=firmware_auto)
     kernel = read_kernel(host)
     _lay_out(spec, host, request, devices, node_ids, kernel, single_node=len(nodes) <= 1)
     _address_space(spec, host, request, kernel)
@@ -248,7 +239,7 @@ def _address_space(spec: DomainSpec, host: HostRoot, request: DomainRequest, ker
     features it takes need."""
     groups, buses = bridge_groups(spec)
     spec.address = plan_address_space(groups, spec.memory_kib, host_phys_bits=physical_address_bits(host),
-                                      virt_type=spec.virt_type, firmware=spec.firmware, cpu_vendor=cpu_vendor(host),
+                                      virt_type=request.virt_type, firmware=spec.firmware, cpu_vendor=cpu_vendor(host),
                                       buses=buses)
     features = list(spec.address.features)
     if spec.cliques:

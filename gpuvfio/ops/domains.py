@@ -125,7 +125,7 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
     # Link attributes as NCCL's reader computes them on the host: each device and each host
     # switch's upstream port against the port above it (nccl_topo.link_attributes).
     return nccl_topo.nccl_topology(devices, cells, {p.index: cell_of(p) for p in spec.ports},
-                                   cpu_vendor=guest_cpu_vendor(spec.virt_type, cpu_vendor(ctx.host)),
+                                   cpu_vendor=guest_cpu_vendor(spec.asked.virt_type, cpu_vendor(ctx.host)),
                                    host_functions=provisioned.inventory.functions)
 
 
