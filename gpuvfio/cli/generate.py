@@ -15,11 +15,11 @@ import os
 import sys
 
 from gpuvfio.user_files import user_dir
-from gpuvfio.options import ANSIBLE_MODULES, DOMAIN, SETS, ansible_options, argument_spec, documentation_options
+from gpuvfio.options import ANSIBLE_MODULES, DOMAIN, RUN, SETS, ansible_options, argument_spec, documentation_options
 from gpuvfio.testbed.schema import schema_text
 
 __all__ = ["SCHEMA", "COLLECTION", "ARGUMENT_SPECS", "BEGIN", "END", "module_path", "generated", "argument_specs_text",
-           "with_documentation", "ROLE_ATTACH", "ROLE_BEGIN", "ROLE_END", "with_role_options"]
+           "with_documentation", "ROLE_ATTACH", "ROLE_BEGIN", "ROLE_END", "ROLE_BLOCKS", "with_role_options"]
 
 SCHEMA = os.path.join("docs", "testbed-spec.schema.json")
 # The Ansible collection gpuvfio.gpuvfio: ansible-galaxy and ansible-test take a collection only at
@@ -30,12 +30,17 @@ ARGUMENT_SPECS = os.path.join(COLLECTION, "plugins", "module_utils", "options.py
 # The lines in a module's DOCUMENTATION between which its declared options are written.
 BEGIN = "  # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: edit the table there.\n"
 END = "  # End of the generated options.\n"
-# The role's attach tasks: each guest's domain options (guest.<name>, or omitted), in every block
-# between these lines. An alias the table keeps for playbooks is taken when the name is not given.
+# The role's attach tasks: each guest's options for the domain and device modules (guest.<name>,
+# else an alias the table keeps for playbooks, else omitted), in every block between the lines
+# ROLE_BEGIN and ROLE_END name for that module.
 ROLE_ATTACH = os.path.join(COLLECTION, "roles", "gpuvfio", "tasks", "attach.yml")
-ROLE_BEGIN = "    # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: the domain options.\n"
-ROLE_END = "    # End of the generated domain options.\n"
-ROLE_MODULE = "gpuvfio.gpuvfio.domain"
+ROLE_BEGIN = "    # Generated from gpuvfio/options.py by python -m gpuvfio.cli.generate: the {} options.\n"
+ROLE_END = "    # End of the generated {} options.\n"
+# What each block holds: the module's options of one set, less those the tasks set themselves
+# (the domain's name; the libvirt URI, the play's gpuvfio_libvirt_uri; stop_services, which has
+# the play's default). The start task's SSH and verify options come from the play's variables.
+ROLE_BLOCKS = {"domain": (DOMAIN, "gpuvfio.gpuvfio.domain", ("name",)),
+               "device": (RUN, "gpuvfio.gpuvfio.device", ("connect", "stop_services"))}
 
 
 def argument_specs_text() -> str:
@@ -73,13 +78,13 @@ def with_documentation(text: str, module: str) -> str:
     return head + BEGIN + documentation_options(module) + END + tail
 
 
-def role_options() -> str:
-    """The domain module's declared options as the attach tasks pass them: each from the guest's
-    entry (its aliases in turn), left out when the guest does not set it. ``name`` the tasks pass
-    themselves."""
+def role_options(block: str) -> str:
+    """``block``'s module options as the attach tasks pass them: each from the guest's entry
+    (its aliases in turn), left out when the guest does not set it."""
+    option_set, module, set_by_tasks = ROLE_BLOCKS[block]
     lines = []
-    for option in DOMAIN.for_module(ROLE_MODULE):
-        if option.name == "name":
+    for option in option_set.for_module(module):
+        if option.name in set_by_tasks:
             continue
         value = "omit"
         for alias in reversed(option.aliases):
@@ -90,14 +95,17 @@ def role_options() -> str:
 
 def with_role_options(text: str) -> str:
     """The role's attach tasks with each generated block replaced by the table's options."""
-    if not text.count(ROLE_BEGIN) or text.count(ROLE_BEGIN) != text.count(ROLE_END):
-        raise ValueError(f"{ROLE_ATTACH}: the generated options' markers are missing or unpaired")
-    head, *blocks = text.split(ROLE_BEGIN)
-    out = [head]
-    for block in blocks:
-        _old, tail = block.split(ROLE_END)
-        out.append(ROLE_BEGIN + role_options() + ROLE_END + tail)
-    return "".join(out)
+    for block in ROLE_BLOCKS:
+        begin, end = ROLE_BEGIN.format(block), ROLE_END.format(block)
+        if not text.count(begin) or text.count(begin) != text.count(end):
+            raise ValueError(f"{ROLE_ATTACH}: the generated {block} options' markers are missing or unpaired")
+        head, *parts = text.split(begin)
+        out = [head]
+        for part in parts:
+            _old, tail = part.split(end)
+            out.append(begin + role_options(block) + end + tail)
+        text = "".join(out)
+    return text
 
 
 def module_path(module: str) -> str:

@@ -392,22 +392,27 @@ def test_the_schema_is_generated_from_the_table():
     assert "console_log" in spec_schema.schema()["properties"]["guest"]["properties"]
 
 
-def test_the_roles_attach_tasks_pass_every_domain_option():
+def test_the_roles_attach_tasks_pass_every_domain_and_device_option():
     """Issue 36 item 3: the role's define and start tasks hand each guest's settings to the domain
     module for every option the module takes (they listed 18 by hand, missing topology, p2p, mdev,
-    vgpu, uuid, console_log and qemu_version), an alias the table keeps taken too."""
+    vgpu, uuid, console_log and qemu_version), an alias the table keeps taken too; the bind task
+    hands the device module its options (it passed force only, never take_host_devices or the
+    timeouts)."""
     import yaml
 
     with open(os.path.join(REPO, generate.ROLE_ATTACH), encoding="utf-8") as handle:
         tasks = yaml.safe_load(handle)
-    domain_tasks = [t["gpuvfio.gpuvfio.domain"] for t in tasks if "gpuvfio.gpuvfio.domain" in t]
-    assert len(domain_tasks) == 2
-    for task in domain_tasks:
-        for option in DOMAIN.for_module("gpuvfio.gpuvfio.domain"):
-            if option.name == "name":
-                continue
-            assert f"guest.{option.name} |" in task.get(option.name, ""), option.name
-            assert all(f"guest.{alias} |" in task[option.name] for alias in option.aliases), option.name
+    for block, (option_set, module, set_by_tasks) in generate.ROLE_BLOCKS.items():
+        bodies = [t[module] for t in tasks if module in t and t[module].get("state") in ("vfio", "defined",
+                                                                                        "running")]
+        assert len(bodies) == {"domain": 2, "device": 1}[block]
+        for body in bodies:
+            for option in option_set.for_module(module):
+                if option.name in set_by_tasks:
+                    assert option.name == "name" or option.name in body, option.name
+                    continue
+                assert f"guest.{option.name} |" in body.get(option.name, ""), option.name
+                assert all(f"guest.{alias} |" in body[option.name] for alias in option.aliases), option.name
 
 
 # --- no option declared outside the table ---------------------------------------------------------
