@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -12,17 +11,13 @@ from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
 from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import write_text
-from gpuvfio.ops import export
+from gpuvfio.ops import export, kubevirt_yaml
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops.kubevirt_names import from_pci_ids
 from gpuvfio.ops.selection import check_devices, resolve
 
 export_app = command_typer(help=COMMANDS["export"].help, no_args_is_help=True)
-
-CR_HEADER = ["apiVersion: kubevirt.io/v1", "kind: KubeVirt", "metadata:", "  name: kubevirt",
-             "  namespace: kubevirt", "spec:", "  configuration:", "    permittedHostDevices:"]
-
 
 class Format(str, Enum):
     PATCH = "patch"
@@ -70,58 +65,9 @@ def kubevirt_cmd(addresses: Devices = None, device_ids: DeviceIds = None, provid
     if as_json:
         emit_json(report.to_json())
     elif output_format is Format.CR:
-        write_text(cr_yaml(report))  # its comments quote the pci.ids names
+        write_text(kubevirt_yaml.cr_text(report))  # its comments quote the pci.ids names
     else:
-        write_text(patch_yaml(report))
-
-
-def _yaml(value, indent: int) -> list[str]:
-    """Block YAML of dicts, lists and scalars; strings JSON-quoted (a JSON string is a YAML one)."""
-    pad = " " * indent
-    lines: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, (dict, list)):
-                lines.append(f"{pad}{key}:")
-                lines += _yaml(item, indent + 2)
-            else:
-                lines.append(f"{pad}{key}: {_scalar(item)}")
-    else:
-        for item in value:
-            inner = _yaml(item, indent + 2) if isinstance(item, (dict, list)) else [f"{pad}  {_scalar(item)}"]
-            lines.append(f"{pad}- {inner[0].lstrip()}")
-            lines += inner[1:]
-    return lines
-
-
-def _scalar(value) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
-
-
-def _comments(report: export.KubevirtExport) -> list[str]:
-    lines = [f"# {note}" for note in report.notes]
-    lines += [f"# not exported: {x.what}: {x.reason}" for x in report.left_out]
-    return lines
-
-
-def patch_yaml(report: export.KubevirtExport) -> str:
-    """The entries as an RFC 6902 JSON patch in YAML (kubectl patch takes JSON or YAML)."""
-    lines = _comments(report)
-    lines += ["# Apply: kubectl patch kubevirt kubevirt -n kubevirt --type json --patch-file FILE",
-              "# Each operation adds one entry at the end of its list (RFC 6902 add, path .../-): the entries the",
-              "# cluster has stay. Applied twice, the entries are there twice. kubectl refuses the patch when the CR",
-              "# has no such list yet (the path does not exist): then print --format cr, which makes the lists."]
-    return "\n".join(lines + _yaml(report.patch(), 0)) + "\n"
-
-
-def cr_yaml(report: export.KubevirtExport) -> str:
-    """The KubeVirt custom resource fragment: it states that it replaces the lists."""
-    lists = ", ".join(report.permitted())
-    lines = _comments(report)
-    lines += [f"# This fragment REPLACES the cluster's whole {lists} list(s) when applied (kubectl apply, or",
-              "# kubectl patch --type merge): KubeVirt's lists are atomic, every entry not written here is removed.",
-              "# To add to what the cluster has, use the default --format patch."]
-    return "\n".join(lines + CR_HEADER + _yaml(report.permitted(), 6)) + "\n"
+        write_text(kubevirt_yaml.patch_text(report))
 
 
 @export_app.command("attributes")
