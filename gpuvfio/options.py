@@ -346,8 +346,11 @@ def _range_error(option: Option, value) -> str | None:
     low, top, above = option.minimum, option.maximum, option.above
     if (low is not None and value < low) or (top is not None and value > top) or (above is not None
                                                                                    and value <= above):
-        lower = f"above {above:g}" if above is not None else f"from {low:g}"
-        return f"{lower} to {top:g}" if top is not None else lower
+        if above is not None:
+            return f"above {above:g}" + (f" and at most {top:g}" if top is not None else "")
+        if low is None:
+            return f"at most {top:g}"
+        return f"from {low:g} to {top:g}" if top is not None else f"at least {low:g}"
     return None
 
 

@@ -26,7 +26,7 @@ from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
 from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT, Session, SshTarget
 from gpuvfio.host.root import HostRoot
-from gpuvfio.options import RUN
+from gpuvfio.options import RUN, checked
 from gpuvfio.settings import ROOT_ENV
 from gpuvfio.virt.connection import default_uri, open_connection
 from gpuvfio.virt.uri import check_uri
@@ -207,10 +207,8 @@ def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progre
     return Context(host=host, actions=live_actions(run) if live else None, progress=progress, writable=writable,
                    run=run, nvml=Nvml if live else refusing_nvml(host),
                    fabric_manager=FabricManagerClient if live else None,
-                   write_timeout=checked_seconds(write_timeout, RUN["write_timeout"].flag,
-                                                 upper=RUN["write_timeout"].maximum),
-                   lock_timeout=checked_seconds(lock_timeout, RUN["lock_timeout"].flag,
-                                                upper=RUN["lock_timeout"].maximum))
+                   write_timeout=float(checked(RUN["write_timeout"], write_timeout)),
+                   lock_timeout=float(checked(RUN["lock_timeout"], lock_timeout)))
 
 
 def live_context(root: str | None = None, **kwargs) -> Context:

@@ -256,6 +256,21 @@ def test_device_module_binds_with_plan_in_check_mode_then_for_real_then_not_agai
     assert not failed and result["changed"] is False, result
 
 
+def test_a_bad_timeout_is_named_as_the_module_and_the_command_spell_it(run_module, built_host, cli):
+    """The write and lock limits' bounds are the table's, and the message names the option as the
+    task (write_timeout) or the command (--write-timeout) does; it said --timeout to both."""
+    root, state, _kernel = built_host
+    args = {"root": root, "state_dir": state, "devices": [GPU], "state": "vfio"}
+    for bad, words in (({"write_timeout": 0}, "write_timeout must be above 0 and at most 3600, not 0.0"),
+                       ({"lock_timeout": 1e9}, "lock_timeout must be above 0 and at most 86400, not 1000000000.0")):
+        # the live Context's own check (host_context), before anything reads the host
+        failed, result = run_module("device", dict(args, **bad), check=True)
+        assert failed and result["exit_code"] == 2 and result["msg"] == words, result
+    refused = cli("--root", root, "bind", GPU, "--write-timeout", "0")
+    assert refused.code == 2 and "--write-timeout must be above 0 and at most 3600, not 0.0" in refused.err, \
+        refused.err
+
+
 def test_device_module_persists_with_a_diff_and_is_idempotent(run_module, built_host):
     root, state, _kernel = built_host
     args = {"root": root, "state_dir": state, "devices": [GPU], "state": "persisted"}
