@@ -167,19 +167,20 @@ def _controllers(spec: DomainSpec) -> tuple[dev.Controller, ...]:
 
 
 def _hostdevs(spec: DomainSpec) -> tuple[dev.Hostdev, ...]:
-    out = []
-    rom = dev.Rom(spec.asked.rom_bar, spec.asked.rom_file) if spec.asked.rom_bar or spec.asked.rom_file else None
-    for port in spec.ports:
-        for index, fn in enumerate(port.functions):
+    out, assignment = [], spec.assignment
+    for slot in assignment.slots:
+        rom = dev.Rom(slot.rom.bar, slot.rom.file) if slot.rom else None
+        for index, fn in enumerate(slot.functions):
             first = index == 0
-            guest = dev.Address("pci", 0, port.index, 0, fn.address.function,
-                              multifunction="on" if first and len(port.functions) > 1 else None)
+            place = slot.guest_address(fn)
+            guest = dev.Address("pci", place.domain, place.bus, place.slot, place.function,
+                                multifunction="on" if first and len(slot.functions) > 1 else None)
             out.append(dev.Hostdev("subsystem", "pci", "no", source=dev.Source(address=_pci(fn.address)),
-                                 alias=dev.Alias(port.alias) if first and port.alias else None,
-                                 rom=rom if fn.is_gpu else None, address=guest))
-    out += [dev.Hostdev("subsystem", "pci", "no", source=dev.Source(address=_pci(vf))) for vf in spec.vf_hostdevs]
-    out += [dev.Hostdev("subsystem", "mdev", model="vfio-pci", display="off", source=dev.Source(address=dev.Address(uuid=uuid)))
-            for uuid, _ in spec.mdevs]
+                                   alias=dev.Alias(slot.alias) if first and slot.alias else None,
+                                   rom=rom if fn.is_gpu else None, address=guest))
+    out += [dev.Hostdev("subsystem", "pci", "no", source=dev.Source(address=_pci(vf))) for vf in assignment.vfs]
+    out += [dev.Hostdev("subsystem", "mdev", model="vfio-pci", display="off",
+                        source=dev.Source(address=dev.Address(uuid=uuid))) for uuid, _ in assignment.mdevs]
     return tuple(out)
 
 

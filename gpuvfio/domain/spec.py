@@ -18,6 +18,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.domain.layout import Controller, GuestPort, plan_layout
 from gpuvfio.domain import versions
 from gpuvfio.domain.address_space import AddressPlan, plan_address_space
+from gpuvfio.domain.assignment import Assignment, Rom, assign
 from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused, UnsafePathError
@@ -71,8 +72,6 @@ class DomainSpec:
     p2p: CliquePlan = field(default_factory=lambda: CliquePlan([], []))
     notes: list[str] = field(default_factory=list)  # what the plan decided and why
     fabric: Decision | None = None  # an HGX NVSwitch fabric's decision (gpuvfio.host.fabric)
-    mdevs: list[tuple[str, str]] = field(default_factory=list)  # (uuid, type id)
-    vf_hostdevs: list[PciAddress] = field(default_factory=list)  # SR-IOV vGPU VFs, managed='no'
     address: AddressPlan | None = None  # the 64-bit MMIO window, phys-bits, firmware fallbacks
     versions: list[versions.Row] = field(default_factory=list)  # minimum versions the plan relies on
     warnings: list[str] = field(default_factory=list)
@@ -83,6 +82,9 @@ class DomainSpec:
     firmware_features: list[tuple[str, bool]] = field(default_factory=lambda: [("secure-boot", False)])
     # A cloud-init NoCloud seed image (gpuvfio.domain.cloud_init), attached as a read-only cdrom.
     seed_iso: str | None = None
+    # What goes where (gpuvfio.domain.assignment): made once the layout and cliques are decided;
+    # the domain, the NCCL topology and the plan's --json render it.
+    assignment: Assignment = field(default_factory=lambda: Assignment((), (), ()))
 
     @property
     def qemu_args(self) -> list[str]:
@@ -109,12 +111,7 @@ class DomainSpec:
     @property
     def cliques(self) -> list[tuple[str, int]]:
         """(hostdev alias, clique id) for each GPU in a P2P clique (``<qemu:override>``)."""
-        out = []
-        for port in self.ports:
-            clique = self.p2p.clique_of(port.functions[0].address)
-            if clique is not None:
-                out.append((port.alias, clique))
-        return out
+        return self.assignment.cliques
 
     @property
     def uses_qemu_namespace(self) -> bool:
@@ -130,7 +127,7 @@ class DomainSpec:
 
     @property
     def host_devices(self) -> list[str]:
-        return [str(f.address) for port in self.ports for f in port.functions] + [str(v) for v in self.vf_hostdevs]
+        return [str(a) for a in self.assignment.host_functions]
 
     @property
     def cores(self) -> int:
@@ -162,10 +159,13 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
     spec = DomainSpec(name=request.name, vcpus=request.vcpus, memory_kib=request.memory_kib,
                       firmware=request.firmware, loader=loader, nvram_template=nvram, cells=placements,
                       guest_cells=guest_cells, threads=placements[0].threads if placements else 1,
-                      hugepage_kib=hugepage, asked=request, mdevs=mdevs, vf_hostdevs=vfs, warnings=warnings,
+                      hugepage_kib=hugepage, asked=request, warnings=warnings,
                       firmware_auto=firmware_auto)
     kernel = read_kernel(host)
     _lay_out(spec, host, request, devices, node_ids, kernel, single_node=len(nodes) <= 1)
+    asked = request
+    rom = Rom(asked.rom_bar, asked.rom_file) if asked.rom_bar or asked.rom_file else None
+    spec.assignment = assign(spec.ports, spec.controllers, spec.p2p, rom=rom, vfs=vfs, mdevs=mdevs)
     _address_space(spec, host, request, kernel)
     return spec
 

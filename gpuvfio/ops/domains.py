@@ -48,7 +48,7 @@ class Provisioned:
     @property
     def assigned(self) -> list[PciAddress]:
         """The host PCI functions the guest gets (the slot's functions, or the vGPU's VF)."""
-        return [PciAddress.parse(a) for a in self.spec.host_devices]
+        return self.spec.assignment.host_functions
 
     def layout_json(self) -> dict:
         """The guest PCIe tree, P2P cliques and what the plan noted, for --json and the plan."""
@@ -56,8 +56,8 @@ class Provisioned:
         return {"topology": spec.topology,
                 "controllers": [{"index": c.index, "model": c.model, "parent": c.parent, "bus_nr": c.bus_nr,
                                  "cell": c.cell, "mirrors": c.purpose} for c in spec.controllers],
-                "devices": [{"address": str(p.functions[0].address), "bus": p.index, "alias": p.alias or None}
-                            for p in spec.ports],
+                "devices": [{"address": str(slot.functions[0].address), "bus": slot.port, "alias": slot.alias}
+                            for slot in spec.assignment.slots],
                 "p2p": spec.p2p.to_json(), "numa_distances": {str(k): {str(j): v for j, v in row.items()}
                                                               for k, row in spec.distances.items()}}
 
@@ -65,7 +65,7 @@ class Provisioned:
     def passthrough(self) -> list[PciAddress]:
         """The functions passed through whole: bound to vfio-pci for the guest (never a vGPU's VF,
         which the vGPU host driver keeps)."""
-        return [f.address for port in self.spec.ports for f in port.functions]
+        return self.spec.assignment.passthrough
 
 
 def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *,
@@ -109,22 +109,11 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
         devices = nccl_topo.predicted_addresses(spec.controllers, ports)
     else:
         devices = nccl_topo.map_guest(spec.controllers, ports, guest_pci)
-    by_index = {c.index: c for c in spec.controllers}
-
-    def cell_of(port) -> int:
-        index = port.index
-        while index:
-            controller = by_index[index]
-            if controller.model == "pcie-expander-bus":
-                return controller.cell or 0
-            index = controller.parent
-        return 0
-
     cells = ([(i, cell.vcpus) for i, cell in enumerate(spec.cells)] if spec.guest_cells
              else [(0, list(range(spec.vcpus)))])
     # Link attributes as NCCL's reader computes them on the host: each device and each host
     # switch's upstream port against the port above it (nccl_topo.link_attributes).
-    return nccl_topo.nccl_topology(devices, cells, {p.index: cell_of(p) for p in spec.ports},
+    return nccl_topo.nccl_topology(devices, cells, {slot.port: slot.cell for slot in spec.assignment.slots},
                                    cpu_vendor=guest_cpu_vendor(spec.asked.virt_type, cpu_vendor(ctx.host)),
                                    host_functions=provisioned.inventory.functions)
 
