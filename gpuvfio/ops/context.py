@@ -49,6 +49,10 @@ def _no_step(number: int) -> None:
     pass
 
 
+def _read_only_connection(uri: str):
+    return open_connection(uri, read_only=True)
+
+
 @dataclass
 class Context:
     host: HostRoot
@@ -85,6 +89,8 @@ class Context:
         if self.fabric_manager is not None:
             self.fabric_manager = _through(self.fabric_manager, self.run)
         if not self.writable:
+            if self.connect is open_connection:  # libvirt's read-only socket: no define, start or destroy
+                self.connect = _read_only_connection
             self.host = self.host.read_only()
             self.state = ReadOnlyTree(self.state.top, "/".join(self.state.base))
             self.actions = None

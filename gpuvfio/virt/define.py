@@ -78,7 +78,14 @@ def current_definition(conn, xml: str) -> Definition:
     dom = lookup(conn, name)
     if dom is None:
         return Definition(name)
-    current = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    try:  # with its secrets (a graphics password), so that a rollback redefines it whole
+        current = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() != libvirt.VIR_ERR_OPERATION_DENIED:
+            raise LibvirtError(f"reading {name}'s definition: {exc.get_error_message()}") from None
+        # A read-only connection (a dry run's) may not read secrets; gpuvfio owns none of them,
+        # so the difference is the same, and a dry run redefines nothing.
+        current = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
     return Definition(name, current, dom.UUIDString(), tuple(difference(xml, current)))
 
 

@@ -368,6 +368,25 @@ def test_a_read_only_context_cannot_write_by_construction(bound, tmp_path, monke
     assert ctx.state.path() == str(state) and ctx.journal().devices
 
 
+def test_a_read_only_context_opens_libvirt_read_only(tmp_path):
+    """A Context that only reads opened libvirt read-write, so a service carried out on it by
+    mistake could define, start or destroy a domain. It now opens libvirt's read-only connection
+    (virConnectOpenReadOnly): listing and reading work, every change is refused by libvirt."""
+    import libvirt
+
+    reader = Context(host=HostRoot(str(tmp_path)))
+    conn = reader.libvirt("test:///default")
+    dom = conn.lookupByName("test")
+    assert dom.isActive() and "<name>test</name>" in dom.XMLDesc(0)
+    for change in (dom.destroy, dom.undefine, lambda: conn.defineXML(dom.XMLDesc(0))):
+        with pytest.raises(libvirt.libvirtError, match="read only access"):
+            change()
+    writer = Context(host=HostRoot(str(tmp_path)), writable=True)
+    other = writer.libvirt("test:///default").lookupByName("test")
+    other.suspend()  # a context that may write still may (its own test driver instance)
+    assert other.info()[0] == libvirt.VIR_DOMAIN_PAUSED
+
+
 def test_detach_is_planned_and_run_under_the_run_lock(cli, workstation, tmp_path, monkeypatch, test_driver):
     """Issue 33 item 4: detach planned outside the lock, then stopped and undefined the domain
     before the release met the lock another run held. Now it waits for the lock first, and on a
