@@ -21,6 +21,7 @@ Namespaced tags are written with their prefix (``qemu:arg``); NAMESPACES maps th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -156,10 +157,11 @@ def _parts(cls) -> list[tuple[dataclasses.Field, Declared]]:
     return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
 
 
-
-def _known_tags(cls) -> set[str]:
-    return {d.name if d.kind in ("leaf", "flag") else d.cls.TAG
-            for _, d in _parts(cls) if d.kind in ("leaf", "flag", "child", "children")}
+@functools.cache
+def _known_tags(cls) -> frozenset[str]:
+    """The tags of the children ``cls`` declares: its declaration alone decides them."""
+    return frozenset(d.name if d.kind in ("leaf", "flag") else d.cls.TAG
+                     for _, d in _parts(cls) if d.kind in ("leaf", "flag", "child", "children"))
 
 
 # ---------------------------------------------------------------------------------------------
