@@ -13,7 +13,8 @@ declaration:
   it does not declare (a part gpuvfio decides whole, where anything else is a difference);
 * difference() compares what gpuvfio wants with what libvirt holds: every value gpuvfio sets
   must be there (libvirt adds its own), lists are matched one to one, and a part declared
-  ``owned`` must hold nothing gpuvfio would not set.
+  ``owned`` must hold nothing gpuvfio would not set (one declared ``owned_unless`` an attribute
+  is libvirt's to fill in while gpuvfio sets that attribute).
 
 Namespaced tags are written with their prefix (``qemu:arg``); NAMESPACES maps the prefixes.
 """
@@ -76,6 +77,7 @@ class Declared:
     name: str | None = None  # the attribute's name or the leaf's / flag's tag
     codec: Codec = TEXT
     owned: bool = False  # gpuvfio decides this part whole: what else libvirt holds there differs
+    owned_unless: str | None = None  # owned, except while this attribute field of the element holds a value
     compared: bool = True
     cls: type | None = None  # the Element class of a child or children field
 
@@ -107,10 +109,12 @@ def flag(tag: str) -> Any:
     return _declare("flag", default=False, name=tag)
 
 
-def child(cls: type, *, owned: bool = False, compared: bool = True) -> Any:
+def child(cls: type, *, owned: bool = False, owned_unless: str | None = None, compared: bool = True) -> Any:
     """At most one child element of class ``cls`` (``compared``: False for parts a difference
-    leaves alone, such as <metadata>)."""
-    return _declare("child", cls=cls, owned=owned, compared=compared)
+    leaves alone, such as <metadata>; ``owned_unless``: owned, except while the element's
+    attribute field of that name holds a value)."""
+    return _declare("child", cls=cls, owned=owned or owned_unless is not None, owned_unless=owned_unless,
+                    compared=compared)
 
 
 def children(cls: type, *, owned: bool = False) -> Any:
@@ -136,10 +140,6 @@ class Element:
     # Written as an open and a close tag on two lines even when empty (gpuvfio's metadata record
     # always was: the digests of the documents it defined before stay the same).
     OPEN_WHEN_EMPTY: ClassVar[bool] = False
-
-    def not_owned(self) -> frozenset[str]:
-        """Tags of owned parts that, in this instance, are libvirt's to fill in."""
-        return frozenset()
 
 
 @dataclass(frozen=True)
@@ -377,7 +377,6 @@ def difference(wanted: Element, current: Element, path: str = "") -> list[str]:
     part that ``wanted`` would not set. A PARTS child is compared part by part beneath its path;
     anything else whole."""
     changes: list[str] = []
-    yielded = wanted.not_owned()
     for f, d in _parts(type(wanted)):
         ours, theirs = getattr(wanted, f.name), getattr(current, f.name)
         if not d.compared:
@@ -386,14 +385,13 @@ def difference(wanted: Element, current: Element, path: str = "") -> list[str]:
             if _set(d, ours) and not d.codec.same(ours, theirs):
                 changes.append(f"+ {path or '/' + wanted.TAG}[{d.name or f.name}={d.codec.write(ours)}]")
             continue
-        tag = d.name if d.kind in ("leaf", "flag") else (d.cls.TAG if d.cls else None)
-        owned = d.owned and tag not in yielded
+        owned = _owned_in(wanted, d)
         if d.kind in ("children", "others"):
             missing, extra = pair(ours, theirs)
             changes += ["+ " + describe(_as_node(d, m), path) for m in missing]
             changes += ["- " + describe(_as_node(d, e), path) for e in extra if owned]
         elif _set(d, ours) and d.kind == "child" and d.cls.PARTS and theirs is not None:
-            changes += difference(ours, theirs, f"{path}/{tag}")
+            changes += difference(ours, theirs, f"{path}/{d.cls.TAG}")
         elif _set(d, ours) and not _single_matches(d, ours, theirs):
             changes.append("+ " + describe(_as_node(d, ours), path))
             if owned and _set(d, theirs):
@@ -401,6 +399,12 @@ def difference(wanted: Element, current: Element, path: str = "") -> list[str]:
         elif not _set(d, ours) and owned and _set(d, theirs):
             changes.append("- " + describe(_as_node(d, theirs), path))
     return changes
+
+
+def _owned_in(element: Element, d: Declared) -> bool:
+    """Whether ``element``'s part ``d`` is gpuvfio's whole: declared owned, and not yielded to
+    libvirt by the attribute named in ``owned_unless`` holding a value (an empty one is none)."""
+    return d.owned and not (d.owned_unless is not None and getattr(element, d.owned_unless))
 
 
 def _single_matches(d: Declared, ours, theirs) -> bool:

@@ -4,9 +4,9 @@ libvirt's domain XML format (https://libvirt.org/formatdomain.html), as far as g
 or asks it; element and attribute order is libvirt's. Devices are declared in gpuvfio.domain.device_elements. The same classes are written by
 gpuvfio.domain.render (what a DomainSpec decided), read back from libvirt by
 gpuvfio.virt.defined (who uses a device, pins, placement, SSH, firmware) and compared by
-gpuvfio.virt.define; what gpuvfio owns in a definition is the ``owned`` flag of a field here,
-not a list kept elsewhere. Parts libvirt adds (UUID, controllers, guest addresses, MACs) are
-read where gpuvfio asks about them and otherwise left alone.
+gpuvfio.virt.define; what gpuvfio owns in a definition is the ``owned`` (or ``owned_unless``)
+declaration of a field here, not a list kept elsewhere. Parts libvirt adds (UUID, controllers,
+guest addresses, MACs) are read where gpuvfio asks about them and otherwise left alone.
 """
 
 from __future__ import annotations
@@ -212,15 +212,12 @@ class Os(Element):
     firmware: str | None = attr()  # efi: libvirt's firmware auto-selection
     type: OsType | None = child(OsType)
     firmware_features: Firmware | None = child(Firmware, owned=True)
-    loader: Loader | None = child(Loader, owned=True)
-    nvram: Nvram | None = child(Nvram, owned=True)
+    # With auto-selection libvirt fills in the loader and nvram it chose: they are its own.
+    loader: Loader | None = child(Loader, owned_unless="firmware")
+    nvram: Nvram | None = child(Nvram, owned_unless="firmware")
     kernel: str | None = leaf("kernel", owned=True)
     initrd: str | None = leaf("initrd", owned=True)
     cmdline: str | None = leaf("cmdline", owned=True)
-
-    def not_owned(self) -> frozenset[str]:
-        # With auto-selection libvirt fills in the loader and nvram it chose: they are its own.
-        return frozenset({"loader", "nvram"}) if self.firmware else frozenset()
 
 
 @dataclass(frozen=True)

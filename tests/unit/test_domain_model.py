@@ -76,6 +76,21 @@ def test_what_others_change_in_gpuvfios_parts_differs(edit, line):
     assert any(change.startswith(line) for change in changes), changes
 
 
+def test_the_loader_and_nvram_are_libvirts_under_firmware_auto_selection():
+    """<os firmware='efi'>: libvirt fills in the loader and nvram it chose, which is no difference;
+    without auto-selection <os> is gpuvfio's whole, and the same two are extras."""
+    filled = ("</os>", "  <loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader>\n"
+              "    <nvram template='/usr/share/OVMF/OVMF_VARS.fd'>/var/lib/libvirt/qemu/nvram/g_VARS.fd</nvram>\n"
+              "  </os>")
+    auto = _golden("dgx-1gpu-local.xml")
+    assert "<os firmware='efi'>" in auto
+    assert difference(auto, auto.replace(*filled, 1)) == []
+    plain = _golden("dgx-1gpu-remote-numa.xml")
+    assert "<os>" in plain
+    changes = difference(plain, plain.replace(*filled, 1))
+    assert [c.split("[")[0] for c in changes] == ["- " + "/".join(("", "os", part)) for part in ("loader", "nvram")]
+
+
 def test_owned_parts_come_from_the_models_declarations():
     """Each part a difference treats as gpuvfio's whole is a field declared owned in the model."""
     from gpuvfio.domain import device_elements as dev
