@@ -221,8 +221,8 @@ class Os(Element):
 
 
 @dataclass(frozen=True)
-class State(Element):
-    """An element that is only a state (``on``/``off``), with a value where it has one."""
+class Hidden(Element):
+    """``<kvm><hidden state='on'/>``: the KVM hypervisor hidden from standard MSR-based discovery."""
 
     TAG = "hidden"
     state: str | None = attr()
@@ -245,7 +245,7 @@ class Hyperv(Element):
 @dataclass(frozen=True)
 class KvmFeatures(Element):
     TAG = "kvm"
-    hidden: State | None = child(State)
+    hidden: Hidden | None = child(Hidden)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def _features(spec: DomainSpec) -> m.Features:
     kvm = spec.asked.virt_type == "kvm"
     return m.Features(acpi=True, apic=True,
                       hyperv=m.Hyperv("custom", m.VendorId("on", "gpuvfio0000")) if spec.asked.hide_kvm else None,
-                      kvm=m.KvmFeatures(m.State("on")) if spec.asked.hide_kvm else None,
+                      kvm=m.KvmFeatures(m.Hidden("on")) if spec.asked.hide_kvm else None,
                       ioapic=m.Ioapic("kvm") if kvm else None)
 
 
