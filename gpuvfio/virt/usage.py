@@ -10,12 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from gpuvfio.address import PciAddress
-from gpuvfio.virt.defined import read_all, read_defined
-
-
-def hostdev_addresses(domain_xml: str) -> set[PciAddress]:
-    """Source addresses of ``<hostdev mode='subsystem' type='pci'>`` in a domain's XML."""
-    return set(read_defined(domain_xml).hostdevs)
+from gpuvfio.virt.defined import read_all
 
 
 def assignments(conn, *, exclude: str | None = None) -> dict[str, list[str]]:

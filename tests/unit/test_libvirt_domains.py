@@ -4,7 +4,8 @@ import pytest
 
 from gpuvfio.address import PciAddress
 from gpuvfio.virt.connection import open_connection
-from gpuvfio.virt.usage import domains_using, hostdev_addresses
+from gpuvfio.virt.defined import read_defined
+from gpuvfio.virt.usage import domains_using
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -70,4 +71,6 @@ def test_hostdev_parsing_ignores_other_devices():
         function='0x1'/></source></hostdev>
       <hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='x'/></source></hostdev>
     </devices></domain>"""
-    assert hostdev_addresses(xml) == {PciAddress.parse("10000:e1:00.1")}
+    defined = read_defined(xml)
+    assert defined.hostdevs == {PciAddress.parse("10000:e1:00.1")}
+    assert defined.mdevs == {"x"}  # the mdev is counted as one, not as a PCI function
