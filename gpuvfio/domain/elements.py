@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.numbers import hex_uint, uint
 
 __all__ = ["Element", "Foreign", "Codec", "TEXT", "INT", "hex_codec", "YES_NO", "attr", "text", "leaf", "flag",
-           "child", "children", "others", "format_document", "parse_document", "difference", "to_etree",
-           "UnreadableXml", "NAMESPACES", "DOCUMENT_LIMIT"]
+           "child", "children", "others", "format_document", "parse_document", "difference", "owned_fields",
+           "to_etree", "UnreadableXml", "NAMESPACES", "DOCUMENT_LIMIT"]
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 METADATA_NS = "https://gpuvfio.invalid/xmlns/domain/1"
@@ -155,6 +156,14 @@ class Foreign:
 
 def _parts(cls) -> list[tuple[dataclasses.Field, Declared]]:
     return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
+
+
+@functools.cache
+def owned_fields(cls: type) -> Mapping[str, str | None]:
+    """The fields of ``cls`` declared owned (parts gpuvfio decides whole, where what else libvirt
+    holds is a difference), each with the attribute field that yields it to libvirt while that
+    holds a value (``owned_unless``), or None where it is always owned."""
+    return types.MappingProxyType({f.name: d.owned_unless for f, d in _parts(cls) if d.owned})
 
 
 @functools.cache
@@ -385,7 +394,7 @@ def difference(wanted: Element, current: Element, path: str = "") -> list[str]:
             if _set(d, ours) and not d.codec.same(ours, theirs):
                 changes.append(f"+ {path or '/' + wanted.TAG}[{d.name or f.name}={d.codec.write(ours)}]")
             continue
-        owned = _owned_in(wanted, d)
+        owned = _owned_in(wanted, f.name)
         if d.kind in ("children", "others"):
             missing, extra = pair(ours, theirs)
             changes += ["+ " + describe(_as_node(d, m), path) for m in missing]
@@ -401,10 +410,11 @@ def difference(wanted: Element, current: Element, path: str = "") -> list[str]:
     return changes
 
 
-def _owned_in(element: Element, d: Declared) -> bool:
-    """Whether ``element``'s part ``d`` is gpuvfio's whole: declared owned, and not yielded to
-    libvirt by the attribute named in ``owned_unless`` holding a value (an empty one is none)."""
-    return d.owned and not (d.owned_unless is not None and getattr(element, d.owned_unless))
+def _owned_in(element: Element, name: str) -> bool:
+    """Whether ``element``'s field ``name`` is gpuvfio's whole here: declared owned, and not
+    yielded to libvirt by its ``owned_unless`` attribute holding a value (an empty one is none)."""
+    owned = owned_fields(type(element))
+    return name in owned and not (owned[name] is not None and getattr(element, owned[name]))
 
 
 def _single_matches(d: Declared, ours, theirs) -> bool:

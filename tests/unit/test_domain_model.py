@@ -94,16 +94,29 @@ def test_the_loader_and_nvram_are_libvirts_under_firmware_auto_selection():
 def test_owned_parts_come_from_the_models_declarations():
     """Each part a difference treats as gpuvfio's whole is a field declared owned in the model."""
     from gpuvfio.domain import device_elements as dev
-    from gpuvfio.domain.elements import _KEY  # noqa: the declaration key, to list what is owned
+    from gpuvfio.domain.elements import owned_fields
 
-    def owned(cls) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls) if _KEY in f.metadata and f.metadata[_KEY].owned}
+    assert set(owned_fields(model.Domain)) == {"memory_backing", "cputune", "numatune"}
+    assert set(owned_fields(dev.Devices)) == {"hostdevs", "disks", "interfaces"}
+    assert set(owned_fields(model.Cpu)) == {"topology", "maxphysaddr", "numa"}
+    assert set(owned_fields(model.Features)) == {"hyperv", "kvm"}
+    assert set(owned_fields(model.Cputune)) == {"vcpupins", "emulatorpin", "iothreadpins", "rest"}
+    # With <os firmware> set, libvirt chooses the loader and nvram: they are owned unless it is.
+    assert dict(owned_fields(model.Os)) == {"firmware_features": None, "loader": "firmware", "nvram": "firmware",
+                                            "kernel": None, "initrd": None, "cmdline": None}
+    assert set(owned_fields(model.Record)) == set()
 
-    assert owned(model.Domain) == {"memory_backing", "cputune", "numatune"}
-    assert owned(dev.Devices) == {"hostdevs", "disks", "interfaces"}
-    assert owned(model.Os) == {"firmware_features", "loader", "nvram", "kernel", "initrd", "cmdline"}
-    assert owned(model.Cpu) == {"topology", "maxphysaddr", "numa"}
-    assert owned(model.Features) == {"hyperv", "kvm"}
+
+def test_each_owned_unless_names_a_field_of_its_own_element():
+    from gpuvfio.domain import device_elements as dev
+    from gpuvfio.domain.elements import Element, owned_fields
+
+    classes = [c for m in (model, dev) for c in vars(m).values()
+               if isinstance(c, type) and issubclass(c, Element) and c is not Element]
+    conditions = {(c.__name__, unless) for c in classes for unless in owned_fields(c).values() if unless}
+    assert conditions == {("Os", "firmware")}
+    assert all(unless in {f.name for f in dataclasses.fields(c)}
+               for c in classes for unless in owned_fields(c).values() if unless)
 
 
 def test_a_definition_over_the_limit_is_one_error_not_a_parse():
