@@ -21,6 +21,7 @@ Namespaced tags are written with their prefix (``qemu:arg``); NAMESPACES maps th
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import types
@@ -44,7 +45,8 @@ _PREFIXES = {uri: prefix for prefix, uri in NAMESPACES.items()}
 DOCUMENT_LIMIT = 4 << 20
 # Children of one element: libvirt's own vCPU limit (VIR_DOMAIN_CPUMASK_LEN's cpusets, QEMU's
 # 4096 vCPUs on x86) bounds the longest list gpuvfio reads, one <vcpupin> per vCPU. More is not
-# a definition libvirt wrote, and would make a difference's one-to-one matching quadratic.
+# a definition libvirt wrote; the bound also holds a difference's one-to-one matching (pair),
+# about linear where elements differ in the values they set, quadratic where many are alike.
 CHILDREN_LIMIT = 4096
 _KEY = "gpuvfio.xml"
 
@@ -53,13 +55,18 @@ class UnreadableXml(GpuvfioError):
     """A document that is not XML, too large, or not the element asked for."""
 
 
+def _equal(ours, theirs) -> bool:
+    return ours == theirs
+
+
 @dataclass(frozen=True)
 class Codec:
-    """How a value is written (``write``) and read back (``read``: None for text it cannot be)."""
+    """How a value is written (``write``) and read back (``read``: None for text it cannot be);
+    ``same``: whether what libvirt holds is the value gpuvfio set (equality unless told)."""
 
     write: Callable[[Any], str]
     read: Callable[[str], Any]
-    same: Callable[[Any, Any], bool] = staticmethod(lambda ours, theirs: ours == theirs)
+    same: Callable[[Any, Any], bool] = _equal
 
 
 TEXT = Codec(str, lambda raw: raw)
@@ -347,15 +354,116 @@ def matches(ours, theirs) -> bool:
 
 
 def pair(ours, theirs) -> tuple[list, list]:
-    """Match each of ``ours`` to a distinct one of ``theirs``: (ours unmatched, theirs unmatched)."""
-    left, missing = list(theirs), []
-    for item in ours:
-        found = next((t for t in left if matches(item, t)), None)
+    """Match each of ``ours``, in order, to the first of ``theirs`` not yet taken that it matches:
+    (ours unmatched, theirs unmatched), each in its own order.
+
+    The greedy scan, without the scan where it can: while the lists agree place by place each
+    takes the one in its own place (the first left); after that each looks only at those that
+    hold the same values in the fields it sets (_Unpaired: about linear unless many are alike),
+    and at every one left where a value cannot be a key."""
+    ours, theirs = list(ours), list(theirs)
+    agree, both = 0, min(len(ours), len(theirs))
+    while agree < both and matches(ours[agree], theirs[agree]):
+        agree += 1
+    if agree in (len(ours), len(theirs)):  # one list is used up: the rest of the other is unmatched
+        return ours[agree:], theirs[agree:]
+    unpaired = _Unpaired(theirs, agree)
+    missing = [item for item in ours[agree:] if not unpaired.take(item)]
+    return missing, unpaired.left()
+
+
+class _Unpaired:
+    """``theirs`` from ``start`` on, not yet taken, indexed by the values an element of ours sets:
+    one index for each shape (class and fields set) asked, built on first use."""
+
+    def __init__(self, theirs: list, start: int):
+        self.theirs, self.start = theirs, start
+        self.taken = [False] * len(theirs)
+        self.indexes: dict[tuple, dict | None] = {}
+
+    def take(self, item) -> bool:
+        """Take the first one left that ``item`` matches; False where none does."""
+        position = next((n for n in self._candidates(item)
+                         if not self.taken[n] and matches(item, self.theirs[n])), None)
+        if position is not None:
+            self.taken[position] = True
+        return position is not None
+
+    def _candidates(self, item):
+        """In order, the positions of every one left that ``item`` could match (and some taken)."""
+        shape = _shape(item)
+        if shape not in self.indexes:
+            self.indexes[shape] = self._index(shape)
+        index = self.indexes[shape]
+        try:
+            found = index.get(_key(item, shape), ()) if index is not None else None
+        except TypeError:  # a value that cannot be a key
+            found = None
         if found is None:
-            missing.append(item)
+            return range(self.start, len(self.theirs))
+        while found and self.taken[found[0]]:
+            found.popleft()
+        return found
+
+    def _index(self, shape: tuple) -> dict | None:
+        """Positions of those of ``shape``'s class, in order, by their values in its fields."""
+        index: dict[Any, collections.deque] = {}
+        try:
+            for n in range(self.start, len(self.theirs)):
+                if type(self.theirs[n]) is shape[0]:
+                    index.setdefault(_key(self.theirs[n], shape), collections.deque()).append(n)
+        except TypeError:
+            return None
+        return index
+
+    def left(self) -> list:
+        return [t for t, taken in zip(self.theirs[self.start:], self.taken[self.start:]) if not taken]
+
+
+_NO_MATCH = object()  # in a key of theirs where a child one of ours sets is missing or another class
+
+
+def _shape(element) -> tuple:
+    """The class of ``element`` and, for each field it sets that a match holds equal, its name and
+    how: None (a value), True (a flag that is there) or the shape of a child element. A Foreign
+    element has no fields: it matches only an equal one."""
+    if isinstance(element, Foreign):
+        return (Foreign, None)
+    fields = []
+    for name, kind in _keyed_fields(type(element)):
+        value = getattr(element, name)
+        if kind == "child" and value is not None:
+            fields.append((name, _shape(value)))
+        elif kind == "flag" and value:
+            fields.append((name, True))
+        elif kind == "value" and value is not None:
+            fields.append((name, None))
+    return (type(element), tuple(fields))
+
+
+def _key(element, shape: tuple):
+    """What ``element`` and one of ours of ``shape`` hold equal wherever they match."""
+    if shape[1] is None:
+        return element
+    key = []
+    for name, how in shape[1]:
+        value = getattr(element, name)
+        if how is None:
+            key.append(value)
+        elif how is True:
+            key.append(bool(value))
         else:
-            left.remove(found)
-    return missing, left
+            key.append(_key(value, how) if type(value) is how[0] else _NO_MATCH)
+    return tuple(key)
+
+
+@functools.cache
+def _keyed_fields(cls) -> tuple[tuple[str, str], ...]:
+    """(name, value | flag | child) of each compared field a match holds equal: attributes, texts
+    and leaves whose codec compares by equality, flags (there in both) and child elements."""
+    kinds = {"attr": "value", "text": "value", "leaf": "value", "flag": "flag", "child": "child"}
+    return tuple((f.name, kinds[d.kind]) for f, d in _parts(cls) if d.compared and d.kind in kinds
+                 and (kinds[d.kind] != "value" or d.codec.same is _equal))
 
 
 def describe(element, path: str) -> str:

@@ -155,7 +155,8 @@ def test_a_document_type_is_refused_before_its_entities_expand():
 
 
 def test_an_element_with_more_children_than_libvirt_writes_is_refused():
-    """One-to-one matching is quadratic: 5,000 hostdevs against 5,000 others took minutes."""
+    """More children than libvirt writes for one element is no definition of its own; one-to-one
+    matching of so many was quadratic (5,000 hostdevs against 5,000 others took minutes)."""
     from gpuvfio.domain.elements import CHILDREN_LIMIT
 
     pins = "".join(f"<vcpupin vcpu='{n}' cpuset='1'/>" for n in range(CHILDREN_LIMIT + 1))
@@ -164,6 +165,80 @@ def test_an_element_with_more_children_than_libvirt_writes_is_refused():
     just = "".join(f"<vcpupin vcpu='{n}' cpuset='1'/>" for n in range(CHILDREN_LIMIT))
     assert len(model.read_domain(f"<domain><name>h</name><cputune>{just}</cputune></domain>").cputune.vcpupins) \
         == CHILDREN_LIMIT
+
+
+def test_pairing_takes_for_each_the_first_left_that_holds_its_values():
+    """pair() matches each of ours, in order, to the first of theirs not yet taken that holds every
+    value it sets: reversed lists pair whole, all-different ones not at all, leftovers keep order."""
+    from gpuvfio.domain import device_elements as dev
+    from gpuvfio.domain.elements import CHILDREN_LIMIT, Foreign, pair
+
+    pins = [model.Vcpupin(str(n), str(n % 64)) for n in range(CHILDREN_LIMIT)]
+    assert pair(pins, pins[::-1]) == ([], [])
+    others = [model.Vcpupin(str(n + CHILDREN_LIMIT), "1") for n in range(CHILDREN_LIMIT)]
+    assert pair(pins, others) == (pins, others)
+    assert pair(pins, others[:3] + pins[::-1] + others[3:5]) == ([], others[:5])
+    kept = [Foreign("x", (("n", str(n)),)) for n in range(CHILDREN_LIMIT)]
+    assert pair(kept, kept[::-1]) == ([], [])
+    assert pair(kept, [Foreign("y")] + kept[:-1]) == ([kept[-1]], [Foreign("y")])
+    # Host devices that differ only in their source address; libvirt adds a guest address.
+    def hostdev(n, guest=None):
+        source = dev.Source(address=dev.Address(domain=0, bus=n >> 5, slot=n & 31, function=0))
+        return dev.Hostdev("subsystem", "pci", "yes", source=source, address=guest)
+
+    wanted = [hostdev(n) for n in range(512)]
+    held = [hostdev(n, dev.Address("pci", 0, 1 + (n >> 5), n & 31, 0)) for n in range(512)]
+    assert pair(wanted, held[::-1]) == ([], [])
+    assert pair(wanted[::-1], held[1:]) == ([wanted[0]], [])
+    assert pair(held, wanted) == (held, wanted)  # a guest address gpuvfio sets is one to hold
+    # First come, first served: a pin that leaves cpuset to libvirt takes the first vCPU 0 left,
+    # even the one a later pin needs.
+    loose, exact, other = model.Vcpupin("0"), model.Vcpupin("0", "3"), model.Vcpupin("0", "1")
+    assert pair([loose, exact], [other, exact]) == ([], [])
+    assert pair([loose, exact], [exact, other]) == ([exact], [other])
+    # A codec's own comparison (libvirt's versioned machine for q35) still decides a match.
+    q35, i440fx = model.OsType(machine="q35"), model.OsType(machine="pc-i440fx-7.2")
+    assert pair([q35], [i440fx, model.OsType("x86_64", "pc-q35-7.2", "hvm")]) == ([], [i440fx])
+
+
+def test_pairing_is_the_greedy_first_match_on_mixed_lists():
+    """Against the plain greedy scan, on seeded random lists of elements that set some of their
+    values, flags and child elements, with a codec's own comparison and kept foreign children."""
+    import random
+
+    from gpuvfio.domain import device_elements as dev
+    from gpuvfio.domain.elements import Foreign, matches, pair
+
+    def greedy(ours, theirs):
+        left, missing = list(theirs), []
+        for item in ours:
+            found = next((t for t in left if matches(item, t)), None)
+            if found is None:
+                missing.append(item)
+            else:
+                left.remove(found)
+        return missing, left
+
+    rng = random.Random(36)
+
+    def some(values):
+        return rng.choice([None, *values])
+
+    makers = [lambda: model.Vcpupin(some("012"), some("12")),
+              lambda: model.OsType(some(["x86_64"]), some(["q35", "pc-q35-7.2", "pc-i440fx-7.2"])),
+              lambda: model.Features(acpi=rng.random() < .5, ioapic=rng.choice([None, model.Ioapic("kvm")])),
+              lambda: model.Hugepages(tuple(model.Page(some([1, 2])) for _ in range(rng.randrange(3)))),
+              lambda: model.FirmwareFeature(some([True, False]), some(["secure-boot"])),
+              lambda: dev.Hostdev(some(["subsystem"]), "pci", source=some([dev.Source(file="f"), dev.Source(
+                  address=dev.Address(domain=some([0]), bus=rng.choice([1, 2]), function=some([0, 1])))])),
+              lambda: dev.Disk(some(["file"]), readonly=rng.random() < .5, source=some([dev.Source(file="a")])),
+              lambda: Foreign(rng.choice("ab"), (("n", rng.choice("12")),) if rng.random() < .5 else ())]
+    for _ in range(2000):
+        ours = [rng.choice(makers)() for _ in range(rng.randrange(7))]
+        theirs = rng.choice([ours[::-1], ours, []]) + [rng.choice(makers)() for _ in range(rng.randrange(7))]
+        if rng.random() < .3:
+            rng.shuffle(theirs)
+        assert pair(ours, theirs) == greedy(ours, theirs), (ours, theirs)
 
 
 @pytest.mark.parametrize("value", ["/srv/evil\tname.qcow2", "/var/log/a\rb.log", "console=ttyS0\rinit=/bin/sh",
