@@ -34,7 +34,7 @@ from gpuvfio.numbers import hex_uint, uint
 
 __all__ = ["Element", "Foreign", "Codec", "TEXT", "INT", "hex_codec", "YES_NO", "attr", "text", "leaf", "flag",
            "child", "children", "others", "format_document", "parse_document", "difference", "owned_fields",
-           "to_etree", "UnreadableXml", "NAMESPACES", "DOCUMENT_LIMIT"]
+           "UnreadableXml", "NAMESPACES", "DOCUMENT_LIMIT"]
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 METADATA_NS = "https://gpuvfio.invalid/xmlns/domain/1"

@@ -44,8 +44,9 @@ from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
            "BindOperation", "BindReport", "BindStatus", "CheckStatus", "Check", "plan_operation", "apply_operation",
-           "RestoreResult", "Status", "HeldDevice", "restore", "held", "restore_groups", "unbind", "status",
-           "plan_restore", "plan_restore_groups", "run_restore", "RestorePlan", "persist", "plan_persist", "run_persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
+           "RestoreResult", "Status", "HeldDevice", "restore", "held", "restore_groups", "status",
+           "plan_restore", "plan_restore_groups", "run_restore", "RestorePlan", "persist", "plan_persist",
+           "run_persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
            "PersistedOverrides", "persisted_overrides", "current_drivers", "addresses_in_groups"]
 NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
