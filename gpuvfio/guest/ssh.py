@@ -128,15 +128,13 @@ class Session:
     def connect(self) -> "Session":
         import logging
 
-        import paramiko
-
         # While a guest boots, slirp accepts connections before sshd listens and paramiko's
         # transport thread logs each failed banner read as an error with a traceback: our
         # retries are the expected path, the final failure is reported by us, once.
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
         target = self.target
         deadline = self.clock.monotonic() + target.connect_timeout
-        delay, last = 0.1, None
+        delay = 0.1
         while True:
             # A booting guest: poll for the server's banner, which is cheap, often; start the
             # SSH handshake once it is there. (Full attempts with a long backoff used to land
@@ -147,55 +145,66 @@ class Session:
                 raise SshError(f"{target.label()}: {waiting}")
             if waiting is not None:
                 last = waiting
-                if self.clock.monotonic() + delay > deadline:
-                    raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
-                                   f"(last error: {last})")
-                self.clock.sleep(delay)
-                delay = min(delay * 1.5, 1.0)
-                continue
-            client = paramiko.SSHClient()
-            self._load_host_keys(client)
-            client.set_missing_host_key_policy(_Policy(self))
-            try:
-                keys = [target.key] if target.key else list(target.identity_files)
-                sock = self._through_jump()
-                client.connect(target.host, port=target.port, username=target.user, key_filename=keys or None,
-                               timeout=5, banner_timeout=15, auth_timeout=20,
-                               allow_agent=self.agent, look_for_keys=not keys,
-                               sock=sock)
-                # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
-                # noticed while a long command (a remote testbed run) waits.
-                client.get_transport().set_keepalive(15)
-                self.client = client
-                return self
-            except HostKeyError:
-                client.close()
-                raise
-            except paramiko.BadHostKeyException as exc:
-                client.close()
-                raise HostKeyError(f"host key of {target.label()} changed ({_fingerprint(exc.key)}, expected "
-                                   f"{_fingerprint(exc.expected_key)}): refusing to connect") from None
-            except JumpChannelError as exc:  # the jump host cannot reach the guest yet (still booting)
-                client.close()
-                last = exc
-            except paramiko.AuthenticationException as exc:
-                client.close()
-                if "timeout" not in str(exc).lower():
-                    raise SshError(f"authentication to {target.label()} failed: {exc}") from None
-                # A server that has only just started (a guest still booting, all the more under
-                # emulation) can take longer than auth_timeout to answer: try again.
-                last = exc
-            except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
-                client.close()
-                if str(exc) == NO_KEY:  # nothing to offer: no waiting makes one appear
-                    raise SshError(f"authentication to {target.label()} failed: no key to offer (give an SSH "
-                                   "key, an IdentityFile in the SSH config, or an agent)") from None
-                last = exc
-            if self.clock.monotonic() + delay > deadline:
-                raise SshError(f"{target.label()} did not answer SSH within {target.connect_timeout:g}s "
-                               f"(last error: {last or 'none'})")
-            self.clock.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
+            else:
+                last = self._handshake()
+                if last is None:
+                    return self
+            delay = self._pause_before_retry(deadline, delay, last)
+
+    def _handshake(self) -> Exception | None:
+        """One SSH handshake with the target: None once connected (``self.client`` is set), else
+        the failure that a later try may get past (a guest still booting). A failure that no
+        waiting mends (a host key refused, authentication refused, no key to offer) is raised."""
+        import paramiko
+
+        target = self.target
+        client = paramiko.SSHClient()
+        self._load_host_keys(client)
+        client.set_missing_host_key_policy(_Policy(self))
+        try:
+            keys = [target.key] if target.key else list(target.identity_files)
+            sock = self._through_jump()
+            client.connect(target.host, port=target.port, username=target.user, key_filename=keys or None,
+                           timeout=5, banner_timeout=15, auth_timeout=20,
+                           allow_agent=self.agent, look_for_keys=not keys,
+                           sock=sock)
+            # Like ServerAliveInterval: traffic on an idle connection, so a dropped one is
+            # noticed while a long command (a remote testbed run) waits.
+            client.get_transport().set_keepalive(15)
+            self.client = client
+            return None
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyError(f"host key of {target.label()} changed ({_fingerprint(exc.key)}, expected "
+                               f"{_fingerprint(exc.expected_key)}): refusing to connect") from None
+        except JumpChannelError as exc:  # the jump host cannot reach the guest yet (still booting)
+            client.close()
+            return exc
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            if "timeout" not in str(exc).lower():
+                raise SshError(f"authentication to {target.label()} failed: {exc}") from None
+            # A server that has only just started (a guest still booting, all the more under
+            # emulation) can take longer than auth_timeout to answer: try again.
+            return exc
+        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+            client.close()
+            if str(exc) == NO_KEY:  # nothing to offer: no waiting makes one appear
+                raise SshError(f"authentication to {target.label()} failed: no key to offer (give an SSH "
+                               "key, an IdentityFile in the SSH config, or an agent)") from None
+            return exc
+
+    def _pause_before_retry(self, deadline: float, delay: float, last) -> float:
+        """Sleep ``delay`` and return the next, longer one (up to 1 s); SshError, naming ``last``
+        (why the latest try failed), when the deadline would pass first."""
+        if self.clock.monotonic() + delay > deadline:
+            raise SshError(f"{self.target.label()} did not answer SSH within {self.target.connect_timeout:g}s "
+                           f"(last error: {last})")
+        self.clock.sleep(delay)
+        return min(delay * 1.5, 1.0)
 
     def _load_host_keys(self, client) -> None:
         """The known_hosts files into ``client``, in a fixed order, gpuvfio's own first: paramiko
