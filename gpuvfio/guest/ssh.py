@@ -263,18 +263,7 @@ class Session:
         if self.client is None:
             raise SshError("not connected")
         command = shlex.join(argv)
-        channel = None
-        for attempt in range(6):
-            # A server that has just come up (dropbear right after boot) may refuse the
-            # first channel although authentication succeeded: retry briefly.
-            try:
-                channel = self.client.get_transport().open_session(timeout=10)
-                break
-            except (paramiko.SSHException, OSError, AttributeError) as exc:
-                transport = self.client.get_transport() if self.client else None
-                if attempt == 5 or transport is None or not transport.is_active():
-                    raise SshError(f"SSH session to {self.target.label()} lost: {exc}") from None
-                self.clock.sleep(0.5 * (attempt + 1))
+        channel = self._open_session()
         channel.settimeout(timeout)
         try:
             if pty:
@@ -283,31 +272,10 @@ class Session:
             if stdin is not None:
                 channel.sendall(stdin)
                 channel.shutdown_write()
-            out, err = _Bounded(on_output is not None), _Bounded(on_output is not None)
-            deadline = self.clock.monotonic() + timeout
-            while True:
-                if channel.recv_ready() or channel.recv_stderr_ready():
-                    stream = out if channel.recv_ready() else err
-                    chunk = channel.recv(65536) if stream is out else channel.recv_stderr(65536)
-                    stream.write(chunk)
-                    if on_output is not None:
-                        on_output(chunk)
-                    elif out.size + err.size > OUTPUT_LIMIT:
-                        raise SshError(f"{argv[0]} on {self.target.label()} sent more than "
-                                       f"{OUTPUT_LIMIT >> 20} MiB of output; refused")
-                elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                    break
-                else:
-                    if self.clock.monotonic() > deadline:
-                        raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s")
-                    self.clock.sleep(0.01)
+            out, err = self._read_output(channel, argv[0], timeout, on_output)
             status = channel.recv_exit_status()
             if status == -1:  # paramiko's value when the channel closed without an exit status
-                transport = self.client.get_transport() if self.client else None
-                if transport is not None and transport.is_active():
-                    # paramiko drops the exit-signal message: the command died of a signal.
-                    raise SshError(f"{argv[0]} on {self.target.label()} was terminated by a signal")
-                raise ConnectionLost(f"{argv[0]} on {self.target.label()}: connection lost before it finished")
+                raise self._no_exit_status(argv[0])
         except socket.timeout:
             raise SshError(f"{argv[0]} on {self.target.label()} did not finish within {timeout:g}s") from None
         except (paramiko.SSHException, OSError) as exc:
@@ -315,6 +283,52 @@ class Session:
         finally:
             channel.close()
         return status, out.getvalue(), err.getvalue()
+
+    def _open_session(self):
+        """A new session channel on the connection."""
+        import paramiko
+
+        for attempt in range(6):
+            # A server that has just come up (dropbear right after boot) may refuse the
+            # first channel although authentication succeeded: retry briefly.
+            try:
+                return self.client.get_transport().open_session(timeout=10)
+            except (paramiko.SSHException, OSError, AttributeError) as exc:
+                transport = self.client.get_transport() if self.client else None
+                if attempt == 5 or transport is None or not transport.is_active():
+                    raise SshError(f"SSH session to {self.target.label()} lost: {exc}") from None
+                self.clock.sleep(0.5 * (attempt + 1))
+
+    def _read_output(self, channel, name: str, timeout: float, on_output) -> tuple[_Bounded, _Bounded]:
+        """The command's stdout and stderr, read until it has exited and both are drained
+        (``name``: the command, for the errors); within ``timeout`` seconds and, unless streamed
+        to ``on_output``, OUTPUT_LIMIT bytes."""
+        out, err = _Bounded(on_output is not None), _Bounded(on_output is not None)
+        deadline = self.clock.monotonic() + timeout
+        while True:
+            if channel.recv_ready() or channel.recv_stderr_ready():
+                stream = out if channel.recv_ready() else err
+                chunk = channel.recv(65536) if stream is out else channel.recv_stderr(65536)
+                stream.write(chunk)
+                if on_output is not None:
+                    on_output(chunk)
+                elif out.size + err.size > OUTPUT_LIMIT:
+                    raise SshError(f"{name} on {self.target.label()} sent more than "
+                                   f"{OUTPUT_LIMIT >> 20} MiB of output; refused")
+            elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                return out, err
+            else:
+                if self.clock.monotonic() > deadline:
+                    raise SshError(f"{name} on {self.target.label()} did not finish within {timeout:g}s")
+                self.clock.sleep(0.01)
+
+    def _no_exit_status(self, name: str) -> SshError:
+        """Why the command ``name`` ended without an exit status."""
+        transport = self.client.get_transport() if self.client else None
+        if transport is not None and transport.is_active():
+            # paramiko drops the exit-signal message: the command died of a signal.
+            return SshError(f"{name} on {self.target.label()} was terminated by a signal")
+        return ConnectionLost(f"{name} on {self.target.label()}: connection lost before it finished")
 
     def close(self) -> None:
         if self.client is not None:
