@@ -113,14 +113,9 @@ class HostRoot:
             if earlier is not None:
                 current = earlier
                 continue
-            try:
-                mode = os.lstat(candidate).st_mode
-            except FileNotFoundError:
-                if host_links:  # a missing file is the reader's answer (None), not an error here
-                    return os.path.join(candidate, *todo[::-1])
-                raise HostReadError(f"missing {candidate}") from None
-            except OSError as exc:
-                raise HostReadError(f"cannot read {candidate}: {exc.strerror}") from None
+            mode = self._lstat_mode(candidate, missing_ok=host_links)
+            if mode is None:  # a missing file is the reader's answer (None), not an error here
+                return os.path.join(candidate, *todo[::-1])
             if not stat.S_ISLNK(mode):
                 if cached:
                     self._resolved[candidate] = candidate
@@ -129,31 +124,50 @@ class HostRoot:
             hops += 1
             if hops > MAX_LINK_HOPS:
                 raise UnsafePathError(f"too many symlinks at {path}")
-            try:
-                target = os.readlink(candidate)
-            except OSError as exc:  # replaced since the lstat
-                raise HostReadError(f"cannot read link {candidate}: {exc.strerror}") from None
-            if os.path.isabs(target):
-                if not host_links:
-                    raise UnsafePathError(f"{candidate} links to absolute path {target}")
-                target_path = os.path.normpath(os.path.join(self.root, target.lstrip("/")))
-            else:
-                target_path = os.path.normpath(os.path.join(current, target))
-            if not self._inside(target_path, top):
-                if host_links:
-                    raise UnsafePathError(f"{path} leads outside the root {self.root} ({candidate} links to {target})")
-                raise UnsafePathError(f"{candidate} links outside {top} (to {target})")
-            parts = [part for part in target_path[len(top):].split("/") if part]
-            if len(parts) + len(todo) > MAX_COMPONENTS:
-                raise UnsafePathError(f"{candidate}: too many path components")
-            known = self._known_parent(target_path, top) if cached else None
-            if known is not None:
-                todo.append(os.path.basename(target_path))
-                current = known
-            else:
-                todo.extend(parts[::-1])
-                current = top
+            current = self._follow_link(path, candidate, current, top, todo, host_links=host_links, cached=cached)
         return current
+
+    @staticmethod
+    def _lstat_mode(path: str, *, missing_ok: bool) -> int | None:
+        """The mode of ``path`` itself (a link not followed); None when it is missing and
+        ``missing_ok``."""
+        try:
+            return os.lstat(path).st_mode
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise HostReadError(f"missing {path}") from None
+        except OSError as exc:
+            raise HostReadError(f"cannot read {path}: {exc.strerror}") from None
+
+    def _follow_link(self, path: str, link: str, current: str, top: str, todo: list[str], *,
+                     host_links: bool, cached: bool) -> str:
+        """Where the walk of ``path`` goes on from the link ``link`` (in the directory ``current``):
+        the directory it continues in, with the components of the link's target pushed onto
+        ``todo``; never out of ``top``."""
+        try:
+            target = os.readlink(link)
+        except OSError as exc:  # replaced since the lstat
+            raise HostReadError(f"cannot read link {link}: {exc.strerror}") from None
+        if os.path.isabs(target):
+            if not host_links:
+                raise UnsafePathError(f"{link} links to absolute path {target}")
+            target_path = os.path.normpath(os.path.join(self.root, target.lstrip("/")))
+        else:
+            target_path = os.path.normpath(os.path.join(current, target))
+        if not self._inside(target_path, top):
+            if host_links:
+                raise UnsafePathError(f"{path} leads outside the root {self.root} ({link} links to {target})")
+            raise UnsafePathError(f"{link} links outside {top} (to {target})")
+        parts = [part for part in target_path[len(top):].split("/") if part]
+        if len(parts) + len(todo) > MAX_COMPONENTS:
+            raise UnsafePathError(f"{link}: too many path components")
+        known = self._known_parent(target_path, top) if cached else None
+        if known is not None:
+            todo.append(os.path.basename(target_path))
+            return known
+        todo.extend(parts[::-1])
+        return top
 
     def _known_parent(self, path: str, top: str) -> str | None:
         """What ``path``'s directory resolved to in an earlier walk (inside ``top``): a walk starts
