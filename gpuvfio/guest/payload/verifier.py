@@ -66,30 +66,61 @@ def summary(rates):
 def measure(device, opts, link_probe):
     """Bandwidth (nvbandwidth's copy-engine tests), each buffer's data checked whole."""
     call, size, copies = device.cuda.call, device.size, opts.copies
-    s1, s2 = device.streams
-    placement = NumaPlacement(opts.root, device.bus_id)
+    src, dst, placement = numa_placed_buffers(device, opts.root)
+    seed = random.getrandbits(64)
+    h2d = copy_batch(call, copies, size, "cuMemcpyHtoDAsync_v2", device.a, src)
+    d2h = copy_batch(call, copies, size, "cuMemcpyDtoHAsync_v2", dst, device.b)
+    d2d = copy_batch(call, copies, size, "cuMemcpyDtoDAsync_v2", device.b, device.a)
+    warm_up(device, opts.warmups, src, dst)
+    nbytes = size * copies
+    out, mismatches, link = one_way(device, opts.samples, nbytes, (h2d, d2d, d2h), src, dst, seed, link_probe)
+    both, mismatches["bidir"] = both_ways(device, opts.samples, nbytes, (h2d, d2h), dst, seed)
+    out.update(both)
+    device.release(src)
+    device.release(dst)
+    out.update({"verified": not any(mismatches.values()), "mismatches": mismatches, "link_under_load": link,
+                "size_bytes": size, "host_numa_node": placement.node, "host_memory_policy": placement.policy})
+    return out
+
+
+def numa_placed_buffers(device, root):
+    """Two pinned host buffers of the copy size, first touched on the GPU's NUMA node as
+    nvbandwidth places them, and the placement (what it reports: node and policy)."""
+    size = device.size
+    placement = NumaPlacement(root, device.bus_id)
     try:
         src, dst = device.host_alloc(size), device.host_alloc(size)
         ctypes.memset(src, 0, size)  # first touch, under the placement
         ctypes.memset(dst, 0, size)
     finally:
         placement.undo()
-    seed = random.getrandbits(64)
+    return src, dst, placement
 
-    def copies_of(func, *args):
-        def enqueue(stream):
-            for _ in range(copies):
-                call(func, *(args + (size, stream)))
-        return enqueue
-    h2d = copies_of("cuMemcpyHtoDAsync_v2", device.a, src)
-    d2h = copies_of("cuMemcpyDtoHAsync_v2", dst, device.b)
-    d2d = copies_of("cuMemcpyDtoDAsync_v2", device.b, device.a)
+
+def copy_batch(call, copies, size, func, *args):
+    """What device.held times: queue ``copies`` copies of ``size`` bytes (``func`` with ``args``)
+    on the stream it is given."""
+    def enqueue(stream):
+        for _ in range(copies):
+            call(func, *(args + (size, stream)))
+    return enqueue
+
+
+def warm_up(device, warmups, src, dst):
+    """Copies each way on the first stream, not timed, then a sync."""
+    call, size, s1 = device.cuda.call, device.size, device.streams[0]
     for func, to, source in (("cuMemcpyHtoDAsync_v2", device.a, src), ("cuMemcpyDtoHAsync_v2", dst, device.b),
                              ("cuMemcpyDtoDAsync_v2", device.b, device.a)):
-        for _ in range(opts.warmups):  # untimed: clocks up, mappings and TLBs in place
+        for _ in range(warmups):  # untimed: clocks up, mappings and TLBs in place
             call(func, to, source, size, s1)
     call("cuStreamSynchronize", s1)
-    nbytes = size * copies
+
+
+def one_way(device, samples, nbytes, batches, src, dst, seed, link_probe):
+    """Host->device (the link read while it runs), device->device, device->host, one after the
+    other on the first stream: the rates, the mismatches and the link under load."""
+    call, size, s1 = device.cuda.call, device.size, device.streams[0]
+    h2d, d2d, d2h = batches
     # The pattern travels GPU (fill) -> host (src) -> GPU (a) -> GPU (b) -> host (dst) -> GPU (a):
     # each hop is checked on the GPU over the whole buffer.
     mismatches = {}
@@ -97,36 +128,41 @@ def measure(device, opts, link_probe):
     call("cuMemcpyDtoHAsync_v2", src, device.b, size, s1)
     call("cuMemsetD8Async", device.a, 0, size, s1)
     out = {}
-    rates, link = device.held([("h2d", s1, nbytes, h2d)], opts.samples, link_probe)
+    rates, link = device.held([("h2d", s1, nbytes, h2d)], samples, link_probe)
     out["h2d"] = summary(rates["h2d"])
     mismatches["h2d"] = device.mismatches(device.a, size, seed, s1)
     call("cuMemsetD8Async", device.b, 0, size, s1)
-    rates, _ = device.held([("d2d", s1, nbytes, d2d)], opts.samples)
+    rates, _ = device.held([("d2d", s1, nbytes, d2d)], samples)
     out["d2d"] = summary(rates["d2d"])
     mismatches["d2d"] = device.mismatches(device.b, size, seed, s1)
     ctypes.memset(dst, 0, size)
-    rates, _ = device.held([("d2h", s1, nbytes, d2h)], opts.samples)
+    rates, _ = device.held([("d2h", s1, nbytes, d2h)], samples)
     out["d2h"] = summary(rates["d2h"])
     call("cuMemsetD8Async", device.a, 0, size, s1)
     call("cuMemcpyHtoDAsync_v2", device.a, dst, size, s1)
     mismatches["d2h"] = device.mismatches(device.a, size, seed, s1)
+    return out, mismatches, link
+
+
+def both_ways(device, samples, nbytes, batches, dst, seed):
+    """Host->device and device->host at once: the rates (each way and their sum) and the
+    mismatches in what went up and what came down."""
+    call, size = device.cuda.call, device.size
+    s1, s2 = device.streams
+    h2d, d2h = batches
     # Both directions at once, each on its own stream and copy engine.
     ctypes.memset(dst, 0, size)
     call("cuMemsetD8Async", device.a, 0, size, s1)
     call("cuStreamSynchronize", s1)
-    rates, _ = device.held([("h2d", s1, nbytes, h2d), ("d2h", s2, nbytes, d2h)], opts.samples)
+    rates, _ = device.held([("h2d", s1, nbytes, h2d), ("d2h", s2, nbytes, d2h)], samples)
     call("cuStreamSynchronize", s2)
-    out["bidir_h2d"], out["bidir_d2h"] = summary(rates["h2d"]), summary(rates["d2h"])
+    out = {"bidir_h2d": summary(rates["h2d"]), "bidir_d2h": summary(rates["d2h"])}
     out["bidir_total"] = summary([a + b for a, b in zip(rates["h2d"], rates["d2h"])])
-    mismatches["bidir"] = device.mismatches(device.a, size, seed, s1)  # what went up ...
+    mismatches = device.mismatches(device.a, size, seed, s1)  # what went up ...
     call("cuMemsetD8Async", device.a, 0, size, s1)
     call("cuMemcpyHtoDAsync_v2", device.a, dst, size, s1)
-    mismatches["bidir"] += device.mismatches(device.a, size, seed, s1)  # ... and what came down
-    device.release(src)
-    device.release(dst)
-    out.update({"verified": not any(mismatches.values()), "mismatches": mismatches, "link_under_load": link,
-                "size_bytes": size, "host_numa_node": placement.node, "host_memory_policy": placement.policy})
-    return out
+    mismatches += device.mismatches(device.a, size, seed, s1)  # ... and what came down
+    return out, mismatches
 
 
 def latency(device, opts):
