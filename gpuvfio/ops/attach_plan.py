@@ -82,7 +82,16 @@ def plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainReques
     """What ``attach`` will do and every refusal it will meet; reads only (bad input raises).
     ``ask_libvirt=False`` (a preview of a recorded host without --connect): the plan says
     what it could not ask (an existing domain, the QEMU version, the other domains' pins).
-    ``cloud_init``: where the cloud-init seed goes (gpuvfio.ops.cloud_init)."""
+    ``cloud_init``: where the cloud-init seed goes (gpuvfio.ops.cloud_init). libvirt's domains
+    are listed once for the plan's questions (Context.one_listing)."""
+    with ctx.one_listing():
+        return _plan_attach(ctx, addresses, request, ssh=ssh, uri=uri, policy=policy, verify=verify,
+                            ask_libvirt=ask_libvirt, cloud_init=cloud_init)
+
+
+def _plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainRequest, *, ssh: SshOptions,
+                 uri: str | None, policy: BindPolicy, verify: VerifyOptions | None, ask_libvirt: bool,
+                 cloud_init: str | None) -> AttachPlan:
     plan = AttachPlan("attach", request.name, uri=uri, ssh=ssh, verify=verify)
     if cloud_init is not None:  # bad input first; the seed's own refusals join the plan's checks
         plan.seed = plan_seed(ctx, request.name, cloud_init, ssh=ssh, forward_port=request.user_net_ssh_port)

@@ -40,6 +40,7 @@ from gpuvfio.ops.plans import Check, CheckStatus, Plan, Step, StepKind
 from gpuvfio.vgpu.instances import remove_instance
 from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
+from gpuvfio.virt.defined import listed
 from gpuvfio.virt.usage import domains_using
 
 __all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
@@ -63,7 +64,8 @@ def libvirt_view(ctx: Context, addresses: list[PciAddress], *, uri: str | None =
         return found[0] if found else None
 
     try:
-        return LibvirtView(users=domains_using(ctx.libvirt(uri), addresses, exclude=exclude, mdev_parent=mdev_parent))
+        domains = listed(ctx.libvirt(uri), ctx.listing)
+        return LibvirtView(users=domains_using(domains, addresses, exclude=exclude, mdev_parent=mdev_parent))
     except GpuvfioError as exc:
         return LibvirtView(error=str(exc))
 

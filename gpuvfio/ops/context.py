@@ -13,6 +13,7 @@ beyond the commands listed there.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -82,6 +83,9 @@ class Context:
     # dry run, a recording, a plan) only reads: its state dir refuses every write, its sysfs
     # writer and modprobe/systemctl refuse, it takes no lock. By construction, not by care.
     writable: bool = False
+    # While a plan is made (one_listing), libvirt's domains listed once per connection for every
+    # question it asks; None: each question lists them afresh.
+    listing: dict | None = None
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -113,6 +117,17 @@ class Context:
         if uri not in self.connections:
             self.connections[uri] = self.connect(uri)
         return self.connections[uri]
+
+    @contextlib.contextmanager
+    def one_listing(self):
+        """Within, the questions about libvirt's domains (which use the devices, whose vCPUs are
+        pinned where) share one listing of them; what follows the scope lists afresh."""
+        outer = self.listing
+        self.listing = {} if outer is None else outer
+        try:
+            yield self
+        finally:
+            self.listing = outer
 
     def close(self) -> None:
         while self.connections:

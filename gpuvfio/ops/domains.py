@@ -27,7 +27,7 @@ from gpuvfio.numbers import uint
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call, connection_versions, default_uri, libvirt_module
 from gpuvfio.virt.define import DefineResult, Definition, current_definition, define, difference
-from gpuvfio.virt.defined import DefinedDomain, read_defined
+from gpuvfio.virt.defined import DefinedDomain, listed, read_defined
 from gpuvfio.virt.pins import VCPU_PINS, pinned_elsewhere
 
 # read_defined: the one reader of a domain's definition (gpuvfio.virt.defined), for the interfaces.
@@ -88,7 +88,8 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
         addresses = list(addresses) + [a for a in fabric.add_devices if a not in addresses]
     # The other domains' vCPU pins, not their emulator pins: gpuvfio gives a guest's emulator the
     # rest of its node, which would leave a second guest nothing.
-    pinned = pinned_elsewhere(ctx.libvirt(uri), request.name, kinds=VCPU_PINS) if ask_libvirt else None
+    pinned = pinned_elsewhere(listed(ctx.libvirt(uri), ctx.listing), request.name, kinds=VCPU_PINS) \
+        if ask_libvirt else None
     spec = build_spec(ctx.host, inventory, read_numa(ctx.host), addresses, request, pages_held=held, pinned=pinned)
     spec.seed_iso = seed_iso
     if fabric is not None:

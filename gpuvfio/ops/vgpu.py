@@ -21,6 +21,7 @@ from gpuvfio.vgpu import instances, scheduler
 from gpuvfio.vgpu.instances import Creation, VgpuInstance
 from gpuvfio.vgpu.scheduler import SchedulerChange, SchedulerOutcome, SchedulerSnapshot, SchedulerState
 from gpuvfio.vgpu.types import MigProfile, OfferedTypes, TypesKind, mig_backed, pick_mdev
+from gpuvfio.virt.defined import listed
 from gpuvfio.virt.usage import assignments
 
 __all__ = ["types", "instances_list", "create", "remove", "plan_create", "plan_remove", "plan_scheduler", "run_create",
@@ -56,7 +57,7 @@ def instances_list(ctx: Context, *, uri: str | None = None) -> VgpuListing:
     libvirt_note = binding.libvirt_not_asked(ctx, uri)
     if libvirt_note is None:
         try:
-            used = assignments(ctx.libvirt(uri))
+            used = assignments(listed(ctx.libvirt(uri), ctx.listing))
         except GpuvfioError as exc:
             libvirt_note = str(exc)
     return VgpuListing([dataclasses.replace(item, domains=None if libvirt_note else used.get(item.instance, []))

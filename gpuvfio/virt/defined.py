@@ -22,7 +22,7 @@ from gpuvfio.errors import GpuvfioError
 from gpuvfio.numbers import uint
 from gpuvfio.virt.connection import LibvirtError, call, libvirt_module
 
-__all__ = ["DefinedDomain", "read_defined", "hostdev_address", "HostDomain", "read_all"]
+__all__ = ["DefinedDomain", "read_defined", "hostdev_address", "HostDomain", "read_all", "listed"]
 
 _HOSTFWD = re.compile(r"hostfwd=tcp:(?P<host>[0-9.]*):(?P<port>[0-9]{1,5})-[0-9.]*:22\b", re.ASCII)
 _PIN_LIMIT = 1 << 16  # a cpuset bound: libvirt's own is far lower; a hostile XML must not make us count forever
@@ -173,3 +173,15 @@ def read_all(conn, *, exclude: str | None = None) -> tuple[HostDomain, ...]:
             raise LibvirtError(f"reading a domain's definition: {exc.get_error_message()}") from None
         found.append(HostDomain(name, tuple(read_defined(x) for x in xmls)))
     return tuple(found)
+
+
+def listed(conn, memo: dict | None, *, exclude: str | None = None) -> tuple[HostDomain, ...]:
+    """``read_all``, once per connection while ``memo`` (a Context's listing scope) lasts: the
+    questions one plan asks (which domains use the devices, whose vCPUs are pinned where) see
+    one listing. ``memo`` None: listed afresh."""
+    if memo is None:
+        return read_all(conn, exclude=exclude)
+    key = id(conn)
+    if key not in memo:
+        memo[key] = (conn, read_all(conn))  # the connection kept, so its id is not reused
+    return tuple(d for d in memo[key][1] if d.name != exclude)

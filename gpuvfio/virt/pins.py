@@ -12,12 +12,13 @@ Read through gpuvfio.domain.model, the one model of a domain's definition.
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 from gpuvfio.domain import model
 from gpuvfio.domain.elements import UnreadableXml
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.numbers import uint
-from gpuvfio.virt.defined import read_all
+from gpuvfio.virt.defined import HostDomain
 
 VCPU, EMULATOR, IOTHREAD = "vcpu", "emulator", "iothread"
 ALL_PINS = frozenset({VCPU, EMULATOR, IOTHREAD})
@@ -121,8 +122,9 @@ def _unpinned(domain: model.Domain, name: str) -> set[str]:
     return unpinned
 
 
-def pinned_elsewhere(conn, exclude_name: str | None, *, kinds: frozenset[str] = ALL_PINS) -> dict[int, list[str]]:
-    """Host CPU -> names of the other domains on ``conn`` whose threads of ``kinds`` are pinned
+def pinned_elsewhere(domains: Iterable[HostDomain], exclude_name: str | None, *,
+                     kinds: frozenset[str] = ALL_PINS) -> dict[int, list[str]]:
+    """Host CPU -> names of the other ``domains`` (as listed) whose threads of ``kinds`` are pinned
     to it (``exclude_name``: the domain being (re)defined, which does not count against itself).
 
     Every domain counts, running or only defined: a running one by its live pins (what its
@@ -130,7 +132,7 @@ def pinned_elsewhere(conn, exclude_name: str | None, *, kinds: frozenset[str] = 
     gets on its next start); a defined, shut-off one by its definition, which it takes when
     started. ``kinds``: ALL_PINS, or VCPU_PINS for the vCPU pins only."""
     used: dict[int, set[str]] = {}
-    for domain in read_all(conn, exclude=exclude_name):
+    for domain in (d for d in domains if d.name != exclude_name):
         for defined in domain.definitions:
             for cpu in domain_pins(defined.model, kinds, domain.name):
                 used.setdefault(cpu, set()).add(domain.name)

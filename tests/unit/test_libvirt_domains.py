@@ -4,7 +4,7 @@ import pytest
 
 from gpuvfio.address import PciAddress
 from gpuvfio.virt.connection import open_connection
-from gpuvfio.virt.defined import read_defined
+from gpuvfio.virt.defined import read_all, read_defined
 from gpuvfio.virt.usage import domains_using
 
 libvirt = pytest.importorskip("libvirt")
@@ -34,11 +34,11 @@ def uri(tmp_path):
 def test_domain_using_a_device_is_found(uri):
     conn = open_connection(uri)
     try:
-        used = domains_using(conn, [PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:02:00.0")])
+        used = domains_using(read_all(conn), [PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:02:00.0")])
         assert used[PciAddress.parse("0000:01:00.0")] == ["running-vm"]
         assert used[PciAddress.parse("0000:02:00.0")] == []
         # the domain an attach is about to redefine does not count against itself
-        assert domains_using(conn, [PciAddress.parse("0000:01:00.0")], exclude="running-vm") == {
+        assert domains_using(read_all(conn), [PciAddress.parse("0000:01:00.0")], exclude="running-vm") == {
             PciAddress.parse("0000:01:00.0"): []}
     finally:
         conn.close()

@@ -5,6 +5,7 @@ import pytest
 from gpuvfio.domain.placement import place_cell
 from gpuvfio.host.numa import Cpu
 from gpuvfio.virt.connection import LibvirtError, open_connection
+from gpuvfio.virt.defined import read_all
 from gpuvfio.virt.pins import (ALL_PINS, EMULATOR, VCPU_PINS, UnreadablePins, domain_pins, parse_cpuset,
                                pinned_elsewhere)
 
@@ -48,20 +49,20 @@ def conn(tmp_path):
 
 def test_running_and_defined_domains_pins_are_found(conn):
     assert conn.lookupByName("guest-a").isActive() and not conn.lookupByName("guest-c").isActive()
-    pinned = pinned_elsewhere(conn, None)
+    pinned = pinned_elsewhere(read_all(conn), None)
     assert pinned == {2: ["guest-c"], 3: ["guest-c"], 4: ["guest-b"], 5: ["guest-b"], 6: ["guest-b"],
                       7: ["guest-b"], 8: ["guest-a"], 9: ["guest-a"], 10: ["guest-a"], 11: ["guest-a"],
                       12: ["guest-a"], 13: ["guest-a"], 14: ["guest-a"], 15: ["guest-a"]}
 
 
 def test_the_domain_being_redefined_does_not_count(conn):
-    pinned = pinned_elsewhere(conn, "guest-a")
+    pinned = pinned_elsewhere(read_all(conn), "guest-a")
     assert "guest-a" not in {n for names in pinned.values() for n in names}
     assert sorted(pinned) == [2, 3, 4, 5, 6, 7]
 
 
 def test_vcpu_pins_only(conn):
-    assert pinned_elsewhere(conn, None, kinds=VCPU_PINS) == {
+    assert pinned_elsewhere(read_all(conn), None, kinds=VCPU_PINS) == {
         2: ["guest-c"], 3: ["guest-c"], 4: ["guest-b"], 5: ["guest-b"], 8: ["guest-a"], 9: ["guest-a"]}
 
 
@@ -71,7 +72,7 @@ def test_a_cpu_two_domains_pin_names_both(tmp_path):
                     + domain("two", "<emulatorpin cpuset='2-3'/>") + "</node>")
     conn = open_connection(f"test://{path}")
     try:
-        assert pinned_elsewhere(conn, None) == {1: ["one"], 2: ["one", "two"], 3: ["two"]}
+        assert pinned_elsewhere(read_all(conn), None) == {1: ["one"], 2: ["one", "two"], 3: ["two"]}
     finally:
         conn.close()
 
@@ -84,7 +85,7 @@ def test_live_pins_and_next_boot_pins_both_count(conn):
         "<name>guest-a</name>", f"<name>guest-a</name><uuid>{dom.UUIDString()}</uuid>"))
     assert dom.isActive() and "cpuset='8'" in dom.XMLDesc(0)
     assert "cpuset='12'" in dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-    vcpus = pinned_elsewhere(conn, "guest-b", kinds=VCPU_PINS)
+    vcpus = pinned_elsewhere(read_all(conn), "guest-b", kinds=VCPU_PINS)
     assert vcpus[8] == ["guest-a"] and vcpus[12] == ["guest-a"]
 
 
@@ -94,7 +95,7 @@ def test_placement_stays_off_the_neighbours(conn):
     cpus = {c: Cpu(c, 0, c % 8, (c % 8, c % 8 + 8)) for c in range(16)}  # 8 cores x 2 threads
     alone = place_cell(0, list(range(16)), cpus, [0, 1], 1 << 20)
     assert alone.host_cpus == [1, 9]
-    pinned = pinned_elsewhere(conn, None, kinds=VCPU_PINS)  # guest-a 8-9, guest-b 4-5, guest-c 2-3
+    pinned = pinned_elsewhere(read_all(conn), None, kinds=VCPU_PINS)  # guest-a 8-9, guest-b 4-5, guest-c 2-3
     cell = place_cell(0, list(range(16)), cpus, [0, 1], 1 << 20, avoid=frozenset(pinned), pinned_by=pinned)
     held = {0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13}  # the cores of 2-5 and 8-9
     assert cell.host_cpus == [6, 14] and not held & set(cell.host_cpus + cell.emulator_cpus)
@@ -156,4 +157,4 @@ def test_a_closed_connection_is_a_libvirt_error(tmp_path):
     conn = open_connection(f"test://{path}")
     conn.close()
     with pytest.raises(LibvirtError, match="listing libvirt's domains"):
-        pinned_elsewhere(conn, None)
+        read_all(conn)

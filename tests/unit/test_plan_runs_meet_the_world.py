@@ -159,3 +159,34 @@ def test_restore_clears_the_mark_of_a_bind_that_died_with_nothing_held(workstati
         assert ctx.journal().data["operation"] is None
     assert [s.kind.value for s in plan.steps] == ["forget unfinished operation"]
     assert [s.key for s in done.steps] == [s.key for s in plan.steps]
+
+
+class CountingConnection:
+    """libvirt's test driver, counting how often its domains are listed."""
+
+    def __init__(self):
+        self.conn, self.listings = libvirt.open("test:///default"), 0
+
+    def listAllDomains(self, flags=0):  # noqa: N802 - libvirt's name
+        self.listings += 1
+        return self.conn.listAllDomains(flags)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_an_attach_plan_lists_libvirts_domains_once(workstation, tmp_path):
+    """Issue 36 item 2: the plan asked libvirt for every domain twice, once for the domains using
+    the devices, once for the vCPU pins of the others. Now its questions share one listing; a
+    plan made after it (the run's, under the lock) lists afresh."""
+    built, kernel = workstation
+    disk = tmp_path / "g.qcow2"
+    disk.write_bytes(b"QFI\xfb")
+    request = domains.domain_request("listed-once", firmware="bios", disk=str(disk))
+    ssh = ssh_options(host="127.0.0.1", port=free_port(), timeout=1, trust_on_first_use=True)
+    counting = CountingConnection()
+    with sim_context(built.root, kernel, connect=lambda uri: counting) as ctx:
+        plan = plan_attach(ctx, SLOT, request, ssh=ssh, uri="test:///default", policy=BindPolicy(), verify=None)
+        assert not plan.refused and counting.listings == 1
+        plan_attach(ctx, SLOT, request, ssh=ssh, uri="test:///default", policy=BindPolicy(), verify=None)
+        assert counting.listings == 2 and ctx.listing is None
