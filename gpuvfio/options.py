@@ -220,9 +220,11 @@ SSH = OptionSet(
            spec=GUEST_SSH),
     Option("trust_on_first_use", "bool", "Accept and record an unknown host key.", False, cli=GUEST_CMDS,
            ansible=MODULES, spec=GUEST_SSH),
-    Option("timeout", "float", "Seconds to wait for SSH.", 60.0, above=0, maximum=SECONDS,
-           metavar="SECONDS", cli=("verify",),
-           ansible=("gpuvfio.gpuvfio.verify",)),
+    # --timeout meant this wait here, the sysfs write limit on bind and the shutdown wait on
+    # detach: each has its own name now, the old flag and Ansible name still taken.
+    Option("ssh_timeout", "float", "Seconds to wait for SSH.", 60.0, above=0, maximum=SECONDS,
+           metavar="SECONDS", cli=("verify",), ansible=("gpuvfio.gpuvfio.verify",), key="timeout",
+           old_flags=("--timeout",), aliases=("timeout",)),
     Option("boot_timeout", "float", "Seconds from start until SSH answers.", 300.0, above=0, maximum=SECONDS,
            metavar="SECONDS", cli=("attach",), ansible=DOM, spec=GUEST_SSH),
 )

@@ -55,7 +55,7 @@ def verify_cmd(
     connect = check_uri(run["connect"], source="--connect")
     check_devices(expect_device, None, required=False)
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
-    target = ssh_from_table(ssh, timeout=ssh["timeout"])
+    target = ssh_from_table(ssh, timeout=ssh["ssh_timeout"])
     if target.host is None and domain is None:
         raise InputError("give --ssh-host (and --ssh-port) or a domain name")
     settings = verify_options(**checks)

@@ -39,7 +39,7 @@ class SshOptions:
     key: str | None = None
     known_hosts: str | None = None
     trust_on_first_use: bool = False
-    timeout: float = SSH["timeout"].default  # seconds until SSH must answer
+    timeout: float = SSH["ssh_timeout"].default  # seconds until SSH must answer
     ssh_config: str | None = None  # an ssh_config file instead of ~/.ssh/config
 
 
@@ -50,7 +50,7 @@ def valid_host(text) -> bool:
 
 def ssh_options(*, host: str | None = None, port: int | None = None, user: str | None = None, key: str | None = None,
                 known_hosts: str | None = None, trust_on_first_use: bool = False,
-                timeout: float = SSH["timeout"].default, ssh_config: str | None = None) -> SshOptions:
+                timeout: float = SSH["ssh_timeout"].default, ssh_config: str | None = None) -> SshOptions:
     """Validated SSH options (bad input: InputError, exit 2)."""
     if host is not None and not valid_host(host):
         raise InputError(f"not a host name or IP address: {host!r}")
@@ -72,9 +72,9 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
 def ssh_from_table(values: dict, *, timeout: float) -> SshOptions:
     """``ssh_options`` from the SSH set's values by their declared names (gpuvfio.options.SSH:
     ``ssh_host`` is ``host`` here), as the command and the Ansible modules collect them;
-    ``timeout``: the wait that applies (verify's ``timeout``, attach's ``boot_timeout``)."""
+    ``timeout``: the wait that applies (verify's ``ssh_timeout``, attach's ``boot_timeout``)."""
     # the waits are the caller's to choose; the key content is Ansible's, written to ssh_key first
-    apart = {"timeout", "boot_timeout", "ssh_private_key"}
+    apart = {"ssh_timeout", "boot_timeout", "ssh_private_key"}
     return ssh_options(**{SSH[name].spec_key: value for name, value in values.items() if name not in apart},
                        timeout=timeout)
 

@@ -63,7 +63,7 @@ ARGUMENT_SPECS = {
         'ssh_config': {'type': 'path'},
         'known_hosts': {'type': 'path'},
         'trust_on_first_use': {'type': 'bool', 'default': False},
-        'timeout': {'type': 'float', 'default': 60.0},
+        'ssh_timeout': {'type': 'float', 'default': 60.0, 'aliases': ['timeout']},
         'bandwidth': {'type': 'bool', 'default': True},
         'link_efficiency': {'type': 'float'},
         'min_gbps': {'type': 'float'},
@@ -93,7 +93,7 @@ SETS = {
     ),
     'ssh': (
         'ssh_host', 'ssh_port', 'ssh_user', 'ssh_key', 'ssh_private_key', 'ssh_config', 'known_hosts',
-        'trust_on_first_use', 'timeout', 'boot_timeout',
+        'trust_on_first_use', 'ssh_timeout', 'boot_timeout',
     ),
     'verify': (
         'bandwidth', 'link_efficiency', 'min_gbps', 'size_mib', 'copies', 'samples', 'probe_timeout',
