@@ -13,10 +13,10 @@ from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable
 from gpuvfio.cli.plans import DryRun
-from gpuvfio.cli.tables import from_table, options
+from gpuvfio.cli.tables import from_table, libvirt_uri, options
 from gpuvfio.ops.cloud_init import plan_seed, write_seed
 from gpuvfio.ops.inventory import open_host
-from gpuvfio.ops.context import Context, check_uri
+from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import CheckStatus
 from gpuvfio.ops.targets import ssh_from_table
 from gpuvfio.errors import InputError, Refused
@@ -58,7 +58,7 @@ def xml_cmd(
 ) -> None:
     """Libvirt domain XML for passing GPUs through (q35, OVMF, NUMA pinning, hugepages, MMIO window sized
     from the BARs), or a vGPU; --define defines it idempotently."""
-    connect = check_uri(run["connect"], source="--connect")
+    connect = libvirt_uri(run["connect"], needed_for="--define" if define else None)
     cloud_init = ssh.pop("cloud_init")
     request = domain_request(**domain)
     if cloud_init is None and any(value is not None for value in ssh.values()):

@@ -11,7 +11,7 @@ from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, roo
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.plans import DryRun, command_context, confirmation, show_plan
-from gpuvfio.cli.tables import from_table, options
+from gpuvfio.cli.tables import from_table, libvirt_uri, options
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
 from gpuvfio.ops.context import check_uri, default_uri, live_context
@@ -52,7 +52,7 @@ def verify_cmd(
     as_json: JsonOption = False, root: RootOption = None,
 ) -> None:
     """Check a guest over SSH: the assigned devices are there, driver, CUDA, PCIe link, bandwidth."""
-    connect = check_uri(run["connect"], source="--connect")
+    connect = libvirt_uri(run["connect"], needed_for=None if domain is None else "finding the guest by its domain")
     check_devices(expect_device, None, required=False)
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
     target = ssh_from_table(ssh, timeout=ssh["ssh_timeout"])
@@ -87,7 +87,7 @@ def attach_cmd(
                                                               "too (the plan shows its differences).")] = False,
 ) -> None:
     """Bind, define, start, wait and verify a guest with GPUs passed through; undone on failure."""
-    connect = check_uri(run.pop("connect"), source="--connect")
+    connect = libvirt_uri(run.pop("connect"), needed_for="attach")
     check_devices(addresses, device_ids, required=False)
     cloud_init = ssh.pop("cloud_init")
     request = domain_request(**domain)
@@ -140,7 +140,7 @@ def detach_cmd(name: Annotated[str, typer.Argument(
                run: dict = options(RUN, "detach"),
                dry_run: DryRun = False, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Stop a guest, undefine it if gpuvfio defined it, and give its devices back."""
-    connect = check_uri(run["connect"], source="--connect")
+    connect = libvirt_uri(run["connect"], needed_for="detach")
     if dry_run:
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
             show_plan(plan_detach(ctx, name, uri=connect, timeout=run["stop_timeout"]), as_json)

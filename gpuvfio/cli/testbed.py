@@ -9,14 +9,14 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
 from gpuvfio.cli.lazy import COMMANDS, command_typer
-from gpuvfio.cli.tables import from_table, options
+from gpuvfio.cli.tables import from_table, libvirt_uri, options
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
 from gpuvfio.errors import Refused
 from gpuvfio.options import RUN
 from gpuvfio.user_files import user_dir
-from gpuvfio.ops.context import Context, check_uri, live_context
+from gpuvfio.ops.context import Context, live_context
 from gpuvfio.ops.inventory import open_host
 from gpuvfio.testbed.plan import gpus_on, plan
 from gpuvfio.testbed.remote import plan_remote, run_remote
@@ -39,7 +39,7 @@ def plan_cmd(spec_path: SpecArg, run: dict = options(RUN, "testbed plan"), yes: 
              as_json: JsonOption = False, root: RootOption = None) -> None:
     """What each variant would provision (bind plans, XML and its diff to the first); changes nothing.
     Exit 1 when the run would refuse a variant (a selection beyond one device without --yes too)."""
-    connect = check_uri(run["connect"], source="--connect")
+    connect = libvirt_uri(run["connect"], needed_for="a testbed")
     _show_plan(load_spec(spec_path), connect, yes, as_json, run["here"], root)
 
 
@@ -114,7 +114,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option(
             yes: Yes = False, dry_run: DryRun = False, as_json: JsonOption = False,
             root: RootOption = None) -> None:
     """Provision each variant in turn, measure it, tear it down; resumes an interrupted run."""
-    connect = check_uri(run["connect"], source="--connect")
+    connect = libvirt_uri(run["connect"], needed_for="a testbed")
     spec, here = load_spec(spec_path), run["here"]
     if dry_run:  # the plan testbed plan prints; --out is neither made nor read
         local = spec.host is None or here

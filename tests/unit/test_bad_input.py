@@ -204,3 +204,19 @@ def test_attach_takes_the_verifiers_gates_and_checks_them_first(cli, workstation
     result = cli("--root", workstation.root, "attach", "0000:01:00.0", "--name", "g", option, value)
     assert_one_line_error(result, fragment)
     assert not state.exists()
+
+
+def test_connect_none_is_asking_no_libvirt_in_every_command(cli, workstation):
+    """--connect none (asked no libvirt) was taken by bind and refused by verify and xml as an
+    unsafe URI, pointing at GPUVFIO_ALLOW_UNSAFE_URI. Now a command that can do without libvirt
+    goes on without it, one that needs it says so in one line."""
+    root = ("--root", workstation.root)
+    offline = cli(*root, "xml", "01:00.0", "--name", "offline", "--firmware", "bios", "--connect", "none")
+    assert offline.code == 0 and "<domain" in offline.out, offline.err
+    for args, words in ((("xml", "01:00.0", "--name", "d", "--define"), "--define needs libvirt"),
+                        (("attach", "01:00.0", "--name", "d", "--dry-run"), "attach needs libvirt"),
+                        (("verify", "some-domain"), "finding the guest by its domain needs libvirt"),
+                        (("detach", "some-domain", "--dry-run"), "detach needs libvirt")):
+        refused = cli(*root, *args, "--connect", "none")
+        assert refused.code == 2 and f"{words}; --connect none asks none" in refused.err, (args, refused.err)
+        assert "UNSAFE" not in refused.err

@@ -225,8 +225,8 @@ def test_commands_refuse_a_netcat_uri_and_take_none_where_it_means_do_not_ask(cl
     assert result.code == 2 and "parameter 'netcat'" in result.err, result.err
     result = cli(*_commands(tmp_path, "none")["bind --dry-run"])
     assert result.code == 0, result.err
-    result = cli(*_commands(tmp_path, "none")["xml"])
-    assert result.code == 2 and "not of the form" in result.err, result.err  # xml has no 'none'
+    result = cli(*_commands(tmp_path, "none")["xml --define"])  # none: no libvirt, which a define needs
+    assert result.code == 2 and "--define needs libvirt; --connect none asks none" in result.err, result.err
     assert not canary.exists()
 
 

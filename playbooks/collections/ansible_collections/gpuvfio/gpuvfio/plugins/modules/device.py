@@ -61,8 +61,9 @@ options:
       The libvirt URI (default: libvirt's own, LIBVIRT_DEFAULT_URI or qemu:///system; for a testbed, its
       spec's [run] connect); one that would make libvirt run a program or skip a check (the ext and SSH
       transports, command=, netcat=, no_verify= and the like) is refused unless GPUVFIO_ALLOW_UNSAFE_URI=1.
-      Where libvirt is only asked which domains use the devices (bind, unbind, reset, vgpu list, the device
-      module) none means: do not ask.
+      none asks no libvirt: what can do without it goes on without (bind, unbind, reset, vgpu list and the
+      device module do not ask which domains use the devices; xml without --define, verify with --ssh-host),
+      what needs it refuses none.
     type: str
     aliases: ["uri", "libvirt_uri"]
   stop_services:
