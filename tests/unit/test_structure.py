@@ -351,7 +351,7 @@ WRITABLE_CONTEXTS = {
     ("gpuvfio.cli.vgpu", "create_cmd"), ("gpuvfio.cli.vgpu", "remove_cmd"),
     ("gpuvfio.cli.vgpu", "scheduler_cmd"), ("gpuvfio.ops.context", "host_context"),
     ("module_utils.common", "task_context"), ("modules.device", "main"), ("modules.domain", "main"),
-    ("modules.verify", "main"),  # only to record a host key trusted on first use
+    ("modules.verify", "main"),  # as verify_cmd: the guest agent (libvirt read-write), a TOFU host key
 }
 
 

@@ -179,8 +179,10 @@ def main(context_factory=None) -> None:
     try:
         check_libvirt_uri(module, "connect")
         check_devices(module, required=False, key="expect_devices", ids_key=None)
-        with private_key_file(module) as key_file, task_context(
-                module, context_factory, writable=bool(params.get("trust_on_first_use"))) as ctx:
+        # Writable as the command's verify is: libvirt opened read-write, which asking the guest
+        # agent for the guest's address takes (a read-only connection is refused it), and a host
+        # key trusted on first use recorded.
+        with private_key_file(module) as key_file, task_context(module, context_factory, writable=True) as ctx:
             # an empty list is not given (as an empty --expect-device): the domain's record then, never
             # "expect nothing", which would pass a guest without looking
             expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
