@@ -181,7 +181,9 @@ def listed(conn, memo: dict | None, *, exclude: str | None = None) -> tuple[Host
     one listing. ``memo`` None: listed afresh."""
     if memo is None:
         return read_all(conn, exclude=exclude)
-    key = id(conn)
+    # By connection and the domain left out: the one left out is not read at all, as read_all
+    # leaves it (an unreadable definition of the domain being replaced stops nothing).
+    key = (id(conn), exclude)
     if key not in memo:
-        memo[key] = (conn, read_all(conn))  # the connection kept, so its id is not reused
-    return tuple(d for d in memo[key][1] if d.name != exclude)
+        memo[key] = (conn, read_all(conn, exclude=exclude))  # the connection kept: its id not reused
+    return memo[key][1]

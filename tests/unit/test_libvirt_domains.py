@@ -74,3 +74,27 @@ def test_hostdev_parsing_ignores_other_devices():
     defined = read_defined(xml)
     assert defined.hostdevs == {PciAddress.parse("10000:e1:00.1")}
     assert defined.mdevs == {"x"}  # the mdev is counted as one, not as a PCI function
+
+
+def test_one_listing_leaves_the_domain_left_out_unread():
+    """A plan's shared listing (virt.defined.listed) reads no more than read_all does: the domain
+    being replaced, left out, is not read, so a definition of it gpuvfio cannot read (more
+    children in one element than it takes) stops nothing, with or without the shared listing."""
+    import libvirt
+
+    from gpuvfio.virt.defined import listed
+
+    conn = libvirt.open("test:///default")
+    crowded = "".join("<x:i/>" for _ in range(4097))
+    conn.defineXML("<domain type='test'><name>replaced</name><memory>1024</memory><vcpu>1</vcpu>"
+                   "<os><type>hvm</type></os><metadata><x:m xmlns:x='http://example.com/x'>" + crowded +
+                   "</x:m></metadata></domain>")
+    try:
+        assert [d.name for d in read_all(conn, exclude="replaced")] == ["test"]
+        memo: dict = {}
+        assert [d.name for d in listed(conn, memo, exclude="replaced")] == ["test"]
+        assert [d.name for d in listed(conn, memo, exclude="replaced")] == ["test"] and len(memo) == 1
+        with pytest.raises(Exception, match="more than 4096 children"):
+            listed(conn, memo, exclude=None)
+    finally:
+        conn.close()
