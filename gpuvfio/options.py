@@ -24,7 +24,7 @@ from gpuvfio.errors import InputError
 from gpuvfio.numbers import finite, shown
 
 __all__ = ["Option", "OptionSet", "OptionError", "DOMAIN", "SSH", "VERIFY", "RUN", "SETS", "USER_PATTERN", "USER",
-           "ANSIBLE_MODULES", "CLI_COMMANDS", "checked", "cli_flag"]
+           "ANSIBLE_MODULES", "CLI_COMMANDS", "checked", "cli_flag", "value_shown"]
 
 KINDS = ("str", "int", "float", "bool", "path", "list")
 # A login name as useradd(8) takes it (shadow-utils, NAME_REGEX relaxed to upper case as
@@ -53,6 +53,7 @@ class Option:
     above: float | None = None  # exclusive minimum
     pattern: str | None = None  # what the whole value matches (JSON Schema, the spec)
     shape: str | None = None  # the pattern in words, for the message when a value does not match it
+    absolute: bool = False  # a path that must be absolute (one libvirt and QEMU open for the domain)
     metavar: str | None = None
     cli: tuple[str, ...] = ()  # the commands that take it
     ansible: tuple[str, ...] = ()  # the modules that take it
@@ -148,14 +149,14 @@ DOMAIN = OptionSet(
            metavar="kvm|qemu", cli=BOTH,
            ansible=DOM, spec=GUEST),
     Option("loader", "path", "UEFI code image by path instead of libvirt's choice (with {nvram_template}).",
-           metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
+           metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST, absolute=True),
     Option("nvram_template", "path", "UEFI variables template (with {loader}).", metavar="PATH", cli=BOTH,
-           ansible=DOM, spec=GUEST),
+           ansible=DOM, spec=GUEST, absolute=True),
     Option("rom_bar", "str", "Show the GPUs' ROM BAR to the guest or hide it (off: the usual fix for a GPU that "
            "drove the host console); default libvirt's (shown).", choices=("on", "off"), metavar="on|off",
            cli=BOTH, ansible=DOM, spec=GUEST),
     Option("rom_file", "path", "A ROM image (a dumped, clean VBIOS) the guest sees instead of the GPU's own.",
-           metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
+           metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST, absolute=True),
     Option("hide_kvm", "bool", "Hide the hypervisor from the guest driver.", False, cli=BOTH, ansible=DOM,
            spec=GUEST),
     Option("mdev", "str", "Legacy mdev vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",),
@@ -163,21 +164,22 @@ DOMAIN = OptionSet(
     Option("vgpu", "str", "SR-IOV vGPU type instead of the whole GPU.", metavar="TYPE", cli=("xml",), ansible=DOM),
     Option("uuid", "str", "mdev UUID (default: xml derives it from the domain name, GPU and type; vgpu create "
            "takes a random one).", metavar="UUID", cli=("xml", "vgpu create"), ansible=DOM),
-    Option("disk", "path", "Boot disk image (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("disk", "path", "Boot disk image (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM, spec=GUEST,
+           absolute=True),
     Option("kernel", "path", "Direct kernel boot (absolute path).", metavar="PATH", cli=BOTH, ansible=DOM,
-           spec=GUEST),
+           spec=GUEST, absolute=True),
     Option("initrd", "path", "initrd for direct kernel boot (with {kernel}).", metavar="PATH", cli=BOTH,
-           ansible=DOM, spec=GUEST),
-    Option("cmdline", "str", "Kernel command line for direct kernel boot (one line).", pattern=r"[^\n\x00]*",
-           shape="one line", metavar="STR", cli=BOTH, ansible=DOM, spec=GUEST),
-    Option("network", "str", "libvirt network to attach.", pattern=r"[^/\n\x00]+",
-           shape="a libvirt network name (no '/')", metavar="NAME", cli=BOTH,
+           ansible=DOM, spec=GUEST, absolute=True),
+    Option("cmdline", "str", "Kernel command line for direct kernel boot (one line).", pattern=r"[^\x00-\x1f\x7f]*",
+           shape="one line without control characters", metavar="STR", cli=BOTH, ansible=DOM, spec=GUEST),
+    Option("network", "str", "libvirt network to attach.", pattern=r"[^/\x00-\x1f\x7f]+",
+           shape="a libvirt network name (no '/', no control character)", metavar="NAME", cli=BOTH,
            ansible=DOM, spec=GUEST),
     # The testbed forwards its [guest.ssh] port: that key is the spec's spelling of this one.
     Option("user_net_ssh_port", "int", "QEMU user networking, 127.0.0.1:PORT -> guest:22.", minimum=1,
            maximum=65535, metavar="PORT", cli=BOTH, ansible=DOM, aliases=("ssh_forward_port",)),
     Option("console_log", "path", "Also write the guest's serial console to this host file.", metavar="FILE",
-           cli=BOTH, ansible=DOM, spec=GUEST),
+           cli=BOTH, ansible=DOM, spec=GUEST, absolute=True),
     Option("force", "bool", "Share cores / accept short hugepages; an attach also overrides the overridable bind "
            "checks.", False, cli=BOTH, ansible=DOM),
     Option("topology", "str", "auto | mirror | flat: mirror the host's PCIe switches and root complexes in the "
@@ -295,8 +297,8 @@ RUN = OptionSet(
            old_flags=("--timeout",)),
     Option("lock_timeout", "float", "Wait this long for another gpuvfio run to finish.", 30.0, above=0,
            maximum=SECONDS, metavar="SECONDS", cli=LOCKING, ansible=DEVICE),
-    Option("stop_timeout", "float", "Seconds for the guest's ACPI shutdown before it is destroyed.", 60.0,
-           above=0, maximum=SECONDS, metavar="SECONDS", cli=("detach",), ansible=DOM, old_flags=("--timeout",)),
+    Option("stop_timeout", "float", "Seconds for the guest's ACPI shutdown before it is destroyed (0: destroyed "
+           "at once).", 60.0, minimum=0, maximum=SECONDS, metavar="SECONDS", cli=("detach",), ansible=DOM, old_flags=("--timeout",)),
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)
@@ -321,7 +323,19 @@ class OptionError(InputError):
         super().__init__(self.spelled(cli_flag))
 
     def spelled(self, spell) -> str:
-        return re.sub(r"\{([a-z_]+)\}", lambda m: spell(m.group(1)), self.template)
+        named = re.sub(r"\{([a-z_]+)\}", lambda m: spell(m.group(1)), self.template)
+        return named.replace(_OPEN, "{").replace(_CLOSE, "}")
+
+
+# A value's braces in a message, kept apart from the {option} marks until the message is spelled
+# (repr() escapes these two characters in any value, so they stand for braces only).
+_OPEN, _CLOSE = "\x01", "\x02"
+
+
+def value_shown(value) -> str:
+    """``value`` for an OptionError's message: cut as numbers.shown cuts it, its braces kept
+    from being taken for an option's name."""
+    return shown(value).replace("{", _OPEN).replace("}", _CLOSE)
 
 
 def _whole(value) -> bool:
@@ -340,7 +354,9 @@ def _kind_error(option: Option, value) -> str | None:
         return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "a list of strings"
     if not isinstance(value, str):
         return "a string"
-    if option.kind == "path" and (not os.path.isabs(value) or any(c in value for c in "\n\0")):
+    if option.kind == "path" and (not value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)):
+        return "a file path (no control character)"
+    if option.absolute and not os.path.isabs(value):
         return "an absolute path"
     return None
 
@@ -363,15 +379,15 @@ def checked(option: Option, value):
     name = "{" + option.name + "}"
     wrong = _kind_error(option, value)
     if wrong is not None:
-        raise OptionError(f"{name} must be {wrong}, not {shown(value)}")
+        raise OptionError(f"{name} must be {wrong}, not {value_shown(value)}")
     if option.choices and value not in option.choices:
-        raise OptionError(f"{name} must be {' or '.join(option.choices)}, not {shown(value)}")
+        raise OptionError(f"{name} must be {' or '.join(option.choices)}, not {value_shown(value)}")
     if option.kind in ("int", "float"):
         span = _range_error(option, value)
         if span is not None:
-            raise OptionError(f"{name} must be {span}, not {shown(value)}")
+            raise OptionError(f"{name} must be {span}, not {value_shown(value)}")
     if option.pattern is not None and isinstance(value, str) and not re.fullmatch(option.pattern, value):
-        raise OptionError(f"{name} must be {option.shape or 'of the form ' + option.pattern}, not {shown(value)}")
+        raise OptionError(f"{name} must be {option.shape or 'of the form ' + option.pattern}, not {value_shown(value)}")
     return value
 
 

@@ -3,8 +3,8 @@
 A command names the option sets it takes as parameters whose default is ``options(SET,
 "command")``; ``@from_table`` puts the set's options in that place of the signature typer
 reads (flag, help, metavar and default from the table) and hands the function one dict per
-set, keyed by the options' names (a ``--no-X`` switch given back as ``X``), for the services
-that validate them.
+set, keyed by the options' names (a ``--no-X`` switch given back as ``X``), each value checked
+against its declaration (gpuvfio.options.checked), for the services that read them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import typer
 
 from gpuvfio.errors import InputError
 from gpuvfio.ops.context import check_uri
-from gpuvfio.options import Option, OptionSet, cli_flag
+from gpuvfio.options import Option, OptionSet, checked, cli_flag
 
 NO_LIBVIRT = "none"  # --connect none (gpuvfio.options: ask no libvirt)
 
@@ -76,6 +76,11 @@ def from_table(func):
         for name, group in groups.items():
             kwargs[name] = {o.name: (not kwargs.pop(o.parameter)) if o.negated else kwargs.pop(o.parameter)
                             for o in group.options}
+            # Each value within the table's kind, bounds, choices and pattern before anything runs,
+            # a dry run as the run (a service checks again where it takes the value).
+            for option in group.options:
+                if kwargs[name][option.name] is not None:
+                    checked(option, kwargs[name][option.name])
         return func(**kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=parameters)

@@ -17,7 +17,7 @@ from gpuvfio.domain.address_space import FIRMWARES, VIRT_TYPES
 from gpuvfio.domain.versions import parse_version
 from gpuvfio.errors import InputError
 from gpuvfio.numbers import shown, uint
-from gpuvfio.options import DOMAIN, Option, OptionError, checked
+from gpuvfio.options import DOMAIN, Option, OptionError, checked, value_shown
 from gpuvfio.sizes import MAX_KIB, format_kib, parse_size_kib
 
 NUMA_WORDS = ("auto", "none", "remote")
@@ -40,7 +40,7 @@ def parse_hugepages(text: str) -> str:
         kib = None
     sizes = {4: "none", 2048: "2M", 1024 * 1024: "1G"}
     if kib not in sizes:
-        raise OptionError(f"{{hugepages}} must be auto, none, 4K, 2M or 1G, not {shown(text)}")
+        raise OptionError(f"{{hugepages}} must be auto, none, 4K, 2M or 1G, not {value_shown(text)}")
     return sizes[kib]
 
 
@@ -52,7 +52,7 @@ def parse_numa(text: str | int) -> str:
     node = uint(word, MAX_NUMA_NODE)
     if node is not None:
         return str(node)
-    raise OptionError(f"{{numa}} must be auto, none, remote or a node number, not {shown(text)}")
+    raise OptionError(f"{{numa}} must be auto, none, remote or a node number, not {value_shown(text)}")
 
 
 def parse_uuid(text: str) -> str:
@@ -77,9 +77,9 @@ def parse_memory_kib(memory: str | int) -> int:
     """Guest memory in KiB: a size as parse_size_kib takes it (an int is KiB already)."""
     memory_kib = memory if isinstance(memory, int) and not isinstance(memory, bool) else parse_size_kib(str(memory))
     if memory_kib < 1024:
-        raise OptionError(f"{{memory}} must be at least 1 MiB, not {shown(memory)}")
+        raise OptionError(f"{{memory}} must be at least 1 MiB, not {value_shown(memory)}")
     if memory_kib > MAX_KIB:
-        raise OptionError(f"{{memory}} must be at most {format_kib(MAX_KIB)}, not {shown(memory)}")
+        raise OptionError(f"{{memory}} must be at most {format_kib(MAX_KIB)}, not {value_shown(memory)}")
     return memory_kib
 
 
@@ -91,7 +91,7 @@ def qemu_version_of(text: str | tuple[int, ...]) -> tuple[int, ...]:
     strict = isinstance(text, str) and re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6}){1,2}", text.strip()) is not None
     version = parse_version(text.strip()) if strict else None
     if version is None:
-        raise OptionError(f"{{qemu_version}} must look like 8.1 or 9.2.0, not {shown(text)}")
+        raise OptionError(f"{{qemu_version}} must look like 8.1 or 9.2.0, not {value_shown(text)}")
     return version
 
 
@@ -143,7 +143,7 @@ def _cross_checks(values: dict) -> None:
     for name in ("mdev", "vgpu"):
         value = get(name)
         if value is not None and (not value.strip() or any(c in value for c in "\n\0")):
-            raise OptionError(f"{{{name}}} needs a vGPU type id or name, not {shown(value)}")
+            raise OptionError(f"{{{name}}} needs a vGPU type id or name, not {value_shown(value)}")
 
 
 def domain_request(name: str, **values) -> DomainRequest:
@@ -153,6 +153,7 @@ def domain_request(name: str, **values) -> DomainRequest:
     unknown = sorted(set(values) - set(DOMAIN.names()) - {"name"})
     if unknown:
         raise InputError(f"not a domain option: {shown(unknown[0])}")
-    read = {o.name: _read(o, name if o.name == "name" else values.get(o.name, o.default)) for o in DOMAIN}
+    given = {key: value for key, value in values.items() if value is not None}  # None: not given
+    read = {o.name: _read(o, name if o.name == "name" else given.get(o.name, o.default)) for o in DOMAIN}
     _cross_checks(read)
     return DomainRequest(**{FIELDS.get(key, key): value for key, value in read.items()})

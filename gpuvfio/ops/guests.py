@@ -37,12 +37,13 @@ from gpuvfio.ops.binding import RestorePlan
 from gpuvfio.bind.fabric_manager import plan_detach as plan_partitions
 from gpuvfio.ops.attach_plan import AttachPlan, plan_attach
 from gpuvfio.ops.cloud_init import remove_seed, write_seed
-from gpuvfio.ops.context import Context, checked_seconds
+from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import CheckStatus, Plan, Step, StepKind
 from gpuvfio.ops.domains import Provisioned, nccl_topology_file, run_define
 # verify_options: for the CLI, the Ansible modules and the testbed, which reach it through here.
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target
+from gpuvfio.options import RUN, checked
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
 
@@ -410,7 +411,7 @@ def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: flo
     """What ``detach`` will do: stop, undefine, deactivate the Fabric Manager partitions gpuvfio
     activated for the domain's devices, and give back what gpuvfio holds in their groups (by
     the one give-back policy). A domain gpuvfio did not define is refused; none is bad input."""
-    timeout = checked_seconds(timeout, "shutdown timeout", upper=24 * 3600, allow_zero=True)
+    timeout = float(checked(RUN["stop_timeout"], timeout))
     plan = DetachPlan("detach", name, uri=uri, timeout=timeout)
     dom = lifecycle.lookup(ctx.libvirt(uri), name)
     if dom is None:

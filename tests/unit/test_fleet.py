@@ -271,6 +271,16 @@ def test_a_bad_timeout_is_named_as_the_module_and_the_command_spell_it(run_modul
         refused.err
 
 
+def test_a_bad_stop_timeout_fails_even_where_there_is_nothing_to_stop(run_module, built_host):
+    """stop_timeout was checked only when the domain existed: -1 on a missing one passed."""
+    root, state, _kernel = built_host
+    args = {"root": root, "state_dir": state, "name": "no-such-domain", "state": "absent",
+            "connect": "test:///default", "stop_timeout": -1}
+    failed, result = run_module("domain", args, check=True)
+    assert failed and result["exit_code"] == 2, result
+    assert result["msg"] == "stop_timeout must be from 0 to 86400, not -1.0", result["msg"]
+
+
 def test_device_module_persists_with_a_diff_and_is_idempotent(run_module, built_host):
     root, state, _kernel = built_host
     args = {"root": root, "state_dir": state, "devices": [GPU], "state": "persisted"}

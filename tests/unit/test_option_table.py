@@ -488,3 +488,43 @@ def test_a_value_out_of_the_tables_bounds_is_refused_by_the_table():
     narrow = dataclasses.replace(DOMAIN["vcpus"], maximum=8)
     with pytest.raises(InputError, match="--vcpus must be from 1 to 8, not 9"):
         checked(narrow, 9)
+
+
+def test_a_value_is_checked_at_every_edge_before_anything_runs(cli, tmp_path):
+    """A dry run exits as the run would: unbind, restore and reset dry runs took a negative
+    --write-timeout or --lock-timeout the run refuses (their dry runs never built the Context
+    that checked them); now the command checks every table value at its edge."""
+    from tests.conftest import gpu_workstation
+
+    root = gpu_workstation(tmp_path / "host").root
+    for args in (("unbind", "01:00.0", "--connect", "none", "--timeout", "-1", "--dry-run"),
+                 ("restore", "--dry-run", "--lock-timeout", "-1"),
+                 ("reset", "01:00.0", "--dry-run", "--write-timeout", "nan")):
+        refused = cli("--root", root, *args)
+        assert refused.code == 2 and "-timeout must be" in refused.err, (args, refused.err)
+
+
+def test_braces_in_a_value_are_not_taken_for_an_option():
+    """The message keeps {option} marks until each interface spells them; a value holding such
+    a mark stayed a mark and was spelled too ('{vcpus}' became '--vcpus')."""
+    with pytest.raises(InputError) as caught:
+        domain_request("x", hugepages="{vcpus}")
+    assert str(caught.value) == "--hugepages must be auto, none, 4K, 2M or 1G, not '{vcpus}'"
+    assert caught.value.spelled(str) == "hugepages must be auto, none, 4K, 2M or 1G, not '{vcpus}'"
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"kernel": "/k", "cmdline": "a\x01b"}, "--cmdline must be one line without control characters"),
+    ({"kernel": "/k", "cmdline": "a\rb"}, "--cmdline must be one line without control characters"),
+    ({"disk": "/a\x01b"}, r"--disk must be a file path \(no control character\)"),
+    ({"network": "n\x7f"}, "--network must be a libvirt network name"),
+    ({"disk": "relative.qcow2"}, "--disk must be an absolute path")])
+def test_control_characters_are_refused_where_the_value_comes_in(options, words):
+    """A control character in a path, a network name or the kernel command line passed the
+    checks and failed later as 'generated XML does not parse', naming no option."""
+    with pytest.raises(InputError, match=words):
+        domain_request("x", **options)
+
+
+def test_none_is_an_option_not_given():
+    assert domain_request("x", vcpus=None, memory=None, firmware=None).vcpus == DOMAIN["vcpus"].default

@@ -49,6 +49,7 @@ try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml in
     from gpuvfio.ops.context import check_uri, host_context
     from gpuvfio.ops.inventory import open_host
     from gpuvfio.ops.targets import ssh_from_table
+    from gpuvfio.options import SETS as OPTION_SETS, checked
     from gpuvfio.settings import Settings
     HAS_GPUVFIO = True
     IMPORT_ERROR = None
@@ -73,6 +74,7 @@ def task_context(module, context_factory=None, *, writable: bool = False, **opti
     """The gpuvfio Context of this task: ``root`` as a directory (or, for reading, a fixture
     file loaded into a temp dir), the state directory applied (in this task's settings, never in
     the environment of the process, which may run other tasks); connections closed at the end."""
+    check_table_values(module.params)
     settings = Settings.from_environment()
     if module.params.get("state_dir"):
         settings = dataclasses.replace(settings, state_dir=module.params["state_dir"])
@@ -87,6 +89,16 @@ def task_context(module, context_factory=None, *, writable: bool = False, **opti
             yield ctx
         finally:
             ctx.close()
+
+
+def check_table_values(params: dict) -> None:
+    """Each option gpuvfio.options declares, as the task gives it, within its declared kind,
+    bounds, choices and pattern before anything runs, check mode as the run (the command checks
+    at its edge the same way); OptionError names the option as the task does."""
+    for option_set in OPTION_SETS:
+        for option in option_set:
+            if params.get(option.name) is not None and option.ansible:
+                checked(option, params[option.name])
 
 
 @contextlib.contextmanager

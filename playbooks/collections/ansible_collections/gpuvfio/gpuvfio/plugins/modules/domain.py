@@ -291,7 +291,7 @@ options:
     default: false
   stop_timeout:
     description: >-
-      Seconds for the guest's ACPI shutdown before it is destroyed.
+      Seconds for the guest's ACPI shutdown before it is destroyed (0: destroyed at once).
     type: float
     default: 60.0
   # End of the generated options.
