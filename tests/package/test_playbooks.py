@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,7 +171,10 @@ def test_playbooks_pass_syntax_check(ansible_env):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in PLAYBOOK_FILES:
         assert f"playbook: {name}" in proc.stdout
-    assert "WARNING" not in proc.stderr.upper(), proc.stderr
+    # Ansible's own warnings about the playbooks ([WARNING]: and [DEPRECATION WARNING]:), not a
+    # Python library's warning on import: cryptography 51 warns of DSA when ansible-core 2.19
+    # imports its ssh-agent module, whatever the playbooks say.
+    assert re.findall(r"^\[(?:DEPRECATION )?WARNING\].*", proc.stderr, re.M | re.I) == [], proc.stderr
 
 
 def test_ansible_lint_production_profile_is_clean(ansible_env):
