@@ -67,6 +67,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from gpuvfio.errors import InputError
+from gpuvfio.numbers import shown
 from gpuvfio.user_files import read_regular
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
 from gpuvfio.ops.context import check_uri
@@ -206,7 +207,7 @@ class _SpecReader:
     def boolean(self, table: str, index: int, raw: dict, key: str, default: bool) -> bool:
         value = raw.get(key, default)
         if not isinstance(value, bool):
-            self.fail(f"{key} must be true or false, not {value!r}", table, index, key)
+            self.fail(f"{key} must be true or false, not {shown(value)}", table, index, key)
         return value
 
     def section(self, table: str, raw: dict, declared: tuple[Option, ...], extra: set[str], label: str = "") -> None:
@@ -214,7 +215,8 @@ class _SpecReader:
         allowed = {o.spec_key for o in declared} | extra
         for key in raw:
             if key not in allowed:
-                self.fail(f"unknown key {key!r} in [{table}] (allowed: {', '.join(sorted(allowed))})", table, 0, key)
+                self.fail(f"unknown key {shown(key)} in [{table}] (allowed: {', '.join(sorted(allowed))})", table, 0,
+                          key)
         for option in declared:
             if option.spec_key in raw and option.name != "memory":  # memory: a size, parsed below
                 wrong = shape(option, raw[option.spec_key])
@@ -283,11 +285,11 @@ class _SpecReader:
         names.add(name)
         kind = raw.get("kind")
         if kind not in KINDS:
-            self.fail(f"variant kind must be one of {', '.join(KINDS)}, not {kind!r}", "variant", index, "kind")
+            self.fail(f"variant kind must be one of {', '.join(KINDS)}, not {shown(kind)}", "variant", index, "kind")
         extra = set(raw) - {"name", "kind", "profile", "scheduler"} - VARIANT_KEYS
         if extra:
-            self.fail(f"unknown key(s) {', '.join(sorted(extra))} in variant {name}", "variant", index,
-                      sorted(extra)[0])
+            keys = ", ".join(shown(k) for k in sorted(extra)[:8])
+            self.fail(f"unknown key(s) {keys} in variant {name}", "variant", index, sorted(extra)[0])
         hugepages, numa = self.pages_and_numa(index, raw)
         profile, scheduler = self.vgpu_keys(index, raw, name, kind, devices_chosen)
         flags = [self.boolean("variant", index, raw, key, run.get(key, RUN[key].default))
@@ -394,7 +396,7 @@ def _remote_host(raw, fail) -> RemoteHost | None:
                "ssh_config"}
     for key in raw:
         if key not in allowed:
-            fail(f"unknown key {key!r} in [host] (allowed: {', '.join(sorted(allowed))})", "host", 0, key)
+            fail(f"unknown key {shown(key)} in [host] (allowed: {', '.join(sorted(allowed))})", "host", 0, key)
     address = raw.get("address")
     if isinstance(address, str) and address.startswith("[") and address.endswith("]"):
         address = address[1:-1]  # [::1] as in URLs

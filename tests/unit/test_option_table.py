@@ -528,3 +528,16 @@ def test_control_characters_are_refused_where_the_value_comes_in(options, words)
 
 def test_none_is_an_option_not_given():
     assert domain_request("x", vcpus=None, memory=None, firmware=None).vcpus == DOMAIN["vcpus"].default
+
+
+def test_the_spec_reader_never_echoes_a_huge_key_or_value(tmp_path):
+    """An unknown key or a wrong-typed value was echoed whole: a 100 KB key made a 100 KB
+    message. Now each is cut as numbers.shown cuts it."""
+    huge = "k" * 100_000
+    for text in (BASE.replace("[guest]\n", f"[guest]\n{huge} = 1\n", 1),
+                 BASE.replace("[run]\n", f'[run]\nforce = "{huge}"\n', 1)):
+        path = tmp_path / "spec.toml"
+        path.write_text(text)
+        with pytest.raises(InputError) as caught:
+            load_spec(str(path))
+        assert len(str(caught.value)) < 1000, len(str(caught.value))
