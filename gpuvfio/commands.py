@@ -163,3 +163,14 @@ class Runner:
             said = last_line(done.stderr) or f"exit {done.status}"
             raise CommandFailed(f"{command.label} failed", said, done.status)
         return done.stdout.decode("utf-8", "replace")
+
+
+@dataclass
+class Actions:
+    """What gpuvfio may do beyond sysfs writes (load a module, stop or start a service): on the
+    live host, commands through a Runner (gpuvfio.ops.context.live_actions); injected so tests
+    use a simulated kernel."""
+
+    modprobe: Callable[[str], None]
+    stop_service: Callable[[str], None]
+    start_service: Callable[[str], None]

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from gpuvfio.bind.apply import Actions
+from gpuvfio.commands import Actions
 from gpuvfio.host.root import HostRoot
 from gpuvfio.ops.context import Context
 from tests.simkernel import SimKernel

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvfio.address import PciAddress
+from gpuvfio.commands import Actions
 from gpuvfio.bind.plan import VFIO_DRIVER, BindPlan, BindStatus
 from gpuvfio.planning import Step, StepKind
 from gpuvfio.errors import GpuvfioError
@@ -30,15 +31,6 @@ class BindError(GpuvfioError):
 
 class DeviceDead(GpuvfioError):
     """The function does not answer its config space: not given to a host driver, marked broken."""
-
-
-@dataclass
-class Actions:
-    """What gpuvfio may do beyond sysfs writes; injected so tests use a simulated kernel."""
-
-    modprobe: Callable[[str], None]
-    stop_service: Callable[[str], None]
-    start_service: Callable[[str], None]
 
 
 def current_driver(host: HostRoot, address: PciAddress | str) -> str | None:

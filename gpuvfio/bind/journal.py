@@ -29,7 +29,7 @@ from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.nvidia import NVIDIA_SERVICES
 from gpuvfio.host.root import HostRoot
 from gpuvfio.names import DRIVER_NAME
-from gpuvfio.settings import STATE_ENV
+from gpuvfio.host.state import make_state_dir, state_dir, state_tree
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
 JOURNAL_VERSION = 1
@@ -48,37 +48,6 @@ class UnreadableJournal(CorruptJournal):
 
 
 JOURNAL_LIMIT = 16 << 20  # thousands of functions and steps fit; /dev/zero linked in does not
-
-
-def state_dir(host: HostRoot) -> Tree:
-    """The state directory: beneath the host root, or the one GPUVFIO_STATE_DIR names (its last
-    component is made by gpuvfio, never followed; the directories above it are the admin's)."""
-    named = host.settings.state_dir  # GPUVFIO_STATE_DIR, read when the host was built
-    if named is None:
-        return Tree(host.root, "var/lib/gpuvfio")
-    return state_tree(named)
-
-
-def state_tree(directory: str | Tree) -> Tree:
-    """A state directory given as a path: its parent is followed, the directory itself is not."""
-    if isinstance(directory, Tree):
-        return directory
-    if not directory or "\0" in directory or not directory.strip():
-        raise InputError(f"{STATE_ENV} is empty (give a directory, or leave it unset for <root>/var/lib/gpuvfio)")
-    parent, name = os.path.split(os.path.abspath(directory))
-    return Tree(parent, name)  # name is '' for '/', Tree's own default
-
-
-KNOWN_HOSTS = "known_hosts"  # in the state dir: SSH host keys trusted on first use or pinned by a seed
-
-
-def make_state_dir(directory: Tree) -> None:
-    """The state directory, made private (0700) when gpuvfio makes it, link-free; a file or an
-    unwritable place in its stead is one line, not a traceback."""
-    try:
-        directory.make_dir(mode=0o700)
-    except UnsafePathError as exc:  # the file layer's other errors (EACCES, EROFS...) are one line already
-        raise InputError(f"the state directory {directory.path()} cannot be used: {exc}") from None
 
 
 # What a journal may hold, checked on every load: a journal that does not fit is not acted on

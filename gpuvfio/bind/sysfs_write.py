@@ -29,9 +29,10 @@ from typing import Callable
 from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.root import HostRoot
+from gpuvfio.options import RUN
 
 Backend = Callable[[str, bytes, int], None]
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_TIMEOUT = RUN["write_timeout"].default  # --write-timeout's default (gpuvfio.options)
 
 
 class SysfsWriteError(GpuvfioError):

@@ -18,8 +18,8 @@ from gpuvfio.ops import binding
 from gpuvfio.ops import unbind as unbinding
 from gpuvfio.ops.reset import plan_reset, reset
 from gpuvfio.ops.binding import BindPolicy, BindReport, BindStatus, PersistReport, PersistStatus
-from gpuvfio.ops.context import check_uri, host_context, live_context
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import live_context, open_context
+from gpuvfio.ops.uris import NO_LIBVIRT, check_uri
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.options import RUN
 
@@ -45,14 +45,14 @@ def bind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes =
              run: dict = options(RUN, "bind"), as_json: JsonOption = False, root: RootOption = None) -> None:
     """Move devices (their whole IOMMU group) to vfio-pci: planned, checked, journaled, rolled back on
     failure."""
-    connect = check_uri(run["connect"], source="--connect", keywords=(binding.NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     policy = BindPolicy(force=run["force"], stop_services=run["stop_services"],
                         allow_unsafe_host=run["allow_unsafe_host"], take_host_devices=run["take_host_devices"])
     try:
         with command_context(root_of(root), dry_run, progress=progress_for(as_json),
                              write_timeout=run["write_timeout"], lock_timeout=run["lock_timeout"]) as ctx:
-            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
+            wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes or dry_run,
                              tell=progress_for(as_json))
             unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
             try:
@@ -97,7 +97,7 @@ def _bind_dry_run(ctx, wanted, policy: BindPolicy, connect: str | None, confirme
 def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
                run: dict = options(RUN, "unbind"), as_json: JsonOption = False, root: RootOption = None) -> None:
     """Give devices back to the host: clear driver_override, leave vfio-pci, reprobe (no journal)."""
-    connect = check_uri(run["connect"], source="--connect", keywords=(binding.NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     if dry_run:
         preview(root_of(root), addresses, device_ids, yes, as_json,
@@ -105,7 +105,7 @@ def unbind_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes
         return
     ctx = live_context(root_of(root), write_timeout=run["write_timeout"], lock_timeout=run["lock_timeout"],
                        writable=True)
-    wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
+    wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     result = reporting_failure(as_json, lambda: unbinding.unbind(ctx, wanted, uri=connect))
     if as_json:
         emit_json(result.to_json())
@@ -126,7 +126,7 @@ def restore_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         return
     ctx = live_context(root_of(root), progress=progress_for(as_json), write_timeout=run["write_timeout"],
                        lock_timeout=run["lock_timeout"], writable=True)
-    wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
+    wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
     result = reporting_failure(as_json, lambda: binding.restore(ctx, wanted))
     if as_json:
         emit_json(result.to_json())
@@ -145,7 +145,7 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
               root: RootOption = None) -> None:
     """Reset devices gpuvfio holds through the kernel (a device that came back broken from a guest);
     one that answers again may be bound or restored."""
-    connect = check_uri(run["connect"], source="--connect", keywords=(binding.NO_LIBVIRT,))
+    connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=True)
     if bus and forget:
         raise InputError("--bus and --forget exclude each other")
@@ -155,7 +155,7 @@ def reset_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes 
         return
     with live_context(root_of(root), progress=progress_for(as_json), write_timeout=run["write_timeout"],
                       lock_timeout=run["lock_timeout"], writable=True) as ctx:
-        wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
+        wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
         result = reporting_failure(as_json, lambda: reset(ctx, wanted, bus=bus, forget=forget, uri=connect))
     if as_json:
         emit_json(result.to_json())
@@ -183,7 +183,7 @@ def _persist(addresses, device_ids, yes: bool, remove: bool, dry_run: bool, forc
              lock_timeout: float, root: str | None, take_host_devices: bool = False) -> None:
     check_devices(addresses, device_ids, required=True)
     with command_context(root_of(root), dry_run, lock_timeout=lock_timeout) as ctx:
-        wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes or dry_run,
+        wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes or dry_run,
                          tell=progress_for(as_json))
         unconfirmed = needs_yes(ctx, addresses, device_ids) if dry_run and not yes else None
         confirmed = confirmation(ctx, addresses, device_ids, True) if dry_run and yes else None
@@ -226,8 +226,8 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
         if addresses or device_ids or dry_run or run["force"] or run["take_host_devices"]:
             raise InputError("--list takes no devices and no --dry-run/--force/--take-host-devices")
         fmt = chosen_format(output_format, as_json)
-        with open_host(root_of(root)) as (host, _label):
-            report = binding.persisted_overrides(host_context(host))
+        with open_context(root_of(root)) as (ctx, _label):
+            report = binding.persisted_overrides(ctx)
         if fmt == "json":
             emit_json(report.to_json())
             return

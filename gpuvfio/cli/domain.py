@@ -13,10 +13,10 @@ from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable
 from gpuvfio.cli.plans import DryRun
-from gpuvfio.cli.tables import from_table, libvirt_uri, options
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.ops.cloud_init import plan_seed, write_seed
-from gpuvfio.ops.inventory import open_host
-from gpuvfio.ops.context import Context
+from gpuvfio.ops.context import open_context
+from gpuvfio.ops.uris import libvirt_uri
 from gpuvfio.ops.plans import CheckStatus
 from gpuvfio.ops.targets import ssh_from_table
 from gpuvfio.errors import InputError, Refused
@@ -72,9 +72,8 @@ def xml_cmd(
         check_output_path(nccl_topo)
     # --cloud-init writes a seed and pins its host key in the state dir, --define defines the
     # domain: such a run changes the host.
-    with open_host(root_of(root)) as (host, _label), \
-            Context(host=host, writable=(cloud_init is not None or define) and not dry_run) as ctx:
-        wanted = resolve(host, addresses, device_ids)
+    with open_context(root_of(root), writable=(cloud_init is not None or define) and not dry_run) as (ctx, _label):
+        wanted = resolve(ctx, addresses, device_ids)
         seed = _seed_plan(ctx, request, cloud_init, target) if target is not None else None
         # With --define, the domain it would replace: a running one's hugepages count as its own.
         existing = existing_domain(ctx, request.name, uri=connect) if define else None

@@ -12,8 +12,7 @@ from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import write_text
 from gpuvfio.ops import export, kubevirt_yaml
-from gpuvfio.ops.context import Context
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import open_context
 from gpuvfio.ops.kubevirt_names import from_pci_ids
 from gpuvfio.ops.selection import check_devices, resolve
 
@@ -59,8 +58,8 @@ def kubevirt_cmd(addresses: Devices = None, device_ids: DeviceIds = None, provid
     NVSwitches under hostDevices (the HostDevices feature gate). Nothing to export: exit 1."""
     check_devices(addresses, device_ids, required=False)
     names = from_pci_ids(pci_ids) if pci_ids is not None else None
-    with open_host(root_of(root)) as (host, _label):
-        report = export.kubevirt(Context(host=host), resolve(host, addresses, device_ids), provider=provider,
+    with open_context(root_of(root)) as (ctx, _label):
+        report = export.kubevirt(ctx, resolve(ctx, addresses, device_ids), provider=provider,
                                  names=names, vgpu_types=vgpu_types)
     if as_json:
         emit_json(report.to_json())
@@ -77,5 +76,5 @@ def attributes_cmd(addresses: Devices = None, device_ids: DeviceIds = None, as_j
     and gpuvfio's own (NUMA node, IOMMU group, BARs, link, P2P clique, reset method, vGPU type).
     Always JSON."""
     check_devices(addresses, device_ids, required=False)
-    with open_host(root_of(root)) as (host, _label):
-        emit_json(export.attributes(Context(host=host), resolve(host, addresses, device_ids)).to_json())
+    with open_context(root_of(root)) as (ctx, _label):
+        emit_json(export.attributes(ctx, resolve(ctx, addresses, device_ids)).to_json())

@@ -11,10 +11,11 @@ from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, roo
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices, Yes, complete_device
 from gpuvfio.cli.plans import DryRun, command_context, confirmation, show_plan
-from gpuvfio.cli.tables import from_table, libvirt_uri, options
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.binding import BindPolicy, libvirt_not_asked
-from gpuvfio.ops.context import check_uri, default_uri, live_context
+from gpuvfio.ops.context import live_context
+from gpuvfio.ops.uris import check_uri, default_uri, libvirt_uri
 from gpuvfio.ops.attach_plan import plan_attach
 from gpuvfio.ops.domain_completion import domain_candidates
 from gpuvfio.ops.domains import domain_request
@@ -60,7 +61,7 @@ def verify_cmd(
         raise InputError("give --ssh-host (and --ssh-port) or a domain name")
     settings = verify_options(**checks)
     with live_context(root_of(root), progress=progress_for(as_json), writable=True) as ctx:
-        expect = resolve(ctx.host, expect_device, None) if expect_device else None
+        expect = resolve(ctx, expect_device, None) if expect_device else None
         report = verify(ctx, ssh=target, domain=domain, uri=connect, expect=expect, expect_ids=wanted_ids,
                         options=settings)
     if as_json:
@@ -99,7 +100,7 @@ def attach_cmd(
                         take_host_devices=run["take_host_devices"])
     if dry_run:
         with command_context(root_of(root), True, progress=progress_for(as_json)) as ctx:
-            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=progress_for(as_json))
+            wanted = resolve(ctx, addresses, device_ids, changes=True, yes=True, tell=progress_for(as_json))
             confirm = confirmation(ctx, addresses, device_ids, yes)
             plan = plan_attach(ctx, wanted, request, uri=connect, ssh=target, verify=settings, policy=policy,
                                ask_libvirt=libvirt_not_asked(ctx, connect) is None, cloud_init=cloud_init)
@@ -107,7 +108,7 @@ def attach_cmd(
         return
     try:
         with live_context(root_of(root), progress=progress_for(as_json), writable=True) as ctx:
-            wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
+            wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
             result = attach(ctx, wanted, request, uri=connect, ssh=target, verify=settings,
                             keep_on_failure=keep_on_failure, policy=policy, cloud_init=cloud_init)
     except AttachFailed as exc:

@@ -11,7 +11,8 @@ from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import Cell, Column, FormatOption, Listing, chosen_format, print_listing
-from gpuvfio.ops.inventory import FunctionIndex, ListReport, list_report, open_host
+from gpuvfio.ops.context import open_context
+from gpuvfio.ops.inventory import FunctionIndex, ListReport, list_report
 from gpuvfio.ops.selection import check_devices, resolve
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
@@ -89,9 +90,9 @@ def list_cmd(
     and largest BAR."""
     check_devices(addresses, device_ids, required=False)
     fmt = chosen_format(output_format, as_json)
-    with open_host(root_of(root)) as (host, label):
-        index = FunctionIndex(host)  # ids and groups of every function, read once for both
-        report = list_report(host, show_all=show_all, only=resolve(host, addresses, device_ids, index=index),
+    with open_context(root_of(root)) as (ctx, label):
+        index = FunctionIndex(ctx.host)  # ids and groups of every function, read once for both
+        report = list_report(ctx, show_all=show_all, only=resolve(ctx, addresses, device_ids, index=index),
                              index=index)
     if fmt == "json":
         emit_json(report.to_json())

@@ -11,8 +11,7 @@ import typer
 from gpuvfio.cli import render
 from gpuvfio.cli.app import emit_json, progress_for, say
 from gpuvfio.errors import Refused
-from gpuvfio.ops.context import host_context, live_context
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import live_context, open_context
 from gpuvfio.ops.plans import Check, CheckStatus, Plan
 from gpuvfio.ops.selection import resolve, select
 
@@ -28,7 +27,7 @@ def command_context(root: str | None, read_only: bool, **kwargs):
     as it takes a directory and has no way to run modprobe or systemctl; a command that
     changes the host takes the host itself."""
     if read_only:
-        with open_host(root) as (host, _label), host_context(host, **kwargs) as ctx:
+        with open_context(root, **kwargs) as (ctx, _label):
             yield ctx
     else:
         with live_context(root, writable=True, **kwargs) as ctx:
@@ -40,7 +39,7 @@ def confirmation(ctx, addresses, device_ids, yes: bool) -> Check | None:
     confirmed by it, or refused without it (None: one device needs no confirmation)."""
     if not addresses and not device_ids:
         return None
-    return select(ctx.host, addresses, device_ids).confirmation(yes)
+    return select(ctx, addresses, device_ids).confirmation(yes)
 
 
 def needs_yes(ctx, addresses, device_ids) -> Refused | None:
@@ -75,5 +74,5 @@ def preview(root: str | None, addresses, device_ids, yes: bool, as_json: bool, m
     recording too), make the plan with ``make_plan(ctx, addresses)``, show it, exit as the run."""
     tell = progress_for(as_json)
     with command_context(root, True, progress=tell) as ctx:
-        wanted = resolve(ctx.host, addresses, device_ids, changes=True, yes=True, tell=tell)
+        wanted = resolve(ctx, addresses, device_ids, changes=True, yes=True, tell=tell)
         show_plan(make_plan(ctx, wanted), as_json, confirm=confirmation(ctx, addresses, device_ids, yes))

@@ -11,7 +11,7 @@ import typer
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of, say
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.output import Cell, Column, FormatOption, Listing, chosen_format, print_listing
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import open_context
 from gpuvfio.ops.readiness import DoctorReport, doctor_report, dump_host
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
@@ -33,8 +33,8 @@ def doctor_listing(report: DoctorReport, title: str) -> Listing:
 def doctor_cmd(output_format: FormatOption = None, as_json: JsonOption = False, root: RootOption = None) -> None:
     """Host readiness checks for passthrough, each with a fix. Exit 1 when one fails."""
     fmt = chosen_format(output_format, as_json)
-    with open_host(root_of(root)) as (host, label):
-        report = doctor_report(host)
+    with open_context(root_of(root)) as (ctx, label):
+        report = doctor_report(ctx)
     if fmt == "json":
         emit_json({"checks": [c.to_json() for c in report.checks]})
     else:
@@ -49,8 +49,8 @@ def dump_host_cmd(
     root: RootOption = None,
 ) -> None:
     """Record what gpuvfio reads from this host into a text fixture (bug reports, tests)."""
-    with open_host(root_of(root)) as (host, _label):
-        text = dump_host(host, out)
+    with open_context(root_of(root)) as (ctx, _label):
+        text = dump_host(ctx, out)
     if out == "-":
         sys.stdout.write(text)
     else:

@@ -17,12 +17,11 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.errors import InputError
-from gpuvfio.ops.context import check_uri
+from gpuvfio.ops.uris import NO_LIBVIRT
 from gpuvfio.options import Option, OptionSet, checked, cli_flag
 
-NO_LIBVIRT = "none"  # --connect none (gpuvfio.options: ask no libvirt)
 
-__all__ = ["Group", "options", "from_table", "flag_of", "annotation_of", "libvirt_uri"]
+__all__ = ["Group", "options", "from_table", "flag_of", "annotation_of"]
 
 _TYPES = {"str": str, "path": str, "int": int, "float": float, "bool": bool}
 
@@ -88,12 +87,3 @@ def from_table(func):
     return wrapper
 
 
-def libvirt_uri(value: str | None, *, needed_for: str | None = None) -> str | None:
-    """--connect as a command that may do without libvirt takes it: ``none`` asks no libvirt
-    (None back), and one that needs libvirt for ``needed_for`` says so in one line; any other
-    URI is checked by the one policy (check_uri)."""
-    if value == NO_LIBVIRT:
-        if needed_for is not None:
-            raise InputError(f"{needed_for} needs libvirt; --connect none asks none")
-        return None
-    return check_uri(value, source="--connect")

@@ -9,15 +9,15 @@ import typer
 
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
 from gpuvfio.cli.lazy import COMMANDS, command_typer
-from gpuvfio.cli.tables import from_table, libvirt_uri, options
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
 from gpuvfio.errors import Refused
 from gpuvfio.options import RUN
 from gpuvfio.user_files import user_dir
-from gpuvfio.ops.context import Context, live_context
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import live_context, open_context
+from gpuvfio.ops.uris import libvirt_uri
 from gpuvfio.testbed.plan import gpus_on, plan
 from gpuvfio.testbed.remote import plan_remote, run_remote
 from gpuvfio.testbed.report import out_tree, result_files, write_report
@@ -49,7 +49,7 @@ def _show_plan(spec: Spec, connect: str | None, yes: bool, as_json: bool, here: 
         with _this_machine() as here_ctx:
             report = plan_remote(here_ctx, spec, yes=yes)
     else:
-        with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
+        with open_context(root_of(root)) as (ctx, _label):
             report = plan(ctx, spec, uri=connect or spec.connect, yes=yes)
     shown = report.to_json()
     if as_json:
@@ -120,7 +120,7 @@ def run_cmd(spec_path: SpecArg, out: Annotated[str, typer.Option(
         local = spec.host is None or here
         unconfirmed = None
         if local and not yes:  # the run's first refusal: a selection beyond one device without --yes
-            with open_host(root_of(root)) as (host, _label), Context(host=host) as ctx:
+            with open_context(root_of(root)) as (ctx, _label):
                 try:
                     gpus_on(ctx, spec, yes=False)
                 except Refused as exc:

@@ -10,7 +10,7 @@ from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import printable, printable_report
-from gpuvfio.ops.inventory import open_host
+from gpuvfio.ops.context import open_context
 from gpuvfio.ops.topology import FULL_LEGEND, LEGEND_ORDER, TopoDevice, TopologyReport, topology_report
 from gpuvfio.ops.selection import check_devices, resolve
 
@@ -29,8 +29,8 @@ def topo_cmd(
     """GPU/NIC matrix like nvidia-smi topo -m (X, PIX, PXB, PHB, NODE, SYS, NV#), CPU and NUMA
     affinity, NUMA distances and each device's place in the PCIe tree."""
     check_devices(addresses, device_ids, required=False)
-    with open_host(root_of(root)) as (host, label):
-        report = topology_report(host, only=resolve(host, addresses, device_ids))
+    with open_context(root_of(root)) as (ctx, label):
+        report = topology_report(ctx, only=resolve(ctx, addresses, device_ids))
     if as_json:
         emit_json(report.to_json())
         return

@@ -12,11 +12,10 @@ from gpuvfio.cli.lazy import COMMANDS, command_typer
 from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.plans import DryRun, command_context, show_plan
 from gpuvfio.cli.output import Column, FormatOption, Listing, chosen_format, print_listing, printable, printable_report
-from gpuvfio.ops.inventory import open_host
 from gpuvfio.ops import vgpu
-from gpuvfio.ops.context import Context, check_uri, host_context, live_context
+from gpuvfio.ops.context import live_context, open_context
 from gpuvfio.ops.domains import parse_uuid
-from gpuvfio.ops.binding import NO_LIBVIRT
+from gpuvfio.ops.uris import NO_LIBVIRT, check_uri
 from gpuvfio.ops.selection import resolve_one
 from gpuvfio.options import DOMAIN, RUN
 from gpuvfio.selector import SELECTOR_HELP, Selector
@@ -29,8 +28,8 @@ Address = Annotated[str, typer.Argument(metavar="DEVICE", help=f"The GPU (one fu
 def types_cmd(address: Address, as_json: JsonOption = False, root: RootOption = None) -> None:
     """The vGPU profiles a GPU offers (legacy mdev types, or SR-IOV types on its VFs)."""
     Selector.parse(address)
-    with open_host(root_of(root)) as (host, _label):
-        offered = vgpu.types(Context(host=host), resolve_one(host, address))
+    with open_context(root_of(root)) as (ctx, _label):
+        offered = vgpu.types(ctx, resolve_one(ctx, address))
     if as_json:
         emit_json(offered.to_json())
         return
@@ -58,8 +57,8 @@ def list_cmd(run: dict = options(RUN, "vgpu list"), output_format: FormatOption 
     GPU, the domains using each, whether gpuvfio made it and whether it is persisted."""
     connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     fmt = chosen_format(output_format, as_json)
-    with open_host(root_of(root)) as (host, _label):
-        report = vgpu.instances_list(host_context(host), uri=connect)
+    with open_context(root_of(root)) as (ctx, _label):
+        report = vgpu.instances_list(ctx, uri=connect)
     if fmt == "json":
         emit_json(report.to_json())
         return
@@ -89,11 +88,11 @@ def create_cmd(address: Address,
     uuid = None if domain["uuid"] is None else parse_uuid(domain["uuid"])
     if dry_run:
         with command_context(root_of(root), True) as ctx:
-            show_plan(vgpu.plan_create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist),
+            show_plan(vgpu.plan_create(ctx, resolve_one(ctx, address), vgpu_type, uuid=uuid, persist=persist),
                       as_json)
         return
     ctx = live_context(root_of(root), writable=True)
-    report = vgpu.create(ctx, resolve_one(ctx.host, address), vgpu_type, uuid=uuid, persist=persist).to_json()
+    report = vgpu.create(ctx, resolve_one(ctx, address), vgpu_type, uuid=uuid, persist=persist).to_json()
     if as_json:
         emit_json(report)
         return
@@ -128,10 +127,10 @@ def scheduler_cmd(address: Address,
         vgpu.parse_policy(policy)
     if dry_run and policy is not None:
         with command_context(root_of(root), True) as ctx:
-            show_plan(vgpu.plan_scheduler(ctx, resolve_one(ctx.host, address), policy), as_json)
+            show_plan(vgpu.plan_scheduler(ctx, resolve_one(ctx, address), policy), as_json)
         return
     ctx = live_context(root_of(root), writable=policy is not None)
-    wanted = resolve_one(ctx.host, address)
+    wanted = resolve_one(ctx, address)
     report = (vgpu.set_scheduler(ctx, wanted, policy) if policy else vgpu.scheduler_state(ctx, wanted)).to_json()
     if as_json:
         emit_json(report)

@@ -32,6 +32,7 @@ from gpuvfio.ops.plans import CheckStatus, Plan, StepKind
 from gpuvfio.ops.reach import reach_checks
 from gpuvfio.ops.targets import SshOptions
 from gpuvfio.ops.verify_options import VerifyOptions
+from gpuvfio.ops.uris import NO_LIBVIRT
 from gpuvfio.virt.connection import default_uri
 
 __all__ = ["AttachPlan", "plan_attach", "placement_json", "verify_json"]
@@ -138,7 +139,7 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
     # A guest that can boot and be reached, known before the bind changes anything.
     plan.checks += reach_checks(ctx, request, ssh, uri=uri, asked=asked)
     if provisioned.passthrough:
-        bind_uri = (uri or default_uri(ctx.host.settings)) if asked else binding.NO_LIBVIRT
+        bind_uri = (uri or default_uri(ctx.host.settings)) if asked else NO_LIBVIRT
         _plan_bind(ctx, plan, provisioned, policy, bind_uri, name)
     if spec.fabric is not None and spec.fabric.partition is not None:
         plan.step(StepKind.ACTIVATE_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")

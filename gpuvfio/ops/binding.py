@@ -37,19 +37,19 @@ from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Check, CheckStatus, Plan, Step, StepKind
+from gpuvfio.ops.uris import NO_LIBVIRT
 from gpuvfio.vgpu.instances import remove_instance
 from gpuvfio.vgpu.scheduler import put_back
 from gpuvfio.vgpu.types import existing_mdev
 from gpuvfio.virt.defined import listed
 from gpuvfio.virt.usage import domains_using
 
-__all__ = ["BindPolicy", "NO_LIBVIRT", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
+__all__ = ["BindPolicy", "libvirt_view", "libvirt_not_asked", "plan_report", "bind",
            "BindOperation", "BindReport", "BindStatus", "CheckStatus", "Check", "plan_operation", "apply_operation",
            "RestoreResult", "Status", "HeldDevice", "restore", "held", "restore_groups", "status",
            "plan_restore", "plan_restore_groups", "run_restore", "RestorePlan", "persist", "plan_persist",
            "run_persist", "PersistReport", "PersistStatus", "Mechanism", "Override",
            "PersistedOverrides", "persisted_overrides", "current_drivers", "addresses_in_groups"]
-NO_LIBVIRT = "none"  # --connect none: bind without asking libvirt
 
 
 def libvirt_view(ctx: Context, addresses: list[PciAddress], *, uri: str | None = None,

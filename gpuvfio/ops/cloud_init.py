@@ -21,7 +21,7 @@ import io
 import os
 from dataclasses import dataclass, field
 
-from gpuvfio.bind.journal import KNOWN_HOSTS, make_state_dir
+from gpuvfio.host.state import KNOWN_HOSTS, make_state_dir
 from gpuvfio.commands import CommandNotStarted
 from gpuvfio.domain.cloud_init import (META_DATA, USER_DATA, VOLUME_ID, HostKey, SeedDocuments, fingerprint,
                                        generate_host_key, seed_documents)

@@ -15,31 +15,29 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from gpuvfio.bind.apply import Actions
-from gpuvfio.bind.fabric_manager import FabricManagerClient
-from gpuvfio.bind.journal import KNOWN_HOSTS, Journal, RunLock, make_state_dir, state_dir
-from gpuvfio.bind.sysfs_write import DEFAULT_TIMEOUT, Backend, SysfsWriter, kernel_write
 from gpuvfio.clock import Clock
-from gpuvfio.commands import Runner
+from gpuvfio.commands import Actions, Runner
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
-from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT, Session, SshTarget
+from gpuvfio.host.fixture import open_host
 from gpuvfio.host.root import HostRoot
 from gpuvfio.options import RUN, checked
 from gpuvfio.settings import ROOT_ENV
-from gpuvfio.virt.connection import default_uri, open_connection
-from gpuvfio.virt.uri import check_uri
-from gpuvfio.vgpu.scheduler import Nvml
+from gpuvfio.host.state import KNOWN_HOSTS, make_state_dir, state_dir
 
-# check_uri and default_uri: the interfaces check a libvirt URI where it comes in, by the one
-# policy open_connection applies (gpuvfio.virt.uri), without reaching past the services.
-__all__ = ["Context", "Clock", "live_context", "host_context", "checked_seconds", "ROOT_ENV", "DEFAULT_LOCK_TIMEOUT",
-           "DEFAULT_WRITE_TIMEOUT", "check_uri", "default_uri"]
+if TYPE_CHECKING:
+    from gpuvfio.bind.fabric_manager import FabricManagerClient
+    from gpuvfio.bind.journal import Journal, RunLock
+    from gpuvfio.bind.sysfs_write import SysfsWriter
+    from gpuvfio.guest.ssh import Session, SshTarget
+    from gpuvfio.vgpu.scheduler import Nvml
+
+__all__ = ["Context", "Clock", "live_context", "host_context", "open_context", "checked_seconds", "ROOT_ENV",
+           "DEFAULT_LOCK_TIMEOUT", "DEFAULT_WRITE_TIMEOUT"]
 DEFAULT_LOCK_TIMEOUT = RUN["lock_timeout"].default  # gpuvfio.options declares them and their bounds
 DEFAULT_WRITE_TIMEOUT = RUN["write_timeout"].default
-assert DEFAULT_WRITE_TIMEOUT == DEFAULT_TIMEOUT  # the sysfs writer's own default
 
 
 def _no_progress(line: str) -> None:
@@ -50,17 +48,43 @@ def _no_step(number: int) -> None:
     pass
 
 
+# What a command meets beyond the host's files (libvirt, sysfs writes, SSH, NVML, the Fabric
+# Manager, the journal and its lock) is imported when first used: a listing or a plan that never
+# connects, writes, logs in or asks NVML does not load their modules (their import was most of a
+# Context's cost; tests/unit/test_structure.py LAZY_BOUNDARIES lists them).
+def open_connection(uri: str, *, read_only: bool = False):
+    """A libvirt connection by gpuvfio's URI policy (gpuvfio.virt.connection.open_connection)."""
+    from gpuvfio.virt.connection import open_connection as connect
+    return connect(uri, read_only=read_only)
+
+
 def _read_only_connection(uri: str):
     return open_connection(uri, read_only=True)
+
+
+def kernel_write(path: str, data: bytes, fd: int) -> None:
+    """One sysfs write through write(2) (gpuvfio.bind.sysfs_write.kernel_write)."""
+    from gpuvfio.bind.sysfs_write import kernel_write as write_once
+    write_once(path, data, fd)
+
+
+def open_nvml() -> "Nvml":
+    from gpuvfio.vgpu.scheduler import Nvml
+    return Nvml()
+
+
+def fabric_manager_client() -> "FabricManagerClient":
+    from gpuvfio.bind.fabric_manager import FabricManagerClient
+    return FabricManagerClient()
 
 
 @dataclass
 class Context:
     host: HostRoot
-    backend: Backend = kernel_write  # one sysfs write: real write(2), or a simulated kernel
+    backend: Callable[[str, bytes, int], None] = kernel_write  # one sysfs write: real write(2), or a simulated kernel
     actions: Actions | None = None  # modprobe / systemctl; None: refused (not the live host)
     connect: Callable[[str], object] = open_connection  # libvirt URI -> connection
-    nvml: Callable[[], Nvml] = Nvml  # NVML, opened for the vGPU scheduler
+    nvml: Callable[[], Nvml] = open_nvml  # NVML, opened for the vGPU scheduler
     # The host's Fabric Manager (HGX shared-NVSwitch partitions); None: not reachable from here.
     # The clients it makes run fmpm through ``run`` below, whoever made them.
     fabric_manager: Callable[[], FabricManagerClient] | None = None
@@ -102,18 +126,22 @@ class Context:
 
     def journal(self) -> Journal:
         """The journal as it is now (reading writes nothing; a damaged one raises)."""
+        from gpuvfio.bind.journal import Journal
         return Journal.load(self.state, clock=self.clock)
 
     def lock(self) -> RunLock:
         """The run lock, held for an operation (re-entrant within this process)."""
         if not self.writable:
             raise ReadOnly(f"the run lock under {self.state.path()} refused: this context only reads")
+        from gpuvfio.bind.journal import RunLock
         return RunLock(self.state, self.lock_timeout, progress=self.progress, clock=self.clock)
 
     def libvirt(self, uri: str | None = None):
         """One connection per URI for the whole command (default: libvirt's default URI), so a
         check, a define and a start see the same daemon state; closed by close()."""
-        uri = uri or default_uri(self.host.settings)
+        if not uri:
+            from gpuvfio.virt.connection import default_uri
+            uri = default_uri(self.host.settings)
         if uri not in self.connections:
             self.connections[uri] = self.connect(uri)
         return self.connections[uri]
@@ -147,17 +175,20 @@ class Context:
         if not self.writable:
             raise ReadOnly(f"sysfs writes under {self.host.root} refused: this context only reads (a dry run, a "
                            "recording)")
+        from gpuvfio.bind.sysfs_write import SysfsWriter
         return SysfsWriter(self.host, timeout=self.write_timeout, backend=self.backend, clock=self.clock)
 
     def ssh(self, target: SshTarget) -> Session:
         """An SSH session to ``target`` (not yet connected), on this run's clock; keys trusted on
         first use go to the target's known_hosts, else to the state dir's (record_host_key)."""
+        from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT, Session
         return Session(target, self.state.path(KNOWN_HOSTS), clock=self.clock, record=self.record_host_key,
                        recorded=lambda: self.state.read(KNOWN_HOSTS, KNOWN_HOSTS_LIMIT) or b"")
 
     def record_host_key(self, line: str) -> None:
         """Add a known_hosts line to the state dir's known_hosts: the state dir made private when
         it is made, the file 0600; refused by a Context that only reads."""
+        from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT
         make_state_dir(self.state)
         earlier = self.state.text(KNOWN_HOSTS, KNOWN_HOSTS_LIMIT) or ""
         self.state.write(KNOWN_HOSTS, earlier + ("\n" if earlier and not earlier.endswith("\n") else "") + line + "\n",
@@ -226,8 +257,8 @@ def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progre
     live = host.root == "/"
     run = Runner()
     return Context(host=host, actions=live_actions(run) if live else None, progress=progress, writable=writable,
-                   run=run, nvml=Nvml if live else refusing_nvml(host),
-                   fabric_manager=FabricManagerClient if live else None,
+                   run=run, nvml=open_nvml if live else refusing_nvml(host),
+                   fabric_manager=fabric_manager_client if live else None,
                    write_timeout=float(checked(RUN["write_timeout"], write_timeout)),
                    lock_timeout=float(checked(RUN["lock_timeout"], lock_timeout)))
 
@@ -235,3 +266,12 @@ def host_context(host: HostRoot, *, progress: Callable[[str], None] = _no_progre
 def live_context(root: str | None = None, **kwargs) -> Context:
     """host_context for a root directory (None: $GPUVFIO_ROOT or /)."""
     return host_context(HostRoot(root), **kwargs)
+
+
+@contextlib.contextmanager
+def open_context(root: str | None, **kwargs) -> Iterator[tuple[Context, str]]:
+    """host_context around the host behind ``--root`` (a directory, or a recording loaded into a
+    temporary directory: gpuvfio.host.fixture.open_host; None: $GPUVFIO_ROOT or /), with the
+    host's label for titles. Read-only unless ``writable`` is given."""
+    with open_host(root) as (host, label), host_context(host, **kwargs) as ctx:
+        yield ctx, label

@@ -31,7 +31,6 @@ from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.numa import cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
-from gpuvfio.host.root import HostRoot
 from gpuvfio.host.topology import p2p_cliques, position
 from gpuvfio.ops import kubevirt_names
 from gpuvfio.ops.context import Context
@@ -172,9 +171,10 @@ class _Mdev:
     type_name: str  # mdev_type/name, its newlines trimmed (readVgpuIDFromFileFunc)
 
 
-def _mdev_instances(host: HostRoot) -> list[_Mdev]:
+def _mdev_instances(ctx: Context) -> list[_Mdev]:
     """Every mdev of /sys/bus/mdev/devices with its type's name, as the plugin walks them
     (createVgpuIDMap: ``<mdev>/mdev_type/name``)."""
+    host = ctx.host
     found = []
     for name in host.listdir(host.sys_path("bus", "mdev", "devices")):
         existing = existing_mdev(host, name)
@@ -237,7 +237,7 @@ def kubevirt(ctx: Context, addresses: list[PciAddress], *, provider: Provider = 
     export is refused (exit 1): an empty list applied would permit nothing."""
     names = names or kubevirt_names.bundled()
     inventory = read_inventory(ctx.host, names=PciIds.load(ctx.host))
-    mdevs = [m for m in _mdev_instances(ctx.host)
+    mdevs = [m for m in _mdev_instances(ctx)
              if (fn := inventory.functions.get(m.parent)) is not None and fn.is_nvidia]
     if addresses:
         chosen = _chosen(inventory, addresses)

@@ -3,6 +3,8 @@ where they apply to a hypervisor, the IOMMU and hugepage facts, the QEMU and lib
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import platform
 from dataclasses import dataclass
 from enum import Enum
@@ -14,8 +16,10 @@ from gpuvfio.host.kernel import KernelInfo, read_kernel
 from gpuvfio.host.model import NumaNode, PciFunction
 from gpuvfio.host.numa import read_numa
 from gpuvfio.host.pciids import PciIds
-from gpuvfio.host.root import HostRoot
 from gpuvfio.virt.connection import connection_versions
+
+if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
+    from gpuvfio.ops.context import Context
 
 __all__ = ["IommuMode", "Accelerator", "HostIdentity", "host_identity"]
 
@@ -92,9 +96,10 @@ class HostIdentity:
                 "qemu_version": self.qemu_version, "libvirt_version": self.libvirt_version}
 
 
-def host_identity(host: HostRoot, gpus: list[PciAddress], conn=None) -> HostIdentity:
+def host_identity(ctx: Context, gpus: list[PciAddress], conn=None) -> HostIdentity:
     """This host as testbed results describe it; ``conn`` (a libvirt connection) adds the QEMU
     and libvirt versions."""
+    host = ctx.host
     cpuinfo = host.read(host.path("proc", "cpuinfo")) or ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                  None)

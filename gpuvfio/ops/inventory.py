@@ -5,6 +5,8 @@ loads the services it runs, and listing loads neither."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
@@ -12,7 +14,9 @@ from gpuvfio.host.fixture import host_from_record, open_host
 from gpuvfio.host.inventory import FunctionIndex, Inventory, read_inventory, read_selected, require_present
 from gpuvfio.host.model import NVIDIA_VENDOR, IommuGroup, PciFunction
 from gpuvfio.host.pciids import PciIds
-from gpuvfio.host.root import HostRoot
+
+if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
+    from gpuvfio.ops.context import Context
 
 __all__ = ["ListReport", "FunctionIndex", "list_report", "inventory_report", "open_host", "host_from_record"]
 
@@ -30,11 +34,12 @@ class ListReport:
                 "groups": None if self.groups is None else [g.to_json() for g in self.groups]}
 
 
-def list_report(host: HostRoot, *, show_all: bool, only: list[PciAddress] = (),
+def list_report(ctx: Context, *, show_all: bool, only: list[PciAddress] = (),
                 index: FunctionIndex | None = None) -> ListReport:
     """What ``gpuvfio list`` shows: devices and the groups that hold them. Only what is shown is
     read whole: every function for ``--all``; else the ids and groups of all (``index``, shared
     with the selection that made ``only``), then the chosen functions and their groups."""
+    host = ctx.host
     names = PciIds.load(host)
     if show_all and not only:
         return inventory_report(read_inventory(host, names=names), show_all=True)

@@ -3,6 +3,8 @@ host recorded as a fixture (gpuvfio doctor, gpuvfio dump-host, the Ansible facts
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 from gpuvfio.bind.journal import journal_check
@@ -14,7 +16,9 @@ from gpuvfio.host.kernel import KernelInfo, read_kernel
 from gpuvfio.host.model import NumaNode
 from gpuvfio.host.numa import read_numa
 from gpuvfio.host.pciids import PciIds
-from gpuvfio.host.root import HostRoot
+
+if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
+    from gpuvfio.ops.context import Context
 
 __all__ = ["DoctorReport", "doctor_report", "dump_host"]
 
@@ -42,18 +46,20 @@ class DoctorReport:
                 "numa_nodes": [n.to_json() for n in self.numa_nodes]}
 
 
-def doctor_report(host: HostRoot) -> DoctorReport:
+def doctor_report(ctx: Context) -> DoctorReport:
+    host = ctx.host
     inventory = read_inventory(host, names=PciIds.load(host))
     kernel = read_kernel(host)
     nodes = read_numa(host)
     return DoctorReport(run_doctor(host, inventory, kernel, nodes) + [journal_check(host)], kernel, nodes)
 
 
-def dump_host(host: HostRoot, out: str) -> str:
+def dump_host(ctx: Context, out: str) -> str:
     """Record the host as a fixture; write it atomically to ``out`` unless ``out`` is '-'.
 
     ``out`` is a new name in an existing directory, or a regular file (replaced): never a
     device, a directory or a link (gpuvfio runs as root; a rename over /dev/null is a mistake)."""
+    host = ctx.host
     if out != "-":
         check_output_path(out)
     text = record(host)

@@ -11,16 +11,17 @@ one physical device (``-d 10de:`` also matches NVSwitches).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError, Refused
 from gpuvfio.host.inventory import FunctionIndex, list_addresses, read_ids, require_present
 from gpuvfio.host.model import DISPLAY_CLASS, PCI_BRIDGE_CLASS
-from gpuvfio.host.root import HostRoot
 from gpuvfio.planning import Check, CheckStatus
 from gpuvfio.selector import SELECTOR_HELP, IdFilter, Selector
+
+if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
+    from gpuvfio.ops.context import Context
 
 
 @dataclass
@@ -63,11 +64,12 @@ def parse_selectors(texts: list[str] | None, ids: list[str] | None) -> tuple[lis
     return [Selector.parse(t) for t in texts or []], [IdFilter.parse(t) for t in ids or []]
 
 
-def select(host: HostRoot, texts: list[str] | None, ids: list[str] | None = None, *,
+def select(ctx: Context, texts: list[str] | None, ids: list[str] | None = None, *,
            index: FunctionIndex | None = None) -> Selection:
     """The functions ``texts`` (selectors) and ``ids`` (-d filters, any of which may match) mean
-    on ``host``; with only -d, every function they match. InputError when nothing matches.
+    on the Context's host; with only -d, every function they match. InputError when nothing matches.
     ``index``: the host's ids read once for the command (gpuvfio list reads them anyway)."""
+    host = ctx.host
     selectors, filters = parse_selectors(texts, ids)
     typed = [s.text for s in selectors] + [f"-d {f.text}" for f in filters]
     exact = [s.address for s in selectors]
@@ -107,15 +109,15 @@ def check_devices(texts: list[str] | None, ids: list[str] | None, *, required: b
         raise InputError(missing)
 
 
-def resolve(host: HostRoot, texts: list[str] | None, ids: list[str] | None, *, changes: bool = False,
+def resolve(ctx: Context, texts: list[str] | None, ids: list[str] | None, *, changes: bool = False,
             yes: bool = False, yes_hint: str = "--yes", tell: Callable[[str], None] = lambda line: None,
             index: FunctionIndex | None = None) -> list[PciAddress]:
-    """The addresses the arguments mean on ``host`` (every interface: the CLI, the Ansible
+    """The addresses the arguments mean on the Context's host (every interface: the CLI, the Ansible
     modules, the testbed spec); for a host change, what a selector expanded to is told, and more
     than one physical device needs ``yes``."""
     if not texts and not ids:
         return []
-    selection = select(host, texts, ids, index=index)
+    selection = select(ctx, texts, ids, index=index)
     if changes:
         if selection.expanded:
             tell(f"selected {selection.describe()}")
@@ -123,19 +125,20 @@ def resolve(host: HostRoot, texts: list[str] | None, ids: list[str] | None, *, c
     return selection.addresses
 
 
-def resolve_one(host: HostRoot, text: str) -> PciAddress:
+def resolve_one(ctx: Context, text: str) -> PciAddress:
     """The one function ``text`` names (vgpu commands act on one GPU)."""
-    found = resolve(host, [text], None)
+    found = resolve(ctx, [text], None)
     if len(found) != 1:
         raise InputError(f"{text} matches {len(found)} functions ({', '.join(map(str, found))}); name one, "
                          "e.g. with its .FUNC")
     return found[0]
 
 
-def the_gpu(host: HostRoot, addresses: list[PciAddress]) -> PciAddress:
+def the_gpu(ctx: Context, addresses: list[PciAddress]) -> PciAddress:
     """The one GPU (display-class function) among ``addresses``, as a vGPU needs one parent: a
     slot's audio function is left out; none, more than one, or a function the host does not
     have is bad input."""
+    host = ctx.host
     require_present(set(list_addresses(host)), addresses)
     gpus = [a for a in addresses if read_ids(host, a)[2].startswith(DISPLAY_CLASS)]
     if len(gpus) != 1:

@@ -9,6 +9,8 @@ NVLink was not read keeps its PCIe word and ``nvlink`` null: unknown, never "non
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -20,8 +22,10 @@ from gpuvfio.host.model import NumaNode, PciFunction
 from gpuvfio.host.numa import read_numa
 from gpuvfio.host.nvlink import RECORD_PATH, NvLink, NvLinkReading, read_nvlink
 from gpuvfio.host.pciids import PciIds
-from gpuvfio.host.root import HostRoot
 from gpuvfio.host.topology import LEGEND, NODE, PHB, PIX, PXB, SAME, SYS, Position, position, relation
+
+if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
+    from gpuvfio.ops.context import Context
 
 __all__ = ["TopologyReport", "TopoDevice", "DeviceKind", "SwitchPort", "GpuLinks", "NvLinkSummary",
            "topology_report", "LEGEND_ORDER", "FULL_LEGEND"]
@@ -164,8 +168,9 @@ class TopologyReport:
         }
 
 
-def topology_report(host: HostRoot, *, only: list[PciAddress] = ()) -> TopologyReport:
+def topology_report(ctx: Context, *, only: list[PciAddress] = ()) -> TopologyReport:
     """What ``gpuvfio topo`` shows. ``only``: these functions (each a GPU or a NIC)."""
+    host = ctx.host
     inventory = read_inventory(host, names=PciIds.load(host))
     devices, left_out = _chosen(inventory, only)
     nodes = read_numa(host)

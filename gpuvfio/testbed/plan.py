@@ -37,7 +37,7 @@ def gpus_on(ctx: Context, spec: Spec, *, yes: bool = False, tell: Callable[[str]
     """The GPUs ``[run] gpus`` and ``gpu_ids`` mean on the hypervisor, as every device argument
     (ops.selection): what a slot or an id filter expanded to is told, and more than one physical
     device needs ``yes`` (testbed plan/run --yes; the plan refuses what the run would)."""
-    return resolve(ctx.host, spec.gpus, spec.gpu_ids, changes=True, yes=yes, tell=tell)
+    return resolve(ctx, spec.gpus, spec.gpu_ids, changes=True, yes=yes, tell=tell)
 
 
 def request_for(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress]) -> domains.DomainRequest:
@@ -61,7 +61,7 @@ def addresses_for(ctx: Context, gpus: list[PciAddress], variant: Variant) -> lis
     if variant.kind != "vgpu":
         return []
     try:
-        return [the_gpu(ctx.host, gpus)]
+        return [the_gpu(ctx, gpus)]
     except InputError as exc:
         raise InputError(f"variant {variant.name}: {exc}") from None
 

@@ -128,7 +128,7 @@ def run_testbed(ctx: Context, spec: Spec, out: str, *, uri: str | None = None, y
     _same_gpus_as_before(out, gpus)
     tree = out_tree(out)
     tree.make_dir("results")
-    identity = {**host_identity(ctx.host, gpus, ctx.libvirt(uri)).to_json(), "gpus": [str(g) for g in gpus]}
+    identity = {**host_identity(ctx, gpus, ctx.libvirt(uri)).to_json(), "gpus": [str(g) for g in gpus]}
     tree.write("identity.json", json.dumps(identity, indent=2))
     signals = SignalGuard()
     signals.install()

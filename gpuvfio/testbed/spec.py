@@ -70,7 +70,7 @@ from gpuvfio.errors import InputError
 from gpuvfio.numbers import shown
 from gpuvfio.user_files import read_regular
 from gpuvfio.guest.ssh import SshTarget  # paramiko itself is imported only when a session connects
-from gpuvfio.ops.context import check_uri
+from gpuvfio.ops.uris import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES

@@ -60,7 +60,7 @@ def _t(*names: str) -> tuple[str, ...]:
 
 GROUPS = {
     "bind": Group(("gpuvfio/bind/apply.py", "gpuvfio/bind/journal.py", "gpuvfio/bind/plan.py",
-                   "gpuvfio/bind/persist.py", "gpuvfio/bind/sysfs_write.py"),
+                   "gpuvfio/bind/persist.py", "gpuvfio/bind/sysfs_write.py", "gpuvfio/host/state.py"),
                   _t("test_binding", "test_bind_results", "test_bind_cli", "test_sysfs_write", "test_confined_writes",
                      "test_recovery_gaps", "test_dry_runs", "test_plans_are_run", "test_plan_runs_meet_the_world",
                      "test_health", "test_kernel_names", "test_host_use", "test_fabric_flow", "test_doctor",

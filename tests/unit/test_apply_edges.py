@@ -20,7 +20,8 @@ import pytest
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.apply import BindError, Reconciled, _execute, apply_bind, current_override, reconcile
-from gpuvfio.bind.journal import Journal, state_dir
+from gpuvfio.bind.journal import Journal
+from gpuvfio.host.state import state_dir
 from gpuvfio.bind.plan import BindStatus
 from gpuvfio.bind.sysfs_write import SysfsWriteError, SysfsWriter, SysfsWriteTimeout, kernel_write
 from gpuvfio.errors import GpuvfioError

@@ -12,7 +12,8 @@ import pytest
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.apply import BindError, current_driver
-from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock, state_dir
+from gpuvfio.bind.journal import CorruptJournal, Journal, LockTimeout, RunLock
+from gpuvfio.host.state import state_dir
 from gpuvfio.bind.sysfs_write import kernel_write
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot

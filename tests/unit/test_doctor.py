@@ -1,3 +1,4 @@
+from gpuvfio.ops.context import Context
 from gpuvfio.address import PciAddress
 from gpuvfio.ops.readiness import doctor_report
 from gpuvfio.host.root import HostRoot
@@ -7,7 +8,7 @@ from tests.hostbuilder import BAR32, BAR64_PREF, GiB, MiB, HostBuilder
 
 
 def checks(root) -> dict:
-    return {c.check_id: c.to_json() for c in doctor_report(HostRoot(root)).checks}
+    return {c.check_id: c.to_json() for c in doctor_report(Context(host=HostRoot(root))).checks}
 
 
 def test_healthy_workstation(workstation):

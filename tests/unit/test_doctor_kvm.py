@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from gpuvfio.ops.context import Context
 from gpuvfio.host.fixture import load_fixture
 from gpuvfio.host.recording import dump_host
 from gpuvfio.host.root import HostRoot
@@ -19,7 +20,7 @@ from tests.conftest import gpu_workstation
 
 
 def checks(root) -> dict:
-    return {c.check_id: c.to_json() for c in doctor_report(HostRoot(str(root))).checks}
+    return {c.check_id: c.to_json() for c in doctor_report(Context(host=HostRoot(str(root)))).checks}
 
 
 def test_a_kvm_host_passes(tmp_path):

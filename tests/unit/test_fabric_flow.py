@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from gpuvfio.bind.fabric_manager import FabricManagerClient, FabricStepError
-from gpuvfio.bind.journal import Journal, state_dir
+from gpuvfio.bind.journal import Journal
+from gpuvfio.host.state import state_dir
 from gpuvfio.domain.request import domain_request
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.host.root import HostRoot

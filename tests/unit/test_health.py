@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from gpuvfio.bind.journal import Journal, state_dir
+from gpuvfio.ops.context import Context
+from gpuvfio.bind.journal import Journal
+from gpuvfio.host.state import state_dir
 from gpuvfio.cli import main
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.health import parse_config, unassigned_bars
@@ -37,7 +39,7 @@ def broken(h) -> dict:
 
 
 def doctor(root) -> dict:
-    return {c.check_id: c.to_json() for c in doctor_report(HostRoot(root)).checks}["device_health"]
+    return {c.check_id: c.to_json() for c in doctor_report(Context(host=HostRoot(root))).checks}["device_health"]
 
 
 def test_dead_gpu_is_kept_marked_and_refused_until_reset(h):

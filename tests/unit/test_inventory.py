@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from gpuvfio.ops.context import Context
 from gpuvfio.address import PciAddress
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.inventory import read_inventory
@@ -102,7 +103,7 @@ def test_matches_real_lspci_on_built_host(tmp_path):
     b = gpu_workstation(tmp_path)
     from gpuvfio.ops.inventory import list_report
 
-    report = list_report(HostRoot(b.root), show_all=True)
+    report = list_report(Context(host=HostRoot(b.root)), show_all=True)
     compare(report.to_json()["devices"], lspci_records(os.path.join(b.root, "sys", "bus", "pci")))
 
 
@@ -117,8 +118,8 @@ def test_list_and_doctor_reports_hold_the_host_model(workstation):
     from gpuvfio.ops.inventory import list_report
     from gpuvfio.ops.readiness import doctor_report
 
-    host = HostRoot(workstation.root)
-    listing = list_report(host, show_all=False)
+    ctx = Context(host=HostRoot(workstation.root))
+    listing = list_report(ctx, show_all=False)
     assert all(isinstance(f, PciFunction) and f.is_nvidia for f in listing.devices)
     assert [str(f.address) for f in listing.devices] == ["0000:01:00.0", "0000:01:00.1", "0000:04:00.0",
                                                          "0000:04:00.1"]
@@ -126,9 +127,9 @@ def test_list_and_doctor_reports_hold_the_host_model(workstation):
     assert {g.group_id for g in listing.groups} == {f.iommu_group for f in listing.devices}
     shared = next(g for g in listing.groups if A("0000:03:00.0") in g.devices)  # the NIC's group, not listed
     assert not shared.viable and listing.to_json()["groups"][1] == shared.to_json()
-    one = list_report(host, show_all=False, only=[A("0000:01:00.1")])
+    one = list_report(ctx, show_all=False, only=[A("0000:01:00.1")])
     assert [f.address for f in one.devices] == [A("0000:01:00.1")] and len(one.groups) == 1
-    doctor = doctor_report(host)
+    doctor = doctor_report(ctx)
     assert doctor.failed == [] and "hugepages" not in [c.check_id for c in doctor.warned]
     assert [c.to_json() for c in doctor.checks] == doctor.to_json()["checks"]
     assert doctor.kernel.iommu_vendor == "intel" and [n.node_id for n in doctor.numa_nodes] == [0]
@@ -137,7 +138,7 @@ def test_list_and_doctor_reports_hold_the_host_model(workstation):
 def test_host_identity_is_typed_and_serialises_as_the_testbed_reads_it(workstation):
     from gpuvfio.ops.identity import IommuMode, host_identity
 
-    ident = host_identity(HostRoot(workstation.root), [A("0000:01:00.0"), A("0000:01:00.1")])
+    ident = host_identity(Context(host=HostRoot(workstation.root)), [A("0000:01:00.0"), A("0000:01:00.1")])
     assert ident.iommu_mode is IommuMode.TRANSLATED  # the workstation's command line has no iommu=pt
     assert [a.function.address for a in ident.accelerators] == [A("0000:01:00.0")]  # not the audio function
     assert ident.cpus == 16 and ident.hugepage_sizes_kb == [2048, 1048576]  # every size the node offers

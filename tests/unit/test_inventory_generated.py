@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from gpuvfio.ops.context import Context
 from gpuvfio.errors import InputError
 from gpuvfio.host.fixture import load_fixture
 from gpuvfio.host.inventory import FunctionIndex, read_inventory
@@ -117,13 +118,13 @@ def test_the_light_path_is_the_whole_read_filtered(name, small_root, tmp_path):
     names = PciIds.load(HostRoot(root))
     whole = read_inventory(HostRoot(root), names=names)
     for texts, ids, show_all in _selections(root):
-        host = HostRoot(root)
-        index = FunctionIndex(host)
+        ctx = Context(host=HostRoot(root))
+        index = FunctionIndex(ctx.host)
         try:
-            only = resolve(host, texts, ids, index=index)
+            only = resolve(ctx, texts, ids, index=index)
         except InputError:  # a slot of bridges only: nothing to list either way
             continue
-        light = list_report(host, show_all=show_all, only=only, index=index).to_json()
+        light = list_report(ctx, show_all=show_all, only=only, index=index).to_json()
         assert light == inventory_report(whole, show_all=show_all, only=only).to_json(), (texts, ids, show_all)
 
 

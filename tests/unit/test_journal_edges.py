@@ -479,7 +479,7 @@ def test_a_journal_that_cannot_be_written_is_one_error_naming_it(host, tmp_path)
 # -- where the state directory is --------------------------------------------------------------------
 def test_the_state_directory_is_under_the_root_unless_named(host, tmp_path, monkeypatch):
     """GPUVFIO_STATE_DIR moves the state (a trailing slash or a relative path is the same directory)."""
-    from gpuvfio.bind.journal import state_dir, state_tree
+    from gpuvfio.host.state import state_dir, state_tree
     from gpuvfio.files import Tree
 
     assert state_dir(host).path() == state_of(host)
@@ -494,7 +494,7 @@ def test_the_state_directory_is_under_the_root_unless_named(host, tmp_path, monk
 @pytest.mark.parametrize("named", ["", " ", "\t\n", "state\0dir"])
 def test_an_empty_state_directory_setting_is_refused_by_name(host, monkeypatch, named):
     """An empty GPUVFIO_STATE_DIR (a shell's typo) must not become the working directory."""
-    from gpuvfio.bind.journal import state_dir
+    from gpuvfio.host.state import state_dir
     from gpuvfio.errors import InputError
 
     expected = "GPUVFIO_STATE_DIR is empty (give a directory, or leave it unset for <root>/var/lib/gpuvfio)"
@@ -510,7 +510,7 @@ def test_an_empty_state_directory_setting_is_refused_by_name(host, monkeypatch, 
 
 def test_the_state_directory_itself_is_never_followed(host, tmp_path):
     """A link planted as the state directory is refused; links above it (the admin's) are followed."""
-    from gpuvfio.bind.journal import make_state_dir, state_tree
+    from gpuvfio.host.state import make_state_dir, state_tree
     from gpuvfio.errors import InputError
 
     (tmp_path / "real").mkdir()

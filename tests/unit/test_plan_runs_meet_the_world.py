@@ -12,7 +12,8 @@ import os
 import pytest
 
 from gpuvfio.address import PciAddress
-from gpuvfio.bind.journal import Journal, state_dir
+from gpuvfio.bind.journal import Journal
+from gpuvfio.host.state import state_dir
 from gpuvfio.domain.request import domain_request
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.ops import binding, domains, fabric, guests, vgpu

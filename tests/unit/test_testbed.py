@@ -10,6 +10,7 @@ from html import unescape as html_unescape
 
 import pytest
 
+from gpuvfio.ops.context import Context, open_context
 from gpuvfio.errors import InputError
 from gpuvfio.testbed.report import collect, tables, write_report
 from gpuvfio.testbed.spec import load_spec
@@ -454,17 +455,15 @@ def test_describe_mig_backed_variant():
 def test_identity_describes_the_system(tmp_path):
     from gpuvfio.address import PciAddress
     from gpuvfio.ops.identity import host_identity
-    from gpuvfio.ops.inventory import open_host
-
-    with open_host(sample_path("dgx-h100")) as (host, _label):
-        ident = host_identity(host, [PciAddress.parse("0000:1b:00.0"), PciAddress.parse("0000:43:00.0")]).to_json()
+    with open_context(sample_path("dgx-h100")) as (ctx, _label):
+        ident = host_identity(ctx, [PciAddress.parse("0000:1b:00.0"), PciAddress.parse("0000:43:00.0")]).to_json()
     assert ident["accelerator_count"] == 2 and ident["accelerators"][0]["numa_node"] == 0
     assert ident["accelerators"][0]["link_max"] == "Gen5 x16"
     assert ident["numa_nodes"] == 2 and ident["host_cpus"] and ident["host_memory_kb"]
     assert 1048576 in ident["hugepage_sizes_kb"] and ident["iommu"] == "intel"
     assert ident["host_kernel"]
-    with open_host(sample_path("workstation")) as (host, _label):  # a slot: the GPU and its audio function
-        ident = host_identity(host, [PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:01:00.1")]).to_json()
+    with open_context(sample_path("workstation")) as (ctx, _label):  # a slot: the GPU and its audio function
+        ident = host_identity(ctx, [PciAddress.parse("0000:01:00.0"), PciAddress.parse("0000:01:00.1")]).to_json()
     assert ident["accelerator_count"] == 1 and "4090" in ident["accelerators"][0]["model"]
 
 
@@ -602,7 +601,7 @@ def test_identity_of_a_gpu_pci_ids_does_not_know(tmp_path, monkeypatch):
     b.iommu("intel", 1)
     rb = b.root_bus()
     b.function(rb, "0000:01:00.0", "10de", "2335", "030200", driver="nvidia")
-    ident = host_identity(HostRoot(b.root), [PciAddress.parse("0000:01:00.0")]).to_json()
+    ident = host_identity(Context(host=HostRoot(b.root)), [PciAddress.parse("0000:01:00.0")]).to_json()
     assert ident["accelerators"][0]["model"] == "10de:2335"
 
 

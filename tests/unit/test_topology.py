@@ -8,6 +8,7 @@ import os
 import pynvml
 import pytest
 
+from gpuvfio.ops.context import Context
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.host.fixture import load_fixture, open_host
@@ -654,7 +655,7 @@ def test_topology_report_is_typed_on_the_dgx_sample():
     from gpuvfio.ops.topology import DeviceKind, topology_report
 
     with open_host(DGX) as (host, _label):
-        report = topology_report(host)
+        report = topology_report(Context(host=host))
     gpus = [d for d in report.devices if d.kind is DeviceKind.GPU]
     nics = [d for d in report.devices if d.kind is DeviceKind.NIC]
     assert [str(d.function.address) for d in gpus] == DGX_GPUS and nics

@@ -46,7 +46,8 @@ DEVICE_ARGS = dict(
 try:  # gpuvfio is a normal Python package on the managed host (host-prep.yml installs it)
     from gpuvfio.errors import GpuvfioError, InputError
     from gpuvfio.ops import selection
-    from gpuvfio.ops.context import check_uri, host_context
+    from gpuvfio.ops.context import host_context
+    from gpuvfio.ops.uris import check_uri
     from gpuvfio.ops.inventory import open_host
     from gpuvfio.ops.targets import ssh_from_table
     from gpuvfio.options import SETS as OPTION_SETS, checked
@@ -167,7 +168,7 @@ def resolve_devices(module, ctx, *, changes: bool, key: str = "devices", ids_key
     """The addresses the task's device parameters mean on its host (gpuvfio.ops.selection, as
     the command); what a slot or an id filter expanded to is added to ``selected``."""
     told = selected if selected is not None else []
-    return selection.resolve(ctx.host, _texts(module, key), _texts(module, ids_key), changes=changes,
+    return selection.resolve(ctx, _texts(module, key), _texts(module, ids_key), changes=changes,
                              yes=bool(module.params.get("all_matched")), yes_hint="all_matched: true",
                              tell=told.append)
 

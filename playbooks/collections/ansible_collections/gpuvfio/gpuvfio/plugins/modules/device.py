@@ -177,6 +177,7 @@ from ansible_collections.gpuvfio.gpuvfio.plugins.module_utils.options import ARG
 
 if HAS_GPUVFIO:
     from gpuvfio.ops import binding
+    from gpuvfio.ops.uris import NO_LIBVIRT
 
 VFIO = "vfio-pci"
 
@@ -259,7 +260,7 @@ def main(context_factory=None) -> None:
     selected: list = []
     result = {}
     try:
-        check_libvirt_uri(module, "connect", keywords=(binding.NO_LIBVIRT,))
+        check_libvirt_uri(module, "connect", keywords=(NO_LIBVIRT,))
         check_devices(module, required=True)
         with task_context(module, context_factory, writable=True, write_timeout=module.params["write_timeout"],
                           lock_timeout=module.params["lock_timeout"]) as ctx:

@@ -133,9 +133,9 @@ def main(context_factory=None) -> None:
     facts: dict = {"root": module.params["root"]}
     try:
         with task_context(module, context_factory) as ctx:
-            listing = list_report(ctx.host, show_all=module.params["all_functions"])
+            listing = list_report(ctx, show_all=module.params["all_functions"])
             facts.update(listing.to_json())
-            doctor = doctor_report(ctx.host) if "doctor" in gather else None
+            doctor = doctor_report(ctx) if "doctor" in gather else None
             if doctor is not None:
                 facts["doctor"] = doctor.to_json()
             if "status" in gather:
