@@ -195,7 +195,7 @@ DOMAIN = OptionSet(
 )
 
 GUEST_SSH = ("guest.ssh",)
-SECONDS = 24 * 3600.0  # the longest wait any timeout takes (ops.context.checked_seconds' bound)
+SECONDS = 24 * 3600.0  # the longest wait any timeout takes
 
 SSH = OptionSet(
     "ssh",

@@ -63,7 +63,7 @@ def xml_cmd(
     request = domain_request(**domain)
     if cloud_init is None and any(value is not None for value in ssh.values()):
         raise InputError("--ssh-user and --ssh-key go with --cloud-init here: the user and key the seed lets in")
-    target = ssh_from_table(ssh, timeout=SSH["ssh_timeout"].default) if cloud_init is not None else None
+    target = ssh_from_table(ssh, wait="ssh_timeout") if cloud_init is not None else None
     check_devices(addresses, device_ids, required=True)
     if nccl_topo is not None:
         if nccl_topo == "-" or request.mdev or request.vgpu:

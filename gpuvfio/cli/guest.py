@@ -56,7 +56,7 @@ def verify_cmd(
     connect = libvirt_uri(run["connect"], needed_for=None if domain is None else "finding the guest by its domain")
     check_devices(expect_device, None, required=False)
     wanted_ids = parse_expect(expect_ids) if expect_ids else None
-    target = ssh_from_table(ssh, timeout=ssh["ssh_timeout"])
+    target = ssh_from_table(ssh, wait="ssh_timeout")
     if target.host is None and domain is None:
         raise InputError("give --ssh-host (and --ssh-port) or a domain name")
     settings = verify_options(**checks)
@@ -92,7 +92,7 @@ def attach_cmd(
     check_devices(addresses, device_ids, required=False)
     cloud_init = ssh.pop("cloud_init")
     request = domain_request(**domain)
-    target = ssh_from_table(ssh, timeout=ssh["boot_timeout"])
+    target = ssh_from_table(ssh, wait="boot_timeout")
     settings = verify_options(**checks)  # checked even with --no-verify: bad input is bad input
     if no_verify:
         settings = None

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gpuvfio.guest.ssh import Session, SshTarget
     from gpuvfio.vgpu.scheduler import Nvml
 
-__all__ = ["Context", "Clock", "live_context", "host_context", "open_context", "checked_seconds", "ROOT_ENV",
+__all__ = ["Context", "Clock", "live_context", "host_context", "open_context", "ROOT_ENV",
            "DEFAULT_LOCK_TIMEOUT", "DEFAULT_WRITE_TIMEOUT"]
 DEFAULT_LOCK_TIMEOUT = RUN["lock_timeout"].default  # gpuvfio.options declares them and their bounds
 DEFAULT_WRITE_TIMEOUT = RUN["write_timeout"].default
@@ -203,16 +203,6 @@ class Context:
     def live(self) -> bool:
         """Is the root this machine itself (so its libvirt, modprobe and systemctl belong to it)?"""
         return self.host.root == "/"
-
-
-def checked_seconds(value: float, what: str, *, upper: float = 30 * 24 * 3600.0, allow_zero: bool = False) -> float:
-    """A timeout from the user: a finite number of seconds, above zero (or zero where that means
-    "at once"); NaN and infinity never return."""
-    low_ok = (lambda v: v >= 0) if allow_zero else (lambda v: v > 0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or not (low_ok(value) and value <= upper):
-        raise InputError(f"{what} must be a number of seconds between 0 and {upper:g}, not {value!r}")
-    return float(value)
 
 
 def _through(make: Callable[[], FabricManagerClient], run: Runner) -> Callable[[], FabricManagerClient]:

@@ -18,7 +18,7 @@ from gpuvfio.errors import InputError
 from gpuvfio.user_files import for_another_program
 from gpuvfio.guest.ssh import SshTarget
 from gpuvfio.guest.ssh_config import check_config_file, parse_jump, resolve
-from gpuvfio.ops.context import Context, checked_seconds
+from gpuvfio.ops.context import Context
 from gpuvfio.options import SSH, USER, checked
 from gpuvfio.virt.lifecycle import AddressUnknown, ssh_address
 
@@ -50,8 +50,10 @@ def valid_host(text) -> bool:
 
 def ssh_options(*, host: str | None = None, port: int | None = None, user: str | None = None, key: str | None = None,
                 known_hosts: str | None = None, trust_on_first_use: bool = False,
-                timeout: float = SSH["ssh_timeout"].default, ssh_config: str | None = None) -> SshOptions:
-    """Validated SSH options (bad input: InputError, exit 2)."""
+                timeout: float = SSH["ssh_timeout"].default, ssh_config: str | None = None,
+                wait: str = "ssh_timeout") -> SshOptions:
+    """Validated SSH options (bad input: InputError, exit 2); ``timeout`` is the wait named
+    ``wait`` (gpuvfio.options.SSH: verify's ssh_timeout, attach's boot_timeout), checked as declared."""
     if host is not None and not valid_host(host):
         raise InputError(f"not a host name or IP address: {host!r}")
     if port is not None:
@@ -66,17 +68,19 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
     if known_hosts is not None and not trust_on_first_use and not for_another_program(known_hosts):
         raise InputError(f"known_hosts file not found: {known_hosts}")
     return SshOptions(host, port, user, key, known_hosts, bool(trust_on_first_use),
-                      checked_seconds(timeout, "SSH timeout", upper=24 * 3600), check_config_file(ssh_config))
+                      float(checked(SSH[wait], timeout)), check_config_file(ssh_config))
 
 
-def ssh_from_table(values: dict, *, timeout: float) -> SshOptions:
+def ssh_from_table(values: dict, *, wait: str) -> SshOptions:
     """``ssh_options`` from the SSH set's values by their declared names (gpuvfio.options.SSH:
     ``ssh_host`` is ``host`` here), as the command and the Ansible modules collect them;
-    ``timeout``: the wait that applies (verify's ``ssh_timeout``, attach's ``boot_timeout``)."""
-    # the waits are the caller's to choose; the key content is Ansible's, written to ssh_key first
+    ``wait``: the option whose wait applies (verify's ``ssh_timeout``, attach's ``boot_timeout``;
+    its default where the values leave it out)."""
+    # the key content is Ansible's, written to ssh_key first
     apart = {"ssh_timeout", "boot_timeout", "ssh_private_key"}
+    timeout = values.get(wait)
     return ssh_options(**{SSH[name].spec_key: value for name, value in values.items() if name not in apart},
-                       timeout=timeout)
+                       timeout=SSH[wait].default if timeout is None else timeout, wait=wait)
 
 
 def guest_target(options: SshOptions, conn=None, dom=None, *, run: Runner) -> SshTarget:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from gpuvfio.errors import InputError
 from gpuvfio.guest.expect import LINK_EFFICIENCY, Gates, gates
-from gpuvfio.ops.context import checked_seconds
 from gpuvfio.options import VERIFY, checked
 
 __all__ = ["PROBE_TIMEOUT", "VERIFY_TIMEOUT", "VerifyOptions", "verify_options"]
@@ -42,12 +41,12 @@ def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEO
     """The one validation of the verify options (gpuvfio.options.VERIFY names them and sets
     their bounds; bad input: InputError, exit 2)."""
     given = {"size_mib": size_mib, "copies": copies, "samples": samples, "link_efficiency": link_efficiency,
-             "min_gbps": min_gbps, "probe_timeout": probe_timeout, "verify_timeout": verify_timeout}
+             "min_gbps": min_gbps}  # the timeouts below: always given, checked there
     for name, value in given.items():
         if value is not None:
             checked(VERIFY[name], value)
     chosen = gates(link_efficiency=LINK_EFFICIENCY if link_efficiency is None else link_efficiency, min_gbps=min_gbps)
     return VerifyOptions(bool(bandwidth),
-                         checked_seconds(probe_timeout, "probe timeout", upper=VERIFY["probe_timeout"].maximum),
-                         checked_seconds(verify_timeout, "verify timeout", upper=VERIFY["verify_timeout"].maximum),
+                         float(checked(VERIFY["probe_timeout"], probe_timeout)),
+                         float(checked(VERIFY["verify_timeout"], verify_timeout)),
                          chosen, size_mib, copies, samples)

@@ -73,7 +73,7 @@ def ssh_for(spec: Spec, timeout: float | None = None) -> SshOptions:
     return ssh_options(host=ssh.get("host", "127.0.0.1" if "port" in ssh else None), port=ssh.get("port"),
                        user=ssh.get("user", "root"), key=ssh.get("key"), known_hosts=ssh.get("known_hosts"),
                        trust_on_first_use=ssh.get("trust_on_first_use", False),
-                       timeout=boot_timeout(spec) if timeout is None else timeout)
+                       timeout=boot_timeout(spec) if timeout is None else timeout, wait="boot_timeout")
 
 
 def policy_for(variant: Variant) -> BindPolicy:

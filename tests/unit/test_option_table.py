@@ -504,6 +504,20 @@ def test_a_value_is_checked_at_every_edge_before_anything_runs(cli, tmp_path):
         assert refused.code == 2 and "-timeout must be" in refused.err, (args, refused.err)
 
 
+def test_the_services_check_their_waits_by_the_table_and_name_the_wait_that_applies():
+    """The SSH wait is verify's --ssh-timeout or attach's --boot-timeout: the service checks the
+    one that applies by its declared bounds and names it (no second check with its own words)."""
+    with pytest.raises(InputError, match=r"^--boot-timeout must be above 0 and at most 86400, not -1$"):
+        ssh_options(host="g", timeout=-1, wait="boot_timeout")
+    with pytest.raises(InputError, match=r"^--ssh-timeout must be a number, not nan$"):
+        ssh_options(host="g", timeout=float("nan"))
+    assert ssh_options(host="g", timeout=86400, wait="boot_timeout").timeout == 86400.0
+    with pytest.raises(InputError, match=r"^--probe-timeout must be a number, not inf$"):
+        verify_options(probe_timeout=float("inf"))
+    with pytest.raises(InputError, match=r"^--verify-timeout must be "):
+        verify_options(verify_timeout=0)
+
+
 def test_braces_in_a_value_are_not_taken_for_an_option():
     """The message keeps {option} marks until each interface spells them; a value holding such
     a mark stayed a mark and was spelled too ('{vcpus}' became '--vcpus')."""

@@ -128,10 +128,10 @@ def table_values(params: dict, name: str) -> dict:
     return {key: params[key] for key in SETS[name] if key in params}
 
 
-def guest_ssh(module, key_file, timeout: float):
+def guest_ssh(module, key_file, wait: str):
     """gpuvfio's SSH options for the guest from the task's SSH options (``key_file``: from
-    private_key_file)."""
-    return ssh_from_table(dict(table_values(module.params, "ssh"), ssh_key=key_file), timeout=timeout)
+    private_key_file; ``wait``: the option whose wait applies, ssh_timeout or boot_timeout)."""
+    return ssh_from_table(dict(table_values(module.params, "ssh"), ssh_key=key_file), wait=wait)
 
 
 def finish(module, result: dict, selected: list) -> None:

@@ -443,14 +443,14 @@ def running(module, ctx, uri, addresses) -> dict:
         # attach's own plan (gpuvfio.ops.attach_plan), as attach --dry-run prints it: a refusal
         # in it fails the task here as the run would, in the run's words. The key is not
         # written out for a plan (ssh_private_key stays in memory).
-        ssh = guest_ssh(module, params["ssh_key"], params["boot_timeout"])
+        ssh = guest_ssh(module, params["ssh_key"], "boot_timeout")
         plan = attach_plan.plan_attach(ctx, addresses, domain_request(params), ssh=ssh, uri=uri,
                                        policy=policy(params), verify=checks)
         result["plan"] = plan.to_json()
         plan.raise_if_refused()
         return result
     with private_key_file(module) as key_file:
-        ssh = guest_ssh(module, key_file, params["boot_timeout"])
+        ssh = guest_ssh(module, key_file, "boot_timeout")
         outcome = guests.attach(ctx, addresses, domain_request(params), uri=uri, ssh=ssh,
                                 policy=policy(params), verify=checks, keep_on_failure=params["keep_on_failure"])
     result["attach"] = outcome.to_json()

@@ -187,7 +187,7 @@ def main(context_factory=None) -> None:
             # "expect nothing", which would pass a guest without looking
             expect = (resolve_devices(module, ctx, changes=False, key="expect_devices", ids_key=None)
                       if params["expect_devices"] else None)
-            ssh = guest_ssh(module, key_file, params["ssh_timeout"])
+            ssh = guest_ssh(module, key_file, "ssh_timeout")
             report = guests.verify(ctx, ssh=ssh, domain=params["domain"], uri=params["connect"], expect=expect,
                                    options=guests.verify_options(**table_values(params, "verify")))
     except GpuvfioError as exc:
