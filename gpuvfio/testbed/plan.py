@@ -136,23 +136,31 @@ class TestbedPlan:
 
 
 def plan(ctx: Context, spec: Spec, *, uri: str | None = None, yes: bool = False) -> TestbedPlan:
-    """Each variant's plan (plan_variant); the domains' differences against the first one's."""
+    """Each variant's plan (plan_variant); the domains' differences against the first one's. The
+    variants' questions to libvirt share one listing of its domains (Context.one_listing); the run
+    plans each variant afresh when it comes to it."""
     selected: list[str] = []
     gpus = gpus_on(ctx, spec, yes=yes, tell=selected.append)
     out = TestbedPlan(spec.path, spec.repetitions, gpus, selected)
+    with ctx.one_listing():
+        for variant in spec.variants:
+            out.variants.append(plan_variant(ctx, spec, variant, gpus, uri=uri))
+    _compare_domains(out)
+    return out
+
+
+def _compare_domains(out: TestbedPlan) -> None:
+    """Each planned domain's differences against the first one's (VariantPlan.xml_diff)."""
     first = None
-    for variant in spec.variants:
-        planned = plan_variant(ctx, spec, variant, gpus, uri=uri)
+    for planned in out.variants:
         attach = planned.attach
         if attach is not None and attach.provisioned is not None:
             if first is None:
-                first = (attach.xml, variant.name)
+                first = (attach.xml, planned.target)
             else:
                 planned.xml_diff = "".join(difflib.unified_diff(
                     _comparable(first[0], domain_name(first[1])), _comparable(attach.xml, attach.target),
-                    first[1], variant.name))
-        out.variants.append(planned)
-    return out
+                    first[1], planned.target))
 
 
 def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddress], *,

@@ -20,7 +20,7 @@ from gpuvfio.ops import binding, domains, fabric, guests, vgpu
 from gpuvfio.ops.attach_plan import plan_attach
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.targets import ssh_options
-from gpuvfio.testbed.plan import gpus_on, request_for
+from gpuvfio.testbed.plan import gpus_on, plan as plan_a_testbed, request_for
 from gpuvfio.testbed.run import run_testbed
 from gpuvfio.testbed.spec import load_spec
 from tests.conftest import gpu_workstation
@@ -191,3 +191,22 @@ def test_an_attach_plan_lists_libvirts_domains_once(workstation, tmp_path):
         assert not plan.refused and counting.listings == 1
         plan_attach(ctx, SLOT, request, ssh=ssh, uri="test:///default", policy=BindPolicy(), verify=None)
         assert counting.listings == 2 and ctx.listing is None
+
+
+
+def test_a_testbed_plan_lists_libvirts_domains_once_for_all_its_variants(workstation, tmp_path):
+    """Issue 36 item 2: each variant's attach plan listed libvirt's domains anew (one listing per
+    variant); the testbed plan is one plan, its variants share one listing."""
+    built, kernel = workstation
+    disk = tmp_path / "g.qcow2"
+    disk.write_bytes(b"QFI\xfb")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[guest]\ndisk = "{disk}"\nvcpus = 2\nmemory = "2G"\nfirmware = "bios"\n[guest.ssh]\n'
+                    'port = 2222\n\n[run]\ngpus = ["01:00"]\n\n[[variant]]\nname = "pt"\nkind = "passthrough"\n'
+                    'hugepages = "none"\n\n[[variant]]\nname = "pt-again"\nkind = "passthrough"\n'
+                    'hugepages = "none"\nnuma = "none"\n')
+    counting = CountingConnection()
+    with sim_context(built.root, kernel, connect=lambda uri: counting) as ctx:
+        planned = plan_a_testbed(ctx, load_spec(str(spec)), uri="test:///default", yes=True)
+        assert [v.target for v in planned.variants] == ["pt", "pt-again"] and planned.refused == []
+        assert counting.listings == 1 and ctx.listing is None
