@@ -58,6 +58,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -74,7 +75,7 @@ from gpuvfio.ops.uris import check_uri
 from gpuvfio.ops.domains import domain_request, parse_hugepages, parse_numa
 from gpuvfio.ops.targets import valid_host
 from gpuvfio.ops.vgpu import POLICIES
-from gpuvfio.options import DOMAIN, RUN, SSH, USER, VERIFY, Option, OptionError
+from gpuvfio.options import DOMAIN, RUN, SSH, USER, VERIFY, Option, OptionError, checked
 from gpuvfio.selector import IdFilter, Selector
 from gpuvfio.sizes import parse_size_kib
 
@@ -219,9 +220,10 @@ class _SpecReader:
                           key)
         for option in declared:
             if option.spec_key in raw and option.name != "memory":  # memory: a size, parsed below
-                wrong = shape(option, raw[option.spec_key])
-                if wrong:
-                    self.fail(f"{label}{option.spec_key} must be {wrong}", table, 0, option.spec_key)
+                try:
+                    checked(in_a_spec(option), raw[option.spec_key])
+                except OptionError as exc:
+                    self.fail(exc.spelled(lambda _name, key=option.spec_key: label + key), table, 0, option.spec_key)
 
     def guest(self, guest) -> tuple[dict, dict]:
         """[guest] and [guest.ssh], checked as the run's domain request takes them."""
@@ -360,31 +362,10 @@ def boot_timeout(spec: Spec) -> float:
 VARIANT_KEYS = {o.name for o in DOMAIN.in_section("variant") + RUN.in_section("variant")}
 
 
-def shape(option: Option, value) -> str | None:
-    """What ``value`` must be for ``option`` when its type or range is wrong, else None: the
-    shapes TOML gives; what the value means the services check (domain_request at load)."""
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if option.kind == "bool":
-        return None if isinstance(value, bool) else "true or false"
-    if option.kind in ("int", "float"):
-        number = whole or (option.kind == "float" and isinstance(value, float))
-        low_ok = number and (value > option.above if option.above is not None else value >= option.minimum)
-        if number and low_ok and value <= option.maximum:
-            return None
-        low = f"above {option.above:g}" if option.above is not None else f"from {option.minimum:g}"
-        return f"{'an integer' if option.kind == 'int' else 'a number'} {low}, at most {option.maximum:g}"
-    if option.kind == "path":
-        ok = isinstance(value, str) and value.startswith("/") and "\0" not in value
-        return None if ok else "an absolute path"
-    if option.kind == "list":
-        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "a list of strings"
-    if not isinstance(value, str):
-        return "a string"
-    if option.choices:
-        return None if value in option.choices else f"one of {', '.join(option.choices)}"
-    if option.pattern is not None:
-        return None if re.fullmatch(option.pattern, value) else f"a string matching {option.pattern}"
-    return None if value else "a non-empty string"
+def in_a_spec(option: Option) -> Option:
+    """``option`` as a spec takes it: every path absolute (the spec is read where the run is, maybe
+    on another host, so a path cannot be taken relative to a working directory)."""
+    return dataclasses.replace(option, absolute=True) if option.kind == "path" else option
 
 
 def _remote_host(raw, fail) -> RemoteHost | None:

@@ -480,6 +480,20 @@ def test_a_bad_domain_option_is_named_as_the_command_and_the_spec_spell_it(tmp_p
     assert "--" not in str(caught.value)
 
 
+@pytest.mark.parametrize("line, words", [
+    ("vcpus = 5000", "vcpus must be from 1 to 4096, not 5000"),
+    ('rom_bar = "maybe"', "rom_bar must be on or off, not 'maybe'"),
+    ('disk = "relative.qcow2"', "disk must be an absolute path, not 'relative.qcow2'")])
+def test_a_spec_value_is_checked_by_the_table_in_the_commands_words(tmp_path, line, words):
+    """A spec's value is checked by gpuvfio.options.checked, as the command's is: the same words,
+    the spec's key for the flag (no second checker with words of its own)."""
+    path = tmp_path / "spec.toml"
+    path.write_text(BASE.replace("[guest]\n", f"[guest]\n{line}\n", 1))
+    with pytest.raises(InputError) as caught:
+        load_spec(str(path))
+    assert str(caught.value).endswith(words), str(caught.value)
+
+
 def test_a_value_out_of_the_tables_bounds_is_refused_by_the_table():
     """The request's bounds are the table's: a narrower table refuses what the wider one took."""
     with pytest.raises(InputError, match="--vcpus must be from 1 to 4096, not 4097"):
