@@ -534,9 +534,16 @@ class ReadOnlyTree(Tree):
         self._refuse("writing")
 
 
+def create_at(dir_fd: int, name: str, mode: int = 0o644) -> int:
+    """The write fd of a new regular file ``name`` in an open directory (O_EXCL: never an
+    existing file, nor through a link; FileExistsError when anything is there). The caller
+    writes and closes it."""
+    return os.open(name, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+
+
 def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool) -> None:
     """A new file ``name`` (O_EXCL: never an existing one, nor through a link) with ``payload``."""
-    fd = os.open(name, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+    fd = create_at(dir_fd, name, mode)
     try:
         view = memoryview(payload)
         while view:

@@ -13,7 +13,7 @@ import os
 import stat
 
 from gpuvfio.errors import GpuvfioError, HostReadError, UnsafePathError
-from gpuvfio.files import DIR_FLAGS, NEW_FILE_FLAGS, NotRegular, Tree, kind_name, open_dir_at
+from gpuvfio.files import NotRegular, Tree, create_at, kind_name, open_dir_at
 
 
 
@@ -52,13 +52,8 @@ class TreeFiller:
         del self._fds[keep + 1:], held[keep:]
         for part in parts[keep:]:
             _check_component(part)
-            try:
-                fd = os.open(part, DIR_FLAGS, dir_fd=self._fds[-1])
-            except FileNotFoundError:
-                fd = self._make(part)
-            except OSError:  # a link or a file there: open_dir_at says which, in words
-                fd = open_dir_at(self._fds[-1], part, self._where(held + [part])) or self._make(part)
-            self._fds.append(fd)
+            fd = open_dir_at(self._fds[-1], part, self._where(held + [part]))  # a link there: refused
+            self._fds.append(self._make(part) if fd is None else fd)
             held.append(part)
         return self._fds[-1]
 
@@ -69,10 +64,8 @@ class TreeFiller:
             pass  # a link planted there meanwhile: the open below refuses it
         except OSError as exc:
             raise GpuvfioError(f"cannot make {self._where(self._parts + [part])}: {exc.strerror or exc}") from None
-        try:
-            return os.open(part, DIR_FLAGS, dir_fd=self._fds[-1])
-        except OSError:  # what is there now, in words (a link planted meanwhile, or gone)
-            fd = open_dir_at(self._fds[-1], part, self._where(self._parts + [part]))
+        # What is there now: a link planted meanwhile is refused, in words.
+        fd = open_dir_at(self._fds[-1], part, self._where(self._parts + [part]))
         if fd is None:
             raise HostReadError(f"cannot open {self._where(self._parts + [part])}: removed while it was made")
         return fd
@@ -100,7 +93,7 @@ class TreeFiller:
         a directory, a FIFO or a device: NotRegular)."""
         dir_fd, name = self._parent(parts)
         try:  # O_EXCL: a new regular file, never anything that was there
-            fd = os.open(name, NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd)
+            fd = create_at(dir_fd, name)
         except FileExistsError:
             self._replace(dir_fd, name, parts, data)
             return
@@ -137,7 +130,7 @@ class TreeFiller:
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp, dir_fd=dir_fd)
-            self._write_all(dir_fd, temp, os.open(temp, NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd), data, parts)
+            self._write_all(dir_fd, temp, create_at(dir_fd, temp), data, parts)
             os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
             with contextlib.suppress(OSError):
