@@ -211,6 +211,73 @@ def test_secrets_stay_out_of_the_output(ansible_env, tmp_path):
     assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in proc.stdout
 
 
+# -- the role's argument validation (meta/argument_specs.yml) ------------------------------------
+
+# The entry points each playbook runs the role with, play by play.
+ENTRY_POINTS = {"host-prep.yml": ["host_prep"], "inventory.yml": ["facts", "report_inventory"],
+                "attach.yml": ["attach"], "verify.yml": ["verify", "report_verify"], "testbed.yml": ["testbed"]}
+VALIDATING = "Validating arguments against arg spec '{}'"
+
+
+def test_the_example_inventory_passes_the_roles_argument_validation(ansible_env):
+    """Every playbook with the example inventory (inventory/: its guests, groups and hosts), only
+    the tasks tagged always, which the validation ansible-core puts first in the role is (a tag
+    that no task has leaves the rest out; the hosts are not reached): each entry point is
+    validated on each of its hosts and passes."""
+    for name, entries in ENTRY_POINTS.items():
+        rc, data, err = _playbook(ansible_env, "-i", "inventory/hosts.yml", name, "--tags", "validation-only",
+                                  "-e", "ansible_connection=local")
+        assert rc == 0, _failures(data) or err[-2000:]
+        ran = [task["task"]["name"] for play in data["plays"] for task in play["tasks"]]
+        assert len(ran) == len(entries) and all(VALIDATING.format(e) in t for t, e in zip(ran, entries)), ran
+        for entry in entries:
+            results = _task_results(data, VALIDATING.format(entry))
+            hosts = {"localhost"} if entry.startswith("report_") else {
+                "dgx-01.example.net", "dgx-02.example.net", "epyc-01.example.net", "ws-01.example.net"}
+            assert set(results) == hosts, (entry, sorted(results))
+            assert all(r.get("msg") == "The arg spec validation passed" for r in results.values()), entry
+
+
+@pytest.mark.parametrize("setting, named", [
+    ("rom_bar: maybe", "value of rom_bar must be one of: on, off, got: maybe found in gpuvfio_guests"),
+    ("romm_bar: 'on'", "gpuvfio_guests.romm_bar. Supported parameters include: "),
+    ("vcpus: many", "argument 'vcpus' is of type str found in 'gpuvfio_guests'"),
+])
+def test_a_bad_guest_entry_fails_the_role_before_any_task(ansible_env, tmp_path, setting, named):
+    """ansible-core checks gpuvfio_guests against the role's spec before attach's first task: a value
+    outside the table's choices, an unknown key (a misspelling the tasks would never read) or a
+    value of the wrong type fails there, naming it, and nothing is bound or defined."""
+    play = tmp_path / "attach.yml"
+    play.write_text(f"""---
+- name: Attach a guest with a bad entry
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  vars:
+    gpuvfio_root: {tmp_path}/root
+    gpuvfio_state_dir: {tmp_path}/state
+    gpuvfio_python: {sys.executable}
+    gpuvfio_libvirt_uri: test:///default
+    gpuvfio_guests:
+      - name: g
+        gpus: ["0000:1b:00.0"]
+        {setting}
+  tasks:
+    - name: The role's attach tasks
+      ansible.builtin.import_role:
+        name: gpuvfio.gpuvfio.gpuvfio
+        tasks_from: attach
+""")
+    env = dict(ansible_env, ANSIBLE_COLLECTIONS_PATH=os.path.join(PLAYBOOKS, "collections"))
+    rc, data, err = _playbook(env, "-i", "localhost,", str(play))
+    assert rc != 0
+    ran = [task["task"]["name"] for p in data["plays"] for task in p["tasks"]]
+    assert len(ran) == 1 and VALIDATING.format("attach") in ran[0], ran
+    (result,) = _task_results(data, VALIDATING.format("attach")).values()
+    assert result.get("failed") and len(result["argument_errors"]) == 1, result.get("msg")
+    assert result["argument_errors"][0].startswith(named), result["argument_errors"]
+
+
 # -- the playbooks against 8 simulated hosts -----------------------------------------------------
 
 class _HostPrepRuns(threading.Thread):
@@ -333,6 +400,8 @@ def test_attach_playbook_in_check_mode_plans_and_changes_nothing(fleet):
     rc, data, err = _playbook(fleet["env"], "-i", fleet["inventory"], "attach.yml", "--check", "--diff")
     assert rc == 0, _failures(data) or err[-2000:]
     recap = _recap(data)
+    validated = _task_results(data, "Validating arguments against arg spec 'attach'")
+    assert sorted(validated) == sorted(fleet["hosts"]) and not _failures(data)  # the guests pass the spec
     binds = _task_results(data, "Bind each guest")
     defines = _task_results(data, "Define each guest")
     starts = _task_results(data, "Start each guest")
@@ -350,8 +419,8 @@ def test_attach_playbook_in_check_mode_plans_and_changes_nothing(fleet):
             (item,) = binds[host]["results"]
             assert item["changed"] is False and item["plan"]["result"] == "nothing_to_do"
             assert recap[host]["changed"] == 2
-        else:
-            assert recap[host]["changed"] == 0 and recap[host]["ok"] == 0  # no guests there
+        else:  # no guests there: the role's argument validation is all that runs
+            assert recap[host]["changed"] == 0 and recap[host]["ok"] == 1
         assert _tree_snapshot(info["root"]) == before[host], f"check mode wrote into {host}'s root"
         assert not os.path.exists(os.path.join(info["state_dir"], "journal.json"))
 

@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -186,8 +187,9 @@ def test_the_modules_documentation_is_the_tables(modules, name):
 
 
 def test_the_generated_files_are_committed():
-    """docs/testbed-spec.schema.json, the collection's plugins/module_utils/options.py and the modules'
-    DOCUMENTATION options are what python -m gpuvfio.cli.generate writes."""
+    """docs/testbed-spec.schema.json, the collection's plugins/module_utils/options.py, the modules'
+    DOCUMENTATION options, the role's attach blocks and meta/argument_specs.yml are what
+    python -m gpuvfio.cli.generate writes."""
     for path, text in generate.generated(REPO).items():
         with open(os.path.join(REPO, path), encoding="utf-8") as handle:
             assert handle.read() == text, f"{path} is stale: run python -m gpuvfio.cli.generate"
@@ -413,6 +415,133 @@ def test_the_roles_attach_tasks_pass_every_domain_and_device_option():
                     continue
                 assert f"guest.{option.name} |" in body.get(option.name, ""), option.name
                 assert all(f"guest.{alias} |" in body[option.name] for alias in option.aliases), option.name
+
+
+# --- the role's argument specs (meta/argument_specs.yml) -------------------------------------------
+
+def role_file(*parts: str) -> str:
+    return os.path.join(REPO, generate.ROLE, *parts)
+
+
+def role_specs() -> dict:
+    import yaml
+
+    with open(role_file("meta", "argument_specs.yml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)["argument_specs"]
+
+
+def role_defaults() -> dict:
+    import yaml
+
+    with open(role_file("defaults", "main.yml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def guest_keys_read() -> dict[str, set[str]]:
+    """Each tasks file's keys of a gpuvfio_guests entry (the loop's guest): guest.X and guest['X']."""
+    out = {}
+    tasks = role_file("tasks")
+    for name in sorted(os.listdir(tasks)):
+        with open(os.path.join(tasks, name), encoding="utf-8") as handle:
+            text = handle.read()
+        keys = set(re.findall(r"\bguest\.([a-z_][a-z0-9_]*)", text))
+        keys |= set(re.findall(r"\bguest\[[\"']([a-z_][a-z0-9_]*)[\"']\]", text))
+        if keys:
+            out[name] = keys
+    return out
+
+
+def test_the_role_spec_declares_every_key_the_tasks_read_from_a_guest_and_no_other():
+    """ansible-core refuses a gpuvfio_guests entry with a key the spec does not declare: a key the
+    tasks read but the spec misses would refuse good guests, one the spec declares but no task
+    reads would let a misspelt setting pass and do nothing."""
+    read = guest_keys_read()
+    assert set(read) == {"attach.yml", "verify.yml"}, read  # the files that loop over the guests
+    every = set().union(*read.values())
+    specs = role_specs()
+    for entry in ("attach", "verify"):
+        declared = specs[entry]["options"]["gpuvfio_guests"]["options"]
+        assert sorted(every - set(declared)) == [], f"{entry}: read, not declared"
+        assert sorted(set(declared) - every) == [], f"{entry}: declared, never read"
+    # The table's options as attach.yml's generated blocks pass them, and the table's spec of each.
+    guests = specs["attach"]["options"]["gpuvfio_guests"]
+    assert guests["type"] == "list" and guests["elements"] == "dict"
+    for option_set, module, set_by_tasks in generate.ROLE_BLOCKS.values():
+        for option in option_set.for_module(module):
+            if option.name in set_by_tasks:
+                continue
+            spec = {k: v for k, v in argument_spec(option).items() if k != "aliases"}
+            assert {k: v for k, v in guests["options"][option.name].items() if k != "description"} == spec
+            for alias in option.aliases:
+                assert guests["options"][alias]["type"] == spec["type"]
+    assert guests["options"]["name"]["required"] is True
+    assert guests["options"]["rom_bar"]["choices"] == list(DOMAIN["rom_bar"].choices)
+
+
+def test_the_role_spec_declares_every_role_variable_with_its_default():
+    """Each variable of defaults/main.yml is declared by the entry points that read it, with the
+    file's value as its (documented) default; the entry points are the ones the collection's
+    playbooks run the role with."""
+    import yaml
+
+    defaults = role_defaults()
+    specs = role_specs()
+    declared: dict[str, dict] = {}
+    for entry, spec in specs.items():
+        assert spec["short_description"]
+        for name, option in spec["options"].items():
+            assert name in defaults, f"{entry}: {name} is not in defaults/main.yml"
+            assert option["default"] == defaults[name], name
+            assert option["type"] and option["description"], name
+            declared.setdefault(name, option)
+    assert sorted(declared) == sorted(defaults)
+    run_with = set()
+    playbooks = os.path.join(REPO, generate.ROLE_PLAYBOOKS)
+    for name in os.listdir(playbooks):
+        with open(os.path.join(playbooks, name), encoding="utf-8") as handle:
+            for play in yaml.safe_load(handle):
+                for task in play.get("tasks", []):
+                    role = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role")
+                    if role:
+                        run_with.add(role.get("tasks_from", "main"))
+    assert run_with == set(specs)  # as written: ansible-core looks the entry point up by tasks_from
+    # An entry point declares at least the role variables its own tasks file names.
+    for entry, spec in specs.items():
+        with open(role_file("tasks", entry + ".yml"), encoding="utf-8") as handle:
+            named = set(re.findall(r"\bgpuvfio_[a-z0-9_]+\b", handle.read())) & set(defaults)
+        assert sorted(named - set(spec["options"])) == [], entry
+
+
+def test_the_role_spec_takes_the_defaults_and_the_sample_guests_and_refuses_bad_guests():
+    """What ansible-core's validate_argument_spec does with the spec (its ArgumentSpecValidator):
+    defaults/main.yml's values and the example inventory's guests pass, a guest with a value
+    outside its choices, of the wrong type or with an unknown key does not."""
+    pytest.importorskip("ansible")
+    import yaml
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    # A template (gpuvfio_live's) is Ansible's to render, in the variable and in the spec's default alike.
+    defaults = {k: v for k, v in role_defaults().items() if not (isinstance(v, str) and "{{" in v)}
+    for entry, spec in role_specs().items():
+        options = {k: v for k, v in spec["options"].items() if k in defaults}
+        values = {k: v for k, v in defaults.items() if k in options}
+        assert ArgumentSpecValidator(options).validate(values).error_messages == [], entry
+    guests_spec = {"gpuvfio_guests": role_specs()["attach"]["options"]["gpuvfio_guests"]}
+    host_vars = os.path.join(PLAYBOOKS, "inventory", "host_vars")
+    samples = []
+    for name in sorted(os.listdir(host_vars)):
+        with open(os.path.join(host_vars, name), encoding="utf-8") as handle:
+            samples += yaml.safe_load(handle).get("gpuvfio_guests", [])
+    assert len(samples) >= 3
+    assert ArgumentSpecValidator(guests_spec).validate({"gpuvfio_guests": samples}).error_messages == []
+    good = {"name": "g", "gpus": ["0000:1b:00.0"], "ssh_forward_port": 2222, "rom_bar": "off", "persist": True}
+    assert ArgumentSpecValidator(guests_spec).validate({"gpuvfio_guests": [good]}).error_messages == []
+    for bad, word in (({"rom_bar": "maybe"}, "rom_bar"), ({"romm_bar": "on"}, "romm_bar"),
+                      ({"vcpus": "many"}, "vcpus"), ({"persist": "perhaps"}, "persist")):
+        errors = ArgumentSpecValidator(guests_spec).validate({"gpuvfio_guests": [dict(good, **bad)]}).error_messages
+        assert len(errors) == 1 and word in errors[0], (bad, errors)
+    errors = ArgumentSpecValidator(guests_spec).validate({"gpuvfio_guests": [{"gpus": ["1b:00"]}]}).error_messages
+    assert errors and "name" in errors[0]
 
 
 # --- no option declared outside the table ---------------------------------------------------------
