@@ -22,6 +22,7 @@ from gpuvfio.domain.assignment import Assignment, Rom, assign
 from gpuvfio.domain.placement import CellPlacement, hugepage_choice, place_cell
 from gpuvfio.domain.request import DomainRequest
 from gpuvfio.errors import InputError, Refused, UnsafePathError
+from gpuvfio.options import OptionError, cli_flag, value_shown
 from gpuvfio.user_files import read_regular
 from gpuvfio.host import assignable
 from gpuvfio.host.firmware import find_ovmf, uefi_descriptors
@@ -173,7 +174,7 @@ def build_spec(host: HostRoot, inventory: Inventory, nodes: list[NumaNode], addr
 def _devices(host: HostRoot, inventory: Inventory, addresses: list[PciAddress], request: DomainRequest):
     """(devices: each slot's functions, passed through whole; every function; mdevs; VFs)."""
     if not addresses and (request.mdev or request.vgpu):
-        raise InputError("--mdev/--vgpu need the address of the GPU")
+        raise OptionError("{mdev}/{vgpu} need the address of the GPU")
     devices: list[list[PciFunction]] = []
     mdevs: list[tuple[str, str]] = []
     vfs: list[PciAddress] = []
@@ -258,8 +259,8 @@ def _uefi(host: HostRoot, request: DomainRequest, warnings: list[str]) -> tuple[
     if request.firmware != "efi":
         return None, None, False
     if request.loader is not None:
-        _host_file(host, request.loader, "--loader", warnings)
-        _host_file(host, request.nvram_template, "--nvram-template", warnings)
+        _host_file(host, request.loader, "loader", warnings)
+        _host_file(host, request.nvram_template, "nvram_template", warnings)
         return request.loader, request.nvram_template, False
     if uefi_descriptors(host):
         return None, None, True
@@ -276,8 +277,9 @@ ROM_SIGNATURE = b"\x55\xaa"  # a PCI expansion ROM image starts so (PCI Firmware
 ROM_MAX_BYTES = 16 << 20
 
 
-def _host_file(host: HostRoot, path: str, what: str, warnings: list[str]) -> str | None:
-    """``path`` (as the host names it) as a regular file under the host root, its links followed
+def _host_file(host: HostRoot, path: str, option: str, warnings: list[str]) -> str | None:
+    """``path`` (the value of the domain option named ``option``, as the host names the file) as
+    a regular file under the host root, its links followed
     as the host would (HostRoot.config_path: absolute targets under the root, never out of it;
     a FIFO or a device would hang a read); bad input otherwise. In the plan of a remote testbed
     run (made from the hypervisor's recording, which does not hold such files) a file the
@@ -285,19 +287,19 @@ def _host_file(host: HostRoot, path: str, what: str, warnings: list[str]) -> str
     try:
         candidate = host.config_path(*path.strip("/").split("/"))
     except UnsafePathError:
-        raise InputError(f"{what} {path} leads out of the host root") from None
+        raise OptionError(f"{{{option}}} {value_shown(path)} leads out of the host root") from None
     if host.files_checked_by_run and not host.exists(candidate):
-        warnings.append(f"{what} {path} not checked here: the hypervisor's recording does not hold it (the run "
+        warnings.append(f"{cli_flag(option)} {path} not checked here: the hypervisor's recording does not hold it (the run "
                         "there checks it)")
         return None
     if not host.is_file(candidate):
-        raise InputError(f"{what} {path}: no such file on this host")
+        raise OptionError(f"{{{option}}} {value_shown(path)}: no such file on this host")
     return candidate
 
 
 def _check_rom(host: HostRoot, path: str, warnings: list[str]) -> None:
     """--rom-file: a PCI option ROM image on this host (bad input otherwise)."""
-    real = _host_file(host, path, "--rom-file", warnings)
+    real = _host_file(host, path, "rom_file", warnings)
     if real is None:
         return
     try:
@@ -305,7 +307,8 @@ def _check_rom(host: HostRoot, path: str, warnings: list[str]) -> None:
     except InputError:
         data = None  # larger than any option ROM, or no longer a regular file
     if data is None or len(data) < 512 or not data.startswith(ROM_SIGNATURE):
-        raise InputError(f"--rom-file {path}: not a PCI option ROM (55 AA signature, 512 bytes to 16 MiB)")
+        raise OptionError(f"{{rom_file}} {value_shown(path)}: not a PCI option ROM (55 AA signature, 512 bytes to "
+                          "16 MiB)")
 
 
 def bridge_groups(spec: DomainSpec) -> tuple[list[list], list[int]]:
@@ -381,10 +384,10 @@ def _place(host: HostRoot, request: DomainRequest, cells: list[int], node_ids: d
     if not cells:
         return []
     if request.vcpus % len(cells):
-        raise InputError(f"--vcpus {request.vcpus} must be a multiple of the {len(cells)} NUMA cells "
+        raise OptionError(f"{{vcpus}} {request.vcpus} must be a multiple of the {len(cells)} NUMA cells "
                          f"(devices on nodes {cells})")
     if request.memory_kib % len(cells):
-        raise InputError("memory must divide evenly between the NUMA cells")
+        raise OptionError("{memory} must divide evenly between the NUMA cells")
     per_cell, mem = request.vcpus // len(cells), request.memory_kib // len(cells)
     placements = []
     for i, node in enumerate(cells):

@@ -408,7 +408,12 @@ def test_a_bad_domain_option_is_named_as_the_module_spells_it(run_module, built_
                         "rom_bar off hides the ROM that rom_file gives: one of them"),
                        ({"loader": "/usr/share/OVMF/OVMF_CODE.fd", "nvram_template": "/usr/share/OVMF/VARS.fd"},
                         "loader and nvram_template are UEFI firmware: they need firmware efi"),
-                       ({"vcpus": 0}, "vcpus must be from 1 to 4096, not 0")):
+                       ({"vcpus": 0}, "vcpus must be from 1 to 4096, not 0"),
+                       ({"rom_file": "/var/lib/gpuvfio/none.rom"},
+                        "rom_file '/var/lib/gpuvfio/none.rom': no such file on this host"),
+                       ({"firmware": "efi", "loader": "/usr/share/OVMF/none.fd",
+                         "nvram_template": "/usr/share/OVMF/VARS.fd"},
+                        "loader '/usr/share/OVMF/none.fd': no such file on this host")):
         failed, result = run_module("domain", dict(args, **bad), check=True, context=built_host.context)
         assert failed and result["exit_code"] == 2, (bad, result)
         assert result["msg"] == words and "--" not in result["msg"], result["msg"]
