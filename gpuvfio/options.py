@@ -298,7 +298,8 @@ RUN = OptionSet(
     Option("lock_timeout", "float", "Wait this long for another gpuvfio run to finish.", 30.0, above=0,
            maximum=SECONDS, metavar="SECONDS", cli=LOCKING, ansible=DEVICE),
     Option("stop_timeout", "float", "Seconds for the guest's ACPI shutdown before it is destroyed (0: destroyed "
-           "at once).", 60.0, minimum=0, maximum=SECONDS, metavar="SECONDS", cli=("detach",), ansible=DOM, old_flags=("--timeout",)),
+           "at once).", 60.0, minimum=0, maximum=SECONDS, metavar="SECONDS", cli=("detach",), ansible=DOM,
+           spec=RUN_SPEC, old_flags=("--timeout",)),
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)

@@ -406,7 +406,7 @@ class DetachPlan(Plan):
                 "restore": self.restore.to_json() if self.restore is not None else None}
 
 
-def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
+def plan_detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = RUN["stop_timeout"].default,
                 restore: bool = True) -> DetachPlan:
     """What ``detach`` will do: stop, undefine, deactivate the Fabric Manager partitions gpuvfio
     activated for the domain's devices, and give back what gpuvfio holds in their groups (by
@@ -457,7 +457,7 @@ class DetachResult:
                 "steps": [s.to_json() for s in self.steps]}
 
 
-def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = 60.0,
+def detach(ctx: Context, name: str, *, uri: str | None = None, timeout: float = RUN["stop_timeout"].default,
            restore: bool = True) -> DetachResult:
     """Stop the guest, undefine it, give its devices back: the steps of its plan, in order. A
     domain gpuvfio did not define is not touched. Planned and carried out under the run lock, as

@@ -204,7 +204,8 @@ def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
                                   "measured by its verify", name=request.name)
     if todo > 1:
         planned.step(StepKind.MEASURE, f"{todo - 1} more repetition(s): verify {request.name}", name=request.name)
-    planned.step(StepKind.TEARDOWN, f"detach {request.name} (devices given back)"
+    stop = f"ACPI shutdown, destroyed after {spec.stop_timeout:g}s" if spec.stop_timeout > 0 else "destroyed"
+    planned.step(StepKind.TEARDOWN, f"detach {request.name} ({stop}; devices given back)"
                  + (", remove the vGPU" if variant.kind == "vgpu" else "")
                  + (", put the scheduler back" if variant.scheduler else ""), name=request.name)
     return planned

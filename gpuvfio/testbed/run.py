@@ -257,7 +257,7 @@ class VariantRun:
 
     def detach_leftover(self) -> None:
         self.ctx.progress(f"{self.variant.name}: detaching {self.request.name} left from an interrupted run")
-        guests.detach(self.ctx, self.request.name, uri=self.uri, timeout=10)
+        guests.detach(self.ctx, self.request.name, uri=self.uri, timeout=self.spec.stop_timeout)
 
     def set_scheduler(self) -> None:
         # Before the vGPU exists: NVML changes the policy only while no vGPU VM runs.
@@ -303,17 +303,20 @@ class VariantRun:
             write_rep(self.out, self.variant, rep, report, self.extra, self.measured)
 
     def teardown(self) -> None:
-        _teardown(self.ctx, self.variant, self.request.name, self.uri, self.instance, self.scheduled)
+        _teardown(self.ctx, self.variant, self.request.name, self.uri, self.instance, self.scheduled,
+                  self.spec.stop_timeout)
 
 
-def _teardown(ctx: Context, variant: Variant, name: str, uri: str | None, instance: str | None, scheduled) -> None:
-    """Guest, then vGPU, then scheduler policy (NVML changes it only with no vGPU VM running);
-    every step is tried even when one before it failed."""
+def _teardown(ctx: Context, variant: Variant, name: str, uri: str | None, instance: str | None, scheduled,
+              stop_timeout: float) -> None:
+    """Guest (its ACPI shutdown given ``stop_timeout`` seconds), then vGPU, then scheduler policy
+    (NVML changes it only with no vGPU VM running); every step is tried even when one before it
+    failed."""
     failures = []
     try:
         if guests.exists(ctx, name, uri=uri):
             ctx.progress(f"{variant.name}: detach")
-            guests.detach(ctx, name, uri=uri, timeout=10)
+            guests.detach(ctx, name, uri=uri, timeout=stop_timeout)
     except GpuvfioError as exc:
         failures.append(f"detach {name}: {exc}")
     if instance is not None:

@@ -110,6 +110,7 @@ class Spec:
     gpu_ids: list[str] = field(default_factory=list)  # lspci -d filters
     host: RemoteHost | None = None
     verify: dict = field(default_factory=dict)  # [run] size_mib, copies, samples, link_efficiency, min_gbps
+    stop_timeout: float = RUN["stop_timeout"].default  # [run]: each guest's ACPI shutdown, then destroyed
 
 
 @dataclass
@@ -171,7 +172,8 @@ def load_spec(path: str) -> Spec:
     verify = {o.name: run[o.name] for o in VERIFY.in_section("run") if o.name in run}
     return Spec(path=path, guest=guest, ssh=ssh, repetitions=run.get("repetitions", RUN["repetitions"].default),
                 gpus=gpus, connect=run.get("connect"), variants=variants,
-                host=_remote_host(data.get("host"), reader.fail), verify=verify, gpu_ids=gpu_ids)
+                host=_remote_host(data.get("host"), reader.fail), verify=verify, gpu_ids=gpu_ids,
+                stop_timeout=float(run.get("stop_timeout", RUN["stop_timeout"].default)))
 
 
 def _spec_text(path: str) -> str:

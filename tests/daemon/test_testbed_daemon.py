@@ -27,6 +27,7 @@ def spec_file(tmp_path, image, port, known):
 [run]
 repetitions = 2
 size_mib = 64
+stop_timeout = 10  # the tiny guest's ACPI shutdown gets 10 s, then it is destroyed
 
 [[variant]]
 name = "tiny-4k"

@@ -150,6 +150,7 @@ def run_spec(tmp_path, image, port, known, server, uri) -> str:
 [run]
 repetitions = 2
 connect = "{uri}"
+stop_timeout = 10  # the tiny guest's ACPI shutdown gets 10 s, then it is destroyed
 
 [[variant]]
 name = "tiny-4k"

@@ -121,6 +121,39 @@ def test_a_resumed_testbed_detaches_a_running_leftover_then_attaches(workstation
     assert [s["kind"] for s in record["taken"]] == ["detach leftover", "teardown"]
 
 
+@pytest.mark.parametrize("line, said", [("", "ACPI shutdown, destroyed after 60s"),
+                                         ("stop_timeout = 0\n", "destroyed; devices given back"),
+                                         ("stop_timeout = 2.5\n", "ACPI shutdown, destroyed after 2.5s")])
+def test_a_testbed_stops_its_guests_as_its_spec_says(workstation, tmp_path, monkeypatch, line, said):
+    """The teardown waited 10 s for the guest's ACPI shutdown whatever the spec: [run] stop_timeout
+    (the table's, detach's --stop-timeout) is the wait the plan shows and the run hands detach."""
+    built, kernel = workstation
+    disk = tmp_path / "g.qcow2"
+    disk.write_bytes(b"QFI\xfb")
+    path = _spec(tmp_path, "stops", str(disk), free_port())
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().replace("[run]\n", "[run]\n" + line, 1)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    spec = load_spec(path)
+    waits: list[float] = []
+    real_detach = guests.detach
+    monkeypatch.setattr(guests, "detach", lambda *a, **k: (waits.append(k["timeout"]), real_detach(*a, **k))[1])
+    with sim_context(built.root, kernel) as ctx:
+        planned = plan_a_testbed(ctx, spec, uri="test:///default", yes=True)
+        assert said in planned.variants[0].steps[-1].detail
+        # A guest left running by an interrupted run: detached first, with the spec's wait.
+        request = request_for(ctx, spec, spec.variants[0], gpus_on(ctx, spec, yes=True))
+        binding.bind(ctx, SLOT, BindPolicy(), uri="test:///default")
+        domains.run_define(ctx, domains.plan_define(
+            ctx, domains.provision_xml(ctx, SLOT, request, uri="test:///default").xml, uri="test:///default"))
+        ctx.libvirt("test:///default").lookupByName(request.name).create()
+        with pytest.raises(GpuvfioError, match="did not answer SSH"):  # no guest OS here
+            run_testbed(ctx, spec, str(tmp_path / "out"), uri="test:///default")
+    assert waits == [spec.stop_timeout] and spec.stop_timeout == float(said.split("after ")[-1].rstrip("s")
+                                                                       if "after" in said else 0)
+
+
 def test_a_testbed_with_every_repetition_done_takes_no_lock(workstation, tmp_path):
     built, kernel = workstation
     out = tmp_path / "out"
