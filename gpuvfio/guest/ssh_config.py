@@ -52,7 +52,7 @@ def parse_jump(spec: str, where: str = "ProxyJump") -> tuple[str | None, str, in
     elif rest.count(":") == 1:
         host, _, port = rest.partition(":")
     if not host or "/" in rest or (user and not _USER.fullmatch(user)):
-        raise InputError(f"{where} {spec!r} is not [user@]host[:port]")
+        raise InputError(f"{where} {shown(spec)} is not [user@]host[:port]")
     return user or None, host, _port(port, where)
 
 
@@ -61,7 +61,7 @@ def check_config_file(path: str | None) -> str | None:
     if path is None:
         return None
     if not isinstance(path, str) or not path or "\0" in path or not for_another_program(path):
-        raise InputError(f"SSH config file not found: {path!r}")
+        raise InputError(f"SSH config file not found: {shown(path)}")
     return path
 
 

@@ -25,6 +25,7 @@ from gpuvfio.host.state import KNOWN_HOSTS, make_state_dir
 from gpuvfio.commands import CommandNotStarted
 from gpuvfio.domain.cloud_init import (META_DATA, USER_DATA, VOLUME_ID, HostKey, SeedDocuments, fingerprint,
                                        generate_host_key, seed_documents)
+from gpuvfio.numbers import shown
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.files import Tree, scratch_dir
 from gpuvfio.user_files import check_output_path, read_regular, user_file
@@ -94,7 +95,7 @@ def plan_seed(ctx: Context, name: str, path: str, *, ssh: SshOptions, forward_po
     pinned for the address verify will reach (``ssh.host``, else the user-networking forward
     ``forward_port``). Reads only; bad input raises, a missing xorriso is a refusal."""
     if not path or not os.path.isabs(path):
-        raise InputError(f"--cloud-init needs an absolute path (libvirt opens it as given), not {path!r}")
+        raise InputError(f"--cloud-init needs an absolute path (libvirt opens it as given), not {shown(path)}")
     check_output_path(path)
     if ssh.key is None:
         raise InputError("--cloud-init needs --ssh-key FILE: the guest user takes its public half")

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from gpuvfio.commands import Runner
+from gpuvfio.numbers import shown
 from gpuvfio.errors import InputError
 from gpuvfio.user_files import for_another_program
 from gpuvfio.guest.ssh import SshTarget
@@ -55,14 +56,14 @@ def ssh_options(*, host: str | None = None, port: int | None = None, user: str |
     """Validated SSH options (bad input: InputError, exit 2); ``timeout`` is the wait named
     ``wait`` (gpuvfio.options.SSH: verify's ssh_timeout, attach's boot_timeout), checked as declared."""
     if host is not None and not valid_host(host):
-        raise InputError(f"not a host name or IP address: {host!r}")
+        raise InputError(f"not a host name or IP address: {shown(host)}")
     if port is not None:
         checked(SSH["ssh_port"], port)
     if user is not None:
         checked(SSH["ssh_user"], user)
     for what, path in (("SSH key", key), ("known_hosts", known_hosts)):
         if path is not None and (not isinstance(path, str) or not path or "\0" in path):
-            raise InputError(f"{what} must be a file path, not {path!r}")
+            raise InputError(f"{what} must be a file path, not {shown(path)}")
     if key is not None and not for_another_program(key):
         raise InputError(f"SSH key file not found: {key}")
     if known_hosts is not None and not trust_on_first_use and not for_another_program(known_hosts):
@@ -120,9 +121,9 @@ def configured(target: SshTarget, ssh_config: str | None, *, given: set[str], ru
 def _check_from_config(hostname: str, user: str | None) -> None:
     """What the SSH config (or a ProxyJump value) says, checked as the user's own options are."""
     if not valid_host(hostname):
-        raise InputError(f"not a host name or IP address: {hostname!r} (from the SSH config)")
+        raise InputError(f"not a host name or IP address: {shown(hostname)} (from the SSH config)")
     if user is not None and not _USER.fullmatch(user):
-        raise InputError(f"not a user name: {user!r} (from the SSH config)")
+        raise InputError(f"not a user name: {shown(user)} (from the SSH config)")
 
 
 def _jump_target(spec: str, target: SshTarget, ssh_config: str | None, run: Runner) -> SshTarget:
@@ -130,7 +131,7 @@ def _jump_target(spec: str, target: SshTarget, ssh_config: str | None, run: Runn
     target's host-key policy."""
     user, host, port = parse_jump(spec)
     if not valid_host(host):
-        raise InputError(f"ProxyJump host {host!r} is not a host name or address")
+        raise InputError(f"ProxyJump host {shown(host)} is not a host name or address")
     config = resolve(host, ssh_config, run=run)
     _check_from_config(config.hostname, user or config.user)
     if config.proxy_jump:

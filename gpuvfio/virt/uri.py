@@ -73,6 +73,11 @@ _AUTHORITY = re.compile(r"(?:(?P<user>[A-Za-z0-9_.][A-Za-z0-9_.-]*)@)?"
                         r"(?P<host>[A-Za-z0-9_][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\])?"
                         r"(?::(?P<port>[0-9]{1,5}))?")
 _warned: set[str] = set()
+# A URI is input from the user, the environment or a spec: one longer than any libvirt takes (a
+# host name, a path of at most PATH_MAX, a few parameters) is refused without being echoed, and a
+# refused one is echoed cut, escaped to ASCII.
+URI_LIMIT = 8192
+URI_SHOWN = 120
 TEST_CONFIG_LIMIT = 4 << 20  # a test driver's node file: domains, networks, pools (libvirt's examples: a few KiB)
 # The test driver's root element, after an optional XML declaration, comments and blanks.
 _TEST_NODE = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*(?:<\?xml[^>]{0,200}\?>\s*)?(?:<!--.{0,4096}?-->\s*)*<node[\s>/]",
@@ -81,6 +86,12 @@ _TEST_NODE = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*(?:<\?xml[^>]{0,200}\?>\s*)?(?:
 
 class _Unsafe(Exception):
     """A policy refusal, which GPUVFIO_ALLOW_UNSAFE_URI=1 lifts (bad input is not one)."""
+
+
+def named(text: str) -> str:
+    """``text`` (a URI or a part of one) for a message: ascii() of it, cut to URI_SHOWN characters."""
+    shown = ascii(text)
+    return shown if len(shown) <= URI_SHOWN else shown[:URI_SHOWN - 4] + "...'"
 
 
 def _stderr(line: str) -> None:
@@ -97,20 +108,22 @@ def check_uri(uri: str | None, *, source: str = "libvirt URI", keywords: Iterabl
         return uri
     if not isinstance(uri, str) or uri == "":
         raise InputError(f"{source}: a libvirt URI cannot be empty")
+    if len(uri) > URI_LIMIT:
+        raise InputError(f"{source}: {len(uri)} characters long; a libvirt URI is at most {URI_LIMIT}")
     for position, char in enumerate(uri):
         if char.isspace() or not " " < char < "\x7f":
             kind = "whitespace" if char.isspace() else \
                 "a control character" if unicodedata.category(char) == "Cc" else "a non-ASCII character"
-            raise InputError(f"{source} {ascii(uri)}: {kind} at position {position}; not a libvirt URI")
+            raise InputError(f"{source} {named(uri)}: {kind} at position {position}; not a libvirt URI")
     _check_test_file(uri, source)
     try:
         _policy(uri)
     except _Unsafe as exc:
         if not (settings if settings is not None else Settings.from_environment()).allow_unsafe_uri:
-            raise InputError(f"{source} {ascii(uri)}: {exc}; refused ({UNSAFE_ENV}=1 lets it through)") from None
+            raise InputError(f"{source} {named(uri)}: {exc}; refused ({UNSAFE_ENV}=1 lets it through)") from None
         if uri not in _warned:
             _warned.add(uri)
-            (warn or _stderr)(f"warning: {UNSAFE_ENV}=1: {source} {ascii(uri)} goes to libvirt although {exc}")
+            (warn or _stderr)(f"warning: {UNSAFE_ENV}=1: {source} {named(uri)} goes to libvirt although {exc}")
     return uri
 
 
@@ -125,7 +138,7 @@ def _check_test_file(uri: str, source: str) -> None:
         return
     authority, _slash, path = rest.partition("?")[0].partition("#")[0].partition("/")
     if authority:
-        raise InputError(f"{source} {ascii(uri)}: the test driver runs in this process: no host in its URI")
+        raise InputError(f"{source} {named(uri)}: the test driver runs in this process: no host in its URI")
     if path == "default":
         return
     where = "/" + path
@@ -134,17 +147,17 @@ def _check_test_file(uri: str, source: str) -> None:
     # no link on the way).
     if "%" in where or any(part in ("", ".", "..") for part in where.split("/")[1:]) \
             or os.path.realpath(where) != where:
-        raise InputError(f"{source}: test driver configuration {ascii(where)} must be a canonical path (no %, "
+        raise InputError(f"{source}: test driver configuration {named(where)} must be a canonical path (no %, "
                          "no . or .., no link on the way)")
     try:
         data = read_regular(where, TEST_CONFIG_LIMIT)
     except InputError as exc:
-        raise InputError(f"{source}: test driver configuration {ascii(where)} cannot be used: "
+        raise InputError(f"{source}: test driver configuration {named(where)} cannot be used: "
                          f"{_without_content(str(exc), where)}") from None
     if data is None:
-        raise InputError(f"{source}: test driver configuration {ascii(where)} does not exist")
+        raise InputError(f"{source}: test driver configuration {named(where)} does not exist")
     if not _TEST_NODE.match(data):
-        raise InputError(f"{source}: {ascii(where)} is not a libvirt test driver configuration (its first "
+        raise InputError(f"{source}: {named(where)} is not a libvirt test driver configuration (its first "
                          "element is not <node>)")
 
 
@@ -166,14 +179,14 @@ def _policy(uri: str) -> None:
                       "alias is not followed)")
     driver, plus, transport = scheme.lower().partition("+")
     if driver not in DRIVERS:
-        raise _Unsafe(f"driver {driver!r} is not one gpuvfio uses ({', '.join(DRIVERS)})")
+        raise _Unsafe(f"driver {named(driver)} is not one gpuvfio uses ({', '.join(DRIVERS)})")
     if plus and transport == "ext":
         raise _Unsafe("transport 'ext' makes libvirt run the program named by command=")
     if plus and transport in SSH_TRANSPORTS:
-        raise _Unsafe(f"transport {transport!r}: libvirt runs its own SSH client, and gpuvfio has no policy for "
+        raise _Unsafe(f"transport {named(transport)}: libvirt runs its own SSH client, and gpuvfio has no policy for "
                       "it (run gpuvfio on the hypervisor, or a testbed with a [host] table)")
     if plus and transport not in TRANSPORTS:
-        raise _Unsafe(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)} (or none)")
+        raise _Unsafe(f"transport {named(transport)} is not one of {', '.join(TRANSPORTS)} (or none)")
     if "#" in rest:
         raise _Unsafe("a #fragment means nothing to libvirt")
     head, _q, query = rest.partition("?")
@@ -182,7 +195,7 @@ def _policy(uri: str) -> None:
         raise _Unsafe("no path after the host (qemu:///system, test:///default)")
     parts = _AUTHORITY.fullmatch(authority)
     if parts is None:
-        raise _Unsafe(f"{authority!r} is not [user@]host[:port]")
+        raise _Unsafe(f"{named(authority)} is not [user@]host[:port]")
     local = transport == "unix" or not plus and not parts["host"]
     for segment in re.split(r"[&;]", query) if query else ():
         _check_param(segment, local)
@@ -195,15 +208,15 @@ def _check_param(segment: str, local: bool) -> None:
     name = unquote(raw_name).lower()
     value = unquote(raw_value) if eq else ""
     if name in REFUSED_PARAMS:
-        raise _Unsafe(f"parameter {name!r} {REFUSED_PARAMS[name]}")
+        raise _Unsafe(f"parameter {named(name)} {REFUSED_PARAMS[name]}")
     if name not in ALLOWED_PARAMS:
-        raise _Unsafe(f"parameter {name!r} is not one gpuvfio passes on ({', '.join(ALLOWED_PARAMS)})")
+        raise _Unsafe(f"parameter {named(name)} is not one gpuvfio passes on ({', '.join(ALLOWED_PARAMS)})")
     if name == "socket" and not local:
         raise _Unsafe("parameter 'socket' is for a local or unix connection (over SSH it goes on the remote "
                       "netcat's command line)")
     if name == "socket" and not value.startswith("/"):
-        raise _Unsafe(f"parameter 'socket' must be an absolute path, not {value!r}")
+        raise _Unsafe(f"parameter 'socket' must be an absolute path, not {named(value)}")
     if name == "mode" and value not in MODES:
-        raise _Unsafe(f"parameter 'mode' is one of {', '.join(MODES)}, not {value!r}")
+        raise _Unsafe(f"parameter 'mode' is one of {', '.join(MODES)}, not {named(value)}")
     if any(not " " < char < "\x7f" for char in value):
-        raise _Unsafe(f"parameter {name!r} decodes to a control, space or non-ASCII character")
+        raise _Unsafe(f"parameter {named(name)} decodes to a control, space or non-ASCII character")

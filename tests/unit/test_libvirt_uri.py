@@ -13,7 +13,7 @@ import pytest
 from gpuvfio.errors import InputError
 from gpuvfio.testbed.spec import load_spec
 from gpuvfio.virt.connection import SYSTEM_URI, URI_ENV, default_uri, open_connection
-from gpuvfio.virt.uri import UNSAFE_ENV, check_uri, names_a_test_file
+from gpuvfio.virt.uri import UNSAFE_ENV, URI_LIMIT, URI_SHOWN, check_uri, named, names_a_test_file
 from tests.conftest import gpu_workstation
 from tests.make_samples import sample_path
 from tests.unit.test_fleet import modules, run_module  # noqa: F401  (the Ansible module fixtures)
@@ -379,3 +379,33 @@ def test_the_opt_out_warns_on_stderr_in_one_line_and_keeps_the_default_test_driv
     assert check_uri(uri) == uri  # a fragment, let through: still no file
     assert capsys.readouterr().err == (f"warning: {UNSAFE_ENV}=1: libvirt URI '{uri}' goes to libvirt "
                                        "although a #fragment means nothing to libvirt\n")
+
+
+@pytest.mark.parametrize("uri, part", [
+    ("qemu+" + "x" * 100_000 + ":///system", "driver"),  # past the limit: not echoed at all
+    ("x" * 200 + "://h/system", "driver"), ("qemu+" + "t" * 300 + ":///system", "transport"),
+    ("qemu://" + "@" * 300 + "/system", "[user@]host"), ("qemu:///system?" + "n" * 300 + "=1", "parameter"),
+    ("qemu:///system?socket=" + "s" * 300, "socket"), ("qemu:///system?mode=" + "\u202e" * 300, "mode"),
+    ("test:///" + "d/" * 300 + "node.xml", "test driver")])
+def test_a_refused_uri_is_echoed_cut_and_in_ascii(uri, part):
+    """A URI is hostile input (a flag, LIBVIRT_DEFAULT_URI, a spec): its refusal is one short
+    line, whatever its length, the URI and each part of it cut and escaped (ascii)."""
+    with pytest.raises(InputError) as refused:
+        check_uri(uri, source="--connect")
+    message = str(refused.value)
+    assert len(message) < 2 * URI_SHOWN + 300 and message.isascii() and "\n" not in message, len(message)
+    assert part in message or "characters long" in message
+
+
+def test_a_uri_is_named_whole_up_to_its_bound_and_cut_past_it():
+    fits = "q" * (URI_SHOWN - 2)  # ascii() adds the quotes
+    assert named(fits) == f"'{fits}'" and len(named(fits)) == URI_SHOWN
+    cut = named(fits + "q")
+    assert len(cut) == URI_SHOWN and cut.endswith("q...'") and cut.startswith("'qq")
+    assert named("\u202e") == "'\\u202e'"  # a right-to-left override escaped, never printed
+    long = "test:///" + "a" * (URI_LIMIT - 8)
+    with pytest.raises(InputError, match=f"^--connect: {URI_LIMIT + 1} characters long; a libvirt URI is at most"):
+        check_uri(long + "a", source="--connect")
+    with pytest.raises(InputError, match="test driver configuration .* cannot be used"):  # at the limit: checked
+        check_uri(long, source="--connect")
+

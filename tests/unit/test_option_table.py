@@ -662,6 +662,15 @@ def test_the_services_check_their_waits_by_the_table_and_name_the_wait_that_appl
         verify_options(verify_timeout=0)
 
 
+@pytest.mark.parametrize("given", [{"host": "h" * 100_000}, {"host": "g\nfake: line"},
+                                   {"key": ""}, {"known_hosts": 7 ** 5000}])
+def test_a_refused_ssh_value_is_echoed_cut(given):
+    """An SSH host or file from a task or a spec is hostile input: refused in one short line."""
+    with pytest.raises(InputError) as refused:
+        ssh_options(**given)
+    assert len(str(refused.value)) < 120 and "\n" not in str(refused.value), str(refused.value)
+
+
 def test_braces_in_a_value_are_not_taken_for_an_option():
     """The message keeps {option} marks until each interface spells them; a value holding such
     a mark stayed a mark and was spelled too ('{vcpus}' became '--vcpus')."""
