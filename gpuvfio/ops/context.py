@@ -3,12 +3,15 @@ environment once, gpuvfio.settings), the state dir, the kernel side of sysfs wri
 modprobe/systemctl, local commands, libvirt connections, SSH sessions, NVML, the Fabric
 Manager, the run lock, the clock and a progress sink.
 
-The CLI, the Ansible modules and the testbed build one with ``live_context`` (the real kernel,
-the real libvirt); the tests build one around a simulated kernel and libvirt's test driver, and
-give their doubles (a fake clock, a pause after a bind step) to it. A Context only reads unless
-the command that builds it changes the host. tests/unit/test_structure.py holds the rules: no
-environment read, clock, lock or process start outside their owners, no writable Context
-beyond the commands listed there.
+The CLI, the Ansible modules and the testbed build one with ``live_context`` or, for a host
+that may be a recording, ``open_context`` (the real kernel, the real libvirt); the tests build
+one around a simulated kernel and libvirt's test driver, and give their doubles (a fake clock, a
+pause after a bind step) to it. Every service takes the Context, never a bare host. A Context
+only reads unless the command that builds it changes the host. Its boundaries with the world
+beyond the host's files (libvirt, sysfs writes, SSH, NVML, the Fabric Manager, the journal) are
+loaded when first used. tests/unit/test_structure.py holds the rules: no environment read,
+clock, lock or process start outside their owners, no service taking a HostRoot, no writable
+Context beyond the commands listed there.
 """
 
 from __future__ import annotations
