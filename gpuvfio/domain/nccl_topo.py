@@ -18,6 +18,7 @@ shows onto the plan (``map_guest``) and writes the file from those.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from xml.etree import ElementTree as ET
@@ -200,15 +201,31 @@ def _switch_link(device: GuestDevice, functions: Mapping[PciAddress, PciFunction
 def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]], cell_of_port: dict[int, int], *,
                   cpu_vendor: str | None, switch_links: dict[str, tuple[str, str]] | None = None,
                   host_functions: Mapping[PciAddress, PciFunction] | None = None) -> str:
-    """The XML (NCCL's <system version="1"> format). ``cells``: (guest cell id, its vCPUs);
-    ``cell_of_port``: guest port index -> cell; ``host_functions``: the host's functions by
-    address, for the link attributes NCCL's reader computes on the host (``link_attributes``) of
-    each device and of the host switch's upstream port each emulated switch stands for;
-    ``switch_links``: guest switch bus id -> link attributes given outright (they win)."""
+    """The file (NCCL's <system version="1"> format) of ``topology_tree``, written as NCCL's reader
+    takes it (``render``)."""
+    return render(topology_tree(devices, cells, cell_of_port, cpu_vendor=cpu_vendor, switch_links=switch_links,
+                                host_functions=host_functions))
+
+
+def topology_tree(devices: list[GuestDevice], cells: list[tuple[int, list[int]]], cell_of_port: dict[int, int], *,
+                  cpu_vendor: str | None, switch_links: dict[str, tuple[str, str]] | None = None,
+                  host_functions: Mapping[PciAddress, PciFunction] | None = None) -> ET.Element:
+    """The tree the file means: <system>, a <cpu> per cell, under it the switches and devices.
+    ``cells``: (guest cell id, its vCPUs); ``cell_of_port``: guest port index -> cell;
+    ``host_functions``: the host's functions by address, for the link attributes NCCL's reader
+    computes on the host (``link_attributes``) of each device and of the host switch's upstream
+    port each emulated switch stands for; ``switch_links``: guest switch bus id -> link
+    attributes given outright (they win)."""
     system = ET.Element("system", version="1")
     cpu_nodes = {}
     for cell, vcpus in cells:
         attrs = {"numaid": str(cell), "affinity": _mask(vcpus), "arch": "x86_64"}
+        if len(attrs["affinity"]) > MAX_VALUE:
+            # A cell with vCPU 896 or above has a cpumap of 29 words or more (260 bytes), and one
+            # value too long makes NCCL refuse the whole file. Without the attribute NCCL reads
+            # the cell's cpumap from the guest's sysfs (src/graph/xml.cc ncclTopoGetXmlFromCpu,
+            # v2.30.7-1): the same vCPUs.
+            del attrs["affinity"]
         if cpu_vendor:
             attrs["vendor"] = cpu_vendor
         cpu_nodes[cell] = ET.SubElement(system, "cpu", attrs)
@@ -232,5 +249,43 @@ def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]]
         if speed:
             attrs.update(link_speed=speed[0], link_width=speed[1])
         ET.SubElement(parent, "pci", attrs)
-    ET.indent(system)
-    return ET.tostring(system, encoding="unicode") + "\n"
+    return system
+
+
+# NCCL reads the file with a tokenizer of its own, not an XML parser (src/graph/xml.cc
+# xmlGetNode, xmlGetToken and xmlGetValue, v2.30.7-1; v2.6.4-1 reads alike, without single
+# quotes and with MAX_STR_LEN 256):
+# one space before each attribute and none before "/>" (a space there reads as one more
+# attribute, with an empty key), no declaration, nothing but ' ', '\n' and '\r' between tags,
+# values raw in double quotes (no entities decoded), at most MAX_ATTR_COUNT (16) attributes
+# (src/graph/xml.h), and a name or value of at most 253 bytes (a char[MAX_STR_LEN + 1] that
+# must not fill up to MAX_STR_LEN - 1). ncclTopoDumpXmlRec writes its dump in this same form.
+MAX_ATTRS = 16
+MAX_VALUE = 253
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+class UnreadableTopology(GpuvfioError):
+    """The tree holds what NCCL's reader cannot read back: no file is written from it."""
+
+
+def render(node: ET.Element, depth: int = 0) -> str:
+    """``node`` and what it holds in the form NCCL's reader tokenizes as meant: two spaces of
+    indent a level, `<name key="value" ...>` or `<name key="value"/>`, one tag a line."""
+    _readable(node)
+    head = "  " * depth + "<" + node.tag + "".join(f' {key}="{value}"' for key, value in node.attrib.items())
+    if len(node) == 0:
+        return head + "/>\n"
+    return head + ">\n" + "".join(render(sub, depth + 1) for sub in node) + "  " * depth + f"</{node.tag}>\n"
+
+
+def _readable(node: ET.Element) -> None:
+    if len(node.attrib) > MAX_ATTRS:
+        raise UnreadableTopology(f"<{node.tag}> has {len(node.attrib)} attributes: NCCL reads {MAX_ATTRS}")
+    for name in (node.tag, *node.attrib):
+        if not _NAME.fullmatch(name) or len(name) > MAX_VALUE:
+            raise UnreadableTopology(f"NCCL cannot read the name {name!r} in its topology file")
+    for key, value in node.attrib.items():
+        if '"' in value or "\0" in value or len(value.encode()) > MAX_VALUE:
+            raise UnreadableTopology(f"NCCL cannot read <{node.tag}> {key}={value[:40]!r}: a quote, a NUL "
+                                     f"or over {MAX_VALUE} bytes")

@@ -256,13 +256,15 @@ def test_without_a_file_nccls_view_is_shown_and_the_check_skipped(tmp_path, fake
 
 
 def the_program(monkeypatch):
-    """The verifier as the guest runs it: a top-level program beside gpuvfio_nvapi.py (loaded
-    here without a name in sys.modules, and its helper module taken out again afterwards)."""
+    """The verifier as the guest runs it: a top-level program beside gpuvfio_nvapi.py and
+    gpuvfio_ncclxml.py (loaded here without a name in sys.modules, and its helper modules taken
+    out again afterwards)."""
     import importlib.util
 
     monkeypatch.syspath_prepend(os.path.dirname(VERIFIER))
-    monkeypatch.setitem(sys.modules, "gpuvfio_nvapi", None)
-    del sys.modules["gpuvfio_nvapi"]  # imported afresh below; monkeypatch takes it out at the end
+    for helper in ("gpuvfio_nvapi", "gpuvfio_ncclxml"):
+        monkeypatch.setitem(sys.modules, helper, None)
+        del sys.modules[helper]  # imported afresh below; monkeypatch takes it out at the end
     spec = importlib.util.spec_from_file_location("gpuvfio_verifier_under_test", VERIFIER)
     program = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(program)

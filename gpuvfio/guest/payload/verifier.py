@@ -27,7 +27,6 @@ import ctypes
 import json
 import os
 import random
-import re
 import shutil
 import statistics
 import struct
@@ -36,6 +35,7 @@ import tempfile
 import time
 import traceback
 
+from gpuvfio_ncclxml import load_topology
 from gpuvfio_nvapi import PTR, SIZE, U64, Cuda, Device, Failure, NumaPlacement, Nvml, entry, load, seconds
 
 MARKER = "GPUVFIO-VERIFIER"
@@ -43,8 +43,6 @@ MARKER = "GPUVFIO-VERIFIER"
 # a test holds the two equal: this program imports nothing of gpuvfio).
 PLAN_TOPO_FILE = "/etc/gpuvfio/nccl-topo.xml"
 TOPO_BYTES = 1 << 20
-TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)((?:\s+[\w.-]+\s*=\s*\"[^\"]*\")*)\s*(/?)>")
-ATTR = re.compile(r"([\w.-]+)\s*=\s*\"([^\"]*)\"")
 
 
 def same_everywhere(call, ptr, nbytes, value, chunk=16 << 20):
@@ -274,41 +272,35 @@ def peers(devices, opts):
     return {"bus_ids": [d.bus_id for d in devices], "access": access, "bandwidth": bandwidth}
 
 
-def gpu_links(text):
+def gpu_links(data):
     """The link attributes of each GPU's <pci> node in an NCCL topology XML, by lower-case bus id:
     a <pci> whose class is 0x03... or that holds a <gpu> (NCCL's dump), with the count of NVLinks
-    NCCL found where it lists any. NCCL writes its dump's values unescaped
-    (src/graph/xml.cc ncclTopoDumpXmlRec, v2.30.7-1): read tag by tag, not as strict XML."""
-    found, stack = {}, []
-    for match in TAG.finditer(text):
-        closing, name, attrs, empty = match.groups()
-        if closing:
-            while stack and stack.pop()[0] != name:
-                pass
-            continue
-        attrs = dict(ATTR.findall(attrs))
-        pci = next((entry for tag, entry in reversed(stack) if tag == "pci"), None)
-        entry = None
-        if name == "pci" and attrs.get("busid"):
-            entry = {"link_speed": attrs.get("link_speed"), "link_width": attrs.get("link_width"),
-                     "gpu": attrs.get("class", "").lower().startswith("0x03")}
-            found[attrs["busid"].lower()] = entry
-        elif name == "gpu" and pci is not None:
-            pci["gpu"] = True
-        elif name == "nvlink" and pci is not None:
-            pci["nvlink"] = pci.get("nvlink", 0) + int(attrs.get("count") or 1)
-        if not empty:
-            stack.append((name, entry))
+    NCCL found where it lists any. Read as NCCL reads the file and its own dump
+    (gpuvfio_ncclxml, NCCL's xmlLoadSub rules, v2.30.7-1): an attribute with an empty key, left
+    by a space before "/>", is one more attribute, not a reason to pass the node over; a file
+    NCCL refuses raises ValueError with NCCL's reason."""
     out = {}
-    for bus, entry in found.items():
-        if entry.pop("gpu"):
-            out[bus] = entry
+    for system in load_topology(data):
+        _pci_links(system, out)
     return out
 
 
-def read_text(path):
+def _pci_links(node, out):
+    for sub in node.subs:
+        if sub.name == "pci" and sub.get("busid"):
+            gpus = [g for g in sub.subs if g.name == "gpu"]
+            if gpus or (sub.get("class") or "").lower().startswith("0x03"):
+                entry = out[sub.get("busid").lower()] = {"link_speed": sub.get("link_speed"),
+                                                         "link_width": sub.get("link_width")}
+                links = [n for g in gpus for n in g.subs if n.name == "nvlink"]
+                if links:
+                    entry["nvlink"] = sum(int(n.get("count") or 1) for n in links)
+        _pci_links(sub, out)
+
+
+def read_bytes(path):
     with open(path, "rb") as handle:
-        return handle.read(TOPO_BYTES).decode("utf-8", "replace")
+        return handle.read(TOPO_BYTES)
 
 
 class TopologyView(object):
@@ -337,13 +329,15 @@ class TopologyView(object):
         problems = []
         if self.file is not None:
             try:
-                out["planned"] = gpu_links(read_text(self.file))
+                out["planned"] = gpu_links(read_bytes(self.file))
             except (OSError, ValueError) as exc:
                 problems.append("the topology file could not be read: %s" % exc)
         try:
-            out["nccl"] = gpu_links(read_text(self.dump))
+            out["nccl"] = gpu_links(read_bytes(self.dump))
         except OSError:
             problems.append("NCCL wrote no topology dump (NCCL_TOPO_DUMP_FILE needs NCCL 2.6 or later)")
+        except ValueError as exc:
+            problems.append("NCCL's topology dump could not be read: %s" % exc)
         out["error"] = "; ".join(problems) or None
         return out
 
