@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import re
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -446,21 +445,30 @@ def test_the_file_is_written_as_nccl_dumps_its_own():
                                         '</system>\n')
 
 
+def _name(name: str) -> str:
+    return f"NCCL cannot read the name {name!r} in its topology file"
+
+
+def _value(value: str) -> str:
+    return f"NCCL cannot read <pci> vendor={value[:40]!r}: a quote, a NUL or over 253 bytes"
+
+
 @pytest.mark.parametrize("tag, attrs, why", [
-    ("pci", {f"k{i}": "1" for i in range(17)}, "has 17 attributes: NCCL reads 16"),
-    ("pci", {"a b": "1"}, "the name 'a b'"),
-    ("pci", {"": "1"}, "the name ''"),
-    ("pci", {"a=b": "1"}, "the name 'a=b'"),
-    ("pci", {"k" * 254: "1"}, "the name 'kkk"),
-    ("p/ci", {}, "the name 'p/ci'"),
-    ("pci", {"vendor": 'say "hi"'}, "vendor='say"),
-    ("pci", {"vendor": "a\0b"}, "vendor='a"),
-    ("pci", {"vendor": "v" * 254}, "over 253 bytes"),
-    ("pci", {"vendor": "\u00e9" * 127}, "over 253 bytes"),  # 254 bytes in UTF-8
+    ("pci", {f"k{i}": "1" for i in range(17)}, "<pci> has 17 attributes: NCCL reads 16"),
+    ("pci", {"a b": "1"}, _name("a b")),
+    ("pci", {"": "1"}, _name("")),
+    ("pci", {"a=b": "1"}, _name("a=b")),
+    ("pci", {"k" * 254: "1"}, _name("k" * 254)),
+    ("p/ci", {}, _name("p/ci")),
+    ("pci", {"vendor": 'say "hi"'}, _value('say "hi"')),
+    ("pci", {"vendor": "a\0b"}, _value("a\0b")),
+    ("pci", {"vendor": "v" * 254}, _value("v" * 254)),  # the message shows the first 40
+    ("pci", {"vendor": "\u00e9" * 127}, _value("\u00e9" * 127)),  # 254 bytes in UTF-8
 ])
 def test_what_nccl_cannot_read_is_refused(tag, attrs, why):
-    with pytest.raises(nccl_topo.UnreadableTopology, match=re.escape(why)):
+    with pytest.raises(nccl_topo.UnreadableTopology) as refused:
         nccl_topo.render(ET.Element(tag, attrs))
+    assert str(refused.value) == why
 
 
 def test_the_longest_names_and_values_nccl_reads_are_written():

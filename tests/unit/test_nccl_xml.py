@@ -184,17 +184,20 @@ def test_the_verifier_finds_every_gpu_of_the_file_in_nccls_dump(sample, spaced, 
                     for a in map(dict, pcis(text)) if a["class"].startswith("0x03")}
 
 
-def test_a_dump_nccl_would_refuse_is_a_problem_of_the_view(monkeypatch, tmp_path):
+def test_a_file_or_dump_nccl_would_refuse_is_a_problem_of_the_view(monkeypatch, tmp_path):
     program = the_program(monkeypatch)
     for name in ("NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE_RANK"):
         monkeypatch.setenv(name, "")  # the view sets them: put back after the test
-    view = program.TopologyView(type("Opts", (), {"nccl_topo_file": "", "root": str(tmp_path)})())
+    topo = tmp_path / "topo.xml"
+    topo.write_text('<system version="1">\n\t<cpu numaid="0"/>\n</system>\n')
+    view = program.TopologyView(type("Opts", (), {"nccl_topo_file": str(topo), "root": str(tmp_path)})())
     try:
         with open(view.dump, "w") as handle:
             handle.write('<?xml version="1.0"?>\n<system version="1"/>\n')
         report = view.report()
     finally:
         view.close()
-    assert report["nccl"] is None
-    assert report["error"] == "NCCL's topology dump could not be read: XML Parse : expected >, got '?'"
+    assert report["planned"] is None and report["nccl"] is None
+    assert report["error"] == ("the topology file could not be read: XML Parse error : expecting '<', got '\t'; "
+                               "NCCL's topology dump could not be read: XML Parse : expected >, got '?'")
     assert not os.path.exists(view.directory)

@@ -12,8 +12,8 @@ src/graph/topo.h (NCCL_TOPO_XML_MAX_NODES 256). What follows from them:
 - only ' ', '\\n' and '\\r' are skipped between elements; inside a tag only one ' ' separates
   attributes: a tab anywhere, a newline inside a tag or an ``<?xml ...?>`` declaration is an error;
 - a value is quoted (" or '), read raw up to the same quote: no entities are decoded;
-- a name or key of 254 bytes or more, a value of 254 bytes or more, is an error; attributes past
-  the 16th are read and dropped;
+- a name of 254 bytes or more is an error (a key of 255, as its '=' is not stored), and so is a
+  value of 254; attributes past the 16th are read and dropped;
 - elements NCCL has no handler for are skipped with everything in them.
 
 Standard library only (python3 >= 3.6): the in-guest verifier reads NCCL's dump with it, and the
@@ -24,7 +24,7 @@ import re
 
 MAX_STR_LEN = 255  # xml.h: names, keys and values live in char[MAX_STR_LEN + 1]
 MAX_ATTR_COUNT = 16  # xml.h
-MAX_SUBS = 640  # xml.h (32 before v2.19, 128 before v2.23)
+MAX_SUBS = 640  # xml.h since v2.29.7 (128 in v2.21.5 to v2.29.2, 32 in v2.20.3 and before)
 TOPO_XML_MAX_NODES = 256  # topo.h NCCL_TOPO_XML_MAX_NODES: ncclTopoGetSystem's xmlAlloc
 TOPO_XML_VERSION = 1  # xml.h NCCL_TOPO_XML_VERSION
 
