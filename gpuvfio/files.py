@@ -170,6 +170,20 @@ def open_dir_at(dir_fd: int, name: str, where: str) -> int | None:
         _component_error(exc, dir_fd, name, where)
 
 
+def open_dir_step(dir_fd: int, name: str, where: str) -> int | bool | None:
+    """The fd of directory ``name`` in an open directory (the caller closes it); None when nothing
+    is there, False when it is no directory: O_NOFOLLOW|O_DIRECTORY opens no link and no FIFO
+    (ENOTDIR or ELOOP, openat(2)), and a walk that follows links itself reads the link there."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            _walk_error(exc, where)
+        return False
+
+
 class Tree:
     """A top directory (followed: the caller chose it) and paths beneath it (never followed).
 

@@ -24,7 +24,8 @@ import stat
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError
 from gpuvfio.files import NotRegular, Tree, scratch_dir
 from gpuvfio.user_files import read_regular, user_dir
-from gpuvfio.host.root import MAX_COMPONENTS, HostRoot
+from gpuvfio.host.root import HostRoot
+from gpuvfio.host.walk import MAX_COMPONENTS
 from gpuvfio.settings import ROOT_ENV, Settings
 from gpuvfio.tree_filler import TreeFiller
 

@@ -6,8 +6,9 @@ simulated host in a test. Nothing else in gpuvfio names ``/sys`` or ``/proc``.
 
 Safety: gpuvfio runs as root, so a crafted tree (or a hostile device name) must not
 make it read or write outside ``<root>/sys``. Device directories are reached through
-``sys/bus/pci/devices/*`` symlinks; we resolve those ourselves, refuse any symlink on
-the way that leads outside ``<root>/sys``, and open attribute files with O_NOFOLLOW.
+``sys/bus/pci/devices/*`` symlinks; we resolve those ourselves (one walk on held directory
+fds, gpuvfio.host.walk), refuse any symlink on the way that leads outside ``<root>/sys``,
+and open attribute files with O_NOFOLLOW.
 Links we only *name* (``driver``, ``iommu_group``) are checked lexically and never
 followed.
 """
@@ -20,10 +21,9 @@ import os
 import stat
 
 from gpuvfio import files
-from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
+from gpuvfio.errors import HostReadError, InputError, UnsafePathError
+from gpuvfio.host.walk import HeldDirs
 from gpuvfio.settings import ROOT_ENV, Settings
-MAX_COMPONENTS = 128  # deeper than any sysfs device path (a switch tree of 30 levels is ~100)
-MAX_LINK_HOPS = 40  # the kernel's own limit on links in one lookup (MAXSYMLINKS)
 
 
 class HostRoot:
@@ -51,7 +51,10 @@ class HostRoot:
         if not self._inside(sys_dir, self.root):
             raise UnsafePathError(f"{os.path.join(self.root, 'sys')} leads outside the root {self.root}")
         self.sys = sys_dir
+        # Complete answers of earlier walks, by the path asked (HeldDirs.walk): of sysfs's links
+        # inside sys, and of the host's own links inside the root.
         self._resolved: dict[str, str] = {self.sys: self.sys}
+        self._host_resolved: dict[str, str] = {}
         # A recording (a fixture file loaded into a temp dir) holds sysfs, proc and some of /etc,
         # not the host's files at large, nor gpuvfio's state there.
         self.recorded = False
@@ -92,109 +95,26 @@ class HostRoot:
             raise HostReadError(f"missing {path} (is {self.root} a host root with /sys?)")
         return path
 
-    def _resolve(self, path: str, top: str, *, host_links: bool, cached: bool = True) -> str:
-        """``path`` with every link in it resolved, one component at a time (no recursion: input
-        drives the depth), never leaving ``top``. sysfs's links are relative; an absolute one in
-        a root would point at the live host, so it is refused (``host_links`` False). A host's
-        /etc links are followed as the host follows them: absolute targets under the root."""
+    def _resolve(self, path: str, top: str, *, host_links: bool, memo: dict[str, str] | None) -> str:
+        """``path`` with every link in it resolved (HeldDirs.walk), never leaving ``top``; a complete
+        answer is taken from ``memo`` and kept there (None: resolved afresh, nothing kept)."""
         path = os.path.normpath(path)
-        if not self._inside(path, top):
-            raise UnsafePathError(f"{path} is outside {top}")
-        todo = [part for part in path[len(top):].split("/") if part][::-1]
-        if len(todo) > MAX_COMPONENTS:
-            raise UnsafePathError(f"{path[:120]}...: too many path components")
-        current, hops = top, 0
-        known = self._known_parent(path, top) if cached else None
+        known = memo.get(path) if memo is not None else None
         if known is not None:
-            current, todo = known, [os.path.basename(path)]
-        while todo:
-            candidate = os.path.join(current, todo.pop())
-            earlier = self._resolved.get(candidate) if cached else None
-            if earlier is not None:
-                current = earlier
-                continue
-            mode = self._lstat_mode(candidate, missing_ok=host_links)
-            if mode is None:  # a missing file is the reader's answer (None), not an error here
-                return os.path.join(candidate, *todo[::-1])
-            if not stat.S_ISLNK(mode):
-                if cached:
-                    self._resolved[candidate] = candidate
-                current = candidate
-                continue
-            hops += 1
-            if hops > MAX_LINK_HOPS:
-                raise UnsafePathError(f"too many symlinks at {path}")
-            current = self._follow_link(path, candidate, current, top, todo, host_links=host_links, cached=cached)
-        return current
-
-    @staticmethod
-    def _lstat_mode(path: str, *, missing_ok: bool) -> int | None:
-        """The mode of ``path`` itself (a link not followed); None when it is missing and
-        ``missing_ok``."""
-        try:
-            return os.lstat(path).st_mode
-        except FileNotFoundError:
-            if missing_ok:
-                return None
-            raise HostReadError(f"missing {path}") from None
-        except OSError as exc:
-            raise HostReadError(f"cannot read {path}: {exc.strerror}") from None
-
-    def _follow_link(self, path: str, link: str, current: str, top: str, todo: list[str], *,
-                     host_links: bool, cached: bool) -> str:
-        """Where the walk of ``path`` goes on from the link ``link`` (in the directory ``current``):
-        the directory it continues in, with the components of the link's target pushed onto
-        ``todo``; never out of ``top``."""
-        try:
-            target = os.readlink(link)
-        except OSError as exc:  # replaced since the lstat
-            raise HostReadError(f"cannot read link {link}: {exc.strerror}") from None
-        if os.path.isabs(target):
-            if not host_links:
-                raise UnsafePathError(f"{link} links to absolute path {target}")
-            target_path = os.path.normpath(os.path.join(self.root, target.lstrip("/")))
-        else:
-            target_path = os.path.normpath(os.path.join(current, target))
-        if not self._inside(target_path, top):
-            if host_links:
-                raise UnsafePathError(f"{path} leads outside the root {self.root} ({link} links to {target})")
-            raise UnsafePathError(f"{link} links outside {top} (to {target})")
-        parts = [part for part in target_path[len(top):].split("/") if part]
-        if len(parts) + len(todo) > MAX_COMPONENTS:
-            raise UnsafePathError(f"{link}: too many path components")
-        known = self._known_parent(target_path, top) if cached else None
-        if known is not None:
-            todo.append(os.path.basename(target_path))
             return known
-        todo.extend(parts[::-1])
-        return top
-
-    def _known_parent(self, path: str, top: str) -> str | None:
-        """What ``path``'s directory resolved to in an earlier walk (inside ``top``): a walk starts
-        there instead of at ``top`` (a function's link leads under the bridges its siblings'
-        walks resolved), as the walk itself would have found it component by component."""
-        parent = os.path.dirname(path)
-        if len(parent) <= len(top):
-            return None
-        cached = self._resolved.get(parent)
-        return cached if cached is not None and self._inside(cached, top) else None
+        with HeldDirs(self.tree) as held:
+            return held.walk(path, top, host_links=host_links, memo=memo)[0]
 
     def resolve_in_sys(self, path: str) -> str:
         """Resolve symlinks in ``path`` component by component, refusing any escape from sys.
 
-        Resolved directories are cached: an inventory of 600 functions shares a handful of
-        bridge directories, so most devices cost one lstat."""
-        path = os.path.normpath(path)
-        cached = self._resolved.get(path)
-        if cached is not None:
-            return cached
-        resolved = self._resolve(path, self.sys, host_links=False)
-        self._resolved[path] = resolved
-        return resolved
+        Answers are kept: an inventory of 600 functions shares a handful of bridge directories,
+        and a device's real directory is asked again for each of its attributes."""
+        return self._resolve(path, self.sys, host_links=False, memo=self._resolved)
 
     def open_sys_attribute(self, path: str) -> int:
         """A write-only fd of the sysfs attribute ``path``: its directory resolved afresh (sysfs's
-        own links followed inside ``<root>/sys``, nothing taken from an earlier walk's cache),
+        own links followed inside ``<root>/sys``, nothing taken from an earlier walk's answers),
         then opened through held directory fds from the root, every component O_NOFOLLOW, the
         attribute a regular file with one link (gpuvfio.files.Tree.open_attribute). Whatever
         was swapped in since the plan resolved the path is refused, never written through.
@@ -202,7 +122,7 @@ class HostRoot:
         or driver is gone: the kernel's own answer)."""
         path = os.path.normpath(path)
         try:
-            directory = self._resolve(os.path.dirname(path), self.sys, host_links=False, cached=False)
+            directory = self._resolve(os.path.dirname(path), self.sys, host_links=False, memo=None)
         except HostReadError as exc:
             if str(exc).startswith("missing "):
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
@@ -213,7 +133,7 @@ class HostRoot:
         """A configuration file of the host (``etc/os-release``), its symlinks followed the way
         the host would follow them: absolute targets are taken under the root, and the result
         must stay inside the root (/etc/os-release -> ../usr/lib/os-release on systemd hosts)."""
-        return self._resolve(self.path(*parts), self.root, host_links=True)
+        return self._resolve(self.path(*parts), self.root, host_links=True, memo=self._host_resolved)
 
     def _beneath(self, path: str) -> str:
         """``path`` relative to the root, with the links in its directories resolved: sysfs's own
@@ -225,7 +145,8 @@ class HostRoot:
         elif path != self.root and self._inside(path, self.root):
             # The host's own directory links (merged /usr: /lib -> usr/lib), followed as the host
             # follows them and never out of the root; the file itself is not followed.
-            path = os.path.join(self._resolve(os.path.dirname(path), self.root, host_links=True),
+            path = os.path.join(self._resolve(os.path.dirname(path), self.root, host_links=True,
+                                              memo=self._host_resolved),
                                 os.path.basename(path))
         if not self._inside(path, self.root):
             raise UnsafePathError(f"{path} is outside the root {self.root}")
@@ -319,7 +240,7 @@ class HostRoot:
         the host follows them (absolute targets taken under the root, never out of it)? A
         dangling link is no."""
         try:
-            real = self._resolve(path, self.root, host_links=True)
+            real = self._resolve(path, self.root, host_links=True, memo=self._host_resolved)
         except (HostReadError, UnsafePathError):
             return False
         return self.is_file(real)
@@ -443,15 +364,13 @@ class SysDir:
 
 class SysDirs:
     """Directories under ``<root>/sys`` opened for one pass: the directories above them (a few
-    dozen bridges above a few thousand functions) are opened once, one component at a time
-    without following a link, and kept until ``close``; a function's own directory is then one
-    openat."""
+    dozen bridges above a few thousand functions) are opened once by the walk (HeldDirs), one
+    component at a time without following a link, and held until ``close``; a function's own
+    directory is then its link read and one openat under its bridge's held fd."""
 
     def __init__(self, host: HostRoot) -> None:
         self.host = host
-        self._prefix = host.root.rstrip("/") + "/"
-        self._fds: dict[tuple[str, ...], int] = {}
-        self._plain: dict[str, tuple[str, ...] | None] = {}  # _plain_dir's answers
+        self._held = HeldDirs(host.tree)
 
     def __enter__(self) -> "SysDirs":
         return self
@@ -460,96 +379,15 @@ class SysDirs:
         self.close()
 
     def close(self) -> None:
-        fds, self._fds, self._plain = self._fds, {}, {}
-        for fd in fds.values():
-            os.close(fd)
+        self._held.close()
 
     def open(self, path: str) -> SysDir:
-        """The directory ``path`` names, its sysfs links resolved inside sys (resolve_in_sys)."""
+        """The directory ``path`` names, its sysfs links resolved inside sys as resolve_in_sys
+        resolves them (the same walk, on this pass's held fds), opened afresh for the caller. A
+        kept answer is walked in its place: a real path, which a walk answers with itself."""
         path = os.path.normpath(path)
-        real = self.host._resolved.get(path)
-        if real is None:
-            linked = self._open_linked(path)
-            if linked is not None:
-                return linked
-            real = self.host.resolve_in_sys(path)
-        fd = self._open(files.split(real[len(self._prefix):]))
-        if fd is None:
-            raise HostReadError(f"cannot open {real}: missing")
+        known = self.host._resolved.get(path)
+        real, fd = self._held.walk(known or path, self.host.sys, host_links=False,
+                                   memo=None if known else self.host._resolved, open_last=True,
+                                   link_first=known is None)
         return SysDir(self.host, fd, real)
-
-    def _open_linked(self, path: str) -> SysDir | None:
-        """A device's directory reached through its link in a directory of links (sys/bus/pci/
-        devices/ADDR -> ../../../devices/pci0000:00/.../ADDR) in fewer steps than
-        HostRoot._resolve takes to reach it: the link read under the held fd of its directory,
-        the device's directory opened with O_NOFOLLOW under the held fd of the target's
-        directory (a bridge its siblings share). Only where the general walk would follow that
-        one link and no other: both directories have no link on their way (as sysfs makes
-        them), the target is relative, inside sys, within MAX_COMPONENTS and a directory. Else
-        None, and the general walk says what it is."""
-        links, name = os.path.split(path)
-        if not self.host._inside(links, self.host.sys):
-            return None  # the general walk refuses a path outside sys, wherever it leads
-        try:
-            links_key = self._plain_dir(links)
-            if links_key is None:
-                return None
-            try:
-                target = os.readlink(name, dir_fd=self._fds[links_key])
-            except OSError:
-                return None
-            if os.path.isabs(target):
-                return None
-            real = os.path.normpath(f"{links}/{target}")  # links is its own resolution
-            parent, _, base = real.rpartition("/")
-            if (base in ("", ".", "..") or not self.host._inside(parent, self.host.sys)
-                    or real[len(self.host.sys):].count("/") > MAX_COMPONENTS):
-                return None
-            parent_key = self._plain_dir(parent)
-            if parent_key is None:
-                return None
-            fd = files.open_dir_at(self._fds[parent_key], base, real)
-        except GpuvfioError:
-            return None  # the general walk raises its own error for it
-        if fd is None:
-            return None
-        self.host._resolved[path] = real
-        return SysDir(self.host, fd, real)
-
-    def _plain_dir(self, path: str) -> tuple[str, ...] | None:
-        """The key of directory ``path``'s fd, held for the pass, when ``path`` has no link on its
-        way: opened one component at a time with O_NOFOLLOW, which refuses a link, so that the
-        general walk's resolutions (and its cache, which its limits depend on) are not asked.
-        None when a link is on the way or it cannot be opened."""
-        if path not in self._plain:
-            key: tuple[str, ...] | None = tuple(files.split(path[len(self._prefix):]))
-            if key not in self._fds:
-                try:
-                    fd = self._open(list(key))
-                except GpuvfioError:
-                    fd = None
-                if fd is None:
-                    key = None
-                else:
-                    self._fds[key] = fd
-            self._plain[path] = key
-        return self._plain[path]
-
-    def _open(self, parts: list[str]) -> int | None:
-        if not parts:
-            return self.host.tree.open_dir([])
-        have = len(parts) - 1
-        while have > 0 and tuple(parts[:have]) not in self._fds:
-            have -= 1
-        fd = self._fds.get(tuple(parts[:have]))
-        if fd is None:  # the root itself, followed: the caller chose it
-            fd = self.host.tree.open_dir([])
-            if fd is None:
-                return None
-            self._fds[()] = fd
-        for depth in range(have, len(parts)):
-            fd = files.open_dir_at(fd, parts[depth], self._prefix + "/".join(parts[:depth + 1]))
-            if fd is None or depth == len(parts) - 1:
-                return fd
-            self._fds[tuple(parts[:depth + 1])] = fd
-        return None

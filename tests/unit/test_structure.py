@@ -180,7 +180,9 @@ FILE_CALLS = {"open", "io.open", "os.open", "os.fdopen", "os.listdir", "os.scand
 FILE_CALL_ALLOWED = {
     "gpuvfio.files": {"*"},
     "gpuvfio.tree_filler": {"*"},  # the file layer's bulk writer, under its rules (a recording loaded)
-    # sysfs's own links, resolved inside <root>/sys (and a host's /etc links inside the root).
+    # sysfs's own links, resolved inside <root>/sys (and a host's /etc links inside the root):
+    # read by the one walk (readlinkat on its held directory fd), and named where never followed.
+    "gpuvfio.host.walk": {"os.readlink"},
     "gpuvfio.host.root": {"os.readlink"},
     # SSH: which ssh binary runs (a lookup on PATH, no file read); tarfile and the TOML/JSON
     # readers work on bytes already read through the layer.
