@@ -97,7 +97,7 @@ def test_loader_by_path_when_asked(cli, ws):
     assert doc.findtext("os/loader") == "/usr/share/OVMF/OVMF_CODE_4M.fd"
     assert doc.find("os/nvram").get("template") == "/usr/share/OVMF/OVMF_VARS_4M.fd"
     missing, _ = xml_of(cli, ws.root, "--loader", "/nope/CODE.fd", "--nvram-template", "/nope/VARS.fd")
-    assert missing.code == 2 and "--loader /nope/CODE.fd: no such file on this host" in missing.err
+    assert missing.code == 2 and "--loader '/nope/CODE.fd': no such file on this host" in missing.err
     for args in (["--loader", "/usr/share/OVMF/OVMF_CODE_4M.fd"],
                  ["--loader", "relative.fd", "--nvram-template", "/x"],
                  ["--loader", "/a", "--nvram-template", "/b", "--firmware", "bios"]):
