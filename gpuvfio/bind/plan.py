@@ -23,6 +23,7 @@ from gpuvfio.planning import Check, CheckStatus, Step, StepKind
 from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
+from gpuvfio.host.model import PciFunction
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
                                  nvidia_holders, nvidia_minor, running_services)
 from gpuvfio.host.root import HostRoot
@@ -139,6 +140,29 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     for address in addresses:
         assignable.endpoint(inventory, address)
     checks: list[Check] = []
+    endpoints = _group_checks(inventory, kernel, addresses, checks)
+    _unsafe_host_checks(kernel, checks, policy.allow_unsafe_host)
+    devices = sorted(endpoints)
+    fns = {a: inventory.functions[a] for a in devices}
+    moving = [a for a in devices if fns[a].driver != VFIO_DRIVER]
+    originals = {a: (fns[a].driver, fns[a].driver_override) for a in devices}
+    services = _service_checks(host, [fns[a] for a in moving], checks, policy.stop_services)
+    _holder_checks(host, [fns[a] for a in moving], checks, set(services.units), services.kept)
+    _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
+    for address in moving:
+        _moving_checks(host, kernel, fns[address], address not in addresses, checks)
+    _health_checks(fns, broken or {}, checks)
+    _domain_checks(libvirt, devices, checks)
+    steps = _vfio_module_steps(host, kernel, moving, checks) + _move_steps(host, fns, moving, services.units)
+    return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
+                    groups=endpoints, steps=steps, checks=checks, services=services.units)
+
+
+def _group_checks(inventory: Inventory, kernel: KernelInfo, addresses: list[PciAddress],
+                  checks: list[Check]) -> dict[PciAddress, int | None]:
+    """The endpoints that end on vfio-pci, each with its IOMMU group (None: the host has no
+    groups), and the checks of the groups: what refuses an address (gpuvfio.host.assignable),
+    each message once, and why a group may go (viable, or every device in it asked for)."""
     endpoints: dict[PciAddress, int | None] = {}
     if inventory.groups is not None:
         checks.append(Check("iommu", OK, f"{kernel.iommu_vendor or 'an'} IOMMU with "
@@ -166,25 +190,26 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                 seen.add(f"group {group.group_id}")
                 checks.append(Check("group_viable", OK, f"group {group.group_id} goes whole: every device "
                                         f"in it is asked for ({members})"))
-    _unsafe_host_checks(kernel, checks, policy.allow_unsafe_host)
-    devices = sorted(endpoints)
-    fns = {a: inventory.functions[a] for a in devices}
-    moving = [a for a in devices if fns[a].driver != VFIO_DRIVER]
-    originals = {a: (fns[a].driver, fns[a].driver_override) for a in devices}
-    services = _service_checks(host, [fns[a] for a in moving], checks, policy.stop_services)
-    _holder_checks(host, [fns[a] for a in moving], checks, set(services.units), services.kept)
-    _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
-    for address in moving:
-        _moving_checks(host, kernel, fns[address], address not in addresses, checks)
-    for address in devices:
-        health = fns[address].health
-        if str(address) in (broken or {}):
+    return endpoints
+
+
+def _health_checks(fns: dict[PciAddress, PciFunction], broken: dict, checks: list[Check]) -> None:
+    """A device the journal marks as having come back broken from its last guest (``broken``,
+    until gpuvfio reset) or one that does not answer config space refuses the bind: dead, not free."""
+    for address, fn in fns.items():
+        health = fn.health
+        if str(address) in broken:
             checks.append(Check("health", REFUSE, f"{address} came back broken from its last guest "
-                                    f"({(broken or {})[str(address)].get('reason', '?')}); gpuvfio reset {address}"))
+                                    f"({broken[str(address)].get('reason', '?')}); gpuvfio reset {address}"))
         elif health is not None and health.alive is False:
             checks.append(Check("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
                                     "dead, not free"))
-    _domain_checks(libvirt, devices, checks)
+
+
+def _vfio_module_steps(host: HostRoot, kernel: KernelInfo, moving: list[PciAddress],
+                       checks: list[Check]) -> list[Step]:
+    """Loading vfio-pci when a device moves and it is not loaded yet, and its check: loaded,
+    loadable (a module or built in), or refused (neither)."""
     steps: list[Step] = []
     vfio_loaded = host.is_dir(host.sys_path("bus", "pci", "drivers", VFIO_DRIVER))
     if moving and not vfio_loaded:
@@ -195,7 +220,16 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
                                     "modules (see gpuvfio doctor)"))
     if moving:
         checks.append(Check("vfio_modules", OK, "vfio-pci " + ("loaded" if vfio_loaded else "loadable")))
-    for name in services.units:
+    return steps
+
+
+def _move_steps(host: HostRoot, fns: dict[PciAddress, PciFunction], moving: list[PciAddress],
+                units: list[str]) -> list[Step]:
+    """The steps that move the devices, in the order the module docstring gives: the services
+    stopped, then driver_override written for every moving device, their unbinds from the
+    drivers they are on, and their probes, each checked to end on vfio-pci."""
+    steps: list[Step] = []
+    for name in units:
         steps.append(Step(StepKind.STOP_SERVICE, name=name))
     for address in moving:
         path = host.sys_path("bus", "pci", "devices", str(address), "driver_override")
@@ -208,8 +242,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     for address in moving:
         steps.append(Step(StepKind.PROBE, str(address), host.sys_path("bus", "pci", "drivers_probe"), str(address),
                           expect=VFIO_DRIVER))
-    return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
-                    groups=endpoints, steps=steps, checks=checks, services=services.units)
+    return steps
 
 
 def _moving_checks(host: HostRoot, kernel: KernelInfo, fn, companion: bool, checks: list[Check]) -> None:
