@@ -364,6 +364,9 @@ def _check_link(checks, exp: Expected, link, under_load: bool, bandwidth: bool, 
 
 
 def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth: bool) -> None:
+    """The link, bandwidth, data and compute checks of one expected GPU (``fn``: its function in
+    the guest, None when absent); where nothing can be measured each is skipped (absent, or not
+    asked for) or expected (no CUDA on its vGPU profile, MIG without instances)."""
     device = exp.address
     address = fn["address"] if fn else None
     ids = ("pcie_link", "h2d_bandwidth", "d2h_bandwidth", "bidir_bandwidth", "data_verified", "compute")
@@ -396,37 +399,48 @@ def _check_one_gpu(checks, verifier, exp: Expected, fn, gates: Gates, bandwidth:
         for check_id in ids[1:5]:
             checks.append(check(check_id, FAIL, reason=reason, device=device))
     else:
-        gen, width = exp.link_gen, exp.link_width
-        basis = exp.link_source
-        if gen is None and link is not None:
-            gen, width, basis = link["current_gen"], link["current_width"], "the link the GPU negotiated (NVML)"
-        floor = gates.floor(gen, width)
-        for check_id, key in (("h2d_bandwidth", "h2d"), ("d2h_bandwidth", "d2h"), ("bidir_bandwidth", "bidir_total")):
-            gbps = (measured.get(key) or {}).get("median")
-            ceiling = _ceiling(gen, width, key)
-            if gbps is None:
-                checks.append(check(check_id, FAIL, reason=f"no {key} figure in the verifier's answer", device=device))
-            elif not finite(gbps) or not 0 <= gbps <= ceiling:
-                checks.append(check(check_id, FAIL, None, shown(gbps), f"no copy moves that: the link carries at "
-                                    f"most {ceiling:.1f} GB/s" + (f" (Gen{gen} x{width})" if gen and width else ""),
-                                    device))
-            elif floor is None:
-                checks.append(check(check_id, SKIP, None, round(gbps, 2), "no link to derive a floor from "
-                                    "(give --min-gbps)", device))
-            else:
-                # Both directions at once must still beat one direction's floor: a weak gate that
-                # catches a collapse (platforms differ in how far over it they get, 1.5-1.9x).
-                ok = gbps >= floor
-                checks.append(check(check_id, PASS if ok else FAIL, gates.describe(gen, width), round(gbps, 2),
-                                    None if ok else f"below the floor for {basis or 'this link'}", device))
-        verified = measured.get("verified")
-        checks.append(check("data_verified", PASS if verified is True else FAIL, True, verified,
-                            None if verified is True else f"the copied data came back wrong: "
-                            f"{measured.get('mismatches')} mismatching 64-bit words per copy stage", device))
-    compute = _by_bus(verifier.get("compute") or {}, address)
-    compute_problem = _error_of(errors, "compute", address)
+        _check_bandwidth(checks, exp, link, measured, gates, device)
+    compute_problem = _error_of(errors, "compute", address) or problem
+    _check_compute(checks, _by_bus(verifier.get("compute") or {}, address), compute_problem, device)
+
+
+def _check_bandwidth(checks, exp: Expected, link, measured: dict, gates: Gates, device) -> None:
+    """The three copy bandwidths of one GPU against the floor of its link (the host slot's, else
+    the link the GPU negotiated), and whether the copied data came back right."""
+    gen, width = exp.link_gen, exp.link_width
+    basis = exp.link_source
+    if gen is None and link is not None:
+        gen, width, basis = link["current_gen"], link["current_width"], "the link the GPU negotiated (NVML)"
+    floor = gates.floor(gen, width)
+    for check_id, key in (("h2d_bandwidth", "h2d"), ("d2h_bandwidth", "d2h"), ("bidir_bandwidth", "bidir_total")):
+        gbps = (measured.get(key) or {}).get("median")
+        ceiling = _ceiling(gen, width, key)
+        if gbps is None:
+            checks.append(check(check_id, FAIL, reason=f"no {key} figure in the verifier's answer", device=device))
+        elif not finite(gbps) or not 0 <= gbps <= ceiling:
+            checks.append(check(check_id, FAIL, None, shown(gbps), f"no copy moves that: the link carries at "
+                                f"most {ceiling:.1f} GB/s" + (f" (Gen{gen} x{width})" if gen and width else ""),
+                                device))
+        elif floor is None:
+            checks.append(check(check_id, SKIP, None, round(gbps, 2), "no link to derive a floor from "
+                                "(give --min-gbps)", device))
+        else:
+            # Both directions at once must still beat one direction's floor: a weak gate that
+            # catches a collapse (platforms differ in how far over it they get, 1.5-1.9x).
+            ok = gbps >= floor
+            checks.append(check(check_id, PASS if ok else FAIL, gates.describe(gen, width), round(gbps, 2),
+                                None if ok else f"below the floor for {basis or 'this link'}", device))
+    verified = measured.get("verified")
+    checks.append(check("data_verified", PASS if verified is True else FAIL, True, verified,
+                        None if verified is True else f"the copied data came back wrong: "
+                        f"{measured.get('mismatches')} mismatching 64-bit words per copy stage", device))
+
+
+def _check_compute(checks, compute: dict | None, problem: str | None, device) -> None:
+    """The SAXPY check of one GPU: its result exact and its launch time plausible; ``problem``:
+    the verifier's error for the GPU, the reason given when there is no result."""
     if compute is None:
-        checks.append(check("compute", FAIL, reason=compute_problem or problem or "no SAXPY result", device=device))
+        checks.append(check("compute", FAIL, reason=problem or "no SAXPY result", device=device))
     else:
         # a launch takes microseconds at least: no time, or none at all, was not measured
         launch = compute.get("launch_ms")
