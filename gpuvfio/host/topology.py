@@ -18,6 +18,7 @@ may be is NCCL's default P2P level (``p2p_rule``), and GeForce cards get none at
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
@@ -258,7 +259,26 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
     usable = _without_geforce(usable, notes, forced, force=force)
     reach = P2pRule(SYS, "--p2p force") if force else rule
     positions = {fn.address: position(fn) for fn in usable}
-    parent = {a: a for a in positions}
+
+    def word(a: PciAddress, b: PciAddress) -> str:
+        return relation(positions[a], positions[b], single_node=single_node)
+
+    addresses = list(positions)
+    sets = _reachable_sets(addresses, reach, word)
+    cliques = _cliques(sets, rule, word, notes, forced)
+    if force and not forced:
+        notes.append("--p2p force: every clique is within NCCL's default level and no GeForce card is among them; "
+                     "force changed nothing")
+    _lonely_notes(addresses, sets, rule, word, notes)
+    return CliquePlan(cliques, notes, rule, forced)
+
+
+def _reachable_sets(addresses: list[PciAddress], reach: P2pRule,
+                    word: Callable[[PciAddress, PciAddress], str]) -> list[list[PciAddress]]:
+    """The GPUs at ``addresses`` joined wherever ``reach`` allows the path word between two
+    (``word``), and so on transitively: a GPU shares a set with every GPU it reaches through
+    others. Each set is in host order, the sets in the order of their first members."""
+    parent = {a: a for a in addresses}
 
     def find(a):
         while parent[a] != a:
@@ -266,10 +286,6 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
             a = parent[a]
         return a
 
-    def word(a: PciAddress, b: PciAddress) -> str:
-        return relation(positions[a], positions[b], single_node=single_node)
-
-    addresses = list(positions)
     for i, a in enumerate(addresses):
         for b in addresses[i + 1:]:
             if reach.allows(word(a, b)):
@@ -277,8 +293,16 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
     sets: dict[PciAddress, list[PciAddress]] = {}
     for a in addresses:
         sets.setdefault(find(a), []).append(a)
+    return list(sets.values())
+
+
+def _cliques(sets: list[list[PciAddress]], rule: P2pRule, word: Callable[[PciAddress, PciAddress], str],
+             notes: list[str], forced: list[str]) -> list[Clique]:
+    """A clique for each set of two GPUs or more, up to MAX_CLIQUES (a note for each set left
+    out), named by the farthest path between two of its members; one beyond NCCL's default
+    level (``rule``) goes to ``forced``, as only --p2p force gave it."""
     cliques: list[Clique] = []
-    for members in sets.values():
+    for members in sets:
         if len(members) < 2:
             continue
         if len(cliques) == MAX_CLIQUES:
@@ -290,16 +314,20 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
             forced.append(f"--p2p force: P2P clique {len(cliques) - 1} ({', '.join(map(str, members))}) spans "
                           f"{worst} ({NCCL_PATH[worst]}), beyond NCCL's default level {NCCL_PATH[rule.farthest]} "
                           "on this host")
-    if force and not forced:
-        notes.append("--p2p force: every clique is within NCCL's default level and no GeForce card is among them; "
-                     "force changed nothing")
+    return cliques
+
+
+def _lonely_notes(addresses: list[PciAddress], sets: list[list[PciAddress]], rule: P2pRule,
+                  word: Callable[[PciAddress, PciAddress], str], notes: list[str]) -> None:
+    """A note for the GPUs that reach no other, grouped by the path word to the nearest other
+    GPU, which is beyond NCCL's default level (``rule``)."""
+    alone = {members[0] for members in sets if len(members) == 1}
     lonely: dict[str, list[PciAddress]] = {}
     for a in addresses:
-        if len(sets[find(a)]) == 1 and len(addresses) > 1:
+        if a in alone and len(addresses) > 1:
             nearest = min((word(a, b) for b in addresses if b != a), key=DISTANCE.__getitem__)
             lonely.setdefault(nearest, []).append(a)
     for nearest, members in lonely.items():
         notes.append(f"{', '.join(map(str, members))}: the nearest other GPU is {nearest} ({LEGEND[nearest]}), "
                      f"beyond NCCL's default P2P level here ({NCCL_PATH[rule.farthest]}): no clique (NVLink P2P, "
                      "where the GPUs have it, needs none)")
-    return CliquePlan(cliques, notes, rule, forced)
