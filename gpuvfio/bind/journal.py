@@ -104,6 +104,23 @@ def journal_problem(data: dict) -> str | None:
     services = data.get("services_stopped", [])
     if not isinstance(services, list) or not all(s in _UNITS for s in services):
         return f"services_stopped is {services!r}"
+    problem = _tables_problem(data)
+    if problem:
+        return problem
+    operation = data.get("operation")
+    if operation is not None:
+        if not isinstance(operation, dict) or not isinstance(operation.get("steps", []), list) \
+                or not all(isinstance(step, dict) and isinstance(step.get("state", ""), str)
+                           for step in operation.get("steps", [])):
+            return "operation is malformed"
+    return None
+
+
+def _tables_problem(data: dict) -> str | None:
+    """What is wrong with the journal's tables beside its devices (mdevs, vGPUs, schedulers, broken
+    devices, Fabric Manager partitions), the first found, or None: each key must be what its table
+    is keyed by, and each record hold only that table's fields, each valid. journal_problem has
+    checked that each table present is an object."""
     mdev = {"parent": _address, "type": lambda v: isinstance(v, str) and bool(_NAME.fullmatch(v)),
             "state": lambda v: v in ("creating", "created"), "persisted": lambda v: v is None or isinstance(v, str)}
     for uuid, record in data.get("mdevs", {}).items():
@@ -139,12 +156,6 @@ def journal_problem(data: dict) -> str | None:
                                                                                         partition)
         if problem:
             return problem
-    operation = data.get("operation")
-    if operation is not None:
-        if not isinstance(operation, dict) or not isinstance(operation.get("steps", []), list) \
-                or not all(isinstance(step, dict) and isinstance(step.get("state", ""), str)
-                           for step in operation.get("steps", [])):
-            return "operation is malformed"
     return None
 
 
