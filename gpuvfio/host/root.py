@@ -47,9 +47,13 @@ class HostRoot:
         self.tree = files.Tree(self.root)
         # realpath of <root>/sys must stay inside the root: a fixture whose sys is a
         # symlink to the live /sys would silently inspect (and later change) this host.
+        # Nor the root itself (sys -> .): sysfs's links would then reach the whole root (its
+        # /etc), and a write meant for an attribute would land there.
         sys_dir = os.path.realpath(os.path.join(self.root, "sys"))
         if not self._inside(sys_dir, self.root):
             raise UnsafePathError(f"{os.path.join(self.root, 'sys')} leads outside the root {self.root}")
+        if sys_dir == self.root:
+            raise UnsafePathError(f"{os.path.join(self.root, 'sys')} is the root {self.root} itself, not its sysfs")
         self.sys = sys_dir
         # Complete answers of earlier walks, by the path asked (HeldDirs.walk): of sysfs's links
         # inside sys, and of the host's own links inside the root.

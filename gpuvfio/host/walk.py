@@ -63,11 +63,25 @@ class HeldDirs:
 
     def get(self, path: str) -> int:
         """The held fd of the real directory ``path`` (the root or beneath it), opened with those
-        above it when not held yet (a walk's top; the root itself is followed: the caller chose it)."""
+        above it when not held yet (a walk's top; the root itself is followed: the caller chose it).
+        From the nearest held directory above, one component at a time: a root's sys may lie
+        hundreds of directories deep, so no recursion."""
         fd = self.fds.get(path)
-        if fd is None:
-            fd = self.fds[path] = self.reopen(path)
-        return fd
+        if fd is not None:
+            return fd
+        below, where = [], path
+        while where not in self.fds and where != self.root and where:
+            below.append(where)
+            where = where.rpartition("/")[0]
+        if where not in self.fds:
+            self.fds[where] = self.reopen(self.root)
+        for step in reversed(below):
+            parent, _, name = step.rpartition("/")
+            fd = files.open_dir_at(self.fds[parent], name, step)
+            if fd is None:
+                raise HostReadError(f"missing {step}")
+            self.fds[step] = fd
+        return self.fds[path]
 
     def reopen(self, path: str) -> int:
         """A fresh fd of the real directory ``path``, for a caller to own and close."""

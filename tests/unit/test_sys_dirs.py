@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from gpuvfio.errors import GpuvfioError
+from gpuvfio.errors import GpuvfioError, HostReadError, UnsafePathError
 from gpuvfio.host.inventory import device_path, list_addresses, read_functions
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.walk import MAX_COMPONENTS, MAX_LINK_HOPS
@@ -323,3 +323,27 @@ def test_a_pass_holds_each_directory_once_and_closes_every_fd(tmp_path):
     assert held <= 6 + len(bridges) and open_fds() == before
     functions = read_functions(host)
     assert open_fds() == before and functions[next(iter(functions))].vendor_id
+
+
+def test_a_sys_deep_in_the_root_is_walked_without_recursion(tmp_path):
+    """A host tree whose sys links to a directory 700 deep: its directories are opened one after
+    another from the root, answered with gpuvfio's own errors (RecursionError before)."""
+    root = tmp_path / "deep"
+    deep = root.joinpath(*["d"] * 700)
+    deep.mkdir(parents=True)
+    os.symlink(os.path.relpath(deep, root), root / "sys")
+    host = HostRoot(str(root))
+    with pytest.raises(HostReadError, match="missing"):
+        host.resolve_in_sys(os.path.join(host.sys, "x"))
+    with host.sys_dirs() as dirs, dirs.open(host.sys) as opened:
+        assert opened.path == host.sys
+
+
+def test_a_sys_that_is_the_root_itself_is_refused(tmp_path):
+    """sys -> . would make the whole root sysfs's: a device's driver link to ../../etc would be
+    read, and written, as an attribute."""
+    root = tmp_path / "self"
+    (root / "etc").mkdir(parents=True)
+    os.symlink(".", root / "sys")
+    with pytest.raises(UnsafePathError, match="is the root .* itself"):
+        HostRoot(str(root))
