@@ -518,11 +518,11 @@ def test_the_file_layers_open_flags_are_declared_once():
 
 
 def test_functions_stay_short():
-    """Issue 36 item 6: functions within about 60 lines, none over 80."""
+    """Issue 36 item 6: functions within about 60 lines (62 at most, docstring included)."""
     long = []
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 62:
                 long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, long
 
