@@ -347,3 +347,14 @@ def test_a_sys_that_is_the_root_itself_is_refused(tmp_path):
     os.symlink(".", root / "sys")
     with pytest.raises(UnsafePathError, match="is the root .* itself"):
         HostRoot(str(root))
+
+
+def test_a_name_too_long_on_the_way_is_refused_in_words(tmp_path):
+    """openat(2) answers ENAMETOOLONG for a component over NAME_MAX (255 bytes): the walk says so,
+    naming where, instead of taking it for a missing directory or a link."""
+    root = str(tmp_path / "host")
+    gpu_workstation(root)
+    host = HostRoot(root)
+    too_long = os.path.join(host.sys, "devices", "x" * 300, "vendor")
+    with pytest.raises(UnsafePathError, match=r"/devices/x+\.\.\.: name too long"):
+        host.resolve_in_sys(too_long)
