@@ -74,7 +74,7 @@ GROUPS = {
     "files": Group(("gpuvfio/files.py", "gpuvfio/tree_filler.py"),
                    _t("test_file_layer", "test_file_layer_reads", "test_tree_reads", "test_tree_writes",
                       "test_tree_replace", "test_tree_filler", "test_confined_writes", "test_fixture_safety",
-                      "test_bounded_recordings", "test_edges")),
+                      "test_sys_dirs", "test_bounded_recordings", "test_edges")),  # sys_dirs: the walk's steps
     "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri", "test_settings")),
     "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py"),
                    _t("test_verify", "test_verify_report", "test_plausible_guest", "test_edges", "test_fabric_flow",
