@@ -22,7 +22,7 @@ from gpuvfio.ops.plans import Plan, StepKind
 from gpuvfio.ops.targets import SshOptions, ssh_options
 from gpuvfio.ops.verify_options import verify_options
 from gpuvfio.ops.selection import resolve, the_gpu
-from gpuvfio.testbed.spec import Spec, Variant, boot_timeout, guest_request_args
+from gpuvfio.testbed.spec import Spec, Variant, boot_timeout, guest_request_args, in_spec_words
 
 DOMAIN_PREFIX = "gpuvfio-tb-"
 DIGEST = re.compile(r"digest='sha256:[0-9a-f]{64}'")
@@ -63,7 +63,7 @@ def addresses_for(ctx: Context, gpus: list[PciAddress], variant: Variant) -> lis
     try:
         return [the_gpu(ctx, gpus)]
     except InputError as exc:
-        raise InputError(f"variant {variant.name}: {exc}") from None
+        raise InputError(f"variant {variant.name}: {in_spec_words(exc)}") from None
 
 
 def ssh_for(spec: Spec, timeout: float | None = None) -> SshOptions:
@@ -180,7 +180,7 @@ def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
     try:
         request = request_for(ctx, spec, variant, gpus)
     except InputError as exc:
-        raise InputError(f"variant {variant.name}: {exc}") from None
+        raise InputError(f"variant {variant.name}: {in_spec_words(exc)}") from None
     except GpuvfioError as exc:
         planned.refuse("variant", str(exc))
         return planned
@@ -193,7 +193,7 @@ def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
                                      verify=verify_options(**spec.verify),
                                      ask_libvirt=binding.libvirt_not_asked(ctx, uri) is None)
     except InputError as exc:
-        raise InputError(f"variant {variant.name}: {exc}") from None
+        raise InputError(f"variant {variant.name}: {in_spec_words(exc)}") from None
     # With a leftover guest the attach is judged again once it is detached: its own domain check
     # (running, or redefined) is about the leftover, not the variant (detach refuses a domain
     # gpuvfio did not define).

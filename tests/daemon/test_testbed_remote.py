@@ -100,7 +100,7 @@ def test_remote_plan_is_the_plan_made_there(cli, tmp_path, hypervisor):
                for w in there.json()["variants"][0]["warnings"])
     local.write_text(PLAN_SPEC.replace('memory = "32G"', rom))
     here = cli("--root", sample, "testbed", "plan", str(local))
-    assert here.code == 2 and "--rom-file /usr/share/vbios/clean.rom: no such file on this host" in here.err
+    assert here.code == 2 and "rom_file '/usr/share/vbios/clean.rom': no such file on this host" in here.err
 
 
 def test_unknown_host_key_is_refused_and_trust_on_first_use_records_it(cli, tmp_path, hypervisor, monkeypatch):

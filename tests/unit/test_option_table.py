@@ -30,6 +30,7 @@ from gpuvfio.options import (ANSIBLE_MODULES, CLI_COMMANDS, DOMAIN, RUN, SETS, S
 from gpuvfio.testbed import schema as spec_schema
 from gpuvfio.testbed.plan import request_for
 from gpuvfio.testbed.spec import guest_request_args, load_spec
+from tests.make_samples import sample_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOKS = os.path.join(REPO, "playbooks")
@@ -622,6 +623,18 @@ def test_a_spec_value_is_checked_by_the_table_in_the_commands_words(tmp_path, li
     with pytest.raises(InputError) as caught:
         load_spec(str(path))
     assert str(caught.value).endswith(words), str(caught.value)
+
+
+def test_a_testbed_plan_names_a_missing_file_by_its_spec_key(cli, tmp_path):
+    """A variant's domain check (a ROM image this host lacks) is told in the spec's words: the
+    spec's author wrote rom_file, never --rom-file."""
+    path = tmp_path / "spec.toml"
+    spec = BASE.replace('known_hosts = "/root/.ssh/known_hosts"\n', "trust_on_first_use = true\n")
+    path.write_text(spec.replace("[guest]\n", '[guest]\nrom_file = "/usr/share/vbios/none.rom"\n', 1))
+    planned = cli("--root", sample_path("dgx-h100"), "testbed", "plan", str(path))
+    assert planned.code == 2, planned.err
+    assert "rom_file '/usr/share/vbios/none.rom': no such file on this host" in planned.err
+    assert "--rom-file" not in planned.err
 
 
 def test_a_value_out_of_the_tables_bounds_is_refused_by_the_table():
