@@ -1,7 +1,8 @@
-"""Files that run inside the guest, sent over SSH (sh -c, python3 -) and never imported
-by gpuvfio itself: probe.sh (POSIX sh, busybox is enough), verifier.py with its driver layer
-gpuvfio_nvapi.py and its reader of NCCL's topology XML gpuvfio_ncclxml.py (stdlib only), and their
-kernels (kernels.cu, compiled to kernels.ptx). The host's tests import gpuvfio_ncclxml too."""
+"""Files that run inside the guest, sent over SSH (sh -c, python3 -): probe.sh (POSIX sh,
+busybox is enough), verifier.py with its driver layer gpuvfio_nvapi.py, its reader of NCCL's
+topology XML gpuvfio_ncclxml.py and its reference of NCCL's paths gpuvfio_ncclpaths.py (stdlib
+only), and their kernels (kernels.cu, compiled to kernels.ptx). gpuvfio itself imports only the
+two NCCL references, so that the host and the guest apply the same rules."""
 
 import os
 
