@@ -348,9 +348,10 @@ class HostBuilder:
 
     def bridge(self, parent: Node, address: str, vendor: str, device: str, *, secondary_bus: int,
                numa: int | None = None, link: tuple | None = None, group="auto",
-               klass: str = "060400", driver: str | None = "pcieport") -> Node:
+               klass: str = "060400", driver: str | None = "pcieport",
+               subsystem: tuple[str, str] | None = None) -> Node:
         fn = self.function(parent, address, vendor, device, klass, driver=driver, link=link,
-                           group=group, secondary_bus=secondary_bus, reset_method=None)
+                           group=group, secondary_bus=secondary_bus, reset_method=None, subsystem=subsystem)
         return Node(fn.path, parent.numa if numa is None else numa, fn)
 
     def sriov(self, pf: Function, total: int, vf_addresses: list[str], vf_device: str,

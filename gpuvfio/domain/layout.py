@@ -4,14 +4,18 @@ Two layouts:
 
 * ``flat``: one pcie-root-port per device, on pcie-root, or with several guest NUMA cells on
   the pxb-pcie of the device's cell (what gpuvfio did before mirroring).
-* ``mirror`` (default for two or more devices): the guest sees the host's shape. Devices under
-  one host PCIe switch share one emulated switch (pcie-root-port -> pcie-switch-upstream-port
-  -> one pcie-switch-downstream-port each, libvirt formatdomain "PCI controllers"), so NCCL and
-  the CUDA driver see them as PIX neighbours and a GPU keeps its NIC beside it; devices from
-  several host root complexes get one pxb-pcie each, bound to the guest NUMA cell of the
-  host node (KubeVirt VEP 115 does the same); a hierarchy whose BARs reach 128 GiB gets a
-  pxb of its own (KubeVirt VEP 199), so its bridge window does not share a bus range with
-  others. Devices keep host order within each level.
+* ``mirror`` (default for two or more devices): the guest sees the host's shape. Devices below
+  one host root port keep every PCIe switch between it and them: a guest root port, and for
+  each host switch an emulated one (pcie-switch-upstream-port -> a pcie-switch-downstream-port
+  for each of its ports the devices are below, libvirt formatdomain "PCI controllers"), level
+  for level, so NCCL and the CUDA driver count the same switches between two GPUs as on the
+  host (PIX under one switch, PXB across cascaded ones) and a GPU keeps its NIC beside it. A
+  device alone below its root port gets a root port (every path from it goes through the host
+  bridge either way); devices on different root ports stay apart. Devices from several host
+  root complexes get one pxb-pcie each, bound to the guest NUMA cell of the host node
+  (KubeVirt VEP 115 does the same); a hierarchy whose BARs reach 128 GiB gets a pxb of its
+  own (KubeVirt VEP 199), so its bridge window does not share a bus range with others.
+  Devices keep host order within each level.
 
 Guest bus numbers are not the controller indexes: each pxb-pcie starts the bus range given by
 its ``busNr``, and firmware numbers the buses below it (hw/pci-bridge/pci_expander_bridge.c);
@@ -50,6 +54,7 @@ class Controller:
     bus_nr: int | None = None  # pcie-expander-bus
     cell: int | None = None  # pcie-expander-bus: guest NUMA cell
     purpose: str = ""  # what it mirrors, for the plan
+    host: PciAddress | None = None  # the host bridge it stands for (a root port, switch port), if one
 
     @property
     def qemu_model(self) -> str:
@@ -146,11 +151,12 @@ def _flat(builder: _Builder, layout: Layout, devices, cell_of_node, guest_cells)
 def _mirror(builder: _Builder, layout: Layout, devices, cell_of_node, guest_cells) -> None:
     devices = sorted(devices, key=lambda fns: fns[0].address)
     where = {fns[0].address: position(fns[0]) for fns in devices}
-    # Hierarchies: devices sharing their nearest host switch, or a device alone on its root port.
+    # Hierarchies: the devices below one host root port (every switch level between it and them
+    # is mirrored), or a device alone on its root port or on the root bus.
     hierarchies: dict[tuple, list[list[PciFunction]]] = {}
     for functions in devices:
         pos = where[functions[0].address]
-        key = (pos.root_complex, pos.switch) if pos.switch else (pos.root_complex, functions[0].address)
+        key = (pos.root_complex, pos.root_port or functions[0].address)
         hierarchies.setdefault(key, []).append(functions)
     complexes: dict[RootComplex, list[list[list[PciFunction]]]] = {}
     for (complex_, _key), members in hierarchies.items():
@@ -161,43 +167,93 @@ def _mirror(builder: _Builder, layout: Layout, devices, cell_of_node, guest_cell
         cell = cell_of_node.get(node) if guest_cells else None
         if guest_cells and cell is None:
             cell = min(cell_of_node.values())
-        big = [g for g in groups if _bar_bytes([f for fns in g for f in fns]) >= DEDICATED_BAR_BYTES]
-        shared = [g for g in groups if g not in big]
-        buses: list[tuple[int, list]] = []
-        if shared:
-            parent = 0
-            if own_bus:
-                parent = builder.add("pcie-expander-bus", 0, f"host root complex {complex_}", cell=cell).index
-            buses.append((parent, shared))
-        for group in big:
-            size = _bar_bytes([f for fns in group for f in fns]) >> 30
-            parent = builder.add("pcie-expander-bus", 0, f"host root complex {complex_}, {size} GiB of BARs "
-                                 "(a pxb of its own)", cell=cell).index
-            if len(groups) > 1 or not own_bus:  # otherwise its root complex's pxb is its own anyway
-                layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)}: {size} GiB of BARs "
-                                    "(128 GiB or more), so a pxb-pcie of their own")
-            buses.append((parent, [group]))
-        for parent, hierarchy_list in buses:
+        for parent, hierarchy_list in _buses_of(builder, layout, complex_, groups, own_bus, cell):
             for group in hierarchy_list:
                 _hierarchy(builder, layout, parent, group, where)
 
 
+def _buses_of(builder: _Builder, layout: Layout, complex_: RootComplex, groups: list, own_bus: bool,
+              cell: int | None) -> list[tuple[int, list]]:
+    """The guest buses one host root complex's hierarchies go on: its pxb-pcie (or pcie-root),
+    and a pxb of its own for each hierarchy whose BARs reach DEDICATED_BAR_BYTES."""
+    big = [g for g in groups if _bar_bytes([f for fns in g for f in fns]) >= DEDICATED_BAR_BYTES]
+    shared = [g for g in groups if g not in big]
+    buses: list[tuple[int, list]] = []
+    if shared:
+        parent = 0
+        if own_bus:
+            parent = builder.add("pcie-expander-bus", 0, f"host root complex {complex_}", cell=cell).index
+        buses.append((parent, shared))
+    for group in big:
+        size = _bar_bytes([f for fns in group for f in fns]) >> 30
+        parent = builder.add("pcie-expander-bus", 0, f"host root complex {complex_}, {size} GiB of BARs "
+                             "(a pxb of its own)", cell=cell).index
+        if len(groups) > 1 or not own_bus:  # otherwise its root complex's pxb is its own anyway
+            layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)}: {size} GiB of BARs "
+                                "(128 GiB or more), so a pxb-pcie of their own")
+        buses.append((parent, [group]))
+    return buses
+
+
+def switch_levels(pos: Position) -> tuple[tuple[PciAddress, PciAddress], ...]:
+    """(upstream port, downstream port) of each host switch between the root port and the
+    device, nearest the root first; a bridge left over below them (a PCIe-to-PCI bridge) is
+    not a switch level."""
+    return tuple(zip(pos.path[1::2], pos.path[2::2]))
+
+
+def _mirrorable(group: list[list[PciFunction]], where: dict[PciAddress, Position]) -> bool:
+    """Whether the devices' switch levels form a tree that PCIe ports can hold: a port's bus
+    holds one device or one switch, never both, and no two devices share a port."""
+    holds: dict[tuple, set] = {}
+    for functions in group:
+        levels = switch_levels(where[functions[0].address])
+        for depth in range(len(levels) + 1):
+            port = levels[:depth]
+            content = levels[depth][0] if depth < len(levels) else ("device", functions[0].address)
+            holds.setdefault(port, set()).add(content)
+    return all(len(content) == 1 for content in holds.values())
+
+
 def _hierarchy(builder: _Builder, layout: Layout, parent: int, group: list[list[PciFunction]],
                where: dict[PciAddress, Position]) -> None:
-    first = where[group[0][0].address]
-    if len(group) == 1:
-        port = builder.add("pcie-root-port", parent, f"{group[0][0].address}")
-        layout.ports.append(GuestPort(port.index, group[0]))
+    """One host root port's devices: alone, a guest root port; several, the root port and every
+    switch level below it, each host switch an emulated one (upstream port, then a downstream
+    port for each of its ports the devices are below), so NCCL and the CUDA driver count the
+    same switches between two devices as on the host."""
+    if len(group) == 1 or not _mirrorable(group, where):
+        if len(group) > 1:
+            layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)}: the bridges above them are "
+                                "not a tree of PCIe switches; each gets a root port of its own")
+        for functions in group:
+            port = builder.add("pcie-root-port", parent, f"{functions[0].address}",
+                               host=where[functions[0].address].root_port)
+            layout.ports.append(GuestPort(port.index, functions))
         return
-    switch = first.switch
-    root = builder.add("pcie-root-port", parent, f"root port above host switch {switch}")
-    upstream = builder.add("pcie-switch-upstream-port", root.index, f"host switch {switch}")
-    for functions in group:
+    root_port = where[group[0][0].address].root_port
+    root = builder.add("pcie-root-port", parent, f"host root port {root_port}", host=root_port)
+    _below_port(builder, layout, root.index, [(switch_levels(where[f[0].address]), f) for f in group], 0)
+    depth = max(len(switch_levels(where[f[0].address])) for f in group)
+    layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)} are below host root port {root_port} "
+                        f"through {depth} switch level(s): mirrored level for level")
+
+
+def _below_port(builder: _Builder, layout: Layout, port: int, members: list, depth: int) -> None:
+    """What the port ``port`` holds at switch level ``depth``: a device, or the switch above the
+    members (_mirrorable has made sure it is one or the other)."""
+    if len(members) == 1 and len(members[0][0]) == depth:
+        layout.ports.append(GuestPort(port, members[0][1]))
+        return
+    upstream_address = members[0][0][depth][0]
+    upstream = builder.add("pcie-switch-upstream-port", port, f"host switch {upstream_address}",
+                           host=upstream_address)
+    by_port: dict[PciAddress, list] = {}
+    for levels, functions in members:
+        by_port.setdefault(levels[depth][1], []).append((levels, functions))
+    for downstream_address, below in by_port.items():
         down = builder.add("pcie-switch-downstream-port", upstream.index,
-                           f"host switch {switch} port for {functions[0].address}")
-        layout.ports.append(GuestPort(down.index, functions))
-    layout.notes.append(f"{', '.join(str(fns[0].address) for fns in group)} share host switch {switch}: "
-                        "one emulated switch in the guest")
+                           f"host switch {upstream_address} port {downstream_address}", host=downstream_address)
+        _below_port(builder, layout, down.index, below, depth + 1)
 
 
 def _buses_below(layout: Layout, expander: Controller) -> int:

@@ -28,7 +28,6 @@ from gpuvfio.address import PciAddress
 from gpuvfio.domain.layout import Controller, GuestPort
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.model import PciFunction
-from gpuvfio.host.topology import position
 
 GUEST_FILE = "/etc/gpuvfio/nccl-topo.xml"
 
@@ -37,13 +36,27 @@ class TopologyMismatch(GpuvfioError):
     """The guest's PCI devices do not line up with the plan: no file is written from them."""
 
 
+@dataclass(frozen=True)
+class GuestSwitch:
+    """An emulated switch above a device: the guest's bus id of its upstream port (the node NCCL
+    hangs what is below from) and the host switch's upstream port it stands for."""
+
+    busid: str
+    host: PciAddress | None
+
+
 @dataclass
 class GuestDevice:
-    """One planned device as the guest names it: its bus id and the switch it sits under."""
+    """One planned device as the guest names it: its bus id and the switches above it."""
 
     port: GuestPort
     address: str  # the guest's DDDD:BB:SS.F of function 0
-    switch: str | None  # the guest's bus id of the emulated switch's upstream port
+    switches: tuple[GuestSwitch, ...] = ()  # nearest the root first
+
+    @property
+    def switch(self) -> str | None:
+        """The guest's bus id of the switch nearest the device (None: straight on a root port)."""
+        return self.switches[-1].busid if self.switches else None
 
 
 def _children(controllers: list[Controller]) -> dict[int, list[Controller]]:
@@ -83,22 +96,26 @@ def port_order(controllers: list[Controller], ports: list[GuestPort]) -> list[Gu
     return sorted(ports, key=lambda p: buses[p.index])
 
 
-def _switch_of(controllers: list[Controller], port: GuestPort) -> Controller | None:
-    """The emulated upstream port above a device's downstream port, if it sits in a switch."""
+def switch_chain(controllers: list[Controller], port: GuestPort) -> list[Controller]:
+    """The emulated upstream ports above a device's port, nearest the root first."""
     by_index = {c.index: c for c in controllers}
-    down = by_index.get(port.index)
-    if down is None or down.model != "pcie-switch-downstream-port":
-        return None
-    return by_index[down.parent]
+    chain = []
+    index = port.index
+    while index in by_index:
+        controller = by_index[index]
+        if controller.model == "pcie-switch-upstream-port":
+            chain.append(controller)
+        index = controller.parent
+    return chain[::-1]
 
 
 def predicted_addresses(controllers: list[Controller], ports: list[GuestPort]) -> list[GuestDevice]:
     buses = guest_buses(controllers)
     out = []
     for port in port_order(controllers, ports):
-        up = _switch_of(controllers, port)
-        out.append(GuestDevice(port, f"0000:{buses[port.index]:02x}:00.0",
-                               f"0000:{buses[up.parent]:02x}:00.0" if up is not None else None))
+        switches = tuple(GuestSwitch(f"0000:{buses[up.parent]:02x}:00.0", up.host)
+                         for up in switch_chain(controllers, port))
+        out.append(GuestDevice(port, f"0000:{buses[port.index]:02x}:00.0", switches))
     return out
 
 
@@ -106,7 +123,7 @@ def map_guest(controllers: list[Controller], ports: list[GuestPort], guest_pci: 
     """Map the guest's PCI functions (the probe's PCI lines: address, vendor_id, device_id,
     upstream) onto the planned devices. Both are in enumeration order, so the n-th planned
     device is the n-th guest function of its kind on its own bus; each pairing is checked by
-    vendor:device, and the switch is the guest's own bridge above the device's port."""
+    vendor:device, and the switches are the guest's own bridges above the device's port."""
     by_address = {p["address"]: p for p in guest_pci}
     planned = port_order(controllers, ports)
     wanted = {(f.vendor_id, f.device_id) for port in planned for f in port.functions[:1]}
@@ -120,14 +137,26 @@ def map_guest(controllers: list[Controller], ports: list[GuestPort], guest_pci: 
         if (guest["vendor_id"], guest["device_id"]) != (fn.vendor_id, fn.device_id):
             raise TopologyMismatch(f"guest {guest['address']} is {guest['vendor_id']}:{guest['device_id']} where "
                                    f"the plan has {fn.address} ({fn.vendor_id}:{fn.device_id})")
-        switch = None
-        if _switch_of(controllers, port) is not None:
-            down = by_address.get(guest.get("upstream") or "")
-            switch = down.get("upstream") if down else None
-            if not switch:
-                raise TopologyMismatch(f"guest {guest['address']}: the probe does not show the switch above it")
-        out.append(GuestDevice(port, guest["address"], switch))
+        out.append(GuestDevice(port, guest["address"], _guest_switches(controllers, port, guest, by_address)))
     return out
+
+
+def _guest_switches(controllers: list[Controller], port: GuestPort, guest: dict,
+                    by_address: dict[str, dict]) -> tuple[GuestSwitch, ...]:
+    """The guest's upstream ports above ``guest``, read up the probe's bridges: a downstream
+    port, then its switch's upstream port, once per planned switch level."""
+    chain = switch_chain(controllers, port)
+    found = []
+    at = guest
+    for up in reversed(chain):
+        down = by_address.get(at.get("upstream") or "") if at else None
+        switch = down.get("upstream") if down else None
+        if not switch:
+            raise TopologyMismatch(f"guest {guest['address']}: the probe does not show the {len(chain)} switch "
+                                   "level(s) planned above it")
+        found.append(GuestSwitch(switch, up.host))
+        at = by_address.get(switch)
+    return tuple(found[::-1])
 
 
 # The kernel's spelling of a PCIe speed (drivers/pci/pci.h PCIE_SPEED2STR, Linux 5.7 and later:
@@ -188,14 +217,27 @@ def _mask(cpus: list[int]) -> str:
     return ",".join(f"{(value >> (32 * w)) & 0xFFFFFFFF:08x}" for w in reversed(range(words)))
 
 
-def _switch_link(device: GuestDevice, functions: Mapping[PciAddress, PciFunction] | None) -> tuple[str, str] | None:
-    """The link attributes of the host switch above ``device`` (its upstream port, the node NCCL
-    hangs the device from), by NCCL's rule against the port above the switch."""
-    if functions is None:
-        return None
-    upstream = position(device.port.functions[0]).switch
-    fn = functions.get(upstream) if upstream is not None else None
-    return link_attributes(fn, functions) if fn is not None else None
+def _switch_attributes(switch: GuestSwitch, functions: Mapping[PciAddress, PciFunction] | None) -> dict[str, str]:
+    """What the file says of an emulated switch beyond its bus id and class: the link attributes
+    of the host switch's upstream port, by NCCL's rule against the port above it, and its ids
+    (vendor, device, subsystem), which NCCL keeps from the file (an attribute already set is
+    never filled) and reads to fold a Broadcom PEX switch's two levels into one
+    (src/graph/topo.cc ncclTopoFlattenBcmSwitches, v2.30.7-1), as it does on the host."""
+    fn = functions.get(switch.host) if functions is not None and switch.host is not None else None
+    if fn is None:
+        return {}
+    attrs = _id_attributes(fn)
+    link = link_attributes(fn, functions)
+    if link:
+        attrs.update(link_speed=link[0], link_width=link[1])
+    return attrs
+
+
+def _id_attributes(fn: PciFunction) -> dict[str, str]:
+    attrs = {"vendor": f"0x{fn.vendor_id}", "device": f"0x{fn.device_id}"}
+    if fn.subsystem_vendor_id and fn.subsystem_device_id:
+        attrs.update(subsystem_vendor=f"0x{fn.subsystem_vendor_id}", subsystem_device=f"0x{fn.subsystem_device_id}")
+    return attrs
 
 
 def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]], cell_of_port: dict[int, int], *,
@@ -229,27 +271,73 @@ def topology_tree(devices: list[GuestDevice], cells: list[tuple[int, list[int]]]
         if cpu_vendor:
             attrs["vendor"] = cpu_vendor
         cpu_nodes[cell] = ET.SubElement(system, "cpu", attrs)
-    switches: dict[str, ET.Element] = {}
+    switches: dict[tuple[str, ...], ET.Element] = {}
     for device in devices:
         parent = cpu_nodes[cell_of_port.get(device.port.index, cells[0][0])]
-        if device.switch:
-            if device.switch not in switches:
-                attrs = {"busid": device.switch, "class": "0x060400"}
-                link = (switch_links or {}).get(device.switch) or _switch_link(device, host_functions)
+        for depth, switch in enumerate(device.switches):
+            key = tuple(s.busid for s in device.switches[:depth + 1])
+            if key not in switches:
+                attrs = {"busid": switch.busid, "class": "0x060400", **_switch_attributes(switch, host_functions)}
+                link = (switch_links or {}).get(switch.busid)
                 if link:
                     attrs.update(link_speed=link[0], link_width=link[1])
-                switches[device.switch] = ET.SubElement(parent, "pci", attrs)
-            parent = switches[device.switch]
+                switches[key] = ET.SubElement(parent, "pci", attrs)
+            parent = switches[key]
         fn = device.port.functions[0]
-        attrs = {"busid": device.address, "class": f"0x{fn.class_id}", "vendor": f"0x{fn.vendor_id}",
-                 "device": f"0x{fn.device_id}"}
-        if fn.subsystem_vendor_id and fn.subsystem_device_id:
-            attrs.update(subsystem_vendor=f"0x{fn.subsystem_vendor_id}", subsystem_device=f"0x{fn.subsystem_device_id}")
+        attrs = {"busid": device.address, "class": f"0x{fn.class_id}", **_id_attributes(fn)}
         speed = link_attributes(fn, host_functions)
         if speed:
             attrs.update(link_speed=speed[0], link_width=speed[1])
         ET.SubElement(parent, "pci", attrs)
     return system
+
+
+def nccl_chain(fn: PciFunction) -> tuple[PciAddress, ...]:
+    """The <pci> nodes NCCL's sysfs reader puts above ``fn`` on this host, nearest the root
+    first (src/graph/xml.cc ncclTopoGetXmlFromSys, v2.30.7-1): from a device's sysfs path it
+    rewinds two components and continues on the bridge it lands on, and stops at a CPU where
+    the component before is no bus id (the root complex's ``pciDDDD:BB``). So a switch is one
+    node named by its upstream port, a device on a root port hangs from the CPU, and a
+    PCIe-to-PCI bridge below a switch shifts what follows by one."""
+    path = (*fn.parents, fn.address)
+    return tuple(path[i] for i in range(len(path) - 3, -1, -2))[::-1]
+
+
+def host_topology_tree(gpus: list[PciFunction], functions: Mapping[PciAddress, PciFunction], *,
+                       cpu_vendor: str | None) -> ET.Element:
+    """The topology NCCL's sysfs reader builds on this host for ``gpus``: a <cpu> per NUMA node
+    (the node of the top bridge, -1 where unknown), under it each bridge of ``nccl_chain`` with
+    its class, ids and link attributes, and the GPUs. What NCCL would compute on bare metal,
+    for comparison with the guest's file (both read by the same reference, gpuvfio_ncclpaths)."""
+    system = ET.Element("system", version="1")
+    cpus: dict[str, ET.Element] = {}
+    nodes: dict[PciAddress, ET.Element] = {}
+    for gpu in sorted(gpus, key=lambda f: f.address):
+        chain = nccl_chain(gpu)
+        top = functions.get(chain[0]) if chain else gpu
+        node = (top or gpu).numa_node
+        numaid = str(node if node is not None and node >= 0 else -1)
+        if numaid not in cpus:
+            attrs = {"numaid": numaid, "arch": "x86_64", **({"vendor": cpu_vendor} if cpu_vendor else {})}
+            cpus[numaid] = ET.SubElement(system, "cpu", attrs)
+        parent = cpus[numaid]
+        for address in (*chain, gpu.address):
+            if address not in nodes:
+                nodes[address] = ET.SubElement(parent, "pci", _host_attributes(address, functions))
+            parent = nodes[address]
+    return system
+
+
+def _host_attributes(address: PciAddress, functions: Mapping[PciAddress, PciFunction]) -> dict[str, str]:
+    fn = functions.get(address)
+    attrs = {"busid": str(address)}
+    if fn is None:  # a bridge the inventory does not hold: NCCL would read it as one
+        return attrs | {"class": "0x060400"}
+    attrs |= {"class": f"0x{fn.class_id}", **_id_attributes(fn)}
+    link = link_attributes(fn, functions)
+    if link:
+        attrs.update(link_speed=link[0], link_width=link[1])
+    return attrs
 
 
 # NCCL reads the file with a tokenizer of its own, not an XML parser (src/graph/xml.cc

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from xml.etree import ElementTree as ET
 
 from gpuvfio.address import PciAddress
 from gpuvfio.domain import nccl_topo
@@ -21,6 +22,7 @@ from gpuvfio.host.numa import MAX_NODE, cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.nccl_paths import PathPair, gpu_pairs
 from gpuvfio.ops.plans import Plan, StepKind
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.numbers import uint
@@ -44,6 +46,7 @@ class Provisioned:
     spec: DomainSpec
     xml: str
     inventory: Inventory
+    paths: list[PathPair] = dataclasses.field(default_factory=list)  # NCCL's, between its GPUs
 
     @property
     def assigned(self) -> list[PciAddress]:
@@ -58,7 +61,8 @@ class Provisioned:
                                  "cell": c.cell, "mirrors": c.purpose} for c in spec.controllers],
                 "devices": [{"address": str(slot.functions[0].address), "bus": slot.port, "alias": slot.alias}
                             for slot in spec.assignment.slots],
-                "p2p": spec.p2p.to_json(), "numa_distances": {str(k): {str(j): v for j, v in row.items()}
+                "p2p": spec.p2p.to_json(), "nccl_paths": [pair.to_json() for pair in self.paths],
+                "numa_distances": {str(k): {str(j): v for j, v in row.items()}
                                                               for k, row in spec.distances.items()}}
 
     @property
@@ -97,15 +101,23 @@ def provision_xml(ctx: Context, addresses: list[PciAddress], request: DomainRequ
         spec.notes = [line.message for line in fabric.lines if line.status != FABRIC_WARN] + spec.notes
         spec.warnings += [line.message for line in fabric.lines if line.status == FABRIC_WARN]
     settings = ctx.host.settings
-    return Provisioned(spec, domain_xml(spec, schemas=settings.schemas), inventory)
+    provisioned = Provisioned(spec, domain_xml(spec, schemas=settings.schemas), inventory)
+    _compare_paths(ctx, provisioned)
+    return provisioned
 
 
-def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None) -> str:
-    """The NCCL topology file for a provisioned guest: from the devices the guest shows
-    (``guest_pci``, the probe's PCI facts) or, without them, from the predicted bus ids."""
-    spec = provisioned.spec
+def _nccl_ports(spec: DomainSpec) -> list:
     # NCCL's file holds GPUs and NICs (and the switches above them); other devices stay out.
-    ports = [p for p in spec.ports if p.functions[0].class_id.startswith(("02", "03"))]
+    return [p for p in spec.ports if p.functions[0].class_id.startswith(("02", "03"))]
+
+
+def guest_topology(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None
+                   ) -> tuple[list[nccl_topo.GuestDevice], ET.Element]:
+    """The guest's devices as it names them and the NCCL topology of a provisioned guest: from
+    the devices the guest shows (``guest_pci``, the probe's PCI facts) or, without them, from
+    the predicted bus ids."""
+    spec = provisioned.spec
+    ports = _nccl_ports(spec)
     if guest_pci is None:
         devices = nccl_topo.predicted_addresses(spec.controllers, ports)
     else:
@@ -114,9 +126,42 @@ def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[d
              else [(0, list(range(spec.vcpus)))])
     # Link attributes as NCCL's reader computes them on the host: each device and each host
     # switch's upstream port against the port above it (nccl_topo.link_attributes).
-    return nccl_topo.nccl_topology(devices, cells, {slot.port: slot.cell for slot in spec.assignment.slots},
+    tree = nccl_topo.topology_tree(devices, cells, {slot.port: slot.cell for slot in spec.assignment.slots},
                                    cpu_vendor=guest_cpu_vendor(spec.asked.virt_type, cpu_vendor(ctx.host)),
                                    host_functions=provisioned.inventory.functions)
+    return devices, tree
+
+
+def nccl_topology_file(ctx: Context, provisioned: Provisioned, guest_pci: list[dict] | None = None) -> str:
+    """The NCCL topology file for a provisioned guest (``guest_topology``), as NCCL reads it."""
+    return nccl_topo.render(guest_topology(ctx, provisioned, guest_pci)[1])
+
+
+def _compare_paths(ctx: Context, provisioned: Provisioned) -> None:
+    """NCCL's path between each pair of the guest's GPUs, on the host and in the guest's file:
+    a note with the pairs, a warning for each pair that differs (NCCL in the guest would plan
+    for another machine than the one its GPUs are in)."""
+    spec = provisioned.spec
+    if sum(p.functions[0].is_nvidia_gpu for p in _nccl_ports(spec)) < 2:
+        return
+    devices, tree = guest_topology(ctx, provisioned)
+    host_vendor = cpu_vendor(ctx.host)
+    provisioned.paths = gpu_pairs(devices, tree, provisioned.inventory.functions, host_vendor=host_vendor,
+                                  guest_vendor=guest_cpu_vendor(spec.asked.virt_type, host_vendor))
+    for same, words in ((True, "the same on the host and in the guest"),
+                        (False, "NOT the same on the host and in the guest")):
+        by_kind: dict[str, list[str]] = {}
+        for pair in provisioned.paths:
+            if pair.same == same:
+                by_kind.setdefault(pair.kinds(), []).append(f"{pair.a}-{pair.b}")
+        if by_kind:
+            line = f"NCCL's path between GPUs, {words}: " + "; ".join(
+                f"{kind}: {', '.join(pairs)}" for kind, pairs in by_kind.items())
+            if same:
+                spec.notes.append(line)
+            else:
+                spec.warnings.append(line + " (NCCL in the guest would plan its rings and P2P for another machine "
+                                     "than the one its GPUs are in)")
 
 
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:

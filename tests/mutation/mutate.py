@@ -70,7 +70,7 @@ GROUPS = {
                      "test_topology_edges", "test_selectors")),
     "domain": Group(("gpuvfio/domain/placement.py", "gpuvfio/domain/address_space.py", "gpuvfio/domain/nccl_topo.py"),
                     _t("test_placement", "test_address_space", "test_nccl_topo", "test_edges", "test_layout",
-                       "test_pins", "test_address_record", "test_placement_record")),
+                       "test_pins", "test_address_record", "test_placement_record", "test_switch_levels")),
     "files": Group(("gpuvfio/files.py", "gpuvfio/tree_filler.py"),
                    _t("test_file_layer", "test_file_layer_reads", "test_tree_reads", "test_tree_writes",
                       "test_tree_replace", "test_tree_filler", "test_confined_writes", "test_fixture_safety",

@@ -108,7 +108,7 @@ def test_guest_bus_ids_win_over_the_prediction(tmp_path):
     (lambda view: [dict(v, device_id="2330") if v["device_id"] == "1021" else v for v in view],
      "shows 2 of the 3 planned devices"),
     (lambda view: [dict(v, upstream=None) if v["vendor_id"] == "1b36" else v for v in view],
-     "does not show the switch above it"),
+     "does not show the 1 switch level"),
 ])
 def test_a_guest_unlike_the_plan_gets_no_file(tmp_path, spoil, why):
     switch_host(tmp_path)
@@ -256,7 +256,7 @@ def test_an_emulated_switch_over_a_host_device_without_one_carries_no_link(tmp_p
     port has none, so the node gets no link attributes (rather than a crash or made-up ones)."""
     functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
     gpu = functions[PciAddress.parse("0000:02:00.0")]
-    device = nccl_topo.GuestDevice(GuestPort(3, [gpu]), "0000:04:00.0", "0000:02:00.0")
+    device = nccl_topo.GuestDevice(GuestPort(3, [gpu]), "0000:04:00.0", (nccl_topo.GuestSwitch("0000:02:00.0", None),))
     system = ET.fromstring(nccl_topo.nccl_topology([device], [(0, [0])], {}, cpu_vendor=None,
                                                    host_functions=functions))
     switch = system.find("cpu/pci")
@@ -302,7 +302,7 @@ def test_a_switch_port_whose_bridge_the_probe_does_not_show_is_a_mismatch(tmp_pa
     controllers = [Controller(1, "pcie-root-port", 0, slot=1), Controller(2, "pcie-switch-upstream-port", 1, slot=0),
                    Controller(3, "pcie-switch-downstream-port", 2, slot=0)]
     guest = [{"address": "0000:03:00.0", "vendor_id": "10de", "device_id": "2330", "upstream": "0000:02:00.0"}]
-    with pytest.raises(nccl_topo.TopologyMismatch, match="does not show the switch above it"):
+    with pytest.raises(nccl_topo.TopologyMismatch, match="does not show the 1 switch level"):
         nccl_topo.map_guest(controllers, [GuestPort(3, [gpu])], guest)
 
 
@@ -313,7 +313,7 @@ def test_subsystem_ids_go_in_pairs(tmp_path):
     gpu = functions[PciAddress.parse("0000:02:00.0")]
 
     def node(fn):
-        device = nccl_topo.GuestDevice(GuestPort(3, [fn]), "0000:04:00.0", None)
+        device = nccl_topo.GuestDevice(GuestPort(3, [fn]), "0000:04:00.0")
         return ET.fromstring(nccl_topo.nccl_topology([device], [(0, [0])], {}, cpu_vendor=None)).find("cpu/pci")
 
     both = node(dataclasses.replace(gpu, subsystem_vendor_id="10de", subsystem_device_id="1839"))
@@ -343,18 +343,18 @@ def assert_nccl_reads_as_meant(text: str, model: ET.Element) -> None:
 
 
 def written(monkeypatch, make_file) -> tuple[str, ET.Element]:
-    """The file ``make_file`` writes through nccl_topo.nccl_topology, and the tree that call means."""
-    calls = []
-    real = nccl_topo.nccl_topology
+    """The file ``make_file`` writes, and the tree nccl_topo.topology_tree made for it."""
+    trees = []
+    real = nccl_topo.topology_tree
 
     def record(*args, **kwargs):
-        calls.append((args, kwargs))
-        return real(*args, **kwargs)
+        trees.append(real(*args, **kwargs))
+        return trees[-1]
     with monkeypatch.context() as patch:
-        patch.setattr(nccl_topo, "nccl_topology", record)
+        patch.setattr(nccl_topo, "topology_tree", record)
         text = make_file()
-    ((args, kwargs),) = calls
-    return text, nccl_topo.topology_tree(*args, **kwargs)
+    (tree,) = trees
+    return text, tree
 
 
 # The guest each sample host gives the file for: every GPU and NIC (function 0) where that
@@ -414,10 +414,13 @@ def topologies(draw):
         fn = PciFunction(PciAddress.parse(f"0000:{index + 1:02x}:00.0"), draw(HEX4), draw(HEX4),
                          draw(st.sampled_from(["030200", "030000", "020000", "020700"])),
                          *(subsystem or (None, None)), link=link)
-        switch = draw(st.sampled_from([None, "0000:40:00.0", "0000:50:00.0"]))
-        devices.append(nccl_topo.GuestDevice(GuestPort(10 + index, [fn]), f"0000:{0x60 + index:02x}:00.0", switch))
+        chain = draw(st.sampled_from([(), ("0000:40:00.0",), ("0000:50:00.0",), ("0000:40:00.0", "0000:44:00.0"),
+                                      ("0000:40:00.0", "0000:44:00.0", "0000:48:00.0")]))
+        switches = tuple(nccl_topo.GuestSwitch(busid, None) for busid in chain)
+        devices.append(nccl_topo.GuestDevice(GuestPort(10 + index, [fn]), f"0000:{0x60 + index:02x}:00.0", switches))
         cell_of_port[10 + index] = draw(st.sampled_from(cell_ids))
-    switch_links = draw(st.dictionaries(st.sampled_from(["0000:40:00.0", "0000:50:00.0"]), st.tuples(VALUE, VALUE)))
+    switch_links = draw(st.dictionaries(st.sampled_from(["0000:40:00.0", "0000:44:00.0", "0000:50:00.0"]),
+                                        st.tuples(VALUE, VALUE)))
     return devices, cells, cell_of_port, dict(cpu_vendor=draw(st.one_of(st.none(), VALUE)), switch_links=switch_links)
 
 

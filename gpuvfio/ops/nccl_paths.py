@@ -1,0 +1,92 @@
+"""The path NCCL computes between each pair of a guest's GPUs, on the host and in the guest.
+
+Both sides are computed by one reference of NCCL's own rules (gpuvfio_ncclpaths, NCCL v2.30.7-1
+src/graph/topo.cc and paths.cc) on a topology read as NCCL reads it (gpuvfio_ncclxml): the
+host's as NCCL's sysfs reader builds it (nccl_topo.host_topology_tree), the guest's from the
+topology file gpuvfio writes for it. Where a pair differs, NCCL in the guest would choose its
+rings, trees and P2P on another machine than the one the GPUs are in; the plan says so, and
+the verifier compares NCCL's own dump in the guest against the host's pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from xml.etree import ElementTree as ET
+
+from gpuvfio.address import PciAddress
+from gpuvfio.domain import nccl_topo
+from gpuvfio.guest.payload import gpuvfio_ncclpaths, gpuvfio_ncclxml
+from gpuvfio.host.model import PciFunction
+from gpuvfio.host.topology import p2p_rule
+
+__all__ = ["PathPair", "gpu_pairs", "host_pairs", "p2p_used", "paths_of"]
+
+# NCCL's path type for each farthest nvidia-smi word of a P2P rule (host.topology.NCCL_PATH).
+P2P_LEVEL = {"PXB": "PXB", "SYS": "SYS"}
+ORDER = gpuvfio_ncclpaths.PATH_NAMES
+
+
+@dataclass(frozen=True)
+class PathPair:
+    """Two GPUs of a guest (host addresses), NCCL's path type between them on the host and in
+    the guest, and whether NCCL uses P2P between them at its default level on each side."""
+
+    a: PciAddress
+    b: PciAddress
+    host: str
+    guest: str | None  # None: the guest's topology does not hold both
+    host_p2p: bool
+    guest_p2p: bool | None
+
+    @property
+    def same(self) -> bool:
+        return self.guest == self.host and self.guest_p2p == self.host_p2p
+
+    def kinds(self) -> str:
+        """The path on each side, as the plan groups pairs: ``PIX (P2P)`` where both agree."""
+        p2p = {True: "P2P", False: "no P2P", None: "?"}
+        host = f"{self.host} ({p2p[self.host_p2p]})"
+        guest = f"{self.guest} ({p2p[self.guest_p2p]})" if self.guest else "not in the guest's topology"
+        return host if self.same else f"host {host}, guest {guest}"
+
+    def to_json(self) -> dict:
+        return {"a": str(self.a), "b": str(self.b), "host": self.host, "guest": self.guest,
+                "host_p2p": self.host_p2p, "guest_p2p": self.guest_p2p, "same": self.same}
+
+
+def paths_of(tree: ET.Element) -> dict[tuple[str, str], str]:
+    """NCCL's path types between the GPUs of ``tree``, written and read back as NCCL reads it."""
+    return gpuvfio_ncclpaths.gpu_paths(gpuvfio_ncclxml.load_topology(nccl_topo.render(tree)))
+
+
+def p2p_used(path: str, cpu_vendor: str | None, gpus: int) -> bool:
+    """Whether NCCL uses P2P over a path of type ``path`` at its default level (host.topology.p2p_rule):
+    ncclTopoCheckP2p's ``path->type <= p2pLevel``."""
+    level = P2P_LEVEL[p2p_rule(cpu_vendor, gpus).farthest]
+    return ORDER.index(path) <= ORDER.index(level)
+
+
+def host_pairs(gpus: list[PciFunction], functions: Mapping[PciAddress, PciFunction], cpu_vendor: str | None
+               ) -> dict[tuple[PciAddress, PciAddress], str]:
+    """NCCL's path type between each pair of ``gpus`` on this host, by host address (host order)."""
+    found = paths_of(nccl_topo.host_topology_tree(gpus, functions, cpu_vendor=cpu_vendor))
+    return {(a, b): found[(str(a), str(b))] for n, a in enumerate(sorted(f.address for f in gpus))
+            for b in sorted(f.address for f in gpus)[n + 1:]}
+
+
+def gpu_pairs(devices: list[nccl_topo.GuestDevice], guest_tree: ET.Element,
+              functions: Mapping[PciAddress, PciFunction], *, host_vendor: str | None,
+              guest_vendor: str | None) -> list[PathPair]:
+    """Each pair of the GPUs among ``devices`` (the guest's file: ``guest_tree``), host and guest."""
+    gpus = [d.port.functions[0] for d in devices if d.port.functions[0].is_nvidia_gpu]
+    guest_of = {d.port.functions[0].address: gpuvfio_ncclpaths.bus_key(d.address) for d in devices}
+    host = host_pairs(gpus, functions, host_vendor)
+    guest = paths_of(guest_tree)
+    out = []
+    for (a, b), host_type in host.items():
+        ga, gb = sorted((guest_of[a], guest_of[b]))
+        guest_type = guest.get((ga, gb))
+        out.append(PathPair(a, b, host_type, guest_type, p2p_used(host_type, host_vendor, len(gpus)),
+                            p2p_used(guest_type, guest_vendor, len(gpus)) if guest_type else None))
+    return out

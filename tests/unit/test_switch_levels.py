@@ -1,0 +1,197 @@
+"""The whole switch hierarchy mirrored and NCCL's paths compared (issue 37 items 2 and 3).
+
+Generated hosts with two and three levels of PCIe switches below one root port, a GPU on another
+root port of the same socket and one on the other socket. What NCCL would compute between two
+GPUs is computed on both sides by one reference of NCCL's rules (gpuvfio_ncclpaths, NCCL
+v2.30.7-1): on the host from the tree NCCL's sysfs reader builds, in the guest from gpuvfio's
+topology file as NCCL's tokenizer reads it. Every domain is RelaxNG-validated and defined in
+libvirt's test driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvfio.address import PciAddress
+from gpuvfio.domain import nccl_topo
+from gpuvfio.domain.layout import switch_levels
+from gpuvfio.guest.payload.gpuvfio_ncclpaths import gpu_paths
+from gpuvfio.guest.payload.gpuvfio_ncclxml import load_topology
+from gpuvfio.host.topology import position
+from gpuvfio.ops.context import Context
+from gpuvfio.ops.domains import nccl_topology_file, provision_xml
+from gpuvfio.domain.request import domain_request
+from gpuvfio.host.root import HostRoot
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, MiB
+from tests.unit.test_layout import checked
+
+A = PciAddress.parse
+L40S = ("10de", "26b9", "030200")
+CX7 = ("15b3", "1021", "020000")
+GPU_BARS = [(0, 16 * MiB, BAR32), (1, 32 * GiB, BAR64_PREF), (3, 32 * MiB, BAR64_PREF)]
+PLX = ("10b5", "c010")  # a Broadcom/PLX PEX switch that is not one NCCL folds
+BCM_GEN5 = ("1000", "c030")  # Broadcom PEX89xxx: NCCL folds its second level by subsystem id
+
+
+def _device(b, port, address, kind):
+    vendor, device, klass = kind
+    b.function(port, address, vendor, device, klass, driver="vfio-pci", link=(4, 16),
+               bars=GPU_BARS if vendor == "10de" else [(0, 32 * MiB, BAR64_PREF)])
+
+
+def cascade_host(root, *, switch=PLX, subsystems=None) -> HostBuilder:
+    """Socket 0, root complex 0x10: root port 10:01.0 -> switch P (11:00.0) ->
+    - P's port 12:00.0 -> leaf switch L1 (13:00.0) -> GPUs 15:00.0 and 16:00.0;
+    - P's port 12:01.0 -> leaf switch L2 (17:00.0) -> GPU 19:00.0 and a NIC 1a:00.0;
+    - P's port 12:02.0 -> switch M (1b:00.0) -> switch N (1d:00.0) -> GPUs 1f:00.0 and 20:00.0;
+    root port 10:02.0 -> GPU 21:00.0. Socket 1, root complex 0x80: root port 80:01.0 -> GPU 81:00.0.
+    ``subsystems``: (upper, lower) subsystem ids of the switches' bridges (P and M are upper)."""
+    b = HostBuilder(str(root))
+    b.iommu("intel", 2)
+    b.cmdline("BOOT_IMAGE=/vmlinuz ro intel_iommu=on iommu=pt")
+    b.cpuinfo("Intel(R) Xeon(R) Gold 6448Y", 46)
+    b.firmware()
+    cpus = b.cpu_topology(2, 8, 2)
+    for node in (0, 1):
+        b.numa_node(node, cpus[node], 64, {1048576: (32, 32)})
+    upper, lower = subsystems or (None, None)
+
+    def sw(parent, up, bus, ports, sub):
+        upstream = b.bridge(parent, up, *switch, secondary_bus=bus, link=(5, 16), subsystem=sub)
+        return [b.bridge(upstream, f"0000:{bus:02x}:{n:02x}.0", *switch, secondary_bus=first, link=(5, 16),
+                         subsystem=sub) for n, first in enumerate(ports)]
+
+    rb = b.root_bus(0, 0x10, numa=0)
+    rp = b.bridge(rb, "0000:10:01.0", "8086", "352a", secondary_bus=0x11, link=(5, 16))
+    p_to_l1, p_to_l2, p_to_m = sw(rp, "0000:11:00.0", 0x12, (0x13, 0x17, 0x1b), upper)
+    for port, address in zip(sw(p_to_l1, "0000:13:00.0", 0x14, (0x15, 0x16), lower), ("15", "16")):
+        _device(b, port, f"0000:{address}:00.0", L40S)
+    gpu_port, nic_port = sw(p_to_l2, "0000:17:00.0", 0x18, (0x19, 0x1a), lower)
+    _device(b, gpu_port, "0000:19:00.0", L40S)
+    _device(b, nic_port, "0000:1a:00.0", CX7)
+    (m_to_n,) = sw(p_to_m, "0000:1b:00.0", 0x1c, (0x1d,), upper)
+    for port, address in zip(sw(m_to_n, "0000:1d:00.0", 0x1e, (0x1f, 0x20), lower), ("1f", "20")):
+        _device(b, port, f"0000:{address}:00.0", L40S)
+    other = b.bridge(rb, "0000:10:02.0", "8086", "352b", secondary_bus=0x21, link=(5, 16))
+    _device(b, other, "0000:21:00.0", L40S)
+    rb1 = b.root_bus(0, 0x80, numa=1)
+    _device(b, b.bridge(rb1, "0000:80:01.0", "8086", "352a", secondary_bus=0x81, link=(5, 16)),
+            "0000:81:00.0", L40S)
+    b.modules(["vfio_pci", "vfio_iommu_type1", "vfio"])
+    return b
+
+
+ALL = ["0000:15:00.0", "0000:16:00.0", "0000:19:00.0", "0000:1a:00.0", "0000:1f:00.0", "0000:20:00.0",
+       "0000:21:00.0", "0000:81:00.0"]
+
+
+def provisioned(root, addresses, **options):
+    ctx = Context(host=HostRoot(str(root)))
+    request = domain_request("cascade", vcpus=8, memory="16G", qemu_version="9.2.0", **options)
+    return ctx, provision_xml(ctx, [A(a) for a in addresses], request)
+
+
+def guest_depths(spec) -> dict[PciAddress, int]:
+    """Each device's count of emulated switches above it in the guest."""
+    return {port.functions[0].address: len(nccl_topo.switch_chain(spec.controllers, port)) for port in spec.ports}
+
+
+def file_paths(ctx, p) -> dict[tuple[PciAddress, PciAddress], str]:
+    """The path types NCCL's rules give between the GPUs of the guest's file, by host address."""
+    devices = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
+    host_of = {d.address: d.port.functions[0].address for d in devices}
+    found = gpu_paths(load_topology(nccl_topology_file(ctx, p)))
+    return {tuple(sorted((host_of[a], host_of[b]))): kind for (a, b), kind in found.items()}
+
+
+def test_every_switch_level_is_mirrored_and_the_paths_are_the_hosts(tmp_path):
+    cascade_host(tmp_path)
+    ctx, p = provisioned(tmp_path, ALL)
+    checked(p.spec, tmp_path)  # libvirt's schema and test driver take it
+    inventory = p.inventory.functions
+    want = {A(a): len(switch_levels(position(inventory[A(a)]))) for a in ALL}
+    assert want[A("0000:15:00.0")] == 2 and want[A("0000:1f:00.0")] == 3 and want[A("0000:21:00.0")] == 0
+    assert guest_depths(p.spec) == want
+    kinds = {(str(pair.a), str(pair.b)): (pair.host, pair.guest) for pair in p.paths}
+    assert kinds[("0000:15:00.0", "0000:16:00.0")] == ("PIX", "PIX")  # one leaf switch
+    assert kinds[("0000:15:00.0", "0000:19:00.0")] == ("PXB", "PXB")  # across leaves of one parent
+    assert kinds[("0000:15:00.0", "0000:1f:00.0")] == ("PXB", "PXB")  # two levels against three
+    assert kinds[("0000:1f:00.0", "0000:20:00.0")] == ("PIX", "PIX")
+    assert kinds[("0000:15:00.0", "0000:21:00.0")] == ("PHB", "PHB")  # another root port, same socket
+    assert kinds[("0000:15:00.0", "0000:81:00.0")] == ("SYS", "SYS")  # the other socket
+    assert len(p.paths) == 21 and all(pair.same for pair in p.paths)  # 7 GPUs
+    assert file_paths(ctx, p) == {(pair.a, pair.b): pair.host for pair in p.paths}
+    assert not [w for w in p.spec.warnings if "NCCL's path" in w]
+    assert any(n.startswith("NCCL's path between GPUs, the same") for n in p.spec.notes)
+
+
+def test_the_file_nests_a_pci_node_per_host_switch(tmp_path):
+    """NCCL's sysfs reader makes one <pci> of each switch (its upstream port), rewinding two
+    path components at a time; the guest's file has the same nesting, with the host switch's ids."""
+    cascade_host(tmp_path)
+    ctx, p = provisioned(tmp_path, ["0000:1f:00.0", "0000:20:00.0", "0000:15:00.0"])
+    (system,) = load_topology(nccl_topology_file(ctx, p))
+
+    def depth_of(node, depth=0, out=None):
+        out = {} if out is None else out
+        for sub in node.subs:
+            if sub.name == "pci":
+                if sub.get("class") != "0x060400":
+                    out[sub.get("busid")] = depth
+                depth_of(sub, depth + 1, out)
+        return out
+
+    depths = sorted(depth_of(system.subs[0]).values())
+    assert depths == [2, 3, 3]  # below P and L1; below P, M and N
+    bridges = [sub for sub in system.subs[0].subs if sub.name == "pci"]
+    assert [(n.get("vendor"), n.get("device")) for n in bridges] == [("0x10b5", "0xc010")]
+    host = p.inventory.functions
+    assert nccl_topo.nccl_chain(host[A("0000:1f:00.0")]) == (A("0000:11:00.0"), A("0000:1b:00.0"), A("0000:1d:00.0"))
+
+
+def test_a_flat_guest_says_which_paths_differ(tmp_path):
+    cascade_host(tmp_path)
+    _ctx, p = provisioned(tmp_path, ["0000:15:00.0", "0000:16:00.0", "0000:19:00.0"], topology="flat")
+    differ = [pair for pair in p.paths if not pair.same]
+    assert {(pair.host, pair.guest) for pair in differ} == {("PIX", "PHB"), ("PXB", "PHB")}
+    assert not any(pair.guest_p2p for pair in differ) and all(pair.host_p2p for pair in differ)
+    (warning,) = [w for w in p.spec.warnings if "NCCL's path" in w]
+    assert "host PIX (P2P), guest PHB (no P2P): 0000:15:00.0-0000:16:00.0" in warning
+    json_pairs = p.layout_json()["nccl_paths"]
+    assert len(json_pairs) == 3 and sum(not pair["same"] for pair in json_pairs) == 3
+
+
+def test_a_broadcom_switch_is_folded_on_both_sides(tmp_path):
+    """A Broadcom PEX89xxx shows two levels of bridges that NCCL folds into one
+    (ncclTopoFlattenBcmSwitches, by subsystem id 0x0xxx above 0x1xxx): GPUs under two of its
+    lower switches are PIX to NCCL on the host, and the guest's file carries the host switch's
+    ids so that NCCL folds it there too."""
+    cascade_host(tmp_path, switch=BCM_GEN5, subsystems=(("1000", "0100"), ("1000", "1100")))
+    ctx, p = provisioned(tmp_path, ["0000:15:00.0", "0000:16:00.0", "0000:19:00.0"])
+    kinds = {(str(pair.a), str(pair.b)): (pair.host, pair.guest) for pair in p.paths}
+    assert kinds[("0000:15:00.0", "0000:19:00.0")] == ("PIX", "PIX")
+    assert all(pair.same for pair in p.paths)
+
+
+def test_bridges_that_are_no_switch_tree_get_root_ports_and_a_warning(tmp_path):
+    """Below a PCIe-to-PCI bridge NCCL's rewind-by-two lands elsewhere than on the switch: the
+    guest cannot show NCCL's host tree with emulated switches, and the plan says how it differs."""
+    b = cascade_host(tmp_path)
+    port = b.bridge(b.root_bus(0, 0x40, numa=0), "0000:40:01.0", "8086", "352a", secondary_bus=0x41, link=(5, 16))
+    up = b.bridge(port, "0000:41:00.0", *PLX, secondary_bus=0x42, link=(5, 16))
+    down = [b.bridge(up, f"0000:42:0{n}.0", *PLX, secondary_bus=0x43 + 2 * n, link=(5, 16)) for n in range(2)]
+    pci_bridge = b.bridge(down[0], "0000:43:00.0", "12d8", "e113", secondary_bus=0x44, link=(1, 1))
+    _device(b, pci_bridge, "0000:44:00.0", L40S)
+    _device(b, down[1], "0000:45:00.0", L40S)
+    _ctx, p = provisioned(tmp_path, ["0000:44:00.0", "0000:45:00.0"])
+    (pair,) = p.paths
+    assert pair.host == "PHB"  # 44:00.0 hangs from 42:00.0 and 40:01.0 to NCCL, 45:00.0 from 41:00.0
+    assert not pair.same and any("NOT the same" in w for w in p.spec.warnings)
+
+
+@pytest.mark.parametrize("addresses", [["0000:15:00.0", "0000:81:00.0"], ["0000:15:00.0", "0000:21:00.0"]])
+def test_gpus_on_other_root_ports_stay_apart(tmp_path, addresses):
+    cascade_host(tmp_path)
+    _ctx, p = provisioned(tmp_path, addresses)
+    assert set(guest_depths(p.spec).values()) == {0}
+    assert [c.model for c in p.spec.controllers].count("pcie-switch-upstream-port") == 0
+    assert all(pair.same for pair in p.paths) and p.paths[0].host in ("PHB", "SYS")
