@@ -17,6 +17,7 @@ functions), then by vendor:device, each guest function used once.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -185,16 +186,20 @@ def _kernel_words(probe: dict) -> str:
 
 
 def evaluate(probe: dict, verifier: dict | None, expected: list[Expected], *, gates: Gates = Gates(),
-             bandwidth: bool = True, verifier_problem: str | None = None) -> dict:
+             bandwidth: bool = True, verifier_problem: str | None = None,
+             nccl_paths: Mapping[tuple[str, str], str] | None = None) -> dict:
     """judge's report as JSON: the form a recorded run keeps."""
     return judge(probe, verifier, expected, gates=gates, bandwidth=bandwidth,
-                 verifier_problem=verifier_problem).to_json()
+                 verifier_problem=verifier_problem, nccl_paths=nccl_paths).to_json()
 
 
 def judge(probe: dict, verifier: dict | None, expected: list[Expected], *, gates: Gates = Gates(),
-          bandwidth: bool = True, verifier_problem: str | None = None) -> VerifyReport:
+          bandwidth: bool = True, verifier_problem: str | None = None,
+          nccl_paths: Mapping[tuple[str, str], str] | None = None) -> VerifyReport:
     """Checks, facts and bandwidth from what the guest reported and what the host assigned.
-    ``verifier`` None: it did not run (no python3) or ``verifier_problem`` says why it failed."""
+    ``verifier`` None: it did not run (no python3) or ``verifier_problem`` says why it failed.
+    ``nccl_paths``: NCCL's path type between pairs of the expected GPUs on the host (host
+    addresses, the smaller first), which NCCL's view in the guest must equal."""
     checks: list[CheckResult] = []
     pci = probe.get("pci") or []
     found = match(expected, pci)
@@ -231,6 +236,8 @@ def judge(probe: dict, verifier: dict | None, expected: list[Expected], *, gates
         _check_peers(checks, verifier, len(gpus))
     if len(gpus) >= 2 and bandwidth and any(exp.clique is not None for exp, _fn in gpus):
         _check_cliques(checks, verifier, gpus)
+    if nccl_paths and bandwidth:
+        _check_nccl_paths(checks, verifier, gpus, nccl_paths)
     return report(checks, probe, verifier, verifier_problem)
 
 
@@ -532,6 +539,39 @@ def _check_nccl_topology(checks, topology: dict) -> None:
         reason = (f"NCCL's view differs from {topology['file']} ({'; '.join(differ)}): NCCL did not load the file, "
                   "or the file names other bus ids than the guest shows")
     checks.append(check("nccl_topology", WARN if differ else PASS, _links(planned), _links(seen), reason))
+
+
+def _check_nccl_paths(checks, verifier: dict, gpus, want: Mapping[tuple[str, str], str]) -> None:
+    """NCCL's path type between each pair of GPUs as NCCL saw the guest (its dump, by NCCL's
+    rules: gpuvfio_ncclpaths, v2.30.7-1) against the host's (the same rules on the tree NCCL's
+    sysfs reader builds there). A pair that differs fails, and so does a dump without paths
+    where NCCL ran: nothing shows the guest's NCCL plans for the machine its GPUs are in."""
+    nccl = verifier.get("nccl")
+    if nccl is None:
+        checks.append(check("nccl_paths", SKIP, reason="NCCL did not run in the guest (see nccl_allreduce)"))
+        return
+    topology = nccl.get("topology") or {}
+    rows = topology.get("paths")
+    if rows is None:
+        checks.append(check("nccl_paths", FAIL, f"{len(want)} pair(s) as on the host", None,
+                            f"no paths from NCCL's topology dump: {topology.get('error') or 'none reported'}"))
+        return
+    seen = {tuple(sorted((bus_key(a), bus_key(b)))): kind for a, b, kind in rows}
+    differ, compared = [], 0
+    for n, (a, fa) in enumerate(gpus):
+        for b, fb in gpus[n + 1:]:
+            host = want.get(tuple(sorted((a.address or "", b.address or ""))))
+            if host is None:
+                continue
+            compared += 1
+            guest = seen.get(tuple(sorted((bus_key(fa["address"]), bus_key(fb["address"]))))) if fa and fb else None
+            if guest != host:
+                differ.append(f"{min(a.address, b.address)} <-> {max(a.address, b.address)}: host {host}, "
+                              f"guest {guest or 'not in NCCL view'}")
+    checks.append(check("nccl_paths", FAIL if differ else PASS, f"{compared} pair(s) as on the host",
+                        f"{compared - len(differ)} the same", None if not differ else (
+                            "NCCL in the guest sees other PCIe paths between these GPUs than it would on the "
+                            "host, so it plans rings, trees and P2P for another machine: " + "; ".join(differ))))
 
 
 def report(checks: list[CheckResult], probe: dict, verifier: dict | None, problem: str | None = None

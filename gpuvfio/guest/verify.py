@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 
 from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError
@@ -17,6 +18,7 @@ from gpuvfio.user_files import read_regular
 from gpuvfio.guest.checks import FAIL, VerifyReport, check, judge, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program
+from gpuvfio.guest.payload.gpuvfio_ncclpaths import PATH_NAMES
 from gpuvfio.numbers import finite
 from gpuvfio.strictjson import JsonRejected, strict_loads
 
@@ -168,9 +170,13 @@ def shape_problem(data: dict) -> str | None:
     return None
 
 
+MAX_PATHS = 256 * 255 // 2  # pairs of NCCL_TOPO_XML_MAX_NODES nodes
+
+
 def _topology_shaped(topology) -> bool:
     """The verifier's NCCL topology view: the file and NCCL's dump, each GPU's link attributes
-    by bus id (texts), an NVLink count where NCCL found some (None: that side is unknown)."""
+    by bus id (texts), an NVLink count where NCCL found some (None: that side is unknown), and
+    NCCL's path type between each pair of the dump's GPUs."""
     def text(value) -> bool:
         return value is None or isinstance(value, str)
 
@@ -179,8 +185,12 @@ def _topology_shaped(topology) -> bool:
             isinstance(bus, str) and isinstance(entry, dict) and text(entry.get("link_speed"))
             and text(entry.get("link_width")) and (entry.get("nvlink") is None or _number(entry["nvlink"]))
             for bus, entry in table.items()))
+    def paths(rows) -> bool:  # [bus id, bus id, NCCL path type], at most one per pair of 256 nodes
+        return rows is None or (isinstance(rows, list) and len(rows) <= MAX_PATHS and all(
+            isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) for v in row)
+            and row[2] in PATH_NAMES for row in rows))
     return (isinstance(topology, dict) and all(text(topology.get(k)) for k in ("file", "source", "error"))
-            and links(topology.get("planned")) and links(topology.get("nccl")))
+            and links(topology.get("planned")) and links(topology.get("nccl")) and paths(topology.get("paths")))
 
 
 def probe_argv(script: str) -> list[str]:
@@ -203,6 +213,7 @@ def run_probe(session, *, timeout: float = 120.0, progress=lambda line: None, cl
 
 def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, timeout: float = 600.0,
                  probe_timeout: float = 120.0, gates: Gates = Gates(), verifier_args: tuple[str, ...] = (),
+                 nccl_paths: Mapping[tuple[str, str], str] | None = None,
                  progress=lambda line: None, clock: Clock = SYSTEM_CLOCK) -> VerifyReport:
     """Run the probe (and the verifier where the guest has python3) and judge; always a report.
 
@@ -210,7 +221,8 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
     channel each, no SFTP subsystem to ask for (dropbear has none), no files left in the guest.
     ``probe_timeout`` bounds the probe (its forks take seconds under emulation, minutes under two
     layers of it), ``timeout`` the verifier (bandwidth runs included). SSH failures themselves
-    (no connection) are raised: there is no guest to judge.
+    (no connection) are raised: there is no guest to judge. ``nccl_paths``: NCCL's path type
+    between each pair of the expected GPUs on the host (host addresses, the smaller first).
     """
     try:
         probe = run_probe(session, timeout=probe_timeout, progress=progress, clock=clock)
@@ -229,7 +241,8 @@ def verify_guest(session, expected: list[Expected], *, bandwidth: bool = True, t
         except VerifyError as exc:
             problem = f"{exc} (exit {status}{': ' + err.strip()[-200:] if err.strip() else ''})"
     try:
-        result = judge(probe, verifier, expected, gates=gates, bandwidth=bandwidth, verifier_problem=problem)
+        result = judge(probe, verifier, expected, gates=gates, bandwidth=bandwidth, verifier_problem=problem,
+                       nccl_paths=nccl_paths)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a shape shape_problem did not foresee
         result = report([check("verifier", FAIL, reason=f"the guest's answer could not be judged: "
                                                          f"{type(exc).__name__}: {exc}")], probe, None)

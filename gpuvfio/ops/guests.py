@@ -30,7 +30,8 @@ from gpuvfio.guest.nccl_conf import CONF_FILE as NCCL_CONF, ConfChange, merge as
 from gpuvfio.guest.expect import Expected, expectations, parse_expect  # noqa: F401 - parse_expect: for the CLI
 from gpuvfio.guest.payload import PROBE, VERIFIER
 from gpuvfio.guest.verify import parse_probe, parse_verifier, run_probe, verify_guest
-from gpuvfio.host.inventory import read_inventory
+from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.numa import cpu_vendor
 from gpuvfio.host.fabric import read_fabric
 from gpuvfio.ops import binding, fabric
 from gpuvfio.ops.binding import RestorePlan
@@ -40,6 +41,7 @@ from gpuvfio.ops.cloud_init import remove_seed, write_seed
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import CheckStatus, Plan, Step, StepKind
 from gpuvfio.ops.domains import Provisioned, nccl_topology_file, run_define
+from gpuvfio.ops.nccl_paths import expected_paths
 # verify_options: for the CLI, the Ansible modules and the testbed, which reach it through here.
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target
@@ -249,6 +251,7 @@ class _AttachRun:
         self.result.report = verify_guest(
             self.state["session"], expected, bandwidth=verify.bandwidth, timeout=verify.timeout,
             probe_timeout=verify.probe_timeout, gates=verify.gates, verifier_args=verify.verifier_args,
+            nccl_paths=paths_expected(self.ctx, provisioned.inventory, expected),
             progress=self.ctx.progress, clock=self.ctx.clock)
 
     def nccl(self) -> None:
@@ -518,15 +521,24 @@ def verify(ctx: Context, *, ssh: SshOptions, domain: str | None = None, uri: str
     with ctx.ssh(target) as session:
         report = verify_guest(session, expected, bandwidth=options.bandwidth, timeout=options.timeout,
                               probe_timeout=options.probe_timeout, gates=options.gates,
-                              verifier_args=options.verifier_args, progress=ctx.progress, clock=ctx.clock)
+                              verifier_args=options.verifier_args, nccl_paths=paths_expected(ctx, inventory, expected),
+                              progress=ctx.progress, clock=ctx.clock)
     return dataclasses.replace(report, ssh_notes=list(target.notes))
+
+
+def paths_expected(ctx: Context, inventory: Inventory, expected: list[Expected]) -> dict[tuple[str, str], str]:
+    """NCCL's path type between each pair of the expected GPUs on this host (ops.nccl_paths), for
+    the verifier to hold NCCL's view in the guest to."""
+    addresses = [PciAddress.parse(exp.address) for exp in expected if exp.address]
+    return expected_paths(inventory.functions, addresses, cpu_vendor(ctx.host))
 
 
 def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = VerifyOptions()) -> VerifyReport:
     """The bare-metal baseline: the probe and the verifier on this host itself, measuring ``gpus``.
     The probe reads the host through its root (GPUVFIO_PROBE_ROOT, as every host path does); the
     verifier talks to the CUDA and NVML libraries of the machine it runs on."""
-    expected = expectations(read_inventory(ctx.host), gpus)
+    inventory = read_inventory(ctx.host)
+    expected = expectations(inventory, gpus)
     env = dict(ctx.host.settings.environ, GPUVFIO_PROBE_ROOT="" if ctx.live else ctx.host.root)
     probe = parse_probe(ctx.run(["sh", PROBE], options.probe_timeout, env=env))
     argv = [sys.executable, VERIFIER, *options.verifier_args, "--root", ctx.host.root] + (
@@ -539,5 +551,5 @@ def verify_here(ctx: Context, gpus: list[PciAddress], options: VerifyOptions = V
     except GpuvfioError as exc:  # VerifyError among them
         problem = str(exc)
     report = judge(probe, verifier, expected, gates=options.gates, bandwidth=options.bandwidth,
-                   verifier_problem=problem)
+                   verifier_problem=problem, nccl_paths=paths_expected(ctx, inventory, expected))
     return dataclasses.replace(report, expected=expected, host_root=ctx.host.root)

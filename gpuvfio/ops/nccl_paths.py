@@ -20,7 +20,7 @@ from gpuvfio.guest.payload import gpuvfio_ncclpaths, gpuvfio_ncclxml
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.topology import p2p_rule
 
-__all__ = ["PathPair", "gpu_pairs", "host_pairs", "p2p_used", "paths_of"]
+__all__ = ["PathPair", "expected_paths", "gpu_pairs", "host_pairs", "p2p_used", "paths_of"]
 
 # NCCL's path type for each farthest nvidia-smi word of a P2P rule (host.topology.NCCL_PATH).
 P2P_LEVEL = {"PXB": "PXB", "SYS": "SYS"}
@@ -90,3 +90,14 @@ def gpu_pairs(devices: list[nccl_topo.GuestDevice], guest_tree: ET.Element,
         out.append(PathPair(a, b, host_type, guest_type, p2p_used(host_type, host_vendor, len(gpus)),
                             p2p_used(guest_type, guest_vendor, len(gpus)) if guest_type else None))
     return out
+
+
+def expected_paths(functions: Mapping[PciAddress, PciFunction], addresses: list[PciAddress],
+                   cpu_vendor: str | None) -> dict[tuple[str, str], str]:
+    """What the verifier holds NCCL's dump in a guest (or on this host) to: NCCL's path type
+    between each pair of the NVIDIA GPUs among ``addresses`` on this host, by host address
+    (the smaller first)."""
+    gpus = [functions[a] for a in dict.fromkeys(addresses) if a in functions and functions[a].is_nvidia_gpu]
+    if len(gpus) < 2:
+        return {}
+    return {(str(a), str(b)): kind for (a, b), kind in host_pairs(gpus, functions, cpu_vendor).items()}

@@ -26,10 +26,12 @@
  * THE TOPOLOGY DUMP. With NCCL_TOPO_DUMP_FILE set, ncclCommInitAll writes a dump there, as NCCL
  * (since 2.6, docs/env.rst) writes the XML it ended up with after detection: one <cpu>, and for
  * each rank's GPU a <pci busid=...> holding a <gpu dev= rank=>. It is a stand-in's dump, not
- * NCCL's detection: the link attributes come from the NCCL_TOPO_FILE the environment names,
- * where that file has a <pci> of the GPU's bus id (NCCL keeps every attribute the file gives,
- * src/graph/xml.cc ncclTopoGetXmlFromSys), else they are "32.0 GT/s PCIe" and the stand-in's
- * NVML width (FAKECUDA_WIDTH, default 16), what NCCL 2.30.7's NVML rule reads from fakecuda.
+ * NCCL's detection. Where the NCCL_TOPO_FILE the environment names holds a <pci> of every
+ * rank's GPU, the dump is that file's tree with a <gpu> put into each (NCCL keeps the tree and
+ * every attribute the file gives, src/graph/xml.cc ncclTopoGetXmlFromFile and
+ * ncclTopoGetXmlFromSys). Otherwise each GPU hangs from the one <cpu>, its link attributes
+ * from the file's <pci> of its bus id where there is one, else "32.0 GT/s PCIe" and the
+ * stand-in's NVML width (FAKECUDA_WIDTH, default 16), what NCCL 2.30.7's NVML rule reads.
  * Only the environment is read: real NCCL also takes NCCL_TOPO_FILE from nccl.conf.
  *
  * KNOBS (environment): FAKENCCL_ERROR=<code> makes ncclCommInitAll fail with that code;
@@ -161,24 +163,57 @@ static char *read_small(const char *path) {
     return buf;
 }
 
+/* The rank whose GPU the <pci> tag [tag, end) names, or -1. */
+static int rank_of(const char *tag, const char *end, char bus[][64], int ndev) {
+    char busid[64];
+    if (attr_of(tag, end, "busid", busid, sizeof busid)) return -1;
+    for (int r = 0; r < ndev; r++) if (!strcasecmp(busid, bus[r])) return r;
+    return -1;
+}
+
+/* The file's tree with a <gpu> in each rank's <pci>, as NCCL keeps the tree NCCL_TOPO_FILE gives
+ * (ncclTopoFillGpu finds the GPU's node by bus id); -1, nothing written, unless the file holds
+ * every rank's GPU. */
+static int dump_file_tree(FILE *out, const char *xml, char bus[][64], const int *devs, int ndev) {
+    int seen = 0;
+    for (const char *p = xml; (p = strstr(p, "<pci")) != NULL; p += 4) {
+        const char *end = strchr(p, '>');
+        if (end && rank_of(p, end, bus, ndev) >= 0) seen++;
+    }
+    if (seen != ndev) return -1;
+    for (const char *p = xml;;) {
+        const char *tag = strstr(p, "<pci"), *end = tag ? strchr(tag, '>') : NULL;
+        int r = end ? rank_of(tag, end, bus, ndev) : -1;
+        if (!end) { fputs(p, out); return 0; }
+        if (r < 0) { fwrite(p, 1, (size_t)(end + 1 - p), out); p = end + 1; continue; }
+        int single = end[-1] == '/';
+        fwrite(p, 1, (size_t)(end - (single ? 1 : 0) - p), out);
+        fprintf(out, ">\n<gpu dev=\"%d\" sm=\"90\" rank=\"%d\" gdr=\"0\"/>%s", devs[r], r, single ? "\n</pci>" : "");
+        p = end + 1;
+    }
+}
+
 static void dump_topology(int ndev, const int *devs) {
     const char *path = getenv("NCCL_TOPO_DUMP_FILE"), *topo = getenv("NCCL_TOPO_FILE");
     const char *ignore = getenv("FAKENCCL_IGNORE_TOPO");
-    char *xml = NULL;
+    char *xml = NULL, bus[MAXRANKS][64];
     FILE *out;
     if (!path || !*path || !(out = fopen(path, "w"))) return;  /* NCCL: "Unable to open %s, not dumping" */
     if (topo && *topo && !(ignore && atoi(ignore))) xml = read_small(topo);
+    for (int r = 0; r < ndev; r++) {
+        cu.bus_id(bus[r], sizeof bus[r], devs[r]);
+        for (char *c = bus[r]; *c; c++) if (*c >= 'A' && *c <= 'F') *c += 'a' - 'A';  /* NCCL's busids are lower case */
+    }
+    if (xml && !dump_file_tree(out, xml, bus, devs, ndev)) { fclose(out); free(xml); return; }
     fprintf(out, "<system version=\"1\">\n  <cpu numaid=\"0\" arch=\"x86_64\" vendor=\"GenuineIntel\">\n");
     for (int r = 0; r < ndev; r++) {
-        char bus[64] = "", speed[64] = "32.0 GT/s PCIe", width[16];
+        char speed[64] = "32.0 GT/s PCIe", width[16];
         const char *w = getenv("FAKECUDA_WIDTH");
         snprintf(width, sizeof width, "%d", w && *w ? atoi(w) : 16);
-        cu.bus_id(bus, sizeof bus, devs[r]);
-        for (char *c = bus; *c; c++) if (*c >= 'A' && *c <= 'F') *c += 'a' - 'A';  /* NCCL's busids are lower case */
-        if (xml) file_link(xml, bus, speed, sizeof speed, width, sizeof width);
+        if (xml) file_link(xml, bus[r], speed, sizeof speed, width, sizeof width);
         fprintf(out, "    <pci busid=\"%s\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2330\" link_speed=\"%s\" "
                 "link_width=\"%s\">\n      <gpu dev=\"%d\" sm=\"90\" rank=\"%d\" gdr=\"0\"/>\n    </pci>\n",
-                bus, speed, width, devs[r], r);
+                bus[r], speed, width, devs[r], r);
     }
     fprintf(out, "  </cpu>\n</system>\n");
     fclose(out);

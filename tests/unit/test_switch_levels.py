@@ -195,3 +195,17 @@ def test_gpus_on_other_root_ports_stay_apart(tmp_path, addresses):
     assert set(guest_depths(p.spec).values()) == {0}
     assert [c.model for c in p.spec.controllers].count("pcie-switch-upstream-port") == 0
     assert all(pair.same for pair in p.paths) and p.paths[0].host in ("PHB", "SYS")
+
+
+def test_verify_holds_the_guest_to_the_pairs_the_plan_showed(tmp_path):
+    """What verify hands the guest's checks (ops.nccl_paths.expected_paths, from the expected
+    functions: GPUs only, each pair once) is what the plan showed for the host."""
+    from gpuvfio.ops.nccl_paths import expected_paths
+
+    cascade_host(tmp_path)
+    _ctx, p = provisioned(tmp_path, ALL)
+    functions = p.inventory.functions
+    want = expected_paths(functions, [A(a) for a in ALL] + [A("0000:15:00.0")], "GenuineIntel")
+    assert want == {(str(pair.a), str(pair.b)): pair.host for pair in p.paths}
+    assert ("0000:15:00.0", "0000:1a:00.0") not in want  # the NIC is no GPU
+    assert expected_paths(functions, [A("0000:15:00.0"), A("0000:1a:00.0")], None) == {}

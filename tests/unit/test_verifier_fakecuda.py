@@ -8,6 +8,7 @@ So argument types, call order, event timing, the whole-buffer data checks, the f
 modes and the JSON shape are exercised for real. Bandwidth numbers from it mean nothing.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from gpuvfio.guest.checks import evaluate
 from gpuvfio.guest.expect import Expected, gates
 from gpuvfio.guest.payload import VERIFIER
-from gpuvfio.guest.verify import parse_probe, parse_verifier
+from gpuvfio.guest.verify import VerifyError, parse_probe, parse_verifier
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
 SMALL = ["--size-mib", "4", "--copies", "2", "--samples", "3", "--warmups", "1", "--hops", "500",
@@ -199,10 +200,13 @@ def test_host_memory_goes_to_the_gpus_numa_node_read_under_root(tmp_path, fakecu
     assert bw["host_numa_node"] == 0 and bw["host_memory_policy"] == "none (one NUMA node in the guest)"
 
 
-def topo_file(path, links):
-    """An NCCL topology file as gpuvfio writes it: a <pci> per GPU with its link attributes."""
+def topo_file(path, links, switch=None):
+    """An NCCL topology file as gpuvfio writes it: a <pci> per GPU with its link attributes,
+    under the <pci> of an emulated switch where ``switch`` names its bus id."""
     nodes = "".join(f'    <pci busid="{bus}" class="0x030200" vendor="0x10de" device="0x2330" link_speed="{speed}" '
-                    f'link_width="{width}" />\n' for bus, (speed, width) in links.items())
+                    f'link_width="{width}"/>\n' for bus, (speed, width) in links.items())
+    if switch:
+        nodes = f'    <pci busid="{switch}" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16">\n{nodes}    </pci>\n'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'<system version="1">\n  <cpu numaid="0" affinity="0000000f" arch="x86_64">\n{nodes}'
                     '  </cpu>\n</system>\n')
@@ -262,7 +266,7 @@ def the_program(monkeypatch):
     import importlib.util
 
     monkeypatch.syspath_prepend(os.path.dirname(VERIFIER))
-    for helper in ("gpuvfio_nvapi", "gpuvfio_ncclxml"):
+    for helper in ("gpuvfio_nvapi", "gpuvfio_ncclxml", "gpuvfio_ncclpaths"):
         monkeypatch.setitem(sys.modules, helper, None)
         del sys.modules[helper]  # imported afresh below; monkeypatch takes it out at the end
     spec = importlib.util.spec_from_file_location("gpuvfio_verifier_under_test", VERIFIER)
@@ -295,3 +299,45 @@ def test_nccls_dump_is_read_as_nccl_writes_it(monkeypatch):
             '    </pci>\n  </cpu>\n</system>\n')
     assert gpu_links(dump) == {"0000:0b:00.0": {"link_speed": "16.0 GT/s PCIe", "link_width": "16", "nvlink": 6},
                                "0000:0c:00.0": {"link_speed": "", "link_width": "0"}}
+
+
+def test_nccls_paths_in_the_guest_are_held_to_the_hosts(tmp_path, fakecuda_libdir):
+    """The verifier computes NCCL's path type between each pair of GPUs of NCCL's dump (by NCCL's
+    rules, gpuvfio_ncclpaths); the host's pairs are the truth. The same passes; a NCCL that never
+    loaded the file (its GPUs straight under the CPU: PHB) fails where the host says PIX, and so
+    does a dump without paths (closed)."""
+    topo_file(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml", LINKS, switch="0000:00:05.0")
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2"})
+    assert data["nccl"]["topology"]["paths"] == [["0000:01:00.0", "0000:02:00.0", "PIX"]]
+    host = {("0000:1b:00.0", "0000:2b:00.0"): "PIX"}
+
+    def paths_check(data, want=host):
+        report = evaluate(probe(("01", "02")), data, TWO, gates=ANY, nccl_paths=want)
+        return {c["id"]: c for c in report["checks"]}["nccl_paths"]
+
+    passed = paths_check(data)
+    assert (passed["status"], passed["expected"], passed["observed"]) == ("pass", "1 pair(s) as on the host", "1 the same")
+    ignored = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2", "FAKENCCL_IGNORE_TOPO": "1"})
+    failed = paths_check(ignored)
+    assert failed["status"] == "fail" and "0000:1b:00.0 <-> 0000:2b:00.0: host PIX, guest PHB" in failed["reason"]
+    data["nccl"]["topology"]["paths"] = None
+    assert paths_check(data)["status"] == "fail"
+    data["nccl"]["topology"]["paths"] = []
+    assert "guest not in NCCL view" in paths_check(data)["reason"]
+    del data["nccl"]
+    assert paths_check(data)["status"] == "skip"
+    report = evaluate(probe(("01", "02")), ignored, TWO, gates=ANY)
+    assert "nccl_paths" not in {c["id"] for c in report["checks"]}  # nothing to hold it to
+
+
+@pytest.mark.parametrize("paths", [[["0000:01:00.0", "0000:02:00.0", "CLOSE"]], [["0000:01:00.0", "PIX"]],
+                                   [["0000:01:00.0", "0000:02:00.0", 4]], {"a": "PIX"},
+                                   [["0000:01:00.0", "0000:02:00.0", "PIX"]] * 32641])
+def test_a_guest_whose_paths_are_no_ncclpath_rows_is_refused(tmp_path, fakecuda_libdir, paths):
+    """The guest's paths are hostile input: rows of two bus ids and one of NCCL's path type names,
+    at most one per pair of NCCL's 256 XML nodes."""
+    topo_file(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml", LINKS)
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2"})
+    data["nccl"]["topology"]["paths"] = paths
+    with pytest.raises(VerifyError, match="nccl.topology is malformed"):
+        parse_verifier("GPUVFIO-VERIFIER " + json.dumps(data))

@@ -11,14 +11,18 @@ PROBE = os.path.join(GUEST_DIR, "probe.sh")
 VERIFIER = os.path.join(GUEST_DIR, "verifier.py")
 NVAPI = os.path.join(GUEST_DIR, "gpuvfio_nvapi.py")  # the verifier's driver layer, beside it
 NCCLXML = os.path.join(GUEST_DIR, "gpuvfio_ncclxml.py")  # NCCL's XML reader, beside it
+NCCLPATHS = os.path.join(GUEST_DIR, "gpuvfio_ncclpaths.py")  # NCCL's paths, beside it
 KERNELS_PTX = os.path.join(GUEST_DIR, "kernels.ptx")  # kernels.cu, compiled (see there)
-# What python3 - runs: gpuvfio_ncclxml and gpuvfio_nvapi become modules (the latter with its
-# kernels), then the verifier runs as __main__, as if the files and kernels.ptx lay side by side
-# in the guest.
+# What python3 - runs: gpuvfio_ncclxml, gpuvfio_ncclpaths and gpuvfio_nvapi become modules (the
+# last with its kernels), then the verifier runs as __main__, as if the files and kernels.ptx lay
+# side by side in the guest.
 _BOOTSTRAP = """import sys, types
 _module = types.ModuleType("gpuvfio_ncclxml")
 sys.modules["gpuvfio_ncclxml"] = _module
 exec(compile({ncclxml!r}, "gpuvfio_ncclxml.py", "exec"), _module.__dict__)
+_module = types.ModuleType("gpuvfio_ncclpaths")
+sys.modules["gpuvfio_ncclpaths"] = _module
+exec(compile({ncclpaths!r}, "gpuvfio_ncclpaths.py", "exec"), _module.__dict__)
 _module = types.ModuleType("gpuvfio_nvapi")
 _module.__dict__["KERNELS_PTX"] = {ptx!r}
 sys.modules["gpuvfio_nvapi"] = _module
@@ -30,7 +34,8 @@ exec(compile({verifier!r}, "verifier.py", "exec"), {{"__name__": "__main__", "__
 def verifier_program() -> bytes:
     """The verifier as ``python3 -`` reads it on stdin (nothing is written in the guest)."""
     texts = {}
-    for name, path in (("ptx", KERNELS_PTX), ("nvapi", NVAPI), ("ncclxml", NCCLXML), ("verifier", VERIFIER)):
+    for name, path in (("ptx", KERNELS_PTX), ("nvapi", NVAPI), ("ncclxml", NCCLXML), ("ncclpaths", NCCLPATHS),
+                       ("verifier", VERIFIER)):
         with open(path, encoding="utf-8") as handle:
             texts[name] = handle.read()
     return _BOOTSTRAP.format(**texts).encode()

@@ -35,6 +35,7 @@ import tempfile
 import time
 import traceback
 
+from gpuvfio_ncclpaths import gpu_paths
 from gpuvfio_ncclxml import load_topology
 from gpuvfio_nvapi import PTR, SIZE, U64, Cuda, Device, Failure, NumaPlacement, Nvml, entry, load, seconds
 
@@ -324,8 +325,9 @@ class TopologyView(object):
         os.environ["NCCL_TOPO_DUMP_FILE_RANK"] = "0"
 
     def report(self):
-        """The file's GPUs (``planned``) beside NCCL's (``nccl``), each by bus id."""
-        out = {"file": self.file, "source": self.source, "planned": None, "nccl": None, "error": None}
+        """The file's GPUs (``planned``) beside NCCL's (``nccl``), each by bus id, and NCCL's path
+        type between each pair of its GPUs (``paths``: [bus id, bus id, type], the smaller first)."""
+        out = {"file": self.file, "source": self.source, "planned": None, "nccl": None, "paths": None, "error": None}
         problems = []
         if self.file is not None:
             try:
@@ -333,7 +335,10 @@ class TopologyView(object):
             except (OSError, ValueError) as exc:
                 problems.append("the topology file could not be read: %s" % exc)
         try:
-            out["nccl"] = gpu_links(read_bytes(self.dump))
+            dump = read_bytes(self.dump)
+            out["nccl"] = gpu_links(dump)
+            # NCCL's path type between each pair of GPUs of its dump, by NCCL's rules (gpuvfio_ncclpaths)
+            out["paths"] = [[a, b, kind] for (a, b), kind in sorted(gpu_paths(load_topology(dump)).items())]
         except OSError:
             problems.append("NCCL wrote no topology dump (NCCL_TOPO_DUMP_FILE needs NCCL 2.6 or later)")
         except ValueError as exc:
