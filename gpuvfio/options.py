@@ -192,6 +192,10 @@ DOMAIN = OptionSet(
            choices=("auto", "off", "force"), metavar="auto|off|force", cli=BOTH, ansible=DOM, spec=GUEST),
     Option("qemu_version", "str", "QEMU version the domain will run on (default: asked from libvirt when a "
            "connection is used).", metavar="X.Y", cli=BOTH, ansible=DOM),
+    # NCCL takes the first NCCL_TOPO_FILE of /etc/nccl.conf: an admin's own is kept unless asked.
+    Option("replace_nccl_topo_file", "bool", "Let the guest's /etc/nccl.conf name gpuvfio's NCCL topology file "
+           "where the admin's names another (which is kept and reported otherwise).", False, cli=("attach",),
+           ansible=DOM),
 )
 
 GUEST_SSH = ("guest.ssh",)

@@ -126,8 +126,10 @@ def attach_cmd(
             render.print_verify(result.report.to_json())
         nccl = result.nccl_topology
         if nccl is not None:
-            say(f"NCCL topology written in the guest: {nccl.use}" if nccl.written
-                else f"warning: NCCL topology NOT written: {nccl.error}")
+            if not nccl.written:
+                say(f"warning: NCCL topology NOT written: {nccl.error}")
+            else:
+                say(f"{'' if nccl.named else 'warning: '}NCCL topology written in the guest: {nccl.use}")
         say(f"{request.name} is running ({'verified' if result.ok else 'verification FAILED'}); "
             f"gpuvfio detach {request.name} undoes it")
     if not result.ok:

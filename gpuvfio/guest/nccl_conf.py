@@ -15,8 +15,10 @@ docs/research/consumers-issue-24.md section 1.4):
   never overwrites: within one file the FIRST record of a key wins, and the process environment
   wins over ``$NCCL_CONF_FILE`` (or ``~/.nccl.conf``), which wins over /etc/nccl.conf.
 
-So the merge replaces the first record NCCL would take for NCCL_TOPO_FILE (its whole line), or
-appends a line when there is none, and leaves every other byte of the admin's file as it was.
+So the merge appends a line when the file has no NCCL_TOPO_FILE NCCL would take, and leaves
+every other byte of the admin's file as it was. An admin's own NCCL_TOPO_FILE is kept and said
+(KEPT, ``previous``); only when asked (``replace``) does gpuvfio's line take the place of the
+first record NCCL would take (its whole line).
 Pure: the caller reads the file and writes the result (gpuvfio.ops.guests, over SSH).
 """
 
@@ -39,7 +41,8 @@ class ConfChange(str, Enum):
 
     CREATED = "created"  # there was no file: it holds gpuvfio's line only
     ADDED = "added"  # the admin's file had no NCCL_TOPO_FILE: a line appended
-    REPLACED = "replaced"  # the admin's NCCL_TOPO_FILE (``previous``) no longer applies
+    REPLACED = "replaced"  # asked to: the admin's NCCL_TOPO_FILE (``previous``) no longer applies
+    KEPT = "kept"  # the admin's NCCL_TOPO_FILE (``previous``) is what NCCL reads: nothing written
     UNCHANGED = "unchanged"  # it already gives gpuvfio's path: nothing to write
 
 
@@ -64,7 +67,7 @@ class ConfMerge:
 
     @property
     def changed(self) -> bool:
-        return self.change is not ConfChange.UNCHANGED
+        return self.change not in (ConfChange.UNCHANGED, ConfChange.KEPT)
 
 
 def records(data: bytes) -> list[Record]:
@@ -102,9 +105,10 @@ def _line_end(data: bytes, offset: int) -> int:
     return end - 1 if end > offset and data[end - 1:end] == b"\r" else end
 
 
-def merge(existing: bytes | None, path: str) -> ConfMerge:
+def merge(existing: bytes | None, path: str, *, replace: bool = False) -> ConfMerge:
     """/etc/nccl.conf (``existing``; None: there is none) carrying ``NCCL_TOPO_FILE=path``, so
-    that NCCL reads ``path`` and every other pair the admin set as before."""
+    that NCCL reads ``path`` and every other pair the admin set as before; where the admin's
+    file already names another topology file, that one is kept unless ``replace``."""
     raw = path.encode()
     if not path.startswith("/") or any(c in raw for c in b"\n\r\0") or len(raw) > FIELD_BYTES:
         # NCCL would cut a longer value, and a newline would end the record early.
@@ -119,6 +123,8 @@ def merge(existing: bytes | None, path: str) -> ConfMerge:
     previous = first.value.decode("utf-8", "replace")
     if first.value == raw:
         return ConfMerge(existing, ConfChange.UNCHANGED)
+    if not replace:
+        return ConfMerge(existing, ConfChange.KEPT, previous)
     if first.offset == 0 or existing[first.offset - 1:first.offset] == b"\n":
         # The record starts a line: that line is replaced, its line ending kept.
         end = _line_end(existing, first.offset)

@@ -45,6 +45,7 @@ from gpuvfio.ops.nccl_paths import expected_paths
 # verify_options: for the CLI, the Ansible modules and the testbed, which reach it through here.
 from gpuvfio.ops.verify_options import PROBE_TIMEOUT, VerifyOptions, verify_options  # noqa: F401
 from gpuvfio.ops.targets import AddressUnknown, SshOptions, guest_target
+from gpuvfio.numbers import shown
 from gpuvfio.options import RUN, checked
 from gpuvfio.virt import lifecycle
 from gpuvfio.virt.connection import call
@@ -82,13 +83,24 @@ class NcclTopology:
         return self.path is not None
 
     @property
+    def named(self) -> bool:
+        """Whether the guest's /etc/nccl.conf names the file, so that NCCL jobs find it."""
+        return self.conf is not None and self.conf.change in (ConfChange.CREATED, ConfChange.ADDED,
+                                                              ConfChange.REPLACED, ConfChange.UNCHANGED)
+
+    @property
     def use(self) -> str | None:
         """How a job in the guest gets it: from /etc/nccl.conf, which NCCL reads at init, or,
         where that could not carry it, by setting NCCL_TOPO_FILE itself."""
         if self.path is None:
             return None
+        if self.conf is not None and self.conf.change is ConfChange.KEPT:
+            return (f"export NCCL_TOPO_FILE={self.path} ({self.conf.path} names the admin's own "
+                    f"NCCL_TOPO_FILE={shown(self.conf.previous, 120)}, which NCCL reads and gpuvfio kept; "
+                    "attach --replace-nccl-topo-file, or the domain module's replace_nccl_topo_file, makes it name "
+                    "gpuvfio's)")
         if self.conf is not None and self.conf.change is not None:
-            replaced = (f" (it replaced the admin's NCCL_TOPO_FILE={self.conf.previous})"
+            replaced = (f" (it replaced the admin's NCCL_TOPO_FILE={shown(self.conf.previous, 120)})"
                         if self.conf.change is ConfChange.REPLACED else "")
             return (f"{self.conf.path} carries NCCL_TOPO_FILE={self.path}: NCCL reads it at init, "
                     f"no export needed{replaced}")
@@ -256,8 +268,10 @@ class _AttachRun:
 
     def nccl(self) -> None:
         verify = self.plan.verify
-        self.result.nccl_topology = write_nccl_topology(self.ctx, self.state["session"], self.plan.provisioned,
-                                                        verify.probe_timeout if verify is not None else PROBE_TIMEOUT)
+        self.result.nccl_topology = write_nccl_topology(
+            self.ctx, self.state["session"], self.plan.provisioned,
+            verify.probe_timeout if verify is not None else PROBE_TIMEOUT,
+            replace=self.plan.provisioned.spec.asked.replace_nccl_topo_file)
 
 
 def _timed_step(ctx: Context, result: AttachResult, name: str, func: Callable[[], None]) -> None:
@@ -311,10 +325,11 @@ def planned_expectations(provisioned: Provisioned, expected: list[Expected]) -> 
     return out
 
 
-def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float) -> NcclTopology:
+def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_timeout: float, *,
+                        replace: bool = False) -> NcclTopology:
     """Write the guest's NCCL topology file from the bus ids the guest shows (the probe's view),
     mapped onto the planned devices, and name it in the guest's /etc/nccl.conf
-    (``merge_nccl_conf``). A guest whose devices do not line up with the plan, or that cannot be
+    (``merge_nccl_conf``; an admin's own NCCL_TOPO_FILE there is kept unless ``replace``). A guest whose devices do not line up with the plan, or that cannot be
     written to (a user without root), gets no file: the answer says why, as a warning (the
     verifier judges the devices themselves)."""
     try:
@@ -329,7 +344,8 @@ def write_nccl_topology(ctx: Context, session, provisioned: Provisioned, probe_t
         return NcclTopology(error=str(exc))
     if status:
         return NcclTopology(error=f"writing {GUEST_FILE} failed (exit {status}): {err.strip()[:200]}")
-    return NcclTopology(path=GUEST_FILE, xml=text, conf=merge_nccl_conf(session, GUEST_FILE, probe_timeout))
+    return NcclTopology(path=GUEST_FILE, xml=text, conf=merge_nccl_conf(session, GUEST_FILE, probe_timeout,
+                                                                        replace=replace))
 
 
 # The guest's /etc/nccl.conf as it is: "LINK target", "OTHER" (not a regular file), "NONE", or
@@ -345,7 +361,7 @@ WRITE_CONF = ('R="${GPUVFIO_PROBE_ROOT:-}"; c="$R$1"; t="$R$2"; '
               '&& cat > "$t" && mv -f "$t" "$c" || { s=$?; rm -f "$t"; exit $s; }')
 
 
-def merge_nccl_conf(session, topology_file: str, timeout: float) -> NcclConf:
+def merge_nccl_conf(session, topology_file: str, timeout: float, *, replace: bool = False) -> NcclConf:
     """Make the guest's /etc/nccl.conf carry ``NCCL_TOPO_FILE=topology_file``: read it, merge
     (gpuvfio.guest.nccl_conf.merge: every other line kept byte for byte, an earlier
     NCCL_TOPO_FILE replaced and said), write it back atomically (a temporary file in /etc
@@ -365,7 +381,7 @@ def merge_nccl_conf(session, topology_file: str, timeout: float) -> NcclConf:
         if head not in (b"FILE", b"NONE"):
             return NcclConf(error=f"{NCCL_CONF} is not a regular file" if head == b"OTHER"
                             else f"the guest's answer about {NCCL_CONF} is not recognisable")
-        merged = merge_conf(body if head == b"FILE" else None, topology_file)
+        merged = merge_conf(body if head == b"FILE" else None, topology_file, replace=replace)
         if merged.changed:
             temp = posixpath.join(posixpath.dirname(NCCL_CONF), ".nccl.conf.gpuvfio-tmp")
             status, _out, err = session.run_bytes(["sh", "-c", WRITE_CONF, "sh", NCCL_CONF, temp],

@@ -3,7 +3,7 @@ attach service binds two GPUs under a host switch (a simulated kernel answers th
 writes), defines and starts the guest on libvirt's test driver, reaches it over real SSH
 (this machine behind dropbear, tests/lanes/hypervisor.py), runs the probe there and writes
 /etc/gpuvfio/nccl-topo.xml from the bus ids the guest shows, and names it in the guest's
-/etc/nccl.conf (the admin's lines kept, an earlier NCCL_TOPO_FILE replaced and said), where
+/etc/nccl.conf (the admin's lines kept; an earlier NCCL_TOPO_FILE replaced when asked, and said), where
 NCCL finds it by itself. The stand-in guest's PCI tree is
 built as the plan's guest tree (root port, emulated switch, two GPUs), under the root its
 probe reads (GPUVFIO_PROBE_ROOT); a guest unlike the plan gets no file, and says why.
@@ -66,7 +66,7 @@ def _gpu_tree(root: str, *, switch: bool, gpu_link=(4, 16), first_bus: int = 1, 
 GUEST_GPUS = ["0000:0c:00.0", "0000:0d:00.0"]  # as the stand-in guest numbers them
 
 
-def _attach(tmp_path, hv, guest_root: str, name: str):
+def _attach(tmp_path, hv, guest_root: str, name: str, **options):
     """Attach the two GPUs of a host tree to guest ``name`` whose probe reads ``guest_root``;
     detach again (devices back on nvidia, the domain gone). (the attach's result, its files)"""
     host = _gpu_tree(str(tmp_path / "host"), switch=True)
@@ -76,7 +76,7 @@ def _attach(tmp_path, hv, guest_root: str, name: str):
     server = hv.start(str(tmp_path / f"guest-{name}"), env={"GPUVFIO_PROBE_ROOT": guest_root})
     try:
         request = domain_request(name, vcpus=2, memory="2G", hugepages="none", firmware="bios",
-                                 kernel=kernel_file(tmp_path))
+                                 kernel=kernel_file(tmp_path), **options)
         ssh = SshOptions(host="127.0.0.1", port=server.port, key=server.client_key,
                          known_hosts=server.known_hosts, timeout=20)
         result = guests.attach(ctx, [PciAddress.parse(a) for a in GPUS], request, ssh=ssh, uri="test:///default",
@@ -97,7 +97,8 @@ def test_attach_writes_the_nccl_topology_file_in_the_guest(tmp_path, ssh_lane, m
     os.makedirs(os.path.join(guest.root, "etc"), exist_ok=True)
     with open(os.path.join(guest.root, GUEST_CONF), "wb") as handle:  # an admin's file
         handle.write(b"# site\nNCCL_DEBUG=WARN\r\nNCCL_TOPO_FILE=/opt/site.xml\nNCCL_IB_HCA=mlx5")
-    result = _attach(tmp_path, ssh_lane, guest.root, "nccl-2gpu")
+    # Asked to: an admin's own NCCL_TOPO_FILE is kept otherwise (tests/unit/test_nccl_conf.py).
+    result = _attach(tmp_path, ssh_lane, guest.root, "nccl-2gpu", replace_nccl_topo_file=True)
     assert result.ok
     written = result.nccl_topology.to_json()
     assert written["written"] is True and written["path"] == "/etc/gpuvfio/nccl-topo.xml", written

@@ -88,9 +88,18 @@ def test_an_admins_file_is_kept_byte_for_byte_and_our_line_added():
     assert before[b"NCCL_SOCKET_IFNAME"] == b"=eth0" and before[b"NCCL_DEBUG"] == b"WARN"
 
 
-def test_an_admins_topology_file_is_replaced_and_said():
-    admin = b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=\"/opt/topo.xml\"\r\nNCCL_ALGO=Ring\n"
+def test_an_admins_topology_file_is_kept_and_said():
+    """The README's promise: an admin's file is merged, never clobbered. NCCL keeps reading the
+    admin's NCCL_TOPO_FILE, and the merge says which one that is."""
+    admin = b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/opt/topo.xml\nNCCL_ALGO=Ring\n"
     merged = merge(admin, OURS)
+    assert merged.change is ConfChange.KEPT and merged.previous == "/opt/topo.xml" and not merged.changed
+    assert merged.text == admin and reads(merged.text)[KEY.encode()] == b"/opt/topo.xml"
+
+
+def test_an_admins_topology_file_is_replaced_when_asked_and_said():
+    admin = b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=\"/opt/topo.xml\"\r\nNCCL_ALGO=Ring\n"
+    merged = merge(admin, OURS, replace=True)
     # NCCL keeps quotes: the admin's value was the string with them.
     assert merged.change is ConfChange.REPLACED and merged.previous == '"/opt/topo.xml"'
     assert merged.text == b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\r\nNCCL_ALGO=Ring\n"
@@ -101,7 +110,7 @@ def test_the_first_record_is_the_one_nccl_takes_and_the_one_replaced():
     """setenv(..., 0) never overwrites: a second NCCL_TOPO_FILE line was never read; it stays."""
     admin = b"NCCL_TOPO_FILE=/first\nNCCL_TOPO_FILE=/second\n"
     assert reads(admin)[KEY.encode()] == b"/first" and value_of(admin) == b"/first"
-    merged = merge(admin, OURS)
+    merged = merge(admin, OURS, replace=True)
     assert merged.previous == "/first" and merged.text == b"NCCL_TOPO_FILE=" + OURS.encode() + b"\nNCCL_TOPO_FILE=/second\n"
     assert reads(merged.text)[KEY.encode()] == OURS.encode()
 
@@ -126,20 +135,21 @@ def test_a_line_longer_than_nccls_buffer_is_read_as_nccl_reads_it():
     long_line = b"NCCL_X=" + b"a" * (4095 - 7) + b"NCCL_TOPO_FILE=/opt/from-the-tail\n"
     assert reads(long_line)[KEY.encode()] == b"/opt/from-the-tail"
     assert [r.offset for r in records(long_line)] == [0, 4095]
-    merged = merge(long_line, OURS)
+    assert merge(long_line, OURS).change is ConfChange.KEPT
+    merged = merge(long_line, OURS, replace=True)
     assert merged.change is ConfChange.REPLACED and merged.previous == "/opt/from-the-tail"
     assert merged.text.endswith(long_line)  # the admin's line is kept whole
     assert reads(merged.text)[KEY.encode()] == OURS.encode()
     # A long NCCL_TOPO_FILE line itself is replaced whole, its tail with it.
     own = b"NCCL_TOPO_FILE=/" + b"b" * 5000 + b"\nNCCL_Y=1\n"
-    merged = merge(own, OURS)
+    merged = merge(own, OURS, replace=True)
     assert merged.text == b"NCCL_TOPO_FILE=" + OURS.encode() + b"\nNCCL_Y=1\n"
 
 
 def test_a_nul_ends_a_record_as_strlen_does():
     admin = b"NCCL_TOPO_FILE=/x\0junk\nNCCL_Y=1\n"
     assert reads(admin)[KEY.encode()] == b"/x" and value_of(admin) == b"/x"
-    merged = merge(admin, OURS)
+    merged = merge(admin, OURS, replace=True)
     assert merged.previous == "/x" and merged.text == b"NCCL_TOPO_FILE=" + OURS.encode() + b"\nNCCL_Y=1\n"
 
 
@@ -172,7 +182,10 @@ LINES = st.lists(st.one_of(
 @given(LINES, st.sampled_from([b"\n", b"\r\n"]), st.booleans())
 def test_nccl_reads_our_value_and_every_other_pair_as_before(lines, newline, last_newline):
     admin = newline.join(lines) + (newline if last_newline and lines else b"")
-    merged = merge(admin, OURS)
+    kept = merge(admin, OURS)
+    if value_of(admin) not in (None, OURS.encode()):  # the admin's own file: NCCL reads all as before
+        assert kept.change is ConfChange.KEPT and kept.text == admin
+    merged = merge(admin, OURS, replace=True)
     before, after = reads(admin), reads(merged.text)
     assert after.pop(KEY.encode()) == OURS.encode()
     before.pop(KEY.encode(), None)
@@ -230,7 +243,11 @@ def test_the_admins_file_keeps_its_bytes_and_mode(guest, tmp_path):
     path.write_bytes(ADMIN + b"\nNCCL_TOPO_FILE=/opt/old.xml\r\n# end\n")
     os.chmod(path, 0o600)
     inode = os.stat(path).st_ino
-    done = merge_nccl_conf(guest, OURS, 30)
+    calls = len(guest.calls)
+    kept = merge_nccl_conf(guest, OURS, 30)  # not asked to replace: only read
+    assert kept.change is ConfChange.KEPT and kept.previous == "/opt/old.xml" and len(guest.calls) == calls + 1
+    assert os.stat(path).st_ino == inode
+    done = merge_nccl_conf(guest, OURS, 30, replace=True)
     assert done.change is ConfChange.REPLACED and done.previous == "/opt/old.xml"
     assert conf_of(tmp_path) == ADMIN + b"\nNCCL_TOPO_FILE=" + OURS.encode() + b"\r\n# end\n"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -257,3 +274,15 @@ def test_something_else_than_a_file_is_refused(guest, tmp_path):
     (tmp_path / "etc" / "nccl.conf").mkdir()
     done = merge_nccl_conf(guest, OURS, 30)
     assert done.change is None and "not a regular file" in done.error
+
+
+def test_attach_says_when_the_admins_file_is_what_nccl_reads():
+    """A kept admin line is no failure, but jobs do not find gpuvfio's file by themselves: the
+    answer says to export it and how to replace the line, the admin's value bounded."""
+    from gpuvfio.ops.guests import NcclConf, NcclTopology
+
+    kept = NcclTopology(path=OURS, xml="", conf=NcclConf(change=ConfChange.KEPT, previous="/opt/" + "x" * 500))
+    assert not kept.named and kept.use.startswith(f"export NCCL_TOPO_FILE={OURS} (")
+    assert "--replace-nccl-topo-file" in kept.use and len(kept.use) < 400
+    added = NcclTopology(path=OURS, xml="", conf=NcclConf(change=ConfChange.ADDED))
+    assert added.named and "no export needed" in added.use

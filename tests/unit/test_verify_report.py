@@ -176,8 +176,9 @@ ADMIN_CONF = b"NCCL_DEBUG=WARN\nNCCL_TOPO_FILE=/opt/site-topo.xml\n"
     ("unlike", lambda: Guest(probe_text([GPU_LINE])), False),  # the guest shows another device than planned
     ("written", lambda: Guest(probe_text([ADA])), True),
     ("conf_replaced", lambda: Guest(probe_text([ADA]), conf=ADMIN_CONF), True),
+    ("conf_kept", lambda: Guest(probe_text([ADA]), conf=ADMIN_CONF), True),
     ("conf_link", lambda: Guest(probe_text([ADA]), conf_link="/srv/shared/nccl.conf"), True),
-], ids=["probe_fails", "write_fails", "unlike", "written", "conf_replaced", "conf_link"])
+], ids=["probe_fails", "write_fails", "unlike", "written", "conf_replaced", "conf_kept", "conf_link"])
 def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regenerate, name, make_guest, written):
     from gpuvfio.domain.request import domain_request
     from gpuvfio.ops.domains import provision_xml
@@ -185,7 +186,7 @@ def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regen
     guest = make_guest()
     ctx = Context(host=HostRoot(gpu_workstation(tmp_path / "ws").root))
     provisioned = provision_xml(ctx, [PciAddress.parse("0000:01:00.0")], domain_request("n", firmware="bios"))
-    result = guests.write_nccl_topology(ctx, guest, provisioned, 5.0)
+    result = guests.write_nccl_topology(ctx, guest, provisioned, 5.0, replace=name == "conf_replaced")
     assert isinstance(result, guests.NcclTopology) and result.written is written
     if written:
         assert result.error is None and guest.written == result.xml.encode()
@@ -195,9 +196,12 @@ def test_the_nccl_topology_file_is_typed_with_the_json_of_before(tmp_path, regen
     if name == "written":  # no nccl.conf before: one made, and the hint says so
         assert result.conf.change.value == "created" and guest.conf.endswith(b"\nNCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n")
         assert result.use.startswith("/etc/nccl.conf carries NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml")
-    if name == "conf_replaced":  # the admin's other line kept, the old value said
+    if name == "conf_replaced":  # asked to: the admin's other line kept, the old value said
         assert guest.conf == b"NCCL_DEBUG=WARN\nNCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n"
         assert result.conf.previous == "/opt/site-topo.xml" and "/opt/site-topo.xml" in result.use
+    if name == "conf_kept":  # not asked: nothing written, the admin's value said, the job told to export
+        assert guest.conf == ADMIN_CONF and result.conf.change.value == "kept" and not result.named
+        assert result.use.startswith("export NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml") and "site-topo" in result.use
     if name == "conf_link":  # nothing written through the link; the job is told to set it
         assert result.conf.change is None and "symbolic link" in result.conf.error and guest.conf is None
         assert result.use.startswith("export NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml (/etc/nccl.conf does not")

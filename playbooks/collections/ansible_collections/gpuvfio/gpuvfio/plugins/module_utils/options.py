@@ -32,6 +32,7 @@ ARGUMENT_SPECS = {
         'topology': {'type': 'str', 'default': 'auto', 'choices': ['auto', 'mirror', 'flat']},
         'p2p': {'type': 'str', 'default': 'auto', 'choices': ['auto', 'off', 'force']},
         'qemu_version': {'type': 'str'},
+        'replace_nccl_topo_file': {'type': 'bool', 'default': False},
         'ssh_host': {'type': 'str'},
         'ssh_port': {'type': 'int'},
         'ssh_user': {'type': 'str'},
@@ -90,6 +91,7 @@ SETS = {
         'name', 'vcpus', 'memory', 'hugepages', 'numa', 'firmware', 'virt_type', 'loader', 'nvram_template',
         'rom_bar', 'rom_file', 'hide_kvm', 'mdev', 'vgpu', 'uuid', 'disk', 'kernel', 'initrd', 'cmdline',
         'network', 'user_net_ssh_port', 'console_log', 'force', 'topology', 'p2p', 'qemu_version',
+        'replace_nccl_topo_file',
     ),
     'ssh': (
         'ssh_host', 'ssh_port', 'ssh_user', 'ssh_key', 'ssh_private_key', 'ssh_config', 'known_hosts',

@@ -193,6 +193,12 @@ options:
     description: >-
       QEMU version the domain will run on (default: asked from libvirt when a connection is used).
     type: str
+  replace_nccl_topo_file:
+    description: >-
+      Let the guest's /etc/nccl.conf name gpuvfio's NCCL topology file where the admin's names another (which
+      is kept and reported otherwise).
+    type: bool
+    default: false
   ssh_host:
     description: >-
       Guest address (default: discovered through libvirt).
