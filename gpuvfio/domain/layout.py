@@ -203,11 +203,15 @@ def switch_levels(pos: Position) -> tuple[tuple[PciAddress, PciAddress], ...]:
 
 
 def _mirrorable(group: list[list[PciFunction]], where: dict[PciAddress, Position]) -> bool:
-    """Whether the devices' switch levels form a tree that PCIe ports can hold: a port's bus
-    holds one device or one switch, never both, and no two devices share a port."""
+    """Whether the devices' switch levels form a tree that PCIe ports can hold: every bridge
+    above a device is a root port or a switch port, a port's bus holds one device or one
+    switch, never both, and no two devices share a port."""
     holds: dict[tuple, set] = {}
     for functions in group:
-        levels = switch_levels(where[functions[0].address])
+        pos = where[functions[0].address]
+        levels = switch_levels(pos)
+        if len(pos.path) != 1 + 2 * len(levels):
+            return False  # a bridge left over below the switches (PCIe-to-PCI): NCCL counts it
         for depth in range(len(levels) + 1):
             port = levels[:depth]
             content = levels[depth][0] if depth < len(levels) else ("device", functions[0].address)

@@ -296,11 +296,23 @@ def nccl_chain(fn: PciFunction) -> tuple[PciAddress, ...]:
     """The <pci> nodes NCCL's sysfs reader puts above ``fn`` on this host, nearest the root
     first (src/graph/xml.cc ncclTopoGetXmlFromSys, v2.30.7-1): from a device's sysfs path it
     rewinds two components and continues on the bridge it lands on, and stops at a CPU where
-    the component before is no bus id (the root complex's ``pciDDDD:BB``). So a switch is one
+    either component it passes is no bus id (the root complex's ``pciDDDD:BB``, or one with a
+    domain wider than four digits). So a switch is one
     node named by its upstream port, a device on a root port hangs from the CPU, and a
     PCIe-to-PCI bridge below a switch shifts what follows by one."""
     path = (*fn.parents, fn.address)
-    return tuple(path[i] for i in range(len(path) - 3, -1, -2))[::-1]
+    chain = []
+    at = len(path) - 1
+    while at >= 2 and _bdf(path[at - 1]) and _bdf(path[at - 2]):
+        at -= 2
+        chain.append(path[at])
+    return tuple(chain[::-1])
+
+
+def _bdf(address: PciAddress) -> bool:
+    """xml.cc checkBDFFormat: exactly "DDDD:BB:SS.F", 12 characters. A wider domain (a VMD
+    domain such as 10000:e0:06.0) is no bus id to NCCL: it stops there and takes the CPU."""
+    return len(str(address)) == 12
 
 
 def host_topology_tree(gpus: list[PciFunction], functions: Mapping[PciAddress, PciFunction], *,

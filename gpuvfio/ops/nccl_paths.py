@@ -80,7 +80,7 @@ def gpu_pairs(devices: list[nccl_topo.GuestDevice], guest_tree: ET.Element,
               guest_vendor: str | None) -> list[PathPair]:
     """Each pair of the GPUs among ``devices`` (the guest's file: ``guest_tree``), host and guest."""
     gpus = [d.port.functions[0] for d in devices if d.port.functions[0].is_nvidia_gpu]
-    guest_of = {d.port.functions[0].address: gpuvfio_ncclpaths.bus_key(d.address) for d in devices}
+    guest_of = {d.port.functions[0].address: gpuvfio_ncclpaths.bus_name(d.address) for d in devices}
     host = host_pairs(gpus, functions, host_vendor)
     guest = paths_of(guest_tree)
     out = []

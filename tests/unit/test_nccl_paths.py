@@ -125,3 +125,13 @@ def test_deep_nesting_is_bounded():
     xml += "</pci>\n" * 70
     with pytest.raises(ValueError, match="nested more than 64"):
         paths(system(cpu(0, xml)))
+
+
+def test_bus_ids_are_numbers_to_nccl():
+    """busIdToInt64 (src/misc/utils.cc) reads the hex digits as one number: a pcilink target
+    spelled with an eight-digit domain is the same switch, and a GPU named twice is one."""
+    left = pci("0000:01:00.0", BRIDGE, pci("0000:02:00.0", GPU), '<pcilink target="00000000:11:00.0"/>\n')
+    right = pci("0000:11:00.0", BRIDGE, pci("0000:12:00.0", GPU))
+    assert paths(system(cpu(0, left, right))) == {("0000:02:00.0", "0000:12:00.0"): "PXB"}
+    twice = paths(system(cpu(0, pci("0000:02:00.0", GPU), pci("0000:03:00.0", GPU), pci("0000:02:00.0 ", GPU))))
+    assert list(twice) == [("0000:02:00.0", "0000:03:00.0")]

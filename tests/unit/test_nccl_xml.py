@@ -201,3 +201,15 @@ def test_a_file_or_dump_nccl_would_refuse_is_a_problem_of_the_view(monkeypatch, 
     assert report["error"] == ("the topology file could not be read: XML Parse error : expecting '<', got '\t'; "
                                "NCCL's topology dump could not be read: XML Parse : expected >, got '?'")
     assert not os.path.exists(view.directory)
+
+
+def test_nesting_is_bounded_before_pythons_own_limit():
+    """NCCL recurses once per element with no limit; the reader refuses past MAX_DEPTH (a
+    RecursionError would lose the whole verifier stage)."""
+    from gpuvfio.guest.payload.gpuvfio_ncclxml import MAX_DEPTH
+
+    deep = '<system version="1">' + "<x>" * 3000 + "</x>" * 3000 + "</system>"
+    with pytest.raises(XmlError, match=f"nested deeper than {MAX_DEPTH}"):
+        load_topology(deep)
+    fine = '<system version="1">' + "<x>" * 150 + "</x>" * 150 + "</system>"
+    assert load_topology(fine)[0].name == "system"

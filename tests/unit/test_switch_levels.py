@@ -172,9 +172,11 @@ def test_a_broadcom_switch_is_folded_on_both_sides(tmp_path):
     assert all(pair.same for pair in p.paths)
 
 
-def test_bridges_that_are_no_switch_tree_get_root_ports_and_a_warning(tmp_path):
-    """Below a PCIe-to-PCI bridge NCCL's rewind-by-two lands elsewhere than on the switch: the
-    guest cannot show NCCL's host tree with emulated switches, and the plan says how it differs."""
+def test_bridges_that_are_no_switch_tree_get_root_ports(tmp_path):
+    """Below a PCIe-to-PCI bridge NCCL's rewind-by-two lands elsewhere than on the switch (the
+    GPU under it hangs from the downstream port and the root port, the other from the switch):
+    to NCCL they meet only at the CPU. Emulated switches would make them PIX; root ports of their
+    own keep NCCL's PHB, and the plan says why."""
     b = cascade_host(tmp_path)
     port = b.bridge(b.root_bus(0, 0x40, numa=0), "0000:40:01.0", "8086", "352a", secondary_bus=0x41, link=(5, 16))
     up = b.bridge(port, "0000:41:00.0", *PLX, secondary_bus=0x42, link=(5, 16))
@@ -185,7 +187,9 @@ def test_bridges_that_are_no_switch_tree_get_root_ports_and_a_warning(tmp_path):
     _ctx, p = provisioned(tmp_path, ["0000:44:00.0", "0000:45:00.0"])
     (pair,) = p.paths
     assert pair.host == "PHB"  # 44:00.0 hangs from 42:00.0 and 40:01.0 to NCCL, 45:00.0 from 41:00.0
-    assert not pair.same and any("NOT the same" in w for w in p.spec.warnings)
+    assert pair.same and set(guest_depths(p.spec).values()) == {0}
+    assert any("not a tree of PCIe switches" in note for note in p.spec.notes)
+    assert not any("NOT the same" in w for w in p.spec.warnings)
 
 
 @pytest.mark.parametrize("addresses", [["0000:15:00.0", "0000:81:00.0"], ["0000:15:00.0", "0000:21:00.0"]])
@@ -209,3 +213,19 @@ def test_verify_holds_the_guest_to_the_pairs_the_plan_showed(tmp_path):
     assert want == {(str(pair.a), str(pair.b)): pair.host for pair in p.paths}
     assert ("0000:15:00.0", "0000:1a:00.0") not in want  # the NIC is no GPU
     assert expected_paths(functions, [A("0000:15:00.0"), A("0000:1a:00.0")], None) == {}
+
+
+def test_nccl_stops_at_a_bus_id_of_another_shape():
+    """checkBDFFormat (src/graph/xml.cc, v2.30.7-1) takes only "DDDD:BB:SS.F": a bridge with a
+    wider domain, as behind Intel VMD, ends NCCL's walk at the CPU."""
+    from gpuvfio.host.model import PciFunction
+
+    def fn(address, parents):
+        return PciFunction(A(address), "10de", "26b9", "030200", parents=[A(p) for p in parents])
+
+    cascade = fn("0000:05:00.0", ["0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0", "0000:04:00.0"])
+    assert nccl_topo.nccl_chain(cascade) == (A("0000:01:00.0"), A("0000:03:00.0"))
+    vmd = fn("10000:e2:00.0", ["10000:e0:06.0", "10000:e1:00.0"])
+    assert nccl_topo.nccl_chain(vmd) == ()
+    assert nccl_topo.nccl_chain(fn("0000:00:1f.0", [])) == () and nccl_topo.nccl_chain(
+        fn("0000:01:00.0", ["0000:00:01.0"])) == ()

@@ -105,7 +105,23 @@ def _strtol(text):
 
 
 def bus_key(busid):
-    """A bus id as NCCL keys it (busIdToInt64 reads the hex digits, case aside)."""
+    """A bus id as NCCL keys it: src/misc/utils.cc busIdToInt64 reads hex digits, skipping ':'
+    and '.', up to the first other character or 16 digits, as one number (so 00000000:20:00.0 is
+    0000:20:00.0); strtol clamps what overflows an int64."""
+    digits = ""
+    for c in busid:
+        if len(digits) == 16:
+            break
+        if c in ".:":
+            continue
+        if c not in "0123456789abcdefABCDEF":
+            break
+        digits += c
+    return min(int(digits, 16), 2 ** 63 - 1) if digits else 0
+
+
+def bus_name(busid):
+    """The bus id as the pairs name it: lower case, without blanks around it."""
     return busid.strip().lower()
 
 
@@ -123,10 +139,11 @@ def int_device(xml):
 
 
 class System(object):
-    """The nodes NCCL builds; ``gpus`` by bus id."""
+    """The nodes NCCL builds; ``gpus`` by NCCL's number of their bus id, ``names`` the bus id as
+    the first node of that number spelled it."""
 
     def __init__(self):
-        self.nodes, self.gpus, self.cpus = [], {}, []
+        self.nodes, self.gpus, self.cpus, self.names = [], {}, [], {}
 
     def node(self, kind, ident, device=0):
         if len(self.nodes) == MAX_NODES:
@@ -145,14 +162,17 @@ def _link_both(a, b, link_type, bw):
 
 
 def _add_gpu(system, xml, parent, bw):
-    busid = bus_key(_required(xml, "busid"))
+    text = _required(xml, "busid")
+    busid = bus_key(text)
     dev = system.find(DEV, busid)
     if dev is None:
         dev = system.node(DEV, busid)
         _link_both(dev, parent, LINK_PCI, bw)
     gpu = system.node(GPU, busid)
     _link_both(dev, gpu, LINK_LOC, LOC_BW)
-    system.gpus.setdefault(busid, gpu)
+    if busid not in system.names:
+        system.names[busid] = bus_name(text)
+        system.gpus[busid] = gpu
 
 
 def add_pci(system, xml, parent, depth=0):
@@ -294,12 +314,12 @@ def paths_from(system, base):
 
 def gpu_paths(systems):
     """{(bus id, bus id): NCCL's path type name} for each pair of GPUs of a read topology, the
-    smaller bus id first (lower case, as ``bus_key`` writes them)."""
+    smaller bus id first (``bus_name``: lower case, without blanks)."""
     system = build_system(systems)
     out = {}
-    busids = sorted(system.gpus)
+    busids = sorted(system.gpus, key=lambda number: system.names[number])
     for n, a in enumerate(busids):
         paths = paths_from(system, system.gpus[a])
         for b in busids[n + 1:]:
-            out[(a, b)] = PATH_NAMES[paths.get(system.gpus[b], (PATH_DIS,))[0]]
+            out[(system.names[a], system.names[b])] = PATH_NAMES[paths.get(system.gpus[b], (PATH_DIS,))[0]]
     return out

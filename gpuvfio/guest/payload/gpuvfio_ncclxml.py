@@ -27,6 +27,7 @@ MAX_ATTR_COUNT = 16  # xml.h
 MAX_SUBS = 640  # xml.h since v2.29.7 (128 in v2.21.5 to v2.29.2, 32 in v2.20.3 and before)
 TOPO_XML_MAX_NODES = 256  # topo.h NCCL_TOPO_XML_MAX_NODES: ncclTopoGetSystem's xmlAlloc
 TOPO_XML_VERSION = 1  # xml.h NCCL_TOPO_XML_VERSION
+MAX_DEPTH = 200  # not NCCL's: a bound on hostile input (NCCL's own files nest 6 deep)
 
 NODE_NONE, NODE_OPEN, NODE_CLOSE, NODE_SINGLE = 0, 1, 2, 3  # xml.h NODE_TYPE_*
 TOKEN_ENDS = b" >/\n\r"  # xmlGetToken's loop condition
@@ -211,11 +212,20 @@ def _load_system(node):
         raise XmlError("XML Topology has wrong version %d, %d needed" % (_strtol(version), TOPO_XML_VERSION))
 
 
-def load_sub(f, xml, head, handlers):
+def _deeper(depth):
+    """NCCL recurses once per nested element, kept or skipped, with no limit of its own; this
+    reader stops at MAX_DEPTH, far beyond any topology, before Python's own recursion limit."""
+    if depth > MAX_DEPTH:
+        raise XmlError("XML nested deeper than %d elements" % MAX_DEPTH)
+    return depth + 1
+
+
+def load_sub(f, xml, head, handlers, depth=0):
     """xmlLoadSub: read nodes under ``head`` (None: the top of the file) until its closing tag
     (the top: the end of the file). A node a handler names is kept under ``head`` and read by
     that handler; any other is skipped whole. At the top a closing tag ends nothing: it is a
     node like any other."""
+    depth = _deeper(depth)
     if head is not None and head.type == NODE_SINGLE:
         return
     while True:
@@ -231,7 +241,7 @@ def load_sub(f, xml, head, handlers):
                 raise XmlError("XML Mismatch : %s / %s" % (head.name, node.name))
             return
         if node.name not in handlers:
-            _skip(f, xml, node)
+            _skip(f, xml, node, depth)
             continue
         if head is not None:
             if len(head.subs) == MAX_SUBS:
@@ -241,10 +251,10 @@ def load_sub(f, xml, head, handlers):
         xml.nodes.append(node)
         if node.name == "system":
             _load_system(node)
-        load_sub(f, xml, node, TOPOLOGY[node.name])
+        load_sub(f, xml, node, TOPOLOGY[node.name], depth)
 
 
-def _skip(f, xml, node):
+def _skip(f, xml, node, depth):
     """xmlLoadSub(file, xml, node, NULL, 0) for a node no handler takes. That node was not
     counted (maxIndex stays), so each node read below it lands in its own slot, memset first:
     the closing-tag check compares a node with itself, and any closing tag ends the skipped
@@ -259,7 +269,7 @@ def _skip(f, xml, node):
             raise XmlError("XML Parse : unterminated %s" % node.name)
         if node.type == NODE_CLOSE:
             return
-        _skip(f, xml, node)
+        _skip(f, xml, node, _deeper(depth))
 
 
 def load_topology(data, max_nodes=TOPO_XML_MAX_NODES):
