@@ -19,32 +19,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 
 from gpuvfio.guest.expect import LANE_GBPS, Expected, Gates, cuda_not_expected
+from gpuvfio.guest.nccl_checks import check_nccl, check_nccl_paths
+from gpuvfio.guest.verdicts import (EXPECTED, FAIL, MOST_GBPS, MOST_MS, PASS, SKIP, WARN, WIDTHS, CheckResult,
+                                    CheckStatus, Outcome, bus_key, check, shown)
 from gpuvfio.numbers import finite
 
 __all__ = ["CheckStatus", "Outcome", "CheckResult", "VerifyReport", "check", "judge", "evaluate", "report", "match",
-           "bus_key", "MIG_WITHOUT_INSTANCES"]
+           "bus_key", "shown", "MOST_GBPS", "MIG_WITHOUT_INSTANCES"]
 
 MIG_WITHOUT_INSTANCES = ("MIG mode is on and CUDA sees no MIG device: none exists until a GPU instance and a "
                          "compute instance are created (nvidia-smi mig -cgi PROFILE -C)")
-
-
-_BUS_ID = re.compile(r"([0-9a-f]{1,8}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])", re.ASCII)
-
-
-def bus_key(bus_id: object) -> str | None:
-    """One spelling of a PCI address, to compare what the kernel, NVML and CUDA print: the kernel
-    writes the domain with %04x (drivers/pci/probe.c, pci_setup_device), NVML with eight upper-case
-    digits (nvmlPciInfo_t.busId), CUDA with four or eight. The domain read as a number keeps
-    0000:01:00.0 and 10000:01:00.0 (a VMD domain) apart, which their last 12 characters do not.
-    None for anything that is not an address."""
-    found = _BUS_ID.fullmatch(bus_id.lower()) if isinstance(bus_id, str) else None
-    if found is None:
-        return None
-    domain, bus, slot, function = found.groups()
-    return f"{int(domain, 16):04x}:{bus}:{slot}.{function}"
 
 
 def _error_of(errors: dict, stage: str, address: str) -> str | None:
@@ -52,44 +38,6 @@ def _error_of(errors: dict, stage: str, address: str) -> str | None:
     key = bus_key(address)
     return next((v for k, v in errors.items() if k.split(" ", 1)[0] == stage and key is not None
                  and bus_key(k.partition(" ")[2]) == key), None)
-
-
-class CheckStatus(str, Enum):
-    """One check's verdict; only FAIL fails the guest."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    WARN = "warn"  # below what the slot allows, but read idle (links train down when idle)
-    SKIP = "skip"  # not expected here, or not asked for
-    EXPECTED = "expected"  # looks like a failure, is right for the setup (no CUDA on a vGPU profile, MIG)
-
-
-PASS, FAIL, WARN, SKIP, EXPECTED = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WARN, CheckStatus.SKIP,
-                                    CheckStatus.EXPECTED)
-
-
-class Outcome(str, Enum):
-    """verify's verdict on the whole guest: it fails when one check fails."""
-
-    PASS = "pass"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One check: what the host assigned (``expected``), what the guest showed (``observed``, in
-    the guest's words), why it is not a pass, and the host device it is about (None: the guest)."""
-
-    check_id: str
-    status: CheckStatus
-    expected: str | int | bool | None = None
-    observed: str | int | float | bool | None = None
-    reason: str | None = None
-    device: str | None = None
-
-    def to_json(self) -> dict:
-        return {"id": self.check_id, "status": self.status.value, "expected": self.expected,
-                "observed": self.observed, "reason": self.reason, "device": self.device}
 
 
 @dataclass
@@ -127,10 +75,6 @@ class VerifyReport:
         if self.host_root is not None:
             out["host_root"] = self.host_root
         return out
-
-
-def check(check_id: str, status: CheckStatus, expected=None, observed=None, reason=None, device=None) -> CheckResult:
-    return CheckResult(check_id, status, expected, observed, reason, device)
 
 
 def _slot(address: str) -> str:
@@ -237,7 +181,7 @@ def judge(probe: dict, verifier: dict | None, expected: list[Expected], *, gates
     if len(gpus) >= 2 and bandwidth and any(exp.clique is not None for exp, _fn in gpus):
         _check_cliques(checks, verifier, gpus)
     if nccl_paths and bandwidth:
-        _check_nccl_paths(checks, verifier, gpus, nccl_paths)
+        check_nccl_paths(checks, verifier, gpus, nccl_paths)
     return report(checks, probe, verifier, verifier_problem)
 
 
@@ -306,18 +250,6 @@ def _check_nvml_and_cuda(checks, verifier, gpus, words) -> None:
         reason = (errors.get("cuda") or "the verifier gave no CUDA result and no error") if cuda is None else \
             f"CUDA sees {count} of the {want} GPUs assigned"
         checks.append(check("cuda", FAIL, f">= {want} device(s)", count, f"{reason}{words}"))
-
-
-# What hardware can report (issue 34 item 5): a guest that reports more is lying or broken, and
-# fails, with the figure shown in a bounded form. PCIe widths: the base spec's x1 to x32.
-WIDTHS = (1, 2, 4, 8, 12, 16, 32)
-MOST_GBPS = LANE_GBPS[max(LANE_GBPS)] * max(WIDTHS)  # one direction of the widest, fastest link
-MOST_MS = 3600e3  # a SAXPY launch that took more than an hour was not measured
-
-
-def shown(value) -> str:
-    """A number from a guest, printed in a bounded form (never 300 digits)."""
-    return f"{value:.4g}" if finite(value) else repr(value)[:40]
 
 
 def _plausible_link(link: dict) -> bool:
@@ -484,94 +416,7 @@ def _check_peers(checks, verifier, gpus: int) -> None:
             else:
                 checks.append(check("p2p", PASS, "peer copies move the right data",
                                     f"{len(pairs)} pair(s), slowest {min(medians):.1f} GB/s"))
-    nccl = verifier.get("nccl")
-    if nccl is None:
-        reason = errors.get("nccl", "NCCL did not run")
-        not_there = "libnccl.so.2 not found" in reason
-        checks.append(check("nccl_allreduce", SKIP if not_there else FAIL, reason=(
-            "no NCCL in the guest (libnccl.so.2): install it to measure an all-reduce" if not_there else reason)))
-    else:
-        results = nccl.get("results") or []
-        sane = all(finite(r.get("busbw_gbps", 0)) and 0 <= r.get("busbw_gbps", 0) <= MOST_GBPS * 64
-                   and isinstance(r.get("bytes", 0), int) and 0 <= r.get("bytes", 0) < 1 << 50 for r in results)
-        ok = bool(results) and sane and all(r.get("verified") is True for r in results)
-        top = max(results, key=lambda r: r.get("bytes", 0)) if results and sane else {}
-        checks.append(check("nccl_allreduce", PASS if ok else FAIL, f"sum over {gpus} GPUs exact",
-                            f"busbw {top.get('busbw_gbps', 0):.1f} GB/s at {int(top.get('bytes', 0)) >> 20} MiB"
-                            if top else None, None if ok else "the all-reduce gave wrong sums" if sane
-                            else "implausible all-reduce figures"))
-        if "topology" in nccl:
-            _check_nccl_topology(checks, nccl["topology"])
-
-
-def _links(table: dict) -> str:
-    return ", ".join(f"{bus} {e.get('link_speed') or '?'} x{e.get('link_width') or '?'}"
-                     + (f" +{e['nvlink']} NVLink" if e.get("nvlink") else "") for bus, e in sorted(table.items()))
-
-
-def _check_nccl_topology(checks, topology: dict) -> None:
-    """NCCL's own view of the GPUs' links (its topology dump, NCCL_TOPO_DUMP_FILE) beside the
-    topology file's. NCCL keeps every attribute the file gives (src/graph/xml.cc
-    ncclTopoGetXmlFromSys: an attribute already set is never filled), so a difference means NCCL
-    did not load the file, or the file names other bus ids than the guest's: a warning, since
-    NCCL still runs, on the links it detected."""
-    planned, seen, problem = topology.get("planned"), topology.get("nccl"), topology.get("error")
-    if topology.get("file") is None:
-        checks.append(check("nccl_topology", SKIP, None, _links(seen) if seen else None,
-                            "no NCCL topology file in the guest (gpuvfio attach writes one for two or more GPUs)"))
-        return
-    if planned is None or seen is None:
-        checks.append(check("nccl_topology", WARN, _links(planned) if planned else None,
-                            _links(seen) if seen else None, problem or "no GPU to compare"))
-        return
-    differ = []
-    for bus in sorted(set(planned) | set(seen)):
-        want, got = planned.get(bus), seen.get(bus)
-        if want is None:
-            differ.append(f"{bus}: not in the file")
-        elif got is None:
-            differ.append(f"{bus}: not in NCCL's view")
-        else:
-            differ.extend(f"{bus} {key} {got.get(key)!r}, the file {want.get(key)!r}"
-                          for key in ("link_speed", "link_width") if got.get(key) != want.get(key))
-    reason = None
-    if differ:
-        reason = (f"NCCL's view differs from {topology['file']} ({'; '.join(differ)}): NCCL did not load the file, "
-                  "or the file names other bus ids than the guest shows")
-    checks.append(check("nccl_topology", WARN if differ else PASS, _links(planned), _links(seen), reason))
-
-
-def _check_nccl_paths(checks, verifier: dict, gpus, want: Mapping[tuple[str, str], str]) -> None:
-    """NCCL's path type between each pair of GPUs as NCCL saw the guest (its dump, by NCCL's
-    rules: gpuvfio_ncclpaths, v2.30.7-1) against the host's (the same rules on the tree NCCL's
-    sysfs reader builds there). A pair that differs fails, and so does a dump without paths
-    where NCCL ran: nothing shows the guest's NCCL plans for the machine its GPUs are in."""
-    nccl = verifier.get("nccl")
-    if nccl is None:
-        checks.append(check("nccl_paths", SKIP, reason="NCCL did not run in the guest (see nccl_allreduce)"))
-        return
-    topology = nccl.get("topology") or {}
-    rows = topology.get("paths")
-    if rows is None:
-        checks.append(check("nccl_paths", FAIL, f"{len(want)} pair(s) as on the host", None,
-                            f"no paths from NCCL's topology dump: {topology.get('error') or 'none reported'}"))
-        return
-    seen = {tuple(sorted((bus_key(a), bus_key(b)))): kind for a, b, kind in rows}
-    differ, compared = [], 0
-    for n, (a, fa) in enumerate(gpus):
-        for b, fb in gpus[n + 1:]:
-            host = want.get(tuple(sorted((a.address or "", b.address or ""))))
-            if host is None:
-                continue
-            compared += 1
-            guest = seen.get(tuple(sorted((bus_key(fa["address"]), bus_key(fb["address"]))))) if fa and fb else None
-            if guest != host:
-                differ.append(f"{min(a.address, b.address)} <-> {max(a.address, b.address)}: host {host}, "
-                              f"guest {guest or 'not in NCCL view'}")
-    checks.append(check("nccl_paths", FAIL if differ else PASS, f"{compared} pair(s) as on the host",
-                        f"{compared - len(differ)} the same", None if not differ else (
-                            "NCCL in the guest sees other PCIe paths between these GPUs than it would on the "
-                            "host, so it plans rings, trees and P2P for another machine: " + "; ".join(differ))))
+    check_nccl(checks, verifier, gpus)
 
 
 def report(checks: list[CheckResult], probe: dict, verifier: dict | None, problem: str | None = None

@@ -1,19 +1,11 @@
 """NCCL_TOPO_FILE merged into a guest's /etc/nccl.conf, by the rules NCCL reads that file with.
 
 NCCL reads /etc/nccl.conf at init in every process, so a line ``NCCL_TOPO_FILE=PATH`` there makes
-every job in the guest load gpuvfio's topology file without an ``export``. The rules, from NCCL's
-source at v2.30.7-1 (src/misc/param.cc ``setEnvFile`` and ``initEnvFunc``; the same at v2.23.4-1;
-docs/research/consumers-issue-24.md section 1.4):
-
-- the file is read with ``fgets`` into a 4096-byte buffer: a record ends at a newline or after
-  4095 bytes (the rest of a longer line is read as records of its own); ``strlen`` ends a record
-  at a NUL byte; one trailing ``\\n`` and then one ``\\r`` are dropped;
-- a record whose first byte is ``#`` is a comment, one without ``=`` is skipped;
-- the key is everything before the first ``=``, the value everything after, each cut at 1023
-  bytes; no trimming, no quotes removed, no ``export`` understood;
-- every pair is applied with ``setenv(key, value, 0)`` (src/os/linux.cc ``ncclOsSetEnv``), which
-  never overwrites: within one file the FIRST record of a key wins, and the process environment
-  wins over ``$NCCL_CONF_FILE`` (or ``~/.nccl.conf``), which wins over /etc/nccl.conf.
+every job in the guest load gpuvfio's topology file without an ``export``. The file is read by
+NCCL's rules (src/misc/param.cc ``setEnvFile``, v2.30.7-1), ported in gpuvfio_ncclconf, which the
+in-guest verifier reads the guest's files with too: records of at most 4095 bytes, ``#``
+comments, the key before the first ``=``, no trimming, the first record of a key wins, and the
+environment and ``$NCCL_CONF_FILE`` (or ``~/.nccl.conf``) win over /etc/nccl.conf.
 
 So the merge appends a line when the file has no NCCL_TOPO_FILE NCCL would take, and leaves
 every other byte of the admin's file as it was. An admin's own NCCL_TOPO_FILE is kept and said
@@ -27,12 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from gpuvfio.guest.payload import gpuvfio_ncclconf as ncclconf
+
 __all__ = ["CONF_FILE", "KEY", "ConfChange", "ConfMerge", "Record", "records", "value_of", "merge"]
 
-CONF_FILE = "/etc/nccl.conf"
+CONF_FILE = ncclconf.ETC_FILE
 KEY = "NCCL_TOPO_FILE"
-FGETS_BYTES = 4095  # fgets(line, 4096, file) reads at most 4095 bytes and a NUL
-FIELD_BYTES = 1023  # envVar and envValue are 1024-byte buffers
+FIELD_BYTES = ncclconf.FIELD_BYTES
 COMMENT = b"# gpuvfio attach: the PCIe topology of this guest's GPUs as the host sees it (NCCL reads it at init)\n"
 
 
@@ -71,25 +64,9 @@ class ConfMerge:
 
 
 def records(data: bytes) -> list[Record]:
-    """The records of ``data`` in the order NCCL's ``setEnvFile`` reads them."""
-    out: list[Record] = []
-    offset = 0
-    while offset < len(data):
-        end = data.find(b"\n", offset, offset + FGETS_BYTES)
-        end = offset + FGETS_BYTES if end < 0 else end + 1
-        end = min(end, len(data))
-        line = data[offset:end].split(b"\0", 1)[0]  # strlen stops at a NUL
-        if line.endswith(b"\n"):
-            line = line[:-1]
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        key = value = None
-        if not line.startswith(b"#") and b"=" in line:
-            name, _, rest = line.partition(b"=")
-            key, value = name[:FIELD_BYTES], rest[:FIELD_BYTES]
-        out.append(Record(offset, key, value))
-        offset = end
-    return out
+    """The records of ``data`` in the order NCCL's ``setEnvFile`` reads them (gpuvfio_ncclconf,
+    the reader the in-guest verifier uses too)."""
+    return [Record(offset, key, value) for offset, key, value in ncclconf.records(data)]
 
 
 def value_of(data: bytes, key: str = KEY) -> bytes | None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from gpuvfio.clock import SYSTEM_CLOCK, Clock
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.user_files import read_regular
-from gpuvfio.guest.checks import FAIL, VerifyReport, check, judge, report
+from gpuvfio.guest.checks import FAIL, VerifyReport, bus_key, check, judge, report
 from gpuvfio.guest.expect import Expected, Gates
 from gpuvfio.guest.payload import PROBE, verifier_program
 from gpuvfio.guest.payload.gpuvfio_ncclpaths import PATH_NAMES
@@ -188,9 +188,16 @@ def _topology_shaped(topology) -> bool:
     def paths(rows) -> bool:  # [bus id, bus id, NCCL path type], at most one per pair of 256 nodes
         return rows is None or (isinstance(rows, list) and len(rows) <= MAX_PATHS and all(
             isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) for v in row)
-            and row[2] in PATH_NAMES for row in rows))
-    return (isinstance(topology, dict) and all(text(topology.get(k)) for k in ("file", "source", "error"))
-            and links(topology.get("planned")) and links(topology.get("nccl")) and paths(topology.get("paths")))
+            and bus_key(row[0]) is not None and bus_key(row[1]) is not None and row[2] in PATH_NAMES
+            for row in rows))
+    def settings(rows) -> bool:  # what NCCL ranks above /etc/nccl.conf: at most 64, each three texts
+        return rows is None or (isinstance(rows, list) and len(rows) <= 64 and all(
+            isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("source", "key", "value"))
+            for row in rows))
+    return (isinstance(topology, dict)
+            and all(text(topology.get(k)) for k in ("file", "source", "error", "gpuvfio_file"))
+            and links(topology.get("planned")) and links(topology.get("nccl")) and paths(topology.get("paths"))
+            and settings(topology.get("above")))
 
 
 def probe_argv(script: str) -> list[str]:

@@ -167,7 +167,7 @@ static char *read_small(const char *path) {
 static int rank_of(const char *tag, const char *end, char bus[][64], int ndev) {
     char busid[64];
     if (attr_of(tag, end, "busid", busid, sizeof busid)) return -1;
-    for (int r = 0; r < ndev; r++) if (!strcasecmp(busid, bus[r])) return r;
+    for (int r = 0; r < ndev; r++) if (bus[r][0] && !strcasecmp(busid, bus[r])) return r;
     return -1;
 }
 
@@ -175,12 +175,14 @@ static int rank_of(const char *tag, const char *end, char bus[][64], int ndev) {
  * (ncclTopoFillGpu finds the GPU's node by bus id); -1, nothing written, unless the file holds
  * every rank's GPU. */
 static int dump_file_tree(FILE *out, const char *xml, char bus[][64], const int *devs, int ndev) {
-    int seen = 0;
+    int seen[MAXRANKS] = {0}, found = 0;
     for (const char *p = xml; (p = strstr(p, "<pci")) != NULL; p += 4) {
         const char *end = strchr(p, '>');
-        if (end && rank_of(p, end, bus, ndev) >= 0) seen++;
+        int r = end ? rank_of(p, end, bus, ndev) : -1;
+        if (r >= 0 && seen[r]++) return -1;  /* one <pci> a GPU: NCCL's bus ids are unique */
+        found += r >= 0;
     }
-    if (seen != ndev) return -1;
+    if (found != ndev) return -1;
     for (const char *p = xml;;) {
         const char *tag = strstr(p, "<pci"), *end = tag ? strchr(tag, '>') : NULL;
         int r = end ? rank_of(tag, end, bus, ndev) : -1;
@@ -201,7 +203,8 @@ static void dump_topology(int ndev, const int *devs) {
     if (!path || !*path || !(out = fopen(path, "w"))) return;  /* NCCL: "Unable to open %s, not dumping" */
     if (topo && *topo && !(ignore && atoi(ignore))) xml = read_small(topo);
     for (int r = 0; r < ndev; r++) {
-        cu.bus_id(bus[r], sizeof bus[r], devs[r]);
+        bus[r][0] = '\0';
+        if (cu.bus_id(bus[r], sizeof bus[r], devs[r])) bus[r][0] = '\0';  /* no bus id: matches no <pci> */
         for (char *c = bus[r]; *c; c++) if (*c >= 'A' && *c <= 'F') *c += 'a' - 'A';  /* NCCL's busids are lower case */
     }
     if (xml && !dump_file_tree(out, xml, bus, devs, ndev)) { fclose(out); free(xml); return; }

@@ -76,7 +76,8 @@ GROUPS = {
                       "test_tree_replace", "test_tree_filler", "test_confined_writes", "test_fixture_safety",
                       "test_sys_dirs", "test_bounded_recordings", "test_edges")),  # sys_dirs: the walk's steps
     "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri", "test_settings")),
-    "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py"),
+    "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py", "gpuvfio/guest/nccl_checks.py",
+                    "gpuvfio/guest/verdicts.py"),
                    _t("test_verify", "test_verify_report", "test_plausible_guest", "test_edges", "test_fabric_flow",
                       "test_verifier_fakecuda", "test_verify_record", "test_bus_ids")),
     "stats": Group(("gpuvfio/testbed/stats.py",), _t("test_report_stats")),

@@ -69,7 +69,7 @@ def test_the_wheel_holds_every_package_and_file(installed):
     for path in ("gpuvfio/testbed/run.py", "gpuvfio/guest/payload/verifier.py", "gpuvfio/guest/payload/probe.sh",
                  "gpuvfio/testbed/templates/report.md.j2", "gpuvfio/testbed/templates/report.html.j2", "gpuvfio/samples/dgx-h100.host", "gpuvfio/ops/guests.py",
                  "gpuvfio/cli/app.py", "gpuvfio/guest/payload/gpuvfio_nvapi.py", "gpuvfio/guest/payload/gpuvfio_ncclxml.py",
-                 "gpuvfio/guest/payload/gpuvfio_ncclpaths.py",
+                 "gpuvfio/guest/payload/gpuvfio_ncclpaths.py", "gpuvfio/guest/payload/gpuvfio_ncclconf.py",
                  "gpuvfio/guest/payload/kernels.ptx",
                  "gpuvfio/guest/payload/kernels.cu", "gpuvfio/ops/kubevirt_plugin_names.txt"):
         assert path in names, path

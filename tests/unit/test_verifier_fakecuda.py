@@ -216,13 +216,25 @@ def topo_file(path, links, switch=None):
 LINKS = {"0000:01:00.0": ("16.0 GT/s PCIe", "8"), "0000:02:00.0": ("16.0 GT/s PCIe", "8")}
 
 
+def attached(root, links=LINKS, switch=None, conf=b"NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n"):
+    """A guest as attach leaves it under ``root``: gpuvfio's file, and /etc/nccl.conf naming it."""
+    topo_file(root / "etc" / "gpuvfio" / "nccl-topo.xml", links, switch)
+    if conf is not None:
+        (root / "etc" / "nccl.conf").write_bytes(conf)
+
+
 def test_the_allreduce_runs_with_gpuvfios_file_and_reports_nccls_view(tmp_path, fakecuda_libdir):
-    """gpuvfio's file at /etc/gpuvfio/nccl-topo.xml under --root is NCCL_TOPO_FILE for the
-    all-reduce; NCCL's dump (NCCL_TOPO_DUMP_FILE) shows the links it took, beside the file's."""
-    topo_file(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml", LINKS)
-    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2", "NCCL_TOPO_FILE": "/elsewhere"})
+    """gpuvfio's file, which the guest's /etc/nccl.conf names, is what NCCL loads for the
+    all-reduce, run without the NCCL_* variables the verifier was started with (reported: NCCL
+    ranks them above the file); NCCL's dump (NCCL_TOPO_DUMP_FILE) shows the links it took,
+    beside the file's."""
+    attached(tmp_path)
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2", "NCCL_TOPO_FILE": "/elsewhere",
+                                                             "HOME": "/home/user"})
     topology = data["nccl"]["topology"]
-    assert topology["file"] == str(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml") and topology["source"] == "gpuvfio"
+    assert topology["file"] == "/etc/gpuvfio/nccl-topo.xml" and topology["source"] == "/etc/nccl.conf"
+    assert topology["gpuvfio_file"] == "/etc/gpuvfio/nccl-topo.xml"
+    assert {"source": "environment", "key": "NCCL_TOPO_FILE", "value": "/elsewhere"} in topology["above"]
     want = {bus: {"link_speed": speed, "link_width": width} for bus, (speed, width) in LINKS.items()}
     assert topology["planned"] == want and topology["nccl"] == want and topology["error"] is None
     report, checks = judged(data, TWO, ("01", "02"))
@@ -266,7 +278,7 @@ def the_program(monkeypatch):
     import importlib.util
 
     monkeypatch.syspath_prepend(os.path.dirname(VERIFIER))
-    for helper in ("gpuvfio_nvapi", "gpuvfio_ncclxml", "gpuvfio_ncclpaths"):
+    for helper in ("gpuvfio_nvapi", "gpuvfio_ncclxml", "gpuvfio_ncclpaths", "gpuvfio_ncclconf"):
         monkeypatch.setitem(sys.modules, helper, None)
         del sys.modules[helper]  # imported afresh below; monkeypatch takes it out at the end
     spec = importlib.util.spec_from_file_location("gpuvfio_verifier_under_test", VERIFIER)
@@ -306,7 +318,7 @@ def test_nccls_paths_in_the_guest_are_held_to_the_hosts(tmp_path, fakecuda_libdi
     rules, gpuvfio_ncclpaths); the host's pairs are the truth. The same passes; a NCCL that never
     loaded the file (its GPUs straight under the CPU: PHB) fails where the host says PIX, and so
     does a dump without paths (closed)."""
-    topo_file(tmp_path / "etc" / "gpuvfio" / "nccl-topo.xml", LINKS, switch="0000:00:05.0")
+    attached(tmp_path, switch="0000:00:05.0")
     data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "2"})
     assert data["nccl"]["topology"]["paths"] == [["0000:01:00.0", "0000:02:00.0", "PIX"]]
     host = {("0000:1b:00.0", "0000:2b:00.0"): "PIX"}
@@ -332,6 +344,7 @@ def test_nccls_paths_in_the_guest_are_held_to_the_hosts(tmp_path, fakecuda_libdi
 
 @pytest.mark.parametrize("paths", [[["0000:01:00.0", "0000:02:00.0", "CLOSE"]], [["0000:01:00.0", "PIX"]],
                                    [["0000:01:00.0", "0000:02:00.0", 4]], {"a": "PIX"},
+                                   [["0000:01:00.0", "0000:02:00.0 ", "PIX"]], [["bogus", "0000:02:00.0", "PIX"]],
                                    [["0000:01:00.0", "0000:02:00.0", "PIX"]] * 32641])
 def test_a_guest_whose_paths_are_no_ncclpath_rows_is_refused(tmp_path, fakecuda_libdir, paths):
     """The guest's paths are hostile input: rows of two bus ids and one of NCCL's path type names,
@@ -341,3 +354,77 @@ def test_a_guest_whose_paths_are_no_ncclpath_rows_is_refused(tmp_path, fakecuda_
     data["nccl"]["topology"]["paths"] = paths
     with pytest.raises(VerifyError, match="nccl.topology is malformed"):
         parse_verifier("GPUVFIO-VERIFIER " + json.dumps(data))
+
+
+def test_nccl_runs_as_a_job_without_nccl_settings_would_and_says_what_wins(tmp_path, fakecuda_libdir):
+    """NCCL's own files decide which topology file it loads: without /etc/nccl.conf naming it,
+    gpuvfio's file is not loaded (a warning that says so); a user's ~/.nccl.conf, which NCCL reads
+    first, wins and is reported; the verifier's own NCCL_* variables (NCCL_CONF_FILE among them)
+    are taken out and reported."""
+    home = tmp_path / "home" / "user"  # $HOME as the guest names it, under the stand-in root
+    home.mkdir(parents=True)
+    attached(tmp_path, conf=None)
+    env = {"FAKECUDA_NDEV": "2", "HOME": "/home/user", "NCCL_CONF_FILE": "/elsewhere.conf", "NCCL_DEBUG": "INFO"}
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env=env)
+    topology = data["nccl"]["topology"]
+    assert topology["file"] is None and topology["gpuvfio_file"] == "/etc/gpuvfio/nccl-topo.xml"
+    assert [(a["source"], a["key"]) for a in topology["above"]] == [("environment", "NCCL_CONF_FILE"),
+                                                                     ("environment", "NCCL_DEBUG")]
+    _report, checks = judged(data, TWO, ("01", "02"))
+    warned = checks["nccl_topology"]
+    assert warned["status"] == "warn" and "nothing NCCL reads names it" in warned["reason"]
+    assert "NCCL_CONF_FILE='/elsewhere.conf' (environment)" in warned["reason"]
+    (tmp_path / "etc" / "nccl.conf").write_bytes(b"NCCL_TOPO_FILE=/etc/gpuvfio/nccl-topo.xml\n")
+    (home / ".nccl.conf").write_bytes(b"# mine\nNCCL_TOPO_FILE=/opt/other.xml\nNCCL_ALGO=Ring\n")
+    topo_file(tmp_path / "opt" / "other.xml", {"0000:01:00.0": ("8.0 GT/s PCIe", "4")})
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env=env)
+    topology = data["nccl"]["topology"]
+    assert (topology["file"], topology["source"]) == ("/opt/other.xml", "~/.nccl.conf")
+    assert {"source": "~/.nccl.conf", "key": "NCCL_ALGO", "value": "Ring"} in topology["above"]
+    warned = judged(data, TWO, ("01", "02"))[1]["nccl_topology"]
+    assert warned["status"] == "warn" and "NCCL loads '/opt/other.xml' (named in ~/.nccl.conf)" in warned["reason"]
+
+
+def test_in_a_guest_the_verifier_sets_no_nccl_topo_file_of_its_own(monkeypatch):
+    """At the guest's own root NCCL reads /etc/nccl.conf itself: the all-reduce's environment
+    holds no NCCL_* variable but the dump's two, whatever the verifier was started with."""
+    import types
+
+    program = the_program(monkeypatch)
+    monkeypatch.setenv("NCCL_TOPO_FILE", "/etc/the-session.xml")
+    monkeypatch.setenv("NCCL_P2P_LEVEL", "SYS")
+    view = program.TopologyView(types.SimpleNamespace(root="/", nccl_topo_file=""))
+    try:
+        assert sorted(k for k in os.environ if k.startswith("NCCL_")) == ["NCCL_TOPO_DUMP_FILE",
+                                                                         "NCCL_TOPO_DUMP_FILE_RANK"]
+        assert {"source": "environment", "key": "NCCL_P2P_LEVEL", "value": "SYS"} in view.above
+    finally:
+        view.close()
+        for key in ("NCCL_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE_RANK"):
+            os.environ.pop(key, None)
+
+
+THREE = [Expected(f"0000:{bus}:00.0", "10de", "2330", "030200", 5, 16, "x") for bus in ("1b", "2b", "3b")]
+
+
+def test_identical_gpus_may_sit_anywhere_their_paths_allow(tmp_path, fakecuda_libdir):
+    """The host cannot know which of three identical GPUs the guest shows first: a guest whose
+    PIX pair is its second and third GPU, where the host's is its first two, is the host's
+    machine to NCCL and passes; one with no PIX pair fails, the pairs named as matched."""
+    attached(tmp_path, links={f"0000:0{n}:00.0": ("16.0 GT/s PCIe", "16") for n in (1, 2, 3)})
+    data = run(fakecuda_libdir, "--root", str(tmp_path), env={"FAKECUDA_NDEV": "3"})
+    want = {("0000:1b:00.0", "0000:2b:00.0"): "PIX", ("0000:1b:00.0", "0000:3b:00.0"): "PHB",
+            ("0000:2b:00.0", "0000:3b:00.0"): "PHB"}
+
+    def paths_check(rows):
+        data["nccl"]["topology"]["paths"] = rows
+        report = evaluate(probe(("01", "02", "03")), data, THREE, gates=ANY, nccl_paths=want)
+        return {c["id"]: c for c in report["checks"]}["nccl_paths"]
+
+    moved = [["0000:01:00.0", "0000:02:00.0", "PHB"], ["0000:01:00.0", "0000:03:00.0", "PHB"],
+             ["0000:02:00.0", "0000:03:00.0", "PIX"]]
+    assert paths_check(moved)["status"] == "pass"
+    flat = [[a, b, "PHB"] for a, b, _kind in moved]
+    failed = paths_check(flat)
+    assert failed["status"] == "fail" and "0000:1b:00.0 <-> 0000:2b:00.0: host PIX, guest PHB" in failed["reason"]
+    assert failed["observed"] == "2 the same"

@@ -35,6 +35,7 @@ import tempfile
 import time
 import traceback
 
+from gpuvfio_ncclconf import ETC_FILE, pairs, user_file
 from gpuvfio_ncclpaths import gpu_paths
 from gpuvfio_ncclxml import load_topology
 from gpuvfio_nvapi import PTR, SIZE, U64, Cuda, Device, Failure, NumaPlacement, Nvml, entry, load, seconds
@@ -44,6 +45,8 @@ MARKER = "GPUVFIO-VERIFIER"
 # a test holds the two equal: this program imports nothing of gpuvfio).
 PLAN_TOPO_FILE = "/etc/gpuvfio/nccl-topo.xml"
 TOPO_BYTES = 1 << 20
+ABOVE_MAX = 64  # NCCL settings reported from the environment and the user's file
+SHOWN = 200  # characters of a key or value reported
 
 
 def same_everywhere(call, ptr, nbytes, value, chunk=16 << 20):
@@ -305,33 +308,67 @@ def read_bytes(path):
 
 
 class TopologyView(object):
-    """NCCL_TOPO_FILE and NCCL_TOPO_DUMP_FILE for the all-reduce, set before NCCL starts: NCCL
-    reads both at init through ncclGetEnv, from the environment first (docs/env.rst; src/init.cc
-    and src/graph/topo.cc ncclTopoGetSystem, v2.30.7-1). gpuvfio's file, where the guest has it,
-    wins over one the environment names (that file is what the host planned); the dump goes to a
-    directory of its own, written by rank 0 (NCCL_TOPO_DUMP_FILE_RANK) after detection."""
+    """NCCL_TOPO_FILE and NCCL_TOPO_DUMP_FILE for the all-reduce, set before NCCL starts.
+
+    NCCL runs as a job started without NCCL settings would: every NCCL_* variable the verifier
+    was started with is taken out of its environment (and reported, as NCCL ranks it above the
+    files), so that the files NCCL reads at init decide which topology file it loads:
+    $HOME/.nccl.conf, then /etc/nccl.conf, the first record of a key winning (src/misc/param.cc
+    initEnvFunc and setEnvFile, v2.30.7-1; read here by gpuvfio_ncclconf). What the user's file
+    sets is reported too: it wins over /etc/nccl.conf, where gpuvfio names its file. Under a
+    stand-in root (--root, tests) NCCL would read the machine's own files, so the verifier names
+    the file it found under the root itself. ``--nccl-topo-file`` names one outright. The dump
+    goes to a directory of its own, written by rank 0 (NCCL_TOPO_DUMP_FILE_RANK)."""
 
     def __init__(self, opts):
-        plan = opts.nccl_topo_file or os.path.join(opts.root, PLAN_TOPO_FILE.lstrip("/"))
+        self.root = opts.root
+        self.above = [{"source": "environment", "key": key, "value": os.environ.pop(key)[:SHOWN]}
+                      for key in sorted(k for k in os.environ if k.startswith("NCCL_"))]
         self.file = self.source = None
-        if os.path.isfile(plan):
-            self.file, self.source = plan, "gpuvfio"
-            os.environ["NCCL_TOPO_FILE"] = plan
-        elif os.environ.get("NCCL_TOPO_FILE"):
-            self.file, self.source = os.environ["NCCL_TOPO_FILE"], "environment"
+        if opts.nccl_topo_file:
+            self.file, self.source = opts.nccl_topo_file, "option"
+            os.environ["NCCL_TOPO_FILE"] = opts.nccl_topo_file
+        else:
+            self._from_files()
         self.directory = tempfile.mkdtemp(prefix="gpuvfio-nccl-")
         self.dump = os.path.join(self.directory, "topology.xml")
         os.environ["NCCL_TOPO_DUMP_FILE"] = self.dump
         os.environ["NCCL_TOPO_DUMP_FILE_RANK"] = "0"
 
-    def report(self):
-        """The file's GPUs (``planned``) beside NCCL's (``nccl``), each by bus id, and NCCL's path
-        type between each pair of its GPUs (``paths``: [bus id, bus id, type], the smaller first)."""
-        out = {"file": self.file, "source": self.source, "planned": None, "nccl": None, "paths": None, "error": None}
-        problems = []
-        if self.file is not None:
+    def under_root(self, path):
+        return path if self.root == "/" else os.path.join(self.root, path.lstrip("/"))
+
+    def _from_files(self):
+        """The NCCL_TOPO_FILE NCCL takes from $HOME/.nccl.conf or /etc/nccl.conf, and what the
+        former sets beside it."""
+        user = user_file(os.environ)
+        for path, source in ((user, "~/.nccl.conf"), (ETC_FILE, ETC_FILE)):
             try:
-                out["planned"] = gpu_links(read_bytes(self.file))
+                data = read_bytes(self.under_root(path)) if path else None
+            except (OSError, ValueError):
+                data = None  # fopen failing: NCCL goes on
+            for key, value in pairs(data or b""):
+                key, value = key.decode("utf-8", "replace"), value.decode("utf-8", "replace")
+                if source != ETC_FILE and len(self.above) < ABOVE_MAX:
+                    self.above.append({"source": source, "key": key[:SHOWN], "value": value[:SHOWN]})
+                if key == "NCCL_TOPO_FILE" and self.source is None:
+                    self.file, self.source = value, source
+        if self.file and self.root != "/":
+            os.environ["NCCL_TOPO_FILE"] = self.under_root(self.file)
+
+    def report(self):
+        """The file NCCL reads and where that came from, its GPUs (``planned``) beside NCCL's
+        (``nccl``), each by bus id, NCCL's path type between each pair of its GPUs (``paths``:
+        [bus id, bus id, type], the smaller first), the settings ranked above /etc/nccl.conf
+        (``above``) and gpuvfio's own file where the guest has it (``gpuvfio_file``)."""
+        own = os.path.isfile(self.under_root(PLAN_TOPO_FILE))
+        out = {"file": self.file, "source": self.source, "planned": None, "nccl": None, "paths": None, "error": None,
+               "above": self.above[:ABOVE_MAX], "gpuvfio_file": PLAN_TOPO_FILE if own else None}
+        problems = []
+        if self.file:
+            try:
+                out["planned"] = gpu_links(read_bytes(self.under_root(self.file) if self.source != "option"
+                                                      else self.file))
             except (OSError, ValueError) as exc:
                 problems.append("the topology file could not be read: %s" % exc)
         try:
@@ -498,8 +535,8 @@ def main(argv):
     parser.add_argument("--no-bandwidth", action="store_true")
     parser.add_argument("--root", default="/", help="where /sys is read from (a recorded tree in tests)")
     parser.add_argument("--nccl-topo-file", default="",
-                        help="the NCCL topology file the all-reduce runs with (default: gpuvfio's, %s under "
-                             "--root, where it exists)" % PLAN_TOPO_FILE)
+                        help="the NCCL topology file the all-reduce runs with (default: the one NCCL's own "
+                             "files name, $HOME/.nccl.conf then %s, under --root)" % ETC_FILE)
     parser.add_argument("--devices", default="",
                         help="measure only these PCI addresses (comma-separated; the bare-metal baseline)")
     args = parser.parse_args(argv)
