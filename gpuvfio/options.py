@@ -187,8 +187,9 @@ DOMAIN = OptionSet(
            metavar="auto|mirror|flat", cli=BOTH,
            ansible=DOM, spec=GUEST),
     Option("p2p", "str", "auto | off | force: P2P cliques (x-nv-gpudirect-clique) for GPUs in IOMMU groups of "
-           "their own, as far apart as NCCL's default P2P level allows on this CPU and never for GeForce cards; "
-           "force: as far as the IOMMU groups allow, GeForce too (the plan warns).", "auto",
+           "their own, as far apart as NCCL's default P2P level allows on this CPU, of one architecture, never for "
+           "GeForce or TITAN cards or device ids gpuvfio does not know; force: as far as the IOMMU groups allow, "
+           "those cards too (the plan warns).", "auto",
            choices=("auto", "off", "force"), metavar="auto|off|force", cli=BOTH, ansible=DOM, spec=GUEST),
     Option("qemu_version", "str", "QEMU version the domain will run on (default: asked from libvirt when a "
            "connection is used).", metavar="X.Y", cli=BOTH, ansible=DOM),

@@ -3,7 +3,7 @@
 
     git -C kubevirt-gpu-device-plugin show v1.6.0:utils/pci.ids > plugin-pci.ids
     python tests/make_plugin_names.py --excerpt plugin-pci.ids   # tests/golden/kubevirt-plugin-v1.6.0.pci.ids
-    python tests/make_plugin_names.py --regenerate               # gpuvfio/ops/kubevirt_plugin_names.txt
+    python tests/make_plugin_names.py --regenerate               # gpuvfio/host/nvidia_ids.txt
     python tests/make_plugin_names.py --check                    # exit 1 if the table is stale
 
 The excerpt is the plugin's pci.ids (NVIDIA/kubevirt-gpu-device-plugin v1.6.0, utils/pci.ids,

@@ -1,7 +1,8 @@
 """Human names for PCI IDs from the system's pci.ids (packages pci.ids / hwdata).
 
-gpuvfio never bundles or hand-writes an ID table for its own names (the KubeVirt export ships a
-table generated from NVIDIA's plugin's pci.ids: gpuvfio/ops/kubevirt_plugin_names.txt). The
+gpuvfio never bundles or hand-writes an ID table for the names it shows (the table it ships,
+gpuvfio/host/nvidia_ids.txt, generated from NVIDIA's plugin's pci.ids, gives the KubeVirt export
+its names and the P2P rules each NVIDIA device's architecture and line: gpuvfio.host.nvidia_ids). The
 database file is searched in ``GPUVFIO_PCI_IDS``, then under the host root, then on the system
 running gpuvfio.
 Lookups are lazy: the file is read once and only the vendor blocks asked for are

@@ -13,7 +13,8 @@ IOVAs, so peer traffic must go up to the IOMMU to be translated. The kernel puts
 in separate groups only when ACS on the path between them forces exactly that
 (drivers/pci/pci.c pci_acs_path_enabled, drivers/iommu/iommu.c pci_device_group), so separate
 groups are the proof -- unless pcie_acs_override has made the groups lie. How far apart peers
-may be is NCCL's default P2P level (``p2p_rule``), and GeForce cards get none at all.
+may be is NCCL's default P2P level (``p2p_rule``); GeForce and TITAN cards get none at all, and
+GPUs of different architectures never share one (by device id: gpuvfio.host.nvidia_ids).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
+from gpuvfio.host import nvidia_ids
 from gpuvfio.host.model import PciFunction
 
 # nvidia-smi topo -m legend, nearest first (NV# is NVLink, read from NVML elsewhere).
@@ -157,16 +159,53 @@ def p2p_rule(cpu_vendor: str | None, gpus: int) -> P2pRule:
 # support GPU Direct P2P" (NVIDIA/nccl issue 1309, 2024-06-03) and "GeForce cards do not support
 # P2P" (NVIDIA/nccl-tests issue 287, 2025-02-20, RTX 5090); the driver reports it through NVML
 # (nvmlDeviceGetP2PStatus, ``nvidia-smi topo -p2p r``), and NCCL turns P2P off when NVML does not
-# say OK (ncclTopoCheckP2p). Community-patched open kernel modules enable it on some cards:
-# ``--p2p force`` is for those.
-GEFORCE = "GeForce"
+# say OK (ncclTopoCheckP2p). TITAN cards are of the same consumer line. The driver offers peer
+# access between GPUs of one architecture only (cuDeviceCanAccessPeer is 0 across them), so a
+# clique never mixes architectures. What a card is comes from its device id in the table gpuvfio
+# ships (gpuvfio.host.nvidia_ids), not from the host's pci.ids, which may be missing or old; a
+# device the table does not know has nothing that says it has P2P. Community-patched open kernel
+# modules enable P2P on some GeForce cards: ``--p2p force`` is for those (and for unknown ids).
 
 
-def geforce(fn: PciFunction) -> bool | None:
-    """Whether the card is a GeForce one, by the name pci.ids gives it (None: no name known)."""
-    if fn.device_name is None:
-        return None
-    return GEFORCE.lower() in fn.device_name.lower()
+def _p2p_models(usable: list[PciFunction], notes: list[str], forced: list[str], *,
+                force: bool) -> list[PciFunction]:
+    """The GPUs whose model may take part in PCIe P2P: not GeForce or TITAN cards, and only
+    devices the id table knows by architecture; ``force`` keeps the others, said in ``forced``."""
+    consumer, unknown = [], []
+    for fn in usable:
+        found = nvidia_ids.model(fn.device_id)
+        if found is None or found.architecture is None:
+            unknown.append(fn)
+        elif found.consumer:
+            consumer.append(fn)
+    reasons = []
+    if consumer:
+        reasons.append((consumer, "GeForce and TITAN cards have no PCIe P2P in NVIDIA's driver (NVML reports it "
+                                  "unsupported and NCCL then turns P2P off)"))
+    if unknown:
+        reasons.append((unknown, "a device id gpuvfio's NVIDIA id table does not know by architecture (pci.ids "
+                                 f"{nvidia_ids.table()[0].get('pci.ids-version', 'unknown')}): nothing says it has "
+                                 "PCIe P2P"))
+    for members, why in reasons:
+        names = ", ".join(f"{fn.address} ({_model_name(fn)})" for fn in members)
+        if force:
+            forced.append(f"--p2p force: {names}: {why}; cliques given anyway")
+        else:
+            notes.append(f"{names}: {why}; no clique")
+    if force:
+        return usable
+    return [fn for fn in usable if fn not in consumer and fn not in unknown]
+
+
+def _model_name(fn: PciFunction) -> str:
+    found = nvidia_ids.model(fn.device_id)
+    return fn.device_name or (found.name if found is not None else f"{fn.vendor_id}:{fn.device_id}")
+
+
+def architecture(fn: PciFunction) -> str | None:
+    """The GPU's architecture by the shipped id table (None: not known)."""
+    found = nvidia_ids.model(fn.device_id)
+    return found.architecture if found is not None else None
 
 
 @dataclass(slots=True)
@@ -217,32 +256,14 @@ def _isolated(gpus: list[PciFunction], notes: list[str]) -> list[PciFunction]:
     return usable
 
 
-def _without_geforce(usable: list[PciFunction], notes: list[str], forced: list[str], *,
-                     force: bool) -> list[PciFunction]:
-    consumer = [fn for fn in usable if geforce(fn)]
-    unnamed = [fn for fn in usable if geforce(fn) is None]
-    if unnamed and len(usable) > 1:
-        notes.append(f"{', '.join(str(fn.address) for fn in unnamed)}: no device name (pci.ids not found), so "
-                     "gpuvfio cannot tell a GeForce card, which has no PCIe P2P; taken as one that has")
-    if not consumer:
-        return usable
-    names = ", ".join(f"{fn.address} ({fn.device_name})" for fn in consumer)
-    if force:
-        forced.append(f"--p2p force: {names}: GeForce cards have no PCIe P2P in NVIDIA's driver (NVML reports "
-                      "it unsupported and NCCL then turns P2P off); cliques given anyway")
-        return usable
-    notes.append(f"{names}: GeForce cards have no PCIe P2P in NVIDIA's driver (NVML reports it unsupported and "
-                 "NCCL then turns P2P off); no clique")
-    return [fn for fn in usable if fn not in consumer]
-
-
 def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node: bool = False,
                 cpu_vendor: str | None = None, force: bool = False) -> CliquePlan:
     """Group the NVIDIA display functions among ``functions`` (one guest's devices, host order)
     into the sets whose peer traffic the host routes through its IOMMU and NCCL's default P2P
-    level allows on this CPU (``p2p_rule``); GeForce cards get none. A set of one is no clique.
-    ``force`` lifts the NCCL level and the GeForce rule (never the IOMMU's): what it alone
-    gave is in ``forced``. The reasons for leaving GPUs out are returned, for the plan to print."""
+    level allows on this CPU (``p2p_rule``); GeForce and TITAN cards and ids the shipped table
+    does not know get none, and architectures never mix. A set of one is no clique. ``force``
+    lifts the NCCL level and the model rules (never the IOMMU's or the architectures'): what it
+    alone gave is in ``forced``. The reasons for leaving GPUs out are returned, for the plan to print."""
     gpus = [f for f in functions if f.is_nvidia_gpu]
     notes: list[str] = []
     if len(gpus) < 2:
@@ -256,7 +277,7 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
     if len(usable) > 1:
         notes.append(f"P2P rule: {rule.why}")
     forced: list[str] = []
-    usable = _without_geforce(usable, notes, forced, force=force)
+    usable = _p2p_models(usable, notes, forced, force=force)
     reach = P2pRule(SYS, "--p2p force") if force else rule
     positions = {fn.address: position(fn) for fn in usable}
 
@@ -264,13 +285,28 @@ def p2p_cliques(functions: list[PciFunction], *, acs_override: bool, single_node
         return relation(positions[a], positions[b], single_node=single_node)
 
     addresses = list(positions)
-    sets = _reachable_sets(addresses, reach, word)
+    sets = [members for kind in _by_architecture(usable, notes).values()
+            for members in _reachable_sets(kind, reach, word)]
+    sets.sort(key=lambda members: members[0])
     cliques = _cliques(sets, rule, word, notes, forced)
     if force and not forced:
-        notes.append("--p2p force: every clique is within NCCL's default level and no GeForce card is among them; "
+        notes.append("--p2p force: every clique is within NCCL's default level and every card's model has P2P; "
                      "force changed nothing")
     _lonely_notes(addresses, sets, rule, word, notes)
     return CliquePlan(cliques, notes, rule, forced)
+
+
+def _by_architecture(usable: list[PciFunction], notes: list[str]) -> dict[str | None, list[PciAddress]]:
+    """The GPUs' addresses by architecture (host order); a note where there are several, which
+    never share a clique (NVIDIA's driver has no peer access across architectures)."""
+    kinds: dict[str | None, list[PciAddress]] = {}
+    for fn in usable:
+        kinds.setdefault(architecture(fn), []).append(fn.address)
+    if len(kinds) > 1:
+        notes.append("GPUs of different architectures never share a P2P clique (NVIDIA's driver gives no peer "
+                     "access across them): " + "; ".join(f"{kind or 'unknown'}: {', '.join(map(str, members))}"
+                                                         for kind, members in kinds.items()))
+    return kinds
 
 
 def _reachable_sets(addresses: list[PciAddress], reach: P2pRule,

@@ -17,8 +17,9 @@ pkg/device_plugin/device_plugin.go:
 
 The plugin reads only the pci.ids bundled in its image (``pciIdsFilePath = "/usr/pci.ids"``,
 copied from the repository's utils/pci.ids), never the host's. gpuvfio ships the names it
-derives from the v1.6.0 copy as a generated table (kubevirt_plugin_names.txt beside this module,
-written by tests/make_plugin_names.py); another image's /usr/pci.ids can be read instead.
+derives from the v1.6.0 copy as a generated table (gpuvfio/host/nvidia_ids.txt, which also tells
+gpuvfio what each NVIDIA device is, written by tests/make_plugin_names.py); another image's
+/usr/pci.ids can be read instead.
 
 Go's semantics kept: RE2's ``\\s`` is ``[\\t\\n\\f\\r ]`` (no ``\\v``); ``TrimSpace`` trims
 ``unicode.IsSpace``; ``ToUpper`` maps each rune to one rune (``ß`` stays, then is deleted);
@@ -28,13 +29,13 @@ Go's semantics kept: RE2's ``\\s`` is ``[\\t\\n\\f\\r ]`` (no ``\\v``); ``TrimSp
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from gpuvfio.errors import GpuvfioError, InputError
+from gpuvfio.errors import InputError
 from gpuvfio.files import HOST_TEXT_LIMIT
+from gpuvfio.host import nvidia_ids
 from gpuvfio.user_files import read_regular
 
 NVIDIA_VENDOR = "10de"
@@ -42,8 +43,6 @@ NAMESPACE = "nvidia.com"  # generic_device_plugin.go DeviceNamespace
 PLUGIN = "NVIDIA/kubevirt-gpu-device-plugin v1.6.0"
 PLUGIN_COMMIT = "d26f2374d3c3f4785f52689cf954d1eea6202fb5"
 PLUGIN_PCI_IDS_BLOB = "6fb8865340a0aec2d9aa2c1763cf885fffd52af3"  # git rev-parse v1.6.0:utils/pci.ids
-TABLE_FILE = "kubevirt_plugin_names.txt"
-TABLE_LIMIT = 1 << 20
 SCAN_TOKEN_LIMIT = 64 * 1024  # bufio.MaxScanTokenSize: a longer line stops the scanner
 
 # unicode.IsSpace: the Latin-1 spaces and the White_Space property (Python's str.isspace adds
@@ -275,17 +274,15 @@ def parse_table(text: str) -> PluginNames:
 
 
 def table_path() -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), TABLE_FILE)
+    return nvidia_ids.table_path()
 
 
 @functools.lru_cache(maxsize=1)
 def bundled() -> PluginNames:
     """The names from the table shipped with gpuvfio (the plugin's v1.6.0 pci.ids)."""
-    data = read_regular(table_path(), TABLE_LIMIT)
-    if data is None:
-        raise GpuvfioError(f"gpuvfio's table of the plugin's names is missing ({table_path()}): the installation "
-                           "is incomplete; give the plugin image's pci.ids with --pci-ids FILE")
-    return parse_table(data.decode("utf-8"))
+    header, table = nvidia_ids.table()
+    return PluginNames(source=f"{header.get('plugin', PLUGIN)}'s bundled pci.ids",
+                       version=header.get("pci.ids-version"), date=header.get("pci.ids-date"), table=dict(table))
 
 
 def from_pci_ids(path: str) -> PluginNames:

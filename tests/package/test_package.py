@@ -71,7 +71,7 @@ def test_the_wheel_holds_every_package_and_file(installed):
                  "gpuvfio/cli/app.py", "gpuvfio/guest/payload/gpuvfio_nvapi.py", "gpuvfio/guest/payload/gpuvfio_ncclxml.py",
                  "gpuvfio/guest/payload/gpuvfio_ncclpaths.py", "gpuvfio/guest/payload/gpuvfio_ncclconf.py",
                  "gpuvfio/guest/payload/kernels.ptx",
-                 "gpuvfio/guest/payload/kernels.cu", "gpuvfio/ops/kubevirt_plugin_names.txt"):
+                 "gpuvfio/guest/payload/kernels.cu", "gpuvfio/host/nvidia_ids.txt"):
         assert path in names, path
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert any(n.endswith(".data/data/share/man/man1/gpuvfio.1") for n in names)  # the man page

@@ -32,7 +32,7 @@ CASES = {
     "switch-2gpu-nic-clique": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "0000:1a:00.0", "--name", "l40s-pair",
                                                "--vcpus", "16", "--memory", "64G", "--qemu-version", "8.2"]),
     # AMD EPYC, two GPUs on one root complex (PHB): NCCL's default P2P level there is SYS, so a clique.
-    "epyc-2gpu-phb-clique": ("epyc-mixed", ["0000:81:00.0", "0000:82:00.0", "--name", "epyc-pair", "--vcpus", "8",
+    "epyc-2gpu-two-architectures": ("epyc-mixed", ["0000:81:00.0", "0000:82:00.0", "--name", "epyc-pair", "--vcpus", "8",
                                             "--memory", "32G", "--qemu-version", "9.2"]),
     "switch-2gpu-qemu72": ("pcie-switch", ["0000:18:00.0", "0000:19:00.0", "--name", "l40s-old-qemu",
                                            "--vcpus", "8", "--memory", "32G", "--qemu-version", "7.2"]),
@@ -179,15 +179,19 @@ def _cliques(xml: str) -> dict[str, str]:
             for d in doc.iterfind("qemu:override/qemu:device", ns)}
 
 
-def test_amd_pair_through_the_host_bridge_gets_a_clique_and_names_the_rule(generated, cli):
+def test_an_a100_and_a_t4_get_no_clique_though_nccl_would_reach(generated, cli):
     """NCCL's default P2P level (NCCL 2.23.4 to 2.30.7, src/graph/paths.cc ncclTopoCheckP2p) is SYS on
-    x86 AMD with at most two GPUs: the EPYC's A100 and T4 on one root complex share clique 0."""
-    assert _cliques(generated["epyc-2gpu-phb-clique"]) == {"0x81": "0", "0x82": "0"}
-    data = cli("--root", sample_path("epyc-mixed"), "xml", *CASES["epyc-2gpu-phb-clique"][1], "--json").json()
+    x86 AMD with at most two GPUs, so the EPYC's A100 and T4 on one root complex are within it; but
+    an Ampere and a Turing card have no peer access between them: no clique, even forced."""
+    assert _cliques(generated["epyc-2gpu-two-architectures"]) == {}
+    data = cli("--root", sample_path("epyc-mixed"), "xml", *CASES["epyc-2gpu-two-architectures"][1], "--json").json()
     assert any(n.startswith("P2P rule: NCCL's default P2P level on an x86 AMD CPU with at most two GPUs is "
                             "PATH_SYS") for n in data["notes"]), data["notes"]
-    assert any(n.startswith("P2P clique 0: 0000:81:00.0, 0000:82:00.0 (PHB") for n in data["notes"])
-    assert not any("--p2p force" in w for w in data["warnings"])
+    assert "GPUs of different architectures never share a P2P clique (NVIDIA's driver gives no peer access " \
+           "across them): Ampere: 0000:81:00.0; Turing: 0000:82:00.0" in data["notes"]
+    forced = cli("--root", sample_path("epyc-mixed"), "xml", *CASES["epyc-2gpu-two-architectures"][1], "--p2p", "force",
+                 "--json").json()
+    assert forced["topology"]["p2p"]["cliques"] == []
 
 
 def test_intel_pair_across_sockets_gets_none_unless_forced_and_force_is_flagged(cli, tmp_path):

@@ -115,9 +115,9 @@ def test_two_gpus_under_one_switch_in_their_own_groups_make_one_clique(tmp_path)
     plan = p2p_cliques(_two_gpus_under_a_switch(tmp_path, shared_group=False), acs_override=False)
     assert [(c.clique_id, [str(m) for m in c.members], c.relation) for c in plan.cliques] == [
         (0, ["0000:04:00.0", "0000:05:00.0"], PIX)]
-    # Only the rule it followed, and that without pci.ids no name tells a GeForce card.
-    assert [note.split(":")[0] for note in plan.notes] == ["P2P rule", "0000"]
-    assert "no device name" in plan.notes[1] and plan.forced == []
+    # Only the rule it followed: the model comes from the device id (gpuvfio.host.nvidia_ids), pci.ids or not.
+    assert [note.split(":")[0] for note in plan.notes] == ["P2P rule"]
+    assert plan.forced == []
 
 
 def test_gpus_sharing_a_group_get_no_clique_and_say_why(tmp_path):
@@ -237,23 +237,48 @@ def test_force_lifts_the_level_and_says_so(tmp_path):
     assert len(same.cliques) == 1 and same.forced == [] and any("force changed nothing" in n for n in same.notes)
 
 
-def _named(functions, name):
-    return [dataclasses.replace(f, device_name=name) if f.is_nvidia_gpu else f for f in functions]
+def _as(functions, device_id):
+    return [dataclasses.replace(f, device_id=device_id, device_name=None) if f.is_nvidia_gpu else f
+            for f in functions]
 
 
-def test_geforce_cards_get_no_clique_even_under_one_switch(tmp_path):
-    gpus = _named(_two_gpus_under_a_switch(tmp_path, shared_group=False), "AD102 [GeForce RTX 4090]")
+@pytest.mark.parametrize("device_id, name", [("2684", "AD102_GEFORCE_RTX_4090"), ("1e02", "TU102_TITAN_RTX")])
+def test_geforce_and_titan_cards_get_no_clique_even_under_one_switch(tmp_path, device_id, name):
+    """By device id in the shipped table, not by the host's pci.ids: these have no names here."""
+    gpus = _as(_two_gpus_under_a_switch(tmp_path, shared_group=False), device_id)
     plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD)
     assert plan.cliques == []
-    assert plan.notes[1] == ("0000:04:00.0 (AD102 [GeForce RTX 4090]), 0000:05:00.0 (AD102 [GeForce RTX 4090]): "
-                             "GeForce cards have no PCIe P2P in NVIDIA's driver (NVML reports it unsupported and "
-                             "NCCL then turns P2P off); no clique")
+    assert plan.notes[1] == (f"0000:04:00.0 ({name}), 0000:05:00.0 ({name}): GeForce and TITAN cards have no PCIe "
+                             "P2P in NVIDIA's driver (NVML reports it unsupported and NCCL then turns P2P off); "
+                             "no clique")
     forced = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD, force=True)
     assert _cliques(forced) == [(["0000:04:00.0", "0000:05:00.0"], PIX)]
     assert len(forced.forced) == 1 and "GeForce" in forced.forced[0]
-    # A data-center name is no GeForce one, and the unnamed-card note goes away with names.
-    named = p2p_cliques(_named(gpus, "AD102GL [L40S]"), acs_override=False, cpu_vendor=AMD)
-    assert len(named.cliques) == 1 and not any("no device name" in n for n in named.notes)
+    # A data-center card of the same chip is no consumer one, whatever pci.ids would call it.
+    named = p2p_cliques([dataclasses.replace(f, device_name="AD102 [GeForce RTX 4090]") for f in
+                         _as(gpus, "26b9")], acs_override=False, cpu_vendor=AMD)
+    assert len(named.cliques) == 1
+
+
+def test_a_device_the_table_does_not_know_gets_no_clique_unless_forced(tmp_path):
+    gpus = _as(_two_gpus_under_a_switch(tmp_path, shared_group=False), "fffe")
+    plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD)
+    assert plan.cliques == [] and "gpuvfio's NVIDIA id table does not know by architecture (pci.ids 2025.07.11)" \
+        in plan.notes[1] and "10de:fffe" in plan.notes[1]
+    forced = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD, force=True)
+    assert len(forced.cliques) == 1 and "does not know" in forced.forced[0]
+
+
+def test_architectures_never_share_a_clique(tmp_path):
+    """An A100 and a T4 under one switch: two architectures, no clique, even forced."""
+    gpus = _two_gpus_under_a_switch(tmp_path, shared_group=False)
+    gpus = [dataclasses.replace(f, device_id="20b5" if str(f.address) == "0000:04:00.0" else "1eb8")
+            if f.is_nvidia_gpu else f for f in gpus]
+    for force in (False, True):
+        plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=AMD, force=force)
+        assert plan.cliques == []
+        assert any(n.startswith("GPUs of different architectures never share a P2P clique") and
+                   "Ampere: 0000:04:00.0; Turing: 0000:05:00.0" in n for n in plan.notes)
 
 
 def test_the_workstations_two_geforce_cards_by_their_pciids_names(tmp_path):
@@ -277,10 +302,10 @@ def test_the_workstations_two_geforce_cards_by_their_pciids_names(tmp_path):
     gpus = [f for f in read_inventory(host, names=names).functions.values() if f.is_nvidia_gpu]
     assert all("GeForce" in (f.device_name or "") for f in gpus)
     plan = p2p_cliques(gpus, acs_override=False, cpu_vendor=cpu_vendor(host), single_node=True)
-    assert plan.cliques == [] and "GeForce cards have no PCIe P2P" in plan.notes[1]
-    # Even forced past the GeForce rule, the pair is PHB on Intel: both reasons are named.
+    assert plan.cliques == [] and "GeForce and TITAN cards have no PCIe P2P" in plan.notes[1]
+    # Even forced past the GeForce rule: an Ada and an Ampere card never share a clique.
     forced = p2p_cliques(gpus, acs_override=False, cpu_vendor=cpu_vendor(host), single_node=True, force=True)
-    assert _cliques(forced) == [(["0000:01:00.0", "0000:04:00.0"], PHB)] and len(forced.forced) == 2
+    assert forced.cliques == [] and any("Ada Lovelace: 0000:01:00.0; Ampere: 0000:04:00.0" in n for n in forced.notes)
 
 
 # -- NVLink: the recording -----------------------------------------------------------------------

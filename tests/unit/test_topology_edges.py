@@ -191,7 +191,6 @@ def test_a_lonely_gpu_is_told_its_nearest_other_gpu(tmp_path):
     three = p2p_cliques(_gpus(_root_port_gpus(tmp_path / "three", {0x40: 2, 0x80: 1})), acs_override=False,
                         cpu_vendor="GenuineIntel")
     assert three.cliques == []
-    assert "0000:41:00.0, 0000:42:00.0, 0000:81:00.0: no device name" in "\n".join(three.notes)
     nearest = [n.split(" (")[0] for n in three.notes if "the nearest other GPU" in n]
     assert nearest == ["0000:41:00.0, 0000:42:00.0: the nearest other GPU is PHB",
                        "0000:81:00.0: the nearest other GPU is NODE"]

@@ -184,8 +184,9 @@ options:
   p2p:
     description: >-
       auto | off | force: P2P cliques (x-nv-gpudirect-clique) for GPUs in IOMMU groups of their own, as far
-      apart as NCCL's default P2P level allows on this CPU and never for GeForce cards; force: as far as the
-      IOMMU groups allow, GeForce too (the plan warns).
+      apart as NCCL's default P2P level allows on this CPU, of one architecture, never for GeForce or TITAN
+      cards or device ids gpuvfio does not know; force: as far as the IOMMU groups allow, those cards too (the
+      plan warns).
     type: str
     default: "auto"
     choices: ["auto", "off", "force"]
