@@ -428,3 +428,35 @@ def test_identical_gpus_may_sit_anywhere_their_paths_allow(tmp_path, fakecuda_li
     failed = paths_check(flat)
     assert failed["status"] == "fail" and "0000:1b:00.0 <-> 0000:2b:00.0: host PIX, guest PHB" in failed["reason"]
     assert failed["observed"] == "2 the same"
+
+
+def nccl_tests_all_reduce_get_bw(count, typesize, sec, nranks, nccl_algo):
+    """nccl-tests src/all_reduce.cu AllReduceGetBw (commit 03a204a1), line for line."""
+    base_bw = (count * typesize) / 1.0E9 / sec
+    if nccl_algo is not None and (nccl_algo == "NVLS" or nccl_algo == "NVLSTREE"):  # strcmp
+        factor = (nranks - 1) / (nranks + 1)
+    else:
+        factor = (2 * (nranks - 1)) / nranks
+    return base_bw, base_bw * factor
+
+
+@pytest.mark.parametrize("algo", [None, "Ring", "Tree", "NVLS", "NVLSTREE", "nvls", "NVLS,Ring", "^NVLS", "CollNet"])
+def test_the_bus_bandwidth_factor_is_nccl_tests_for_each_algorithm(monkeypatch, algo):
+    program = the_program(monkeypatch)
+    for nranks in range(1, 9):
+        algbw, busbw = nccl_tests_all_reduce_get_bw(1 << 24, 4, 0.001, nranks, algo)
+        assert algbw * program.busbw_factor(nranks, algo) == pytest.approx(busbw, rel=1e-12)
+
+
+def test_nccl_algo_is_read_where_nccl_tests_reads_it(monkeypatch):
+    """After NCCL's init, what its files set is in the C environment, not in os.environ."""
+    import ctypes
+
+    program = the_program(monkeypatch)
+    libc = ctypes.CDLL(None)
+    assert program.nccl_algo() is None or "NCCL_ALGO" in os.environ
+    libc.setenv(b"NCCL_ALGO", b"NVLS", 0)
+    try:
+        assert program.nccl_algo() == "NVLS" and "NCCL_ALGO" not in os.environ
+    finally:
+        libc.unsetenv(b"NCCL_ALGO")

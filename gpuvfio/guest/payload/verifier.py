@@ -13,8 +13,9 @@ against a non-repeating pattern, on the GPU. Host-device latency is a pointer ch
 pinned host memory (one dependent PCIe read per hop); the API overhead of a small copy is
 reported apart. With two or more GPUs: the peer access matrix, peer copy bandwidth (data
 checked), and with libnccl.so.2 an all-reduce reported as nccl-tests does (busbw = algbw x
-2(n-1)/n), run with gpuvfio's NCCL topology file and with NCCL's own view of the topology
-(NCCL_TOPO_DUMP_FILE) reported beside the file's. The kernels are gpuvfio/guest/payload/kernels.cu as PTX for Pascal and newer;
+2(n-1)/n, or (n-1)/(n+1) for NVLS), run as a job without NCCL settings would (NCCL's own files
+name the topology file) and with NCCL's own view of the topology (NCCL_TOPO_DUMP_FILE)
+reported beside the file's. The kernels are gpuvfio/guest/payload/kernels.cu as PTX for Pascal and newer;
 the driver layer (NVML, CUDA, NCCL through ctypes; one GPU's resources) is gpuvfio_nvapi.py.
 
 It only gathers facts; gpuvfio/guest/verify.py on the host turns them into checks against
@@ -402,8 +403,9 @@ class Nccl(object):
 
 def allreduce(devices, opts, sizes=(8 << 20, 64 << 20)):
     """An all-reduce over every GPU, reported as nccl-tests does: algbw = bytes / time, busbw =
-    algbw x 2(n-1)/n (nccl-tests doc/PERFORMANCE.md), rank k contributes k + 1 everywhere; with
-    the topology NCCL worked from (TopologyView) beside gpuvfio's file."""
+    algbw x its factor for the algorithm NCCL was told to use (``busbw_factor``), rank k
+    contributes k + 1 everywhere; with the topology NCCL worked from (TopologyView) beside
+    gpuvfio's file."""
     view = TopologyView(opts)
     try:
         nccl, n = Nccl(), len(devices)
@@ -411,7 +413,7 @@ def allreduce(devices, opts, sizes=(8 << 20, 64 << 20)):
         version = ctypes.c_int()
         nccl.call("ncclGetVersion", ctypes.byref(version))
         nccl.call("ncclCommInitAll", comms, n, (ctypes.c_int * n)(*(d.index for d in devices)))
-        topology = view.report()
+        topology, algo = view.report(), nccl_algo()
     finally:
         view.close()
     call = devices[0].cuda.call
@@ -454,13 +456,32 @@ def allreduce(devices, opts, sizes=(8 << 20, 64 << 20)):
                 verified = verified and same_everywhere(call, dev.b, nbytes, want)
             algbw = nbytes / per / 1e9
             results.append({"bytes": nbytes, "time_us": per * 1e6, "algbw_gbps": algbw,
-                            "busbw_gbps": algbw * 2.0 * (n - 1) / n, "verified": verified})
+                            "busbw_gbps": algbw * busbw_factor(n, algo), "verified": verified})
     finally:
         for comm in comms:
             if comm:
                 nccl.lib.ncclCommDestroy(ctypes.c_void_p(comm))
     return {"version": version.value, "devices": n, "iterations": opts.nccl_iters, "op": "sum", "dtype": "float32",
-            "results": results, "topology": topology}
+            "algorithm": algo, "busbw_factor": busbw_factor(n, algo), "results": results, "topology": topology}
+
+
+def busbw_factor(nranks, algo):
+    """nccl-tests' bus bandwidth factor of an all-reduce (src/all_reduce.cu AllReduceGetBw, commit
+    03a204a1): (n-1)/(n+1) where NCCL_ALGO is exactly NVLS or NVLSTREE (NVLink SHARP reduces in
+    the switch), else 2(n-1)/n (doc/PERFORMANCE.md); 0 for one rank, as there."""
+    if algo in ("NVLS", "NVLSTREE"):
+        return (nranks - 1.0) / (nranks + 1.0)
+    return 2.0 * (nranks - 1) / nranks
+
+
+def nccl_algo():
+    """NCCL_ALGO as nccl-tests reads it once NCCL is up: the C library's getenv, which also sees
+    what NCCL set from its own files at init (src/misc/param.cc setEnvFile); Python's os.environ
+    is a copy taken at start and does not."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    value = libc.getenv(b"NCCL_ALGO")
+    return value.decode("utf-8", "replace") if value is not None else None
 
 
 def stage(out, key, func, *args):
