@@ -240,15 +240,6 @@ def _id_attributes(fn: PciFunction) -> dict[str, str]:
     return attrs
 
 
-def nccl_topology(devices: list[GuestDevice], cells: list[tuple[int, list[int]]], cell_of_port: dict[int, int], *,
-                  cpu_vendor: str | None, switch_links: dict[str, tuple[str, str]] | None = None,
-                  host_functions: Mapping[PciAddress, PciFunction] | None = None) -> str:
-    """The file (NCCL's <system version="1"> format) of ``topology_tree``, written as NCCL's reader
-    takes it (``render``)."""
-    return render(topology_tree(devices, cells, cell_of_port, cpu_vendor=cpu_vendor, switch_links=switch_links,
-                                host_functions=host_functions))
-
-
 def topology_tree(devices: list[GuestDevice], cells: list[tuple[int, list[int]]], cell_of_port: dict[int, int], *,
                   cpu_vendor: str | None, switch_links: dict[str, tuple[str, str]] | None = None,
                   host_functions: Mapping[PciAddress, PciFunction] | None = None) -> ET.Element:

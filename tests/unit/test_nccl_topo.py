@@ -31,6 +31,11 @@ from tests.unit.test_layout import switch_host
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuvfio", "samples")
 
 
+def nccl_topology(*args, **kwargs) -> str:
+    """The file as written: the tree, rendered in NCCL's form."""
+    return nccl_topo.render(nccl_topo.topology_tree(*args, **kwargs))
+
+
 def provisioned(root, addresses, **options):
     ctx = Context(host=HostRoot(str(root)))
     request = domain_request("nccl", vcpus=8, memory="16G", qemu_version="8.2", **options)
@@ -204,7 +209,7 @@ def test_the_narrow_slots_file_carries_what_nccl_reads_on_the_host(tmp_path):
     (switch,) = {d.switch for d in devices if d.switch}
     assert links[switch] == ("16.0 GT/s PCIe", "16")  # Gen5 switch behind a Gen4 root port
     # Links given outright still win for the switches they name.
-    given = nccl_topo.nccl_topology(devices, [(0, list(range(8)))], {}, cpu_vendor=None,
+    given = nccl_topology(devices, [(0, list(range(8)))], {}, cpu_vendor=None,
                                     host_functions=p.inventory.functions,
                                     switch_links={switch: ("2.5 GT/s PCIe", "1")})
     node = next(e for e in ET.fromstring(given).iter("pci") if e.get("busid") == switch)
@@ -218,14 +223,14 @@ def test_the_file_is_what_nccls_reader_takes(tmp_path):
     attribute must equal NCCL_TOPO_XML_VERSION (1), and ncclTopoAddCpu converts each <cpu>'s
     arch through kvDictCpuArch ("x86_64", "arm64", "ppc64"), by exact string; affinity is a
     cpumask of 32-bit words, most significant first, as /sys/devices/system/node/nodeN/cpumap."""
-    system = ET.fromstring(nccl_topo.nccl_topology([], [(0, [0, 1]), (1, [33]), (2, [])], {},
+    system = ET.fromstring(nccl_topology([], [(0, [0, 1]), (1, [33]), (2, [])], {},
                                                    cpu_vendor="GenuineIntel"))
     assert (system.tag, system.attrib) == ("system", {"version": "1"})
     assert [c.attrib for c in system.findall("cpu")] == [
         {"numaid": "0", "affinity": "00000003", "arch": "x86_64", "vendor": "GenuineIntel"},
         {"numaid": "1", "affinity": "00000002,00000000", "arch": "x86_64", "vendor": "GenuineIntel"},
         {"numaid": "2", "affinity": "00000000", "arch": "x86_64", "vendor": "GenuineIntel"}]
-    masks = {c.get("numaid"): c.get("affinity") for c in ET.fromstring(nccl_topo.nccl_topology(
+    masks = {c.get("numaid"): c.get("affinity") for c in ET.fromstring(nccl_topology(
         [], [(0, [31]), (1, [32, 95]), (2, [64])], {}, cpu_vendor=None)).findall("cpu")}
     assert masks == {"0": "80000000", "1": "80000000,00000001,00000000",
                      "2": "00000001,00000000,00000000"}
@@ -257,7 +262,7 @@ def test_an_emulated_switch_over_a_host_device_without_one_carries_no_link(tmp_p
     functions = read_inventory(HostRoot(narrow_host(tmp_path).root)).functions
     gpu = functions[PciAddress.parse("0000:02:00.0")]
     device = nccl_topo.GuestDevice(GuestPort(3, [gpu]), "0000:04:00.0", (nccl_topo.GuestSwitch("0000:02:00.0", None),))
-    system = ET.fromstring(nccl_topo.nccl_topology([device], [(0, [0])], {}, cpu_vendor=None,
+    system = ET.fromstring(nccl_topology([device], [(0, [0])], {}, cpu_vendor=None,
                                                    host_functions=functions))
     switch = system.find("cpu/pci")
     assert switch.attrib == {"busid": "0000:02:00.0", "class": "0x060400"}
@@ -314,7 +319,7 @@ def test_subsystem_ids_go_in_pairs(tmp_path):
 
     def node(fn):
         device = nccl_topo.GuestDevice(GuestPort(3, [fn]), "0000:04:00.0")
-        return ET.fromstring(nccl_topo.nccl_topology([device], [(0, [0])], {}, cpu_vendor=None)).find("cpu/pci")
+        return ET.fromstring(nccl_topology([device], [(0, [0])], {}, cpu_vendor=None)).find("cpu/pci")
 
     both = node(dataclasses.replace(gpu, subsystem_vendor_id="10de", subsystem_device_id="1839"))
     assert (both.get("subsystem_vendor"), both.get("subsystem_device")) == ("0x10de", "0x1839")
@@ -428,7 +433,7 @@ def topologies(draw):
 @given(topologies())
 def test_any_topology_we_write_nccl_reads_as_meant(args):
     devices, cells, cell_of_port, kwargs = args
-    text = nccl_topo.nccl_topology(devices, cells, cell_of_port, **kwargs)
+    text = nccl_topology(devices, cells, cell_of_port, **kwargs)
     assert_nccl_reads_as_meant(text, nccl_topo.topology_tree(devices, cells, cell_of_port, **kwargs))
     assert not text.startswith("<?")  # NCCL reads a declaration as an element with a '?' left over
 

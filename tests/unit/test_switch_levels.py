@@ -9,6 +9,8 @@ libvirt's test driver."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuvfio.address import PciAddress
@@ -229,3 +231,95 @@ def test_nccl_stops_at_a_bus_id_of_another_shape():
     assert nccl_topo.nccl_chain(vmd) == ()
     assert nccl_topo.nccl_chain(fn("0000:00:1f.0", [])) == () and nccl_topo.nccl_chain(
         fn("0000:01:00.0", ["0000:00:01.0"])) == ()
+
+
+def test_the_host_tree_is_what_nccls_sysfs_reader_builds(tmp_path):
+    """Every attribute of the host's tree: a <cpu> per NUMA node of the top bridge (-1 without
+    one), the CPU vendor where known, each <pci> with class, ids and NCCL's link attributes."""
+    cascade_host(tmp_path)
+    functions = read_functions(tmp_path)
+    gpus = [functions[A(a)] for a in ("0000:15:00.0", "0000:81:00.0")]
+    tree = nccl_topo.host_topology_tree(gpus, functions, cpu_vendor="GenuineIntel")
+    cpus = tree.findall("cpu")
+    assert [c.attrib for c in cpus] == [{"numaid": "0", "arch": "x86_64", "vendor": "GenuineIntel"},
+                                        {"numaid": "1", "arch": "x86_64", "vendor": "GenuineIntel"}]
+    chain = [n.attrib for n in cpus[0].iter("pci")]
+    assert [n["busid"] for n in chain] == ["0000:11:00.0", "0000:13:00.0", "0000:15:00.0"]
+    assert chain[0] == {"busid": "0000:11:00.0", "class": "0x060400", "vendor": "0x10b5", "device": "0xc010",
+                        "subsystem_vendor": "0x0000", "subsystem_device": "0x0000",
+                        "link_speed": "32.0 GT/s PCIe", "link_width": "16"}
+    assert (chain[2]["class"], chain[2]["link_speed"], chain[2]["link_width"]) == ("0x030200", "16.0 GT/s PCIe", "16")
+    assert [n.get("busid") for n in cpus[1].iter("pci")] == ["0000:81:00.0"]  # on a root port: from the CPU
+    bare = nccl_topo.host_topology_tree(gpus[:1], functions, cpu_vendor=None)
+    assert bare.find("cpu").attrib == {"numaid": "0", "arch": "x86_64"}
+    # A bridge the inventory does not hold is one to NCCL; a node without one is NUMA -1.
+    partial = {a: f for a, f in functions.items() if a != A("0000:13:00.0")}
+    leaf = [n.attrib for n in nccl_topo.host_topology_tree(gpus[:1], partial, cpu_vendor=None).iter("pci")][1]
+    assert leaf == {"busid": "0000:13:00.0", "class": "0x060400"}
+    lost = dataclasses.replace(functions[A("0000:11:00.0")], numa_node=None)
+    assert nccl_topo.host_topology_tree(gpus[:1], {**functions, lost.address: lost},
+                                        cpu_vendor=None).find("cpu").get("numaid") == "-1"
+
+
+def read_functions(root):
+    from gpuvfio.host.inventory import read_inventory
+
+    return read_inventory(HostRoot(str(root))).functions
+
+
+@pytest.mark.parametrize("parents, device, chain", [
+    (["0000:00:01.0", "0000:01:00.0"], "0000:02:00.0", ["0000:00:01.0"]),  # below a root port's bridge
+    (["0000:00:01.0", "10000:01:00.0"], "0000:02:00.0", []),  # the next one up is no bus id to NCCL
+    (["0000:00:01.0", "0000:01:00.0"], "10000:e2:00.0", ["0000:00:01.0"]),  # only the bridges are read
+])
+def test_nccls_rewind_by_two_in_each_shape(parents, device, chain):
+    from gpuvfio.host.model import PciFunction
+
+    fn = PciFunction(A(device), "10de", "26b9", "030200", parents=[A(p) for p in parents])
+    assert nccl_topo.nccl_chain(fn) == tuple(A(c) for c in chain)
+
+
+def probe_of(spec) -> list[dict]:
+    """The PCI lines a guest built as planned shows: each controller and device with the bridge above it."""
+    buses = nccl_topo.guest_buses(spec.controllers)
+    by_index = {c.index: c for c in spec.controllers}
+
+    def address(c):
+        return f"0000:{buses[c.parent] if c.parent else 0:02x}:{c.slot or 0:02x}.0"
+
+    lines = [{"address": address(c), "vendor_id": "1b36", "device_id": "000c",
+              "upstream": address(by_index[c.parent]) if c.parent in by_index else None}
+             for c in spec.controllers if c.model != "pcie-expander-bus"]
+    for port in spec.ports:
+        fn = port.functions[0]
+        lines.append({"address": f"0000:{buses[port.index]:02x}:00.0", "vendor_id": fn.vendor_id,
+                      "device_id": fn.device_id, "upstream": address(by_index[port.index])})
+    return lines
+
+
+def test_the_guests_own_switches_are_found_level_by_level(tmp_path):
+    """map_guest reads each switch level up the guest's own bridges, with the host switch each
+    stands for; a level the guest does not show is a mismatch, not a crash."""
+    cascade_host(tmp_path)
+    _ctx, p = provisioned(tmp_path, ["0000:15:00.0", "0000:16:00.0", "0000:1f:00.0", "0000:20:00.0"])
+    probe = probe_of(p.spec)
+    mapped = nccl_topo.map_guest(p.spec.controllers, p.spec.ports, probe)
+    predicted = nccl_topo.predicted_addresses(p.spec.controllers, p.spec.ports)
+    assert [(d.address, d.switches) for d in mapped] == [(d.address, d.switches) for d in predicted]
+    deepest = next(d for d in mapped if d.port.functions[0].address == A("0000:1f:00.0"))
+    assert [s.host for s in deepest.switches] == [A("0000:11:00.0"), A("0000:1b:00.0"), A("0000:1d:00.0")]
+    middle = deepest.switches[1].busid
+    cut = [line for line in probe if line["address"] != middle]
+    with pytest.raises(nccl_topo.TopologyMismatch, match="does not show the 3 switch level"):
+        nccl_topo.map_guest(p.spec.controllers, p.spec.ports, cut)
+
+
+def test_a_switch_node_without_the_hosts_functions_says_only_what_it_is(tmp_path):
+    cascade_host(tmp_path)
+    functions = read_functions(tmp_path)
+    from gpuvfio.domain.layout import GuestPort
+
+    device = nccl_topo.GuestDevice(GuestPort(3, [functions[A("0000:15:00.0")]]), "0000:04:00.0",
+                                   (nccl_topo.GuestSwitch("0000:02:00.0", A("0000:11:00.0")),))
+    tree = nccl_topo.topology_tree([device], [(0, [0])], {}, cpu_vendor=None)
+    assert tree.find("cpu/pci").attrib == {"busid": "0000:02:00.0", "class": "0x060400"}

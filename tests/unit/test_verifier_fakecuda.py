@@ -460,3 +460,99 @@ def test_nccl_algo_is_read_where_nccl_tests_reads_it(monkeypatch):
         assert program.nccl_algo() == "NVLS" and "NCCL_ALGO" not in os.environ
     finally:
         libc.unsetenv(b"NCCL_ALGO")
+
+
+def topology_checks(topology, want=None, found=("01", "02"), expected=TWO):
+    """The checks judge makes of a verifier answer whose NCCL topology view is ``topology``."""
+    verifier = {"version": 1, "errors": {}, "nvml": None, "cuda": None, "bandwidth": {}, "p2p": None,
+                "nccl": {"results": [], "topology": topology}}
+    from gpuvfio.guest.nccl_checks import check_nccl, check_nccl_paths
+
+    checks = []
+    check_nccl(checks, verifier, len(expected))
+    gpus = [(exp, {"address": f"0000:{bus}:00.0"} if bus else None) for exp, bus in zip(expected, found)]
+    if want is not None:
+        check_nccl_paths(checks, verifier, gpus, want)
+    return {c.check_id: c.to_json() for c in checks}
+
+
+def test_the_topology_check_says_each_case_in_full():
+    many = [{"source": "environment", "key": f"NCCL_K{n}", "value": "v"} for n in range(11)]
+    skipped = topology_checks({"file": None, "gpuvfio_file": None, "nccl": None, "above": many[:1]})["nccl_topology"]
+    assert skipped["status"] == "skip" and skipped["reason"] == (
+        "no NCCL topology file in the guest (gpuvfio attach writes one for two or more GPUs); NCCL settings "
+        "ranked above /etc/nccl.conf: NCCL_K0='v' (environment)")
+    other = topology_checks({"file": "/opt/x.xml", "source": "~/.nccl.conf",
+                             "gpuvfio_file": "/etc/gpuvfio/nccl-topo.xml", "above": many})["nccl_topology"]
+    assert (other["expected"], other["observed"]) == ("'/etc/gpuvfio/nccl-topo.xml'", "'/opt/x.xml'")
+    assert other["reason"].startswith("gpuvfio's '/etc/gpuvfio/nccl-topo.xml' is in the guest, but NCCL loads "
+                                      "'/opt/x.xml' (named in ~/.nccl.conf): a job gets another PCIe tree")
+    assert other["reason"].endswith("NCCL_K9='v' (environment) and 1 more") and "NCCL_K10" not in other["reason"]
+    ten = topology_checks({"file": None, "gpuvfio_file": None, "above": many[:10]})["nccl_topology"]
+    assert ten["reason"].endswith("NCCL_K9='v' (environment)")
+    odd = topology_checks({"file": None, "gpuvfio_file": None,
+                           "above": [{"source": "x y", "key": "A B", "value": "v"}]})["nccl_topology"]
+    assert odd["reason"].endswith("'A B'='v' ('x y')")
+    # What the guest names is bounded where shown: 60 characters of a key, 120 of a path.
+    key = "A " + "b" * 57  # its repr is 61 characters: one too many
+    cut = topology_checks({"file": None, "gpuvfio_file": None,
+                           "above": [{"source": "environment", "key": key, "value": "v"}]})["nccl_topology"]
+    assert f"'A {'b' * 52}...'='v'" in cut["reason"]
+    path = "/" + "p" * 118  # its repr is 121 characters
+    long = topology_checks({"file": path, "source": "/etc/nccl.conf", "gpuvfio_file": path + "x"})["nccl_topology"]
+    assert long["observed"] == repr(path)[:115] + "...'" and long["expected"] == repr(path + "x")[:115] + "...'"
+    links = {"0000:01:00.0": {"link_speed": "16.0 GT/s PCIe", "link_width": "8"}}
+    no_dump = topology_checks({"file": "/etc/gpuvfio/nccl-topo.xml", "gpuvfio_file": "/etc/gpuvfio/nccl-topo.xml",
+                               "planned": links, "nccl": None, "error": "boom", "above": many[:1]})["nccl_topology"]
+    assert no_dump["reason"] == "boom; NCCL settings ranked above /etc/nccl.conf: NCCL_K0='v' (environment)"
+    same = topology_checks({"file": "/etc/gpuvfio/nccl-topo.xml", "gpuvfio_file": "/etc/gpuvfio/nccl-topo.xml",
+                            "planned": links, "nccl": links, "above": many[:1]})["nccl_topology"]
+    assert same["status"] == "pass" and same["reason"] == ("NCCL settings ranked above /etc/nccl.conf: "
+                                                           "NCCL_K0='v' (environment)")
+    assert topology_checks({"file": "/etc/gpuvfio/nccl-topo.xml", "gpuvfio_file": "/etc/gpuvfio/nccl-topo.xml",
+                            "planned": links, "nccl": links})["nccl_topology"]["reason"] is None
+
+
+def test_the_paths_check_says_each_case_in_full():
+    want = {("0000:1b:00.0", "0000:2b:00.0"): "PIX"}
+    from gpuvfio.guest.nccl_checks import check_nccl_paths
+
+    checks = []
+    check_nccl_paths(checks, {"nccl": None}, [], want)
+    assert [c.to_json() for c in checks] == [{"id": "nccl_paths", "status": "skip", "expected": None,
+                                              "observed": None, "device": None,
+                                              "reason": "NCCL did not run in the guest (see nccl_allreduce)"}]
+    closed = topology_checks({"file": None, "gpuvfio_file": None, "paths": None, "error": "no dump"}, want)
+    assert closed["nccl_paths"] == {"id": "nccl_paths", "status": "fail", "expected": "1 pair(s) as on the host",
+                                    "observed": None, "reason": "no paths from NCCL's topology dump: no dump",
+                                    "device": None}
+    missing = topology_checks({"file": None, "gpuvfio_file": None, "paths": [["0000:01:00.0", "0000:02:00.0", "PIX"]]},
+                              want, found=("01", None))["nccl_paths"]
+    assert (missing["status"], missing["expected"], missing["observed"]) == ("fail", "1 pair(s) as on the host",
+                                                                             "0 the same")
+    assert missing["reason"].endswith("0000:1b:00.0 <-> 0000:2b:00.0: host PIX, guest not in NCCL view")
+
+
+def test_the_pairing_search_is_bounded(monkeypatch):
+    """Eight identical GPUs whose guest has no pairing: the search gives up at PAIRING_STEPS
+    (a bound on a hostile or odd guest), failing closed."""
+    from gpuvfio.guest import nccl_checks
+
+    eight = [Expected(f"0000:{n:02x}:00.0", "10de", "2330", "030200", 5, 16, "x") for n in range(0x10, 0x18)]
+    hosts = [(e.address, ("10de", "2330"), f"0000:{n + 1:02x}:00.0") for n, e in enumerate(eight)]
+    want = {(a[0], b[0]): "PIX" if (i // 2 == j // 2) else "PHB"
+            for i, a in enumerate(hosts) for j, b in enumerate(hosts) if i < j}
+    seen = {(a[2], b[2]): "PIX" if (i // 4 == j // 4) else "PHB"
+            for i, a in enumerate(hosts) for j, b in enumerate(hosts) if i < j}
+    calls = []
+    real = nccl_checks._pair
+
+    def counted(a, b):
+        calls.append(1)
+        return real(a, b)
+    monkeypatch.setattr(nccl_checks, "_pair", counted)
+    assert nccl_checks._pairing(hosts, want, seen) is None
+    unbounded = len(calls)
+    monkeypatch.setattr(nccl_checks, "PAIRING_STEPS", 20)
+    calls.clear()
+    assert nccl_checks._pairing(hosts, want, seen) is None and len(calls) < unbounded
