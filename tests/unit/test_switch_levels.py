@@ -323,3 +323,15 @@ def test_a_switch_node_without_the_hosts_functions_says_only_what_it_is(tmp_path
                                    (nccl_topo.GuestSwitch("0000:02:00.0", A("0000:11:00.0")),))
     tree = nccl_topo.topology_tree([device], [(0, [0])], {}, cpu_vendor=None)
     assert tree.find("cpu/pci").attrib == {"busid": "0000:02:00.0", "class": "0x060400"}
+
+
+def test_the_host_tree_takes_the_narrower_of_each_device_and_its_port(tmp_path):
+    """NCCL's sysfs reader writes the smaller of a device's and its parent port's maximum
+    (nccl_topo.link_attributes): a GPU in a slot of eight lanes is x8 in the host's tree."""
+    cascade_host(tmp_path)
+    functions = read_functions(tmp_path)
+    port = functions[A("0000:14:00.0")]
+    narrow = {**functions, port.address: dataclasses.replace(port, link=dataclasses.replace(port.link, max_width=8))}
+    tree = nccl_topo.host_topology_tree([narrow[A("0000:15:00.0")]], narrow, cpu_vendor=None)
+    gpu = [n for n in tree.iter("pci") if n.get("busid") == "0000:15:00.0"][0]
+    assert (gpu.get("link_speed"), gpu.get("link_width")) == ("16.0 GT/s PCIe", "8")
