@@ -121,7 +121,9 @@ def test_attach_steps(attach, rec):
                                                     "verify"]
     assert all(s["ok"] for s in attach["steps"])
     assert attach["rolled_back"] == []
-    assert any("share host switch" in note for note in attach["notes"]), attach["notes"]
+    # the L1 guest's emulated switch, mirrored level for level in the L2 guest
+    assert any("below host root port" in note and "through 1 switch level(s)" in note
+               for note in attach["notes"]), attach["notes"]
 
 
 def test_verify_finds_every_device_in_the_second_level_guest(attach):
