@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.user_files import read_regular
 
-__all__ = ["TABLE_FILE", "NvidiaModel", "model", "table", "table_path"]
+__all__ = ["TABLE_FILE", "NvidiaModel", "model", "parse", "table", "table_path"]
 
 TABLE_FILE = "nvidia_ids.txt"
 TABLE_LIMIT = 1 << 20
@@ -44,16 +44,12 @@ def table_path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), TABLE_FILE)
 
 
-@functools.lru_cache(maxsize=1)
-def table() -> tuple[dict[str, str], dict[str, str]]:
-    """(the header's fields, device id -> name) of the shipped table."""
-    data = read_regular(table_path(), TABLE_LIMIT)
-    if data is None:
-        raise GpuvfioError(f"gpuvfio's table of NVIDIA device ids is missing ({table_path()}): the installation is "
-                           "incomplete")
+def parse(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(the header's ``# key: value`` fields, device id -> name) of a table in nvidia_ids.txt's
+    form: comment lines, then an id, a tab and a name a line."""
     header: dict[str, str] = {}
     names: dict[str, str] = {}
-    for line in data.decode("utf-8").splitlines():
+    for line in text.splitlines():
         if line.startswith("#"):
             key, sep, value = line[1:].strip().partition(": ")
             if sep:
@@ -62,6 +58,16 @@ def table() -> tuple[dict[str, str], dict[str, str]]:
         device, _, name = line.partition("\t")
         names[device] = name
     return header, names
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> tuple[dict[str, str], dict[str, str]]:
+    """``parse`` of the shipped table."""
+    data = read_regular(table_path(), TABLE_LIMIT)
+    if data is None:
+        raise GpuvfioError(f"gpuvfio's table of NVIDIA device ids is missing ({table_path()}): the installation is "
+                           "incomplete")
+    return parse(data.decode("utf-8"))
 
 
 def model(device_id: str) -> NvidiaModel | None:

@@ -53,7 +53,6 @@ _RE2_SPACE = re.compile("[\t\n\f\r ]+")  # RE2's \s
 _DROPPED = re.compile("[^a-zA-Z0-9_.]+")
 _DEVICE_LINE = re.compile(r"\t([0-9a-f]{4})  (.*)", re.ASCII | re.DOTALL)
 _HEADER = re.compile(r"#\s*(Version|Date):\s*(.*?)\s*$")
-_TABLE_HEADER = re.compile(r"# (plugin|pci\.ids-version|pci\.ids-date): (.*)$")
 # Kubernetes IsExtendedResourceName (pkg/apis/core/helper/helpers.go, v1.31): not a native
 # resource (it holds a "/" and no "kubernetes.io/"), and "requests." + the name is a qualified
 # name (apimachinery pkg/util/validation IsQualifiedName): one "/" at most, the prefix a DNS-1123
@@ -259,18 +258,13 @@ def table_text(data: bytes) -> str:
 
 
 def parse_table(text: str) -> PluginNames:
-    header: dict[str, str] = {}
-    table: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            match = _TABLE_HEADER.match(line)
-            if match:
-                header[match.group(1)] = match.group(2)
-            continue
-        device, _, name = line.partition("\t")
-        table[device] = name
+    """The names of a table in the shipped table's form (gpuvfio.host.nvidia_ids.parse)."""
+    return _plugin_names(*nvidia_ids.parse(text))
+
+
+def _plugin_names(header: dict[str, str], table: dict[str, str]) -> PluginNames:
     return PluginNames(source=f"{header.get('plugin', PLUGIN)}'s bundled pci.ids",
-                       version=header.get("pci.ids-version"), date=header.get("pci.ids-date"), table=table)
+                       version=header.get("pci.ids-version"), date=header.get("pci.ids-date"), table=dict(table))
 
 
 def table_path() -> str:
@@ -280,9 +274,7 @@ def table_path() -> str:
 @functools.lru_cache(maxsize=1)
 def bundled() -> PluginNames:
     """The names from the table shipped with gpuvfio (the plugin's v1.6.0 pci.ids)."""
-    header, table = nvidia_ids.table()
-    return PluginNames(source=f"{header.get('plugin', PLUGIN)}'s bundled pci.ids",
-                       version=header.get("pci.ids-version"), date=header.get("pci.ids-date"), table=dict(table))
+    return _plugin_names(*nvidia_ids.table())
 
 
 def from_pci_ids(path: str) -> PluginNames:

@@ -18,12 +18,10 @@ from gpuvfio.address import PciAddress
 from gpuvfio.domain import nccl_topo
 from gpuvfio.guest.payload import gpuvfio_ncclpaths, gpuvfio_ncclxml
 from gpuvfio.host.model import PciFunction
-from gpuvfio.host.topology import p2p_rule
+from gpuvfio.host.topology import NCCL_PATH, p2p_rule
 
 __all__ = ["PathPair", "expected_paths", "gpu_pairs", "host_pairs", "p2p_used", "paths_of"]
 
-# NCCL's path type for each farthest nvidia-smi word of a P2P rule (host.topology.NCCL_PATH).
-P2P_LEVEL = {"PXB": "PXB", "SYS": "SYS"}
 ORDER = gpuvfio_ncclpaths.PATH_NAMES
 
 
@@ -63,7 +61,7 @@ def paths_of(tree: ET.Element) -> dict[tuple[str, str], str]:
 def p2p_used(path: str, cpu_vendor: str | None, gpus: int) -> bool:
     """Whether NCCL uses P2P over a path of type ``path`` at its default level (host.topology.p2p_rule):
     ncclTopoCheckP2p's ``path->type <= p2pLevel``."""
-    level = P2P_LEVEL[p2p_rule(cpu_vendor, gpus).farthest]
+    level = NCCL_PATH[p2p_rule(cpu_vendor, gpus).farthest].removeprefix("PATH_")
     return ORDER.index(path) <= ORDER.index(level)
 
 

@@ -7,6 +7,10 @@ guest apply the same rules."""
 
 import os
 
+from gpuvfio.errors import GpuvfioError
+from gpuvfio.user_files import read_regular
+
+PAYLOAD_LIMIT = 4 << 20  # the largest of the files (kernels.ptx) is far below it
 GUEST_DIR = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(GUEST_DIR, "probe.sh")
 VERIFIER = os.path.join(GUEST_DIR, "verifier.py")
@@ -41,6 +45,8 @@ def verifier_program() -> bytes:
     texts = {}
     for name, path in (("ptx", KERNELS_PTX), ("nvapi", NVAPI), ("ncclxml", NCCLXML), ("ncclpaths", NCCLPATHS),
                        ("ncclconf", NCCLCONF), ("verifier", VERIFIER)):
-        with open(path, encoding="utf-8") as handle:
-            texts[name] = handle.read()
+        data = read_regular(path, PAYLOAD_LIMIT)
+        if data is None:
+            raise GpuvfioError(f"the in-guest payload is missing ({path}): the installation is incomplete")
+        texts[name] = data.decode("utf-8")
     return _BOOTSTRAP.format(**texts).encode()
