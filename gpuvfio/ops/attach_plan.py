@@ -200,10 +200,7 @@ def _plan_bind(ctx: Context, plan: AttachPlan, provisioned: Provisioned, policy:
 
 def verify_json(verify: VerifyOptions) -> dict:
     """verify's thresholds and limits as the run applies them (attach's plan shows them)."""
-    gates = verify.gates
-    floor = (f">= {gates.min_gbps:g} GB/s per direction (--min-gbps)" if gates.min_gbps is not None else
-             f">= {gates.link_efficiency:.1%} of each GPU's host slot link per direction")
-    return {"bandwidth": verify.bandwidth, "bandwidth_floor": floor if verify.bandwidth else None,
+    return {"bandwidth": verify.bandwidth, "bandwidth_floor": verify.gates.to_json() if verify.bandwidth else None,
             "link": "each GPU's link at least what its host slot allows, never above it",
             "probe_timeout_s": verify.probe_timeout, "verify_timeout_s": verify.timeout,
             "size_mib": verify.size_mib, "copies": verify.copies, "samples": verify.samples}

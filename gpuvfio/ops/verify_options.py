@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuvfio.errors import InputError
-from gpuvfio.guest.expect import LINK_EFFICIENCY, Gates, gates
+from gpuvfio.guest.expect import Gates, gates
 from gpuvfio.options import VERIFY, checked
 
 __all__ = ["PROBE_TIMEOUT", "VERIFY_TIMEOUT", "VerifyOptions", "verify_options"]
@@ -45,7 +45,7 @@ def verify_options(*, bandwidth: bool = True, probe_timeout: float = PROBE_TIMEO
     for name, value in given.items():
         if value is not None:
             checked(VERIFY[name], value)
-    chosen = gates(link_efficiency=LINK_EFFICIENCY if link_efficiency is None else link_efficiency, min_gbps=min_gbps)
+    chosen = gates(link_efficiency=link_efficiency, min_gbps=min_gbps)
     return VerifyOptions(bool(bandwidth),
                          float(checked(VERIFY["probe_timeout"], probe_timeout)),
                          float(checked(VERIFY["verify_timeout"], verify_timeout)),

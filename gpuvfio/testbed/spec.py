@@ -40,7 +40,9 @@
     size_mib = 512               # the verifier's copy buffer, copies per sample, samples (nvbandwidth's)
     copies = 16
     samples = 3
-    link_efficiency = 0.762      # bandwidth gate: share of the slot's link (or min_gbps = 40.0)
+    # min_gbps = 40.0            # bandwidth gate per direction (or link_efficiency = 0.75, a share of
+                                 # the raw rate); default: 90% of what healthy cards of the slot's
+                                 # generation measure
 
     [[variant]]
     name = "passthrough-1g"

@@ -22,7 +22,7 @@ from gpuvfio.cli.app import app
 from gpuvfio.cli.tables import flag_of
 from gpuvfio.domain.request import FIELDS as request_fields, READERS, DomainRequest, domain_request
 from gpuvfio.errors import InputError
-from gpuvfio.guest.expect import LINK_EFFICIENCY
+from gpuvfio.guest.expect import HEALTHY, HEALTHY_SHARE, Gates
 from gpuvfio.ops.targets import ssh_options
 from gpuvfio.ops.verify_options import verify_options
 from gpuvfio.options import (ANSIBLE_MODULES, CLI_COMMANDS, DOMAIN, RUN, SETS, SSH, VERIFY, Option, OptionSet,
@@ -334,7 +334,10 @@ def parameters_of(function) -> set[str]:
 
 def test_the_services_default_as_the_table_says():
     assert service_differences(SETS) == []
-    assert VERIFY["link_efficiency"].help.count(f"default {LINK_EFFICIENCY}:") == 1
+    help_text = VERIFY["link_efficiency"].help
+    assert f"{HEALTHY_SHARE:.0%} of what healthy cards" in help_text
+    assert [f"Gen{gen} " in help_text and f" {Gates().floor(gen, 16):.1f}" in help_text for gen in HEALTHY] == [
+        True] * len(HEALTHY)
     defaults = guest_request_args({}, {})
     assert {k: v for k, v in defaults.items() if k != "user_net_ssh_port"} == {
         o.name: o.default for o in DOMAIN.in_section("guest")}

@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from gpuvfio.guest.expect import Gates
 from tests.make_samples import sample_path
 
 libvirt = pytest.importorskip("libvirt")
@@ -80,6 +81,7 @@ def test_attach_dry_run_changes_nothing_needs_no_yes_and_lists_the_runs_steps(cl
     assert plan["steps"][0]["detail"].startswith(f"move {GPU}, {AUDIO} to vfio-pci")
     assert plan["bind"]["moving"] == [GPU, AUDIO] and "<hostdev" in plan["xml"]
     assert plan["placement"]["cells"][0]["node"] == 0 and plan["placement"]["cells"][0]["host_cpus"]
+    assert plan["verify"]["bandwidth_floor"] == Gates().to_json() and "Gen3 x16 10.8 GB/s" in Gates().to_json()
     # Nothing changed: not the tree, not the state dir (never created: no journal, no lock), not libvirt.
     assert tree_digest(workstation.root) == before
     assert not state.exists()

@@ -79,7 +79,8 @@ options:
     default: true
   link_efficiency:
     description: >-
-      Share of the slot's link each copy must reach (default 0.762: 48 GB/s at Gen5 x16).
+      Share of the slot's raw link rate each copy must reach, instead of the default floors: 90% of what
+      healthy cards of the slot's generation measure (Gen3 x16 10.8, Gen4 21.5, Gen5 47.7 GB/s).
     type: float
   min_gbps:
     description: >-
