@@ -7,12 +7,13 @@
    works, else TCG: tests/lanes/kernel.py probes it) with an emulated Intel IOMMU and
    a GPU-shaped PCI topology, where QEMU ``edu`` devices 1234:11e8 stand in for GPUs
    (0000:02:00.0 alone; 0000:41:00.0 on NUMA node 0; 0000:84:00.0 and 0000:85:00.0
-   behind an emulated PCIe switch on node 1);
+   behind an emulated PCIe switch on node 1, 0000:88:00.0 behind a second switch
+   cascaded below it);
 3. inside it, starts libvirtd and runs, printing each command and its output as it
    happens: ``gpuvfio list --all``, ``gpuvfio doctor``, the bind plan (``gpuvfio bind
    0000:02:00.0 --dry-run``), the domain XML (``gpuvfio xml ...``, also defined and
    undefined in that libvirtd), then ``gpuvfio attach ...`` of the node-0 edu and the
-   two behind the switch with the host's topology mirrored (bind to vfio-pci, define,
+   three behind the switches with the host's topology mirrored (bind to vfio-pci, define,
    start the second-level guest, wait for SSH, verify -- progress and the verification
    report), the PCI tree the second-level guest sees, and ``gpuvfio detach ...``;
 4. says how long each phase took against what it usually takes (USUAL), and how
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     phases: list[Phase] = []
     say("== gpuvfio end to end: GPU passthrough on an emulated GPU host")
     say(f"   the 'GPUs' are QEMU's edu devices (1234:11e8): {nested.EDU} for the plan and the domain XML; "
-        f"{', '.join(nested.ATTACH_DEVICES)} (node 0, then two behind one switch on node 1) passed through")
+        f"{', '.join(nested.ATTACH_DEVICES)} (node 0, then three behind the switches on node 1, one two levels down) passed through")
     say("\n== building the tiny second-level guest (busybox + dropbear; cached)")
     t = time.monotonic()
     image = gl.build_guest()

@@ -94,6 +94,10 @@ from typing import Callable, Iterable, Sequence
 #           84:00.0 edu       (NUMA node 1, behind the switch)
 #         83:01.0 xio3130-downstream sw_dn1
 #           85:00.0 edu       (NUMA node 1, behind the switch)
+#         83:02.0 xio3130-downstream sw_dn2                (a cascaded switch below it:)
+#           86:00.0 x3130-upstream sw2_up
+#             87:00.0 xio3130-downstream sw2_dn0
+#               88:00.0 edu   (NUMA node 1, two switch levels below the root port)
 #   00:13.0 pxb-pcie numa_node=0, bus_nr=0x40           (root bus 40, NUMA node 0)
 #     40:00.0 pcie-root-port rp_numa0
 #       41:00.0 edu           (NUMA node 0: the only device with a node-0 _PXM)
@@ -119,6 +123,10 @@ SWITCH_ROOT_PORT = "0000:80:01.0"  # on the node-1 expander, above the switch
 SWITCH_UPSTREAM = "0000:82:00.0"  # x3130-upstream
 SWITCH_DOWNSTREAM = ("0000:83:00.0", "0000:83:01.0")  # xio3130-downstream, one per edu
 SWITCH_EDUS = ("0000:84:00.0", "0000:85:00.0")  # edus behind the switch, NUMA node 1
+CASCADE_PORT = "0000:83:02.0"  # the switch's third downstream port, above a second switch
+CASCADE_UPSTREAM = "0000:86:00.0"  # x3130-upstream of the second level
+CASCADE_DOWNSTREAM = "0000:87:00.0"
+CASCADE_EDU = "0000:88:00.0"  # edu two switch levels below the root port, NUMA node 1
 NUMA0_EXPANDER = "0000:00:13.0"
 NUMA0_ROOT_PORT = "0000:40:00.0"
 NUMA0_EDU = "0000:41:00.0"  # edu on NUMA node 0
@@ -144,6 +152,10 @@ GPU_HOST_DEVICES: list[str] = [
     "edu,id=edu_sw0,bus=sw_dn0,addr=0x0.0",
     "xio3130-downstream,id=sw_dn1,bus=sw_up,chassis=6,slot=6,port=1,addr=0x1.0",
     "edu,id=edu_sw1,bus=sw_dn1,addr=0x0.0",
+    "xio3130-downstream,id=sw_dn2,bus=sw_up,chassis=8,slot=8,port=2,addr=0x2.0",
+    "x3130-upstream,id=sw2_up,bus=sw_dn2,addr=0x0.0",
+    "xio3130-downstream,id=sw2_dn0,bus=sw2_up,chassis=9,slot=9,port=0,addr=0x0.0",
+    "edu,id=edu_sw2,bus=sw2_dn0,addr=0x0.0",
     "pxb-pcie,id=pxb_numa0,bus=pcie.0,addr=0x13.0,bus_nr=0x40,numa_node=0",
     "pcie-root-port,id=rp_numa0,bus=pxb_numa0,chassis=7,slot=7,addr=0x0.0",
     "edu,id=edu_numa0,bus=rp_numa0,addr=0x0.0",

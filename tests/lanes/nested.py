@@ -4,13 +4,14 @@ One kernel-lane boot (tests/lanes/kernel.py: this machine's kernel under QEMU
 TCG with an emulated Intel IOMMU and a GPU-host-shaped topology) is the
 "GPU host".  In it tests/lanes/nested_guest.py starts a libvirtd and runs gpuvfio
 for real: ``xml --define`` of a domain with the edu device EDU, then ``attach`` of
-ATTACH_DEVICES -- the edu on NUMA node 0's expander and the two edus behind the
-emulated PCIe switch on node 1's -- with ``--topology mirror``: it binds them to
-vfio-pci, starts a second-level guest (QEMU TCG inside QEMU TCG, the tiny
-busybox+dropbear guest of tests/lanes/guest.py, built here on the host before the
-boot and read by the guest through its 9p root) with two NUMA cells, one
-pxb-pcie per host root complex bound to the cell of its host node and the two
-switch edus behind one emulated switch, waits for its SSH and verifies that the
+ATTACH_DEVICES -- the edu on NUMA node 0's expander, the two edus behind the
+emulated PCIe switch on node 1's and the edu behind the switch cascaded below it --
+with ``--topology mirror``: it binds them to vfio-pci, starts a second-level guest
+(QEMU TCG inside QEMU TCG, the tiny busybox+dropbear guest of tests/lanes/guest.py,
+built here on the host before the boot and read by the guest through its 9p root)
+with two NUMA cells, one pxb-pcie per host root complex bound to the cell of its
+host node and the switch edus behind emulated switches, level for level as on the
+host, waits for its SSH and verifies that the
 devices are in it; the lane then records the PCI tree the second-level guest sees
 (its lspci -t where it has one, and every device's sysfs path and numa_node), and
 ``detach``.
@@ -54,8 +55,9 @@ EDU = kl.EDU  # parts "plan" and "domain"
 EDU_IDS = kl.EDU_IDS
 # Part "attach": devices from both NUMA nodes (so the second-level guest gets two cells:
 # gpuvfio makes one per host node its devices are on; EDU has no node, q35's own root bus
-# has no _PXM), two of them under one host switch.  Host order, as gpuvfio lists them.
-ATTACH_DEVICES = (kl.NUMA0_EDU, *kl.SWITCH_EDUS)
+# has no _PXM), two of them under one host switch and one under a switch cascaded below
+# it (issue 37: every switch level mirrored).  Host order, as gpuvfio lists them.
+ATTACH_DEVICES = (kl.NUMA0_EDU, *kl.SWITCH_EDUS, kl.CASCADE_EDU)
 ATTACH_VCPUS = 2  # a multiple of the two cells; one per node of the emulated host
 ATTACH_MEMORY = "256M"  # divides between the cells
 ATTACH_TOPOLOGY = "mirror"
@@ -131,6 +133,10 @@ class NestedResult:
     def nested_tree(self) -> dict[str, "PciNode"]:
         """The second-level guest's PCI devices as it sees them, by its own address."""
         return parse_tree(self.text("nested.tree"))
+
+    def host_tree(self) -> dict[str, "PciNode"]:
+        """The emulated GPU host's PCI devices, read as the second-level guest's are."""
+        return parse_tree(self.text("host.tree"))
 
     def vfio_nodes(self, snap: str) -> set[str]:
         return set(self.files.get(snap + ".vfio", "").split())

@@ -64,18 +64,20 @@ PARTS = ("inventory", "plan", "domain", "attach")
 # Run in the second-level guest (busybox sh) over SSH: its lspci -t if it has one (busybox's
 # has no -t), then every PCI device's sysfs path, numa_node and IDs, then its NUMA nodes.
 # No fork per device (cd -P and read are builtins): forks are slow under two layers of TCG.
-NESTED_TREE_SCRIPT = r"""
-echo '== lspci -t'
-lspci -t 2>&1
-echo "== rc $?"
-echo '== tree'
+TREE_LOOP = r"""
 for d in /sys/bus/pci/devices/*; do
   cd -P "$d" || continue
   n=-; v=-; i=-; c=-
   read -r n < numa_node; read -r v < vendor; read -r i < device; read -r c < class
   echo "$PWD|$n|$v|$i|$c"
 done
-echo '== nodes'
+"""
+NESTED_TREE_SCRIPT = r"""
+echo '== lspci -t'
+lspci -t 2>&1
+echo "== rc $?"
+echo '== tree'
+""" + TREE_LOOP + r"""echo '== nodes'
 for n in /sys/devices/system/node/node*; do
   [ -e "$n/cpulist" ] || continue
   c=$(cat "$n/cpulist")  # a binary sysfs attribute: read, a byte at a time, gets nothing
@@ -339,6 +341,7 @@ def main(config: dict) -> int:
 
         run.put("host.lspci_t", capture(["lspci", "-tvnn"]))
         run.put("host.groups", capture(["sh", "-c", kl.iommu_groups_script()]))
+        run.put("host.tree", capture(["sh", "-c", TREE_LOOP]))  # as the second-level guest's is read
         if config.get("switch_port"):
             run.put("host.switch_port.lspci", capture(["lspci", "-vvv", "-s", config["switch_port"]]))
         run.say("\n== the emulated GPU host's PCI tree (lspci -tvnn)\n" + run_text(run, "host.lspci_t"))

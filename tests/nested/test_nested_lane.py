@@ -2,13 +2,16 @@
 
 In the emulated GPU host (kernel lane: real kernel, emulated Intel IOMMU, two NUMA
 nodes, QEMU edu devices 1234:11e8: one on node 0's expander, two behind an emulated
-PCIe switch on node 1's) a private libvirtd runs, and ``gpuvfio attach 0000:41:00.0
-0000:84:00.0 0000:85:00.0 --topology mirror --vcpus 2 ...`` binds them to vfio-pci,
+PCIe switch on node 1's, one behind a second switch cascaded below that one) a private
+libvirtd runs, and ``gpuvfio attach 0000:41:00.0 0000:84:00.0 0000:85:00.0 0000:88:00.0
+--topology mirror --vcpus 2 ...`` binds them to vfio-pci,
 defines and starts a second-level guest (the tiny busybox+dropbear guest of
 tests/lanes/guest.py under QEMU TCG inside QEMU TCG) with the devices passed through,
 waits for its SSH and verifies them there.  The lane then reads the PCI tree the
-second-level guest sees (issue 14: the two switch edus under one emulated switch, on
-the guest NUMA cell that mirrors host node 1); ``gpuvfio detach`` stops and undefines
+second-level guest sees (issue 14: the switch edus under one emulated switch, on the
+guest NUMA cell that mirrors host node 1; issue 37: every switch level between the root
+port and a device mirrored, so each device has the host's switch depth and each pair
+the host's shared switches); ``gpuvfio detach`` stops and undefines
 the guest and gives the devices back.  One boot for the module, shared with
 tests/nested/test_kernel_domain.py (see tests/lanes/nested.py); ~5-11 minutes on 2 cores.
 """
@@ -28,7 +31,8 @@ pytestmark = [
 ]
 
 DEVICES = list(nested.ATTACH_DEVICES)
-SINGLE, SWITCHED = kl.NUMA0_EDU, list(kl.SWITCH_EDUS)  # host node 0 alone; host node 1 behind one switch
+SINGLE = kl.NUMA0_EDU  # host node 0, on a root port alone
+SWITCHED = [*kl.SWITCH_EDUS, kl.CASCADE_EDU]  # host node 1, behind one switch (the last behind two)
 NAME = nested.NESTED_NAME
 VENDOR, DEVICE = nested.EDU_IDS
 SWITCH_UP_IDS, SWITCH_DOWN_IDS = ("104c", "8232"), ("104c", "8233")  # QEMU's x3130 / xio3130 ports
@@ -107,6 +111,13 @@ def test_emulated_host_has_the_switch_and_both_nodes(rec):
         # QEMU 7.2's xio3130-downstream has no ACS: each edu shares its group with its
         # downstream port (a bridge: the group stays viable, the port stays on pcieport).
         assert groups[group_of[edu]] <= {edu, port}, groups[group_of[edu]]
+    # The cascade's ports have no ACS either: its edu shares a group with them (bridges only).
+    cascade = groups[group_of[kl.CASCADE_EDU]]
+    assert cascade <= {kl.CASCADE_PORT, kl.CASCADE_UPSTREAM, kl.CASCADE_DOWNSTREAM, kl.CASCADE_EDU}, cascade
+    host = rec.host_tree()
+    assert [host[a].bridges[1:] for a in (kl.SWITCH_EDUS[0], kl.CASCADE_EDU)] == [
+        (kl.SWITCH_UPSTREAM, kl.SWITCH_DOWNSTREAM[0]),
+        (kl.SWITCH_UPSTREAM, kl.CASCADE_PORT, kl.CASCADE_UPSTREAM, kl.CASCADE_DOWNSTREAM)], host
 
 
 def test_devices_start_without_driver(rec):
@@ -122,8 +133,8 @@ def test_attach_steps(attach, rec):
     assert all(s["ok"] for s in attach["steps"])
     assert attach["rolled_back"] == []
     # the L1 guest's emulated switch, mirrored level for level in the L2 guest
-    assert any("below host root port" in note and "through 1 switch level(s)" in note
-               for note in attach["notes"]), attach["notes"]
+    assert any(note.startswith(f"{', '.join(SWITCHED)} are below host root port {kl.SWITCH_ROOT_PORT} through "
+                               "2 switch level(s)") for note in attach["notes"]), attach["notes"]
 
 
 def test_verify_finds_every_device_in_the_second_level_guest(attach):
@@ -173,35 +184,40 @@ def test_qemu_runs_the_devices_through_vfio(attach, rec, domain):
 
 def test_domain_mirrors_the_switch_and_the_nodes(domain):
     """What gpuvfio asked for: two cells, one pxb per host root complex bound to its cell,
-    the switch edus behind one emulated switch."""
+    the switch edus behind emulated switches as on the host: two upstream ports (the switch
+    and the one cascaded below it), four downstream ports (three of the first, one of the
+    second)."""
     cells = domain.findall("cpu/numa/cell")
     assert [c.get("id") for c in cells] == ["0", "1"]
     assert _expander_of(domain, SINGLE).findtext("target/node") == "0"
     for address in SWITCHED:
         assert _expander_of(domain, address).findtext("target/node") == "1"
     models = [c.get("model") for c in domain.iter("controller")]
-    assert models.count("pcie-switch-upstream-port") == 1 and models.count("pcie-switch-downstream-port") == 2
+    assert models.count("pcie-switch-upstream-port") == 2 and models.count("pcie-switch-downstream-port") == 4
 
 
 def test_second_level_guest_sees_one_switch_on_the_mirrored_node(tree, domain, rec):
     """Issue 14: in the second-level guest the two switch edus hang from one upstream port (their
     grandparent bridge), each below its own downstream port, on the NUMA node of the cell
-    that mirrors host node 1; the third edu sits on a root port of its own, on node 0."""
+    that mirrors host node 1; the cascaded edu below a second switch on the same node; the
+    node-0 edu on a root port of its own, on node 0."""
     edus = _edus(tree)
-    assert len(edus) == 3, tree
+    assert len(edus) == 4, tree
     by_grandparent: dict[str, list[nested.PciNode]] = {}
     for edu in edus:
         assert len(edu.bridges) >= 1, edu
         by_grandparent.setdefault(edu.path[-3], []).append(edu)
     shared = [group for group in by_grandparent.values() if len(group) == 2]
     assert len(shared) == 1, by_grandparent
-    switched = shared[0]
-    (single,) = [e for e in edus if e not in switched]
+    (single,) = [e for e in edus if len(e.bridges) == 1]
+    (cascaded,) = [e for e in edus if len(e.bridges) == 5]
+    switched = shared[0] + [cascaded]
     upstream = tree[switched[0].path[-3]]
     assert (upstream.vendor, upstream.device) == SWITCH_UP_IDS, upstream
-    downstream = {e.path[-2] for e in switched}
+    downstream = {e.path[-2] for e in shared[0]}
     assert len(downstream) == 2 and all((tree[d].vendor, tree[d].device) == SWITCH_DOWN_IDS for d in downstream)
     assert len(switched[0].bridges) == 3  # root port -> upstream -> downstream
+    assert cascaded.bridges[:2] == switched[0].bridges[:2]  # the cascade hangs from the same switch
     assert len(single.bridges) == 1 and single.path[-3].startswith("pci")  # a root port on a root bus
     assert tree[single.path[-2]].class_id.startswith("0604")
     # NUMA: the node the guest gives them is the cell gpuvfio bound their pxb to.
@@ -213,6 +229,36 @@ def test_second_level_guest_sees_one_switch_on_the_mirrored_node(tree, domain, r
     assert single.root_bus == f"0000:{int(single_pxb.find('target').get('busNr')):02x}"
     nodes = dict(line.split("|", 1) for line in rec.text("nested.nodes").splitlines() if "|" in line)
     assert sorted(nodes) == ["node0", "node1"], nodes
+
+
+def _shape(nodes: list[nested.PciNode], tree: dict[str, nested.PciNode]) -> tuple[list, list]:
+    """Where devices sit, whatever their addresses: each one's chain of bridges as
+    (vendor, device) ids from its root port down, and for each pair the bridges they share."""
+    chains = sorted(tuple((tree[b].vendor, tree[b].device) for b in n.bridges) for n in nodes)
+    shared = []
+    for i, one in enumerate(nodes):
+        for other in nodes[i + 1:]:
+            common = 0
+            if one.root_bus == other.root_bus:
+                while common < min(len(one.bridges), len(other.bridges)) and \
+                        one.bridges[common] == other.bridges[common]:
+                    common += 1
+            shared.append((min(len(one.bridges), len(other.bridges)), max(len(one.bridges), len(other.bridges)),
+                           common))
+    return chains, sorted(shared)
+
+
+def test_second_level_guest_has_the_hosts_switch_depth(tree, rec):
+    """Issue 37: the kernel of the second-level guest sees every passed-through device at the
+    host's switch depth, below the same kinds of ports (QEMU's root port, x3130 upstream and
+    xio3130 downstream ports on both levels), and each pair shares as many bridges as on the
+    host: the cascaded edu two switch levels down, sharing the root port and the first
+    switch's upstream port with the other two. (Read from sysfs: busybox's lspci has no -t.)"""
+    host = rec.host_tree()
+    assert _shape([host[a] for a in DEVICES], host) == _shape(_edus(tree), tree), (
+        rec.text("host.lspci_t"), rec.files.get("nested.lspci_t"))
+    chains, shared = _shape([host[a] for a in DEVICES], host)
+    assert max(len(c) for c in chains) == 5 and (3, 5, 2) in shared  # the cascade is there to compare
 
 
 def test_libvirt_gave_qemu_the_group_nodes(attach, rec):
