@@ -36,7 +36,7 @@ def global_options(
 def list_cmd(
     addresses: Annotated[Optional[list[str]], typer.Argument(metavar="DEVICE")] = None,
     device_ids: Annotated[Optional[list[str]], typer.Option("--device-id", "-d")] = None,
-    show_all: Annotated[bool, typer.Option("--all")] = False,
+    all: Annotated[bool, typer.Option("--all")] = False,  # gpuvfio.options RUN "all"
     output_format: Annotated[Optional[str], typer.Option("--format", metavar="FORMAT")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     root: Annotated[Optional[str], typer.Option("--root", envvar="GPUVFIO_ROOT", metavar="DIR")] = None,

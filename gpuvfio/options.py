@@ -283,8 +283,8 @@ RUN = OptionSet(
            "GPUVFIO_ALLOW_UNSAFE_URI=1. none asks no libvirt: what can do without it goes on without (bind, "
            "unbind, reset, vgpu list and the device module do not ask which domains use the devices; xml "
            "without --define, verify with --ssh-host), what needs it refuses none.",
-           metavar="URI", cli=CLI_DOMAIN_COMMANDS + ("bind", "unbind", "reset", "vgpu list", "testbed plan",
-                                                     "testbed run"),
+           metavar="URI", cli=CLI_DOMAIN_COMMANDS + ("bind", "unbind", "reset", "health", "vgpu list",
+                                                     "testbed plan", "testbed run"),
            ansible=MODULES + DEVICE, spec=RUN_SPEC, aliases=("uri", "libvirt_uri")),
     Option("stop_services", "bool", "Stop NVIDIA services that hold the GPU while binding (nvidia-persistenced, "
            "fabricmanager, DCGM); restore restarts them.", False, cli=("attach", "bind"), ansible=DOM + DEVICE,
@@ -306,6 +306,8 @@ RUN = OptionSet(
     Option("stop_timeout", "float", "Seconds for the guest's ACPI shutdown before it is destroyed (0: destroyed "
            "at once).", 60.0, minimum=0, maximum=SECONDS, metavar="SECONDS", cli=("detach",), ansible=DOM,
            spec=RUN_SPEC, old_flags=("--timeout",)),
+    Option("all", "bool", "Not only NVIDIA's functions: list shows every PCI function, health also every function "
+           "on vfio-pci.", False, cli=("list", "health")),
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)

@@ -37,6 +37,14 @@ class Node:
     function: "Function | None" = None
 
 
+# The bits drivers/pci/pcie/aer.c (Linux 6.1) names, in bit order: aer_correctable_error_string
+# and aer_uncorrectable_error_string.
+AER_COR_BITS = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF")
+AER_UNCOR_BITS = ("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF",
+                  "MalfTLP", "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked",
+                  "TLPBlockedErr", "PoisonTLPBlocked")
+
+
 @dataclass
 class Function:
     address: PciAddress
@@ -503,6 +511,26 @@ class HostBuilder:
             path = self._class_link("drm", f"{card}-{connector}", os.path.join(cpath, f"{card}-{connector}"))
             _write(os.path.join(path, "enabled"), ("enabled" if lit else "disabled") + "\n")
             _write(os.path.join(path, "status"), ("connected" if lit else "disconnected") + "\n")
+
+    # -- PCIe health ----------------------------------------------------------------------
+    def aer(self, fn: "Function", *, correctable: dict[str, int] | None = None,
+            nonfatal: dict[str, int] | None = None, fatal: dict[str, int] | None = None) -> None:
+        """The three AER counter files as drivers/pci/pcie/aer.c (Linux 6.1) writes them: every
+        named bit of the severity with its count, then the total (each error counted once, as
+        the kernel's total counts error reports)."""
+        for name, bits, counts, total in (
+                ("aer_dev_correctable", AER_COR_BITS, correctable or {}, "TOTAL_ERR_COR"),
+                ("aer_dev_nonfatal", AER_UNCOR_BITS, nonfatal or {}, "TOTAL_ERR_NONFATAL"),
+                ("aer_dev_fatal", AER_UNCOR_BITS, fatal or {}, "TOTAL_ERR_FATAL")):
+            assert set(counts) <= set(bits), counts
+            lines = [f"{bit} {counts.get(bit, 0)}\n" for bit in bits]
+            _write(os.path.join(fn.path, name), "".join(lines) + f"{total} {sum(counts.values())}\n")
+
+    def off_the_bus(self, fn: "Function") -> None:
+        """What a function that fell off the bus reads: config space all ones (its sysfs
+        attributes keep what the kernel read at enumeration)."""
+        with open(os.path.join(fn.path, "config"), "wb") as handle:
+            handle.write(b"\xff" * 256)
 
     # -- processes ------------------------------------------------------------------------
     def holder(self, pid: int, comm: str, device_nodes: list[str]) -> None:

@@ -3,17 +3,15 @@ dump-host are in gpuvfio.cli.readiness."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
 from gpuvfio.cli.lazy import command_typer
+from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.output import Cell, Column, FormatOption, Listing, chosen_format, print_listing
 from gpuvfio.ops.context import open_context
 from gpuvfio.ops.inventory import FunctionIndex, ListReport, list_report
 from gpuvfio.ops.selection import check_devices, resolve
+from gpuvfio.options import RUN
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
@@ -78,10 +76,11 @@ def list_listing(report: ListReport, title: str) -> Listing:
 
 
 @commands.command("list")
+@from_table
 def list_cmd(
     addresses: Devices = None,
     device_ids: DeviceIds = None,
-    show_all: Annotated[bool, typer.Option("--all", help="Every PCI function, not only NVIDIA.")] = False,
+    run: dict = options(RUN, "list"),
     output_format: FormatOption = None,
     as_json: JsonOption = False,
     root: RootOption = None,
@@ -89,6 +88,7 @@ def list_cmd(
     """Inventory: NVIDIA devices (or --all) with IOMMU group, viability, driver, NUMA node, PCIe link
     and largest BAR."""
     check_devices(addresses, device_ids, required=False)
+    show_all = run["all"]
     fmt = chosen_format(output_format, as_json)
     with open_context(root_of(root)) as (ctx, label):
         index = FunctionIndex(ctx.host)  # ids and groups of every function, read once for both

@@ -57,6 +57,9 @@ COMMANDS: dict[str, Entry] = {
     "list": Entry("gpuvfio.cli.inventory", "commands", "Inventory: NVIDIA devices (or --all) with IOMMU group, "
                   "viability, driver, NUMA node, PCIe link and largest BAR."),
     "doctor": Entry("gpuvfio.cli.readiness", "commands", "Host readiness checks for passthrough, each with a fix."),
+    "health": Entry("gpuvfio.cli.health", "commands", "PCIe health of the GPUs (and what is on vfio-pci, with --all) "
+                    "and the ports above them: AER errors, the link, config space, a broken return, the domain "
+                    "that holds each; exit 1 when one is degraded or failed."),
     "dump-host": Entry("gpuvfio.cli.readiness", "commands", "Record what gpuvfio reads from this host into a text "
                        "fixture (bug reports, tests)."),
     "topo": Entry("gpuvfio.cli.topology", "commands", "GPU/NIC matrix like nvidia-smi topo -m (X, PIX, PXB, PHB, "

@@ -17,7 +17,6 @@ from typing import Annotated, Optional
 import typer
 
 from gpuvfio.errors import InputError
-from gpuvfio.ops.uris import NO_LIBVIRT
 from gpuvfio.options import Option, OptionSet, checked, cli_flag
 
 

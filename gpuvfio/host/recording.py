@@ -31,7 +31,7 @@ PCI_ATTRS = (
     "irq", "numa_node", "local_cpulist", "resource", "modalias", "driver_override",
     "current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
     "sriov_totalvfs", "sriov_numvfs", "boot_vga", "reset_method", "enable", "power_state", "d3cold_allowed",
-    "power/control",
+    "power/control", "aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal",
 )
 PCI_LINKS = ("driver", "iommu_group", "physfn")
 MDEV_TYPE_ATTRS = ("name", "available_instances", "device_api", "description")

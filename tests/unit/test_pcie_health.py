@@ -1,0 +1,199 @@
+"""gpuvfio health (issue 38 item 1): the PCIe health of the devices the host hands out, from
+the kernel's own counters (AER files as drivers/pci/pcie/aer.c writes them, built by
+tests/hostbuilder.py), config space and the link, rated ok / degraded / failed. (The reset
+and return paths of device health: test_health.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuvfio.address import PciAddress
+from gpuvfio.host.aer import AerError, Severity, parse_counts
+from tests.conftest import gpu_workstation
+from tests.hostbuilder import AER_COR_BITS
+
+GPU, AUDIO, SMALL_GPU = "0000:01:00.0", "0000:01:00.1", "0000:04:00.0"
+PORT, SMALL_PORT = "0000:00:01.0", "0000:00:1c.4"
+
+
+def host(tmp_path, *, aer: bool = True):
+    """The workstation with AER counters on every PCIe function (all zero)."""
+    b = gpu_workstation(tmp_path / "host")
+    if aer:
+        for address in (GPU, AUDIO, SMALL_GPU, "0000:04:00.1", PORT, SMALL_PORT):
+            b.aer(b.functions[PciAddress.parse(address)])
+    return b
+
+
+def fn(b, address: str):
+    return b.functions[PciAddress.parse(address)]
+
+
+def devices(result) -> dict[str, dict]:
+    return {d["address"]: d for d in result.json()["devices"]}
+
+
+def findings(device: dict, check: str) -> list[tuple[str, str]]:
+    return [(f["status"], f["message"]) for f in device["findings"] if f["check"] == check]
+
+
+def test_a_healthy_host_is_ok_and_exits_0(cli, tmp_path):
+    b = host(tmp_path)
+    result = cli("--root", b.root, "health", "--json")
+    assert result.code == 0, result.out + result.err
+    report = result.json()
+    assert report["ok"] is True and [d["address"] for d in report["devices"]] == [GPU, AUDIO, SMALL_GPU,
+                                                                                   "0000:04:00.1"]
+    assert all(d["status"] == "ok" for d in report["devices"])
+    assert findings(devices(result)[GPU], "aer") == [("ok", "no AER errors since boot")]
+    text = cli("--root", b.root, "health")
+    assert text.code == 0 and text.out.startswith("device health on ") and f"{GPU} ok (driver nvidia)" in text.out
+
+
+def test_a_fatal_error_fails_the_device_and_names_its_kinds(cli, tmp_path):
+    b = host(tmp_path)
+    b.aer(fn(b, GPU), fatal={"MalfTLP": 1, "CmpltTO": 2}, correctable={"BadTLP": 5})
+    result = cli("--root", b.root, "health", "--json")
+    assert result.code == 1
+    gpu = devices(result)[GPU]
+    assert gpu["status"] == "failed"
+    assert ("failed", "3 fatal error(s) (CmpltTO 2, MalfTLP 1) since boot") in findings(gpu, "aer")
+    assert ("ok", "5 correctable error(s) (BadTLP 5) since boot") in findings(gpu, "aer")
+    assert gpu["aer"]["self"]["fatal"] == {"total": 3, "kinds": {"CmpltTO": 2, "MalfTLP": 1}}
+    assert devices(result)[SMALL_GPU]["status"] == "ok"  # the other GPU is not touched
+
+
+def test_errors_at_the_port_above_count_for_the_device_below(cli, tmp_path):
+    """The kernel counts a link's errors where they were seen: often the root port, not the GPU
+    (Documentation/ABI/testing/sysfs-bus-pci-devices-aer-stats)."""
+    b = host(tmp_path)
+    b.aer(fn(b, PORT), nonfatal={"UnsupReq": 1})
+    result = cli("--root", b.root, "health", GPU, "--json")
+    assert result.code == 1
+    gpu = devices(result)[GPU]
+    assert gpu["status"] == "degraded"
+    assert findings(gpu, "port_aer") == [("degraded", f"its port {PORT}: 1 nonfatal error(s) (UnsupReq 1) since boot")]
+    assert gpu["aer"][PORT]["nonfatal"]["total"] == 1
+
+
+def test_a_link_that_lost_lanes_is_degraded_a_slower_one_is_not(cli, tmp_path):
+    b = host(tmp_path)
+    _link(b, GPU, "16.0 GT/s PCIe", 8)  # trained to x8 of x16: lanes lost
+    _link(b, SMALL_GPU, "2.5 GT/s PCIe", 4)  # Gen1 of Gen4: idle
+    result = cli("--root", b.root, "health", "--json")
+    got = devices(result)
+    assert findings(got[GPU], "link") == [("degraded", "trained to x8: the device and its slot allow x16 Gen4 "
+                                                       "(lanes lost)")]
+    assert got[GPU]["status"] == "degraded" and result.code == 1
+    assert findings(got[SMALL_GPU], "link")[0][0] == "ok" and got[SMALL_GPU]["status"] == "ok"
+    assert "lower the link speed while idle" in findings(got[SMALL_GPU], "link")[0][1]
+    _link(b, SMALL_GPU, "2.5 GT/s PCIe", 0)
+    assert findings(devices(cli("--root", b.root, "health", "--json"))[SMALL_GPU], "link") == [
+        ("failed", "the link is down (width 0)")]
+
+
+def _link(b, address: str, speed: str, width: int) -> None:
+    path = fn(b, address).path
+    with open(f"{path}/current_link_speed", "w") as handle:
+        handle.write(speed + "\n")
+    with open(f"{path}/current_link_width", "w") as handle:
+        handle.write(f"{width}\n")
+
+
+def test_a_gpu_off_the_bus_is_failed_and_listed_never_left_out(cli, tmp_path):
+    b = host(tmp_path)
+    b.off_the_bus(fn(b, GPU))
+    result = cli("--root", b.root, "health", "--json")
+    gpu = devices(result)[GPU]
+    assert result.code == 1 and gpu["status"] == "failed"
+    assert findings(gpu, "config")[0] == ("failed", "config space reads 0xffff while bound to nvidia: the device "
+                                                    "fell off the bus (or sits in D3cold and does not come back)")
+    listed = cli("--root", b.root, "list", "--json")
+    assert GPU in json.dumps(listed.json())  # list shows it too
+
+
+def test_a_device_back_broken_from_its_guest_is_failed(cli, tmp_path, monkeypatch):
+    b = host(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(state))
+    (state / "journal.json").write_text(json.dumps({"version": 1, "devices": {}, "broken": {
+        GPU: {"reason": "config space reads 0xffff after the guest", "since": 1.0}}}))
+    result = cli("--root", b.root, "health", GPU, "--json")
+    assert result.code == 1
+    assert findings(devices(result)[GPU], "journal") == [
+        ("failed", f"came back broken from its last guest (config space reads 0xffff after the guest); "
+                   f"gpuvfio reset {GPU}")]
+
+
+def test_without_aer_counters_health_cannot_vouch(cli, tmp_path):
+    """Fail closed: no counters (pci=noaer, no CONFIG_PCIEAER) is not 'no errors'."""
+    b = host(tmp_path, aer=False)
+    result = cli("--root", b.root, "health", GPU, "--json")
+    assert result.code == 1
+    gpu = devices(result)[GPU]
+    assert gpu["status"] == "degraded" and findings(gpu, "aer")[0][0] == "unknown"
+
+
+def test_all_adds_what_is_on_vfio_pci(cli, tmp_path):
+    b = host(tmp_path)
+    b.bind(PciAddress.parse("0000:03:00.0"), "vfio-pci", fn(b, "0000:03:00.0").path)
+    b.aer(fn(b, "0000:03:00.0"))
+    without = [d["address"] for d in cli("--root", b.root, "health", "--json").json()["devices"]]
+    with_all = [d["address"] for d in cli("--root", b.root, "health", "--all", "--json").json()["devices"]]
+    assert "0000:03:00.0" not in without and "0000:03:00.0" in with_all
+
+
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path):
+    b = host(tmp_path)
+    result = cli("--root", b.root, "health", "0000:09:00.0")
+    assert result.code == 2 and result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+@pytest.mark.parametrize("text, words", [
+    ("RxErr 0\nBadTLP 1", "no TOTAL_ERR_COR line at its end"),
+    ("RxErr 0\nTOTAL_ERR_COR 1\nBadTLP 2", "no TOTAL_ERR_COR line at its end"),
+    ("RxErr 0\nRxErr 1\nTOTAL_ERR_COR 1", "RxErr twice"),
+    ("RxErr 99999999999999999999\nTOTAL_ERR_COR 1", "a count over 64 bits"),
+    ("Rx Err 0\nTOTAL_ERR_COR 0", "line 1 is not NAME COUNT"),
+    ("RxErr -1\nTOTAL_ERR_COR 0", "line 1 is not NAME COUNT"),
+    ("RxErr 1\r\nTOTAL_ERR_COR 1", "line 1 is not NAME COUNT"),
+    ("\n".join(f"Bit{i} 0" for i in range(40)) + "\nTOTAL_ERR_COR 0", "41 lines"),
+    ("", "no TOTAL_ERR_COR line at its end"),
+])
+def test_an_aer_file_not_of_the_kernels_form_is_refused_whole(text, words):
+    with pytest.raises(AerError, match=words):
+        parse_counts(Severity.CORRECTABLE, text)
+
+
+def test_the_kernels_form_is_read_with_its_nameless_bits():
+    text = "".join(f"{bit} 0\n" for bit in AER_COR_BITS) + "dev_cor_errs_bit[9] 2\nTOTAL_ERR_COR 2\n"
+    counts = parse_counts(Severity.CORRECTABLE, text.strip())
+    assert counts.total == 2 and counts.kinds == (("dev_cor_errs_bit[9]", 2),)
+
+
+def test_a_malformed_counter_file_is_unknown_not_ok(cli, tmp_path):
+    b = host(tmp_path)
+    with open(f"{fn(b, GPU).path}/aer_dev_fatal", "w") as handle:
+        handle.write("TOTAL_ERR_FATAL 0\n\x1b[2Jgarbage\n")
+    result = cli("--root", b.root, "health", GPU, "--json")
+    gpu = devices(result)[GPU]
+    assert result.code == 1 and gpu["status"] == "degraded"
+    (status, message), = findings(gpu, "aer")
+    assert status == "unknown" and "\x1b" not in message
+
+
+def test_a_recording_keeps_the_counters_and_health_reads_them_the_same(cli, tmp_path):
+    """dump-host records the AER files (gpuvfio.host.recording.PCI_ATTRS): a bug report's
+    recording says what the live host said."""
+    b = host(tmp_path)
+    b.aer(fn(b, PORT), correctable={"RxErr": 7, "BadDLLP": 1}, fatal={"DLP": 1})
+    out = tmp_path / "ws.host"
+    assert cli("--root", b.root, "dump-host", str(out)).code == 0
+    live = cli("--root", b.root, "health", "--json")
+    recorded = cli("--root", str(out), "health", "--json")
+    assert live.code == recorded.code == 1
+    assert [d["findings"] for d in recorded.json()["devices"]] == [d["findings"] for d in live.json()["devices"]]
+    assert devices(recorded)[GPU]["status"] == "failed"
