@@ -24,6 +24,7 @@ from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.model import PciFunction
+from gpuvfio.host.pcie_health import Rating, device_health
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
                                  nvidia_holders, nvidia_minor, running_services)
 from gpuvfio.host.root import HostRoot
@@ -33,6 +34,7 @@ VFIO_DRIVER = "vfio-pci"
 
 
 OK, REFUSE, WARN, SKIP = CheckStatus.OK, CheckStatus.REFUSE, CheckStatus.WARN, CheckStatus.SKIP
+PLAN_FINDINGS = ("aer", "port_aer", "link")  # of host.pcie_health's; config and the journal: below
 
 
 class BindStatus(str, Enum):
@@ -151,7 +153,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
     for address in moving:
         _moving_checks(host, kernel, fns[address], address not in addresses, checks)
-    _health_checks(fns, broken or {}, checks)
+    _health_checks(host, inventory, fns, broken or {}, checks)
     _domain_checks(libvirt, devices, checks)
     steps = _vfio_module_steps(host, kernel, moving, checks) + _move_steps(host, fns, moving, services.units)
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
@@ -193,9 +195,13 @@ def _group_checks(inventory: Inventory, kernel: KernelInfo, addresses: list[PciA
     return endpoints
 
 
-def _health_checks(fns: dict[PciAddress, PciFunction], broken: dict, checks: list[Check]) -> None:
+def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, PciFunction], broken: dict,
+                   checks: list[Check]) -> None:
     """A device the journal marks as having come back broken from its last guest (``broken``,
-    until gpuvfio reset) or one that does not answer config space refuses the bind: dead, not free."""
+    until gpuvfio reset) or one that does not answer config space refuses the bind: dead, not free.
+    What ``gpuvfio health`` finds in its AER counters, its ports' and its link (host.pcie_health)
+    refuses it when failed (--force overrides: the admin may bind a device to test it) and warns
+    when degraded; counters that cannot be read say nothing here (health reports them)."""
     for address, fn in fns.items():
         health = fn.health
         if str(address) in broken:
@@ -204,6 +210,11 @@ def _health_checks(fns: dict[PciAddress, PciFunction], broken: dict, checks: lis
         elif health is not None and health.alive is False:
             checks.append(Check("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
                                     "dead, not free"))
+        for finding in device_health(host, inventory, fn, {}).findings:
+            if finding.check in PLAN_FINDINGS and finding.status in (Rating.FAILED, Rating.DEGRADED):
+                failed = finding.status is Rating.FAILED
+                checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}"
+                                    + (" (--force to proceed)" if failed else ""), overridable=failed))
 
 
 def _vfio_module_steps(host: HostRoot, kernel: KernelInfo, moving: list[PciAddress],

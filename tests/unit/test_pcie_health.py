@@ -197,3 +197,35 @@ def test_a_recording_keeps_the_counters_and_health_reads_them_the_same(cli, tmp_
     assert live.code == recorded.code == 1
     assert [d["findings"] for d in recorded.json()["devices"]] == [d["findings"] for d in live.json()["devices"]]
     assert devices(recorded)[GPU]["status"] == "failed"
+
+
+def test_a_bind_plan_refuses_a_failed_device_and_warns_on_a_degraded_one(cli, tmp_path):
+    """Issue 38 item 3: a device with fatal AER errors is refused (--force overrides, the admin
+    may bind it to test it), one whose port logged a non-fatal error is a warning; a device
+    without counters plans as before (health says what it cannot read)."""
+    b = host(tmp_path)
+    b.driver("vfio-pci")
+    plain = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
+    assert plain.code == 0 and not [c for c in plain.json()["checks"] if c["id"] == "health"]
+    b.aer(fn(b, GPU), fatal={"CmpltTO": 1})
+    refused = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
+    assert refused.code == 1 and refused.json()["result"] == "refused"
+    (health,) = [c for c in refused.json()["checks"] if c["id"] == "health"]
+    assert health["status"] == "refuse" and health["message"] == (
+        f"{GPU}: 1 fatal error(s) (CmpltTO 1) since boot (--force to proceed)")
+    assert cli("--root", b.root, "bind", GPU, "--dry-run", "--force", "--json").code == 0
+    b.aer(fn(b, GPU))
+    b.aer(fn(b, PORT), nonfatal={"UnsupReq": 2})
+    warned = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
+    assert warned.code == 0
+    assert [(c["status"], c["message"]) for c in warned.json()["checks"] if c["id"] == "health"] == [
+        ("warn", f"{GPU}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot"),
+        ("warn", f"{AUDIO}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot")]
+
+
+def test_persist_refuses_a_failed_device_as_bind_does(cli, tmp_path):
+    b = host(tmp_path)
+    b.driver("vfio-pci")
+    b.aer(fn(b, PORT), fatal={"SDES": 1})
+    result = cli("--root", b.root, "persist", GPU, "--dry-run", "--json")
+    assert result.code == 1 and "1 fatal error(s) (SDES 1) since boot" in result.err

@@ -1,0 +1,149 @@
+"""A device's PCIe health as the host sees it, rated: what ``gpuvfio health`` reports
+(gpuvfio.ops.health) and what a bind's plan refuses or warns about (gpuvfio.bind.plan).
+
+For one function and the ports above it:
+
+* config space: a function whose vendor ID reads 0xffff has fallen off the bus (or sits in
+  D3cold and does not come back) -- failed, and reported, never left out;
+* the journal's mark of a device that came back broken from its last guest -- failed until
+  ``gpuvfio reset``;
+* the AER counters of the device and of every port between it and its root port
+  (gpuvfio.host.aer): fatal errors fail it, non-fatal ones degrade it, correctable ones are
+  reported with their kinds;
+* the link: a width below what the device and its slot both allow degrades it (a lane lost
+  stays lost); a lower speed alone does not, since GPUs lower the link speed while idle
+  (``verify`` measures it under load); a link that reads width 0 is down -- failed.
+
+A check that could not run (no AER counters, an unreadable config space) is ``unknown``, and a
+device with an unknown finding is rated degraded: health vouches only for what it read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gpuvfio.address import PciAddress
+from gpuvfio.errors import GpuvfioError
+from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer
+from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.model import PciFunction
+from gpuvfio.host.root import HostRoot
+
+__all__ = ["Rating", "Finding", "DeviceHealth", "device_health"]
+
+
+class Rating(str, Enum):
+    OK = "ok"
+    UNKNOWN = "unknown"  # a finding only: the check could not run
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+
+RANK = {Rating.OK: 0, Rating.UNKNOWN: 1, Rating.DEGRADED: 1, Rating.FAILED: 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str  # config, journal, aer, port_aer, link, libvirt
+    status: Rating
+    message: str
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "status": self.status.value, "message": self.message}
+
+
+@dataclass
+class DeviceHealth:
+    address: PciAddress
+    driver: str | None
+    findings: list[Finding] = field(default_factory=list)
+    domains: list[str] | None = None  # None: libvirt not asked or not answering
+    aer: dict[str, dict[Severity, AerCounts]] = field(default_factory=dict)  # "self" or a port's address
+
+    @property
+    def status(self) -> Rating:
+        worst = max((f.status for f in self.findings), key=RANK.__getitem__, default=Rating.OK)
+        return Rating.DEGRADED if worst is Rating.UNKNOWN else worst
+
+    def to_json(self) -> dict:
+        return {"address": str(self.address), "status": self.status.value, "driver": self.driver,
+                "domain": ", ".join(self.domains) if self.domains else None, "domains": self.domains,
+                "findings": [f.to_json() for f in self.findings],
+                "aer": {where: {s.value: c.to_json() for s, c in counts.items()} for where, counts in self.aer.items()}}
+
+
+def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict) -> DeviceHealth:
+    """One function's findings: config space, the journal's mark, its AER counters and its
+    ports', its link."""
+    device = DeviceHealth(fn.address, fn.driver)
+    device.findings += _config_findings(fn, broken)
+    _aer_findings(host, device, fn.address, None)
+    for port in fn.parents:
+        _aer_findings(host, device, port, inventory.functions.get(port))
+    device.findings += _link_findings(inventory, fn)
+    return device
+
+
+def _config_findings(fn: PciFunction, broken: dict) -> list[Finding]:
+    out = []
+    alive = fn.health.alive if fn.health else None
+    if alive is False:
+        bound = f" while bound to {fn.driver}" if fn.driver else ""
+        out.append(Finding("config", Rating.FAILED, f"config space reads 0xffff{bound}: the device fell off the bus "
+                                                    "(or sits in D3cold and does not come back)"))
+    elif alive is None:
+        out.append(Finding("config", Rating.UNKNOWN, "config space could not be read"))
+    else:
+        out.append(Finding("config", Rating.OK, "config space answers"))
+    mark = broken.get(str(fn.address))
+    if mark is not None:
+        out.append(Finding("journal", Rating.FAILED, f"came back broken from its last guest "
+                                                     f"({mark.get('reason', '?')}); gpuvfio reset {fn.address}"))
+    return out
+
+
+def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, port: PciFunction | None) -> None:
+    """The findings of the counters of ``address``: the device itself (``port`` None) or a port
+    above it, which counts the errors of the link it shares with the device below."""
+    where = "self" if port is None else str(address)
+    who = "" if port is None else f"its port {address}: "
+    check = "aer" if port is None else "port_aer"
+    try:
+        counts = read_aer(host, address)
+    except (AerError, GpuvfioError) as exc:
+        device.findings.append(Finding(check, Rating.UNKNOWN, f"{who}AER counters unreadable: {exc}"))
+        return
+    if counts is None:
+        if port is None:
+            device.findings.append(Finding(check, Rating.UNKNOWN, "no AER counters (no AER capability, or a "
+                                                                  "kernel without CONFIG_PCIEAER or with pci=noaer)"))
+        return
+    device.aer[where] = counts
+    for severity, rating in ((Severity.FATAL, Rating.FAILED), (Severity.NONFATAL, Rating.DEGRADED),
+                             (Severity.CORRECTABLE, Rating.OK)):
+        if counts[severity].total:
+            device.findings.append(Finding(check, rating, who + counts[severity].describe() + " since boot"))
+    if port is None and not any(c.total for c in counts.values()):
+        device.findings.append(Finding(check, Rating.OK, "no AER errors since boot"))
+
+
+def _link_findings(inventory: Inventory, fn: PciFunction) -> list[Finding]:
+    """The link against what the device and the port above it both allow."""
+    link = fn.link
+    if link is None or link.current_width is None or link.max_width is None:
+        return [Finding("link", Rating.UNKNOWN, "no link reading")] if fn.is_nvidia_gpu else []
+    if link.current_width == 0:
+        return [Finding("link", Rating.FAILED, "the link is down (width 0)")]
+    port = inventory.functions.get(fn.parents[-1]) if fn.parents else None
+    width, gen = link.max_width, link.max_gen
+    if port is not None and port.link is not None:
+        width = min(width, port.link.max_width or width)
+        gen = min(gen, port.link.max_gen or gen) if gen else port.link.max_gen
+    slot = f"the device and its slot allow x{width}" + (f" Gen{gen}" if gen else "")
+    if link.current_width < width:
+        return [Finding("link", Rating.DEGRADED, f"trained to x{link.current_width}: {slot} (lanes lost)")]
+    if gen and link.current_gen and link.current_gen < gen:
+        return [Finding("link", Rating.OK, f"x{link.current_width} at Gen{link.current_gen} of Gen{gen}: GPUs "
+                                           "lower the link speed while idle; verify measures it under load")]
+    return [Finding("link", Rating.OK, f"{link.describe()}, as {slot}")]
