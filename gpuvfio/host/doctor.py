@@ -16,6 +16,7 @@ from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import VFIO_MODULES, KernelInfo
 from gpuvfio.host.model import NumaNode
 from gpuvfio.host.nvidia import nvidia_holders
+from gpuvfio.host.pcie_health import Rating, device_health
 
 __all__ = ["Check", "OK", "WARN", "FAIL", "SKIP", "run_doctor"]
 
@@ -215,13 +216,15 @@ def check_gpu_groups(inventory: Inventory) -> Check:
                  "move the GPU to a CPU-attached slot with its own group; do not use pcie_acs_override")
 
 
-def check_device_health(inventory: Inventory) -> Check:
+def check_device_health(host: HostRoot, inventory: Inventory) -> Check:
     """The GPUs and the functions on vfio-pci: do they answer, can the kernel reset them, can they
-    drop into D3cold while idle (see gpuvfio.host.health)."""
+    drop into D3cold while idle (see gpuvfio.host.health), and what ``gpuvfio health`` finds in
+    their AER counters, their ports' and their links (gpuvfio.host.pcie_health)."""
     watched = [f for f in inventory.functions.values()
                if f.health is not None and (f.is_nvidia_gpu or f.driver == "vfio-pci")]
     if not watched:
         return Check("device_health", SKIP, "no GPU and no function on vfio-pci")
+    failed, degraded, uncounted = _pcie_findings(host, inventory, watched)
     dead, no_reset, d3cold, fixes = [], [], [], []
     for fn in sorted(watched, key=lambda f: f.address):
         health = fn.health
@@ -232,7 +235,10 @@ def check_device_health(inventory: Inventory) -> Check:
         if (health.d3cold_allowed and fn.driver == "vfio-pci") or health.power_state == "D3cold":
             d3cold.append(f"{fn.address}" + (" (in D3cold now)" if health.power_state == "D3cold" else ""))
             fixes.append(f"echo 0 > /sys/bus/pci/devices/{fn.address}/d3cold_allowed")
-    problems = []
+    problems = failed + degraded
+    if uncounted:
+        problems.append(f"{', '.join(uncounted)}: no AER counters, so PCIe errors cannot be seen (no AER "
+                        "capability, or a kernel without CONFIG_PCIEAER or with pci=noaer)")
     if dead:
         problems.append(f"{', '.join(dead)} do(es) not answer config space (vendor ID 0xffff): dead, not free")
     if no_reset:
@@ -241,13 +247,35 @@ def check_device_health(inventory: Inventory) -> Check:
         problems.append(f"{', '.join(d3cold)} may enter D3cold while idle on vfio-pci, and some GPUs do not "
                         "come back from it")
     if not problems:
-        return Check("device_health", OK, f"{len(watched)} function(s) answer, have a reset method and stay "
-                                          "out of D3cold")
+        return Check("device_health", OK, f"{len(watched)} function(s) answer, have a reset method, stay "
+                                          "out of D3cold and count no fatal or non-fatal PCIe error")
     fix = "; ".join(fixes[:4]) + (" (now, per device; vfio_pci.disable_idle_d3=1 takes effect when the module "
                                   "loads)" if fixes else "")
     if dead:
         fix = "gpuvfio reset ADDR (the kernel's reset), else reseat the card or reboot; " + fix
-    return Check("device_health", FAIL if dead else WARN, "; ".join(problems), fix.strip("; ") or None)
+    if failed or degraded:
+        fix = "gpuvfio health for each device's findings; reseat or replace a card with fatal errors; " + fix
+    if uncounted:
+        fix += "; boot without pci=noaer, on a kernel with CONFIG_PCIEAER=y (the distributions' kernels have it)"
+    return Check("device_health", FAIL if dead or failed else WARN, "; ".join(problems), fix.strip("; ") or None)
+
+
+def _pcie_findings(host: HostRoot, inventory: Inventory, watched: list) -> tuple[list[str], list[str], list[str]]:
+    """What gpuvfio health rates failed and degraded in the AER counters and the links of
+    ``watched`` (one line per finding), and the functions with no AER counters to read."""
+    failed, degraded, uncounted = [], [], []
+    for fn in sorted(watched, key=lambda f: f.address):
+        for finding in device_health(host, inventory, fn, {}).findings:
+            if finding.check not in ("aer", "port_aer", "link"):
+                continue  # config space: the dead check below; the journal: its own check
+            line = f"{fn.address}: {finding.message}"
+            if finding.status is Rating.FAILED:
+                failed.append(line)
+            elif finding.status is Rating.DEGRADED:
+                degraded.append(line)
+            elif finding.status is Rating.UNKNOWN and finding.check == "aer":
+                uncounted.append(str(fn.address))
+    return failed, degraded, uncounted
 
 
 def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: list[NumaNode]) -> list[Check]:
@@ -264,6 +292,6 @@ def run_doctor(host: HostRoot, inventory: Inventory, kernel: KernelInfo, nodes: 
         check_nvidia_holders(host),
         check_boot_vga(inventory, kernel),
         check_gpu_groups(inventory),
-        check_device_health(inventory),
+        check_device_health(host, inventory),
         check_secure_guest(host),
     ]

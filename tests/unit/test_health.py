@@ -153,6 +153,10 @@ def test_config_space_parsing():
 
 
 def test_doctor_reports_health_and_fixes(h):
+    got = doctor(h.root)  # the simulated host has no AER counters: errors cannot be seen
+    assert got["status"] == "warn" and f"{GPU}: no AER counters" in got["summary"] and "pci=noaer" in got["fix"]
+    for address in (GPU, AUDIO):
+        h.builder.aer(h.builder.functions[A(address)])
     assert doctor(h.root)["status"] == "ok"
     h.bind(GPU)  # idle on vfio-pci with d3cold_allowed 1
     got = doctor(h.root)
@@ -168,6 +172,25 @@ def test_doctor_reports_health_and_fixes(h):
     h.kernel.kill(GPU)
     got = doctor(h.root)
     assert got["status"] == "fail" and "dead, not free" in got["summary"] and "gpuvfio reset" in got["fix"]
+
+
+def test_doctor_reports_what_health_finds_in_the_counters(h):
+    """Issue 38 item 4: doctor's device_health holds the findings of gpuvfio health: fatal
+    errors at a GPU's port fail it, lost lanes warn."""
+    b = h.builder
+    for address in (GPU, AUDIO, PORT):
+        b.aer(b.functions[A(address)])
+    b.aer(b.functions[A(PORT)], fatal={"SDES": 1})
+    got = doctor(h.root)
+    assert got["status"] == "fail" and f"{GPU}: its port {PORT}: 1 fatal error(s) (SDES 1) since boot" in \
+        got["summary"] and got["fix"].startswith("gpuvfio health")
+    b.aer(b.functions[A(PORT)])
+    for name, value in (("current_link_speed", "16.0 GT/s PCIe"), ("max_link_speed", "16.0 GT/s PCIe"),
+                        ("current_link_width", "4"), ("max_link_width", "16")):
+        with open(dev(h, GPU, name), "w") as handle:
+            handle.write(value + "\n")
+    got = doctor(h.root)
+    assert got["status"] == "warn" and f"{GPU}: trained to x4" in got["summary"]
 
 
 def test_list_json_carries_health(h, capsys):
