@@ -201,7 +201,8 @@ def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, P
     until gpuvfio reset) or one that does not answer config space refuses the bind: dead, not free.
     What ``gpuvfio health`` finds in its AER counters, its ports' and its link (host.pcie_health)
     refuses it when failed (--force overrides: the admin may bind a device to test it) and warns
-    when degraded; counters that cannot be read say nothing here (health reports them)."""
+    when degraded or when what is there cannot be trusted; a kernel that offers no counters says
+    nothing here (health and doctor report it)."""
     for address, fn in fns.items():
         health = fn.health
         if str(address) in broken:
@@ -211,10 +212,10 @@ def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, P
             checks.append(Check("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
                                     "dead, not free"))
         for finding in device_health(host, inventory, fn, {}).findings:
-            if finding.check in PLAN_FINDINGS and finding.status in (Rating.FAILED, Rating.DEGRADED):
+            if finding.check in PLAN_FINDINGS and finding.status is not Rating.OK and not finding.absent:
                 failed = finding.status is Rating.FAILED
-                checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}"
-                                    + (" (--force to proceed)" if failed else ""), overridable=failed))
+                checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}",
+                                    overridable=failed))
 
 
 def _vfio_module_steps(host: HostRoot, kernel: KernelInfo, moving: list[PciAddress],

@@ -89,6 +89,11 @@ def parse_counts(severity: Severity, text: str) -> AerCounts:
     if not lines or lines[-1].split(" ")[0] != severity.total_key:
         raise AerError(f"{severity.file}: no {severity.total_key} line at its end")
     total = counts.pop(severity.total_key)
+    # Each error report adds one to the total and one to each bit it set (aer.c
+    # pci_dev_aer_stats_incr), so no kind counts more than the total.
+    over = [name for name, count in counts.items() if count > total]
+    if over:
+        raise AerError(f"{severity.file}: {over[0]} counts more than {severity.total_key}")
     return AerCounts(severity, total, tuple((name, count) for name, count in counts.items() if count))
 
 

@@ -224,7 +224,8 @@ def check_device_health(host: HostRoot, inventory: Inventory) -> Check:
                if f.health is not None and (f.is_nvidia_gpu or f.driver == "vfio-pci")]
     if not watched:
         return Check("device_health", SKIP, "no GPU and no function on vfio-pci")
-    failed, degraded, uncounted = _pcie_findings(host, inventory, watched)
+    failed, degraded, uncounted = _pcie_findings(host, inventory, [
+        f for f in inventory.functions.values() if not f.is_bridge and (f.is_nvidia or f.driver == "vfio-pci")])
     dead, no_reset, d3cold, fixes = [], [], [], []
     for fn in sorted(watched, key=lambda f: f.address):
         health = fn.health
@@ -261,8 +262,9 @@ def check_device_health(host: HostRoot, inventory: Inventory) -> Check:
 
 
 def _pcie_findings(host: HostRoot, inventory: Inventory, watched: list) -> tuple[list[str], list[str], list[str]]:
-    """What gpuvfio health rates failed and degraded in the AER counters and the links of
-    ``watched`` (one line per finding), and the functions with no AER counters to read."""
+    """What gpuvfio health rates failed, and degraded or could not trust, in the AER counters and
+    the links of ``watched`` (health's devices: every NVIDIA function and what is on vfio-pci),
+    one line per finding, and the functions whose kernel offers no AER counters."""
     failed, degraded, uncounted = [], [], []
     for fn in sorted(watched, key=lambda f: f.address):
         for finding in device_health(host, inventory, fn, {}).findings:
@@ -271,7 +273,7 @@ def _pcie_findings(host: HostRoot, inventory: Inventory, watched: list) -> tuple
             line = f"{fn.address}: {finding.message}"
             if finding.status is Rating.FAILED:
                 failed.append(line)
-            elif finding.status is Rating.DEGRADED:
+            elif finding.status is Rating.DEGRADED or (finding.status is Rating.UNKNOWN and not finding.absent):
                 degraded.append(line)
             elif finding.status is Rating.UNKNOWN and finding.check == "aer":
                 uncounted.append(str(fn.address))

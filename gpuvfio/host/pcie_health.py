@@ -27,7 +27,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer
 from gpuvfio.host.inventory import Inventory
-from gpuvfio.host.model import PciFunction
+from gpuvfio.host.model import Link, PciFunction
 from gpuvfio.host.root import HostRoot
 
 __all__ = ["Rating", "Finding", "DeviceHealth", "device_health"]
@@ -45,9 +45,11 @@ RANK = {Rating.OK: 0, Rating.UNKNOWN: 1, Rating.DEGRADED: 1, Rating.FAILED: 2}
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # config, journal, aer, port_aer, link, libvirt
+    check: str  # config, journal, aer, port_aer, link
     status: Rating
     message: str
+    absent: bool = False  # unknown because the kernel offers nothing to read (no counters, no link
+    #                       reading), not because what is there could not be trusted
 
     def to_json(self) -> dict:
         return {"check": self.check, "status": self.status.value, "message": self.message}
@@ -60,6 +62,7 @@ class DeviceHealth:
     findings: list[Finding] = field(default_factory=list)
     domains: list[str] | None = None  # None: libvirt not asked or not answering
     aer: dict[str, dict[Severity, AerCounts]] = field(default_factory=dict)  # "self" or a port's address
+    link: Link | None = None
 
     @property
     def status(self) -> Rating:
@@ -76,12 +79,14 @@ class DeviceHealth:
 def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict) -> DeviceHealth:
     """One function's findings: config space, the journal's mark, its AER counters and its
     ports', its link."""
-    device = DeviceHealth(fn.address, fn.driver)
+    device = DeviceHealth(fn.address, fn.driver, link=fn.link)
     device.findings += _config_findings(fn, broken)
     _aer_findings(host, device, fn.address, None)
     for port in fn.parents:
-        _aer_findings(host, device, port, inventory.functions.get(port))
+        _aer_findings(host, device, port, port)
     device.findings += _link_findings(inventory, fn)
+    if fn.physfn is not None:  # an SR-IOV VF: what its PF counts and trains is the link's
+        device.findings = [f for f in device.findings if not f.absent]
     return device
 
 
@@ -103,11 +108,11 @@ def _config_findings(fn: PciFunction, broken: dict) -> list[Finding]:
     return out
 
 
-def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, port: PciFunction | None) -> None:
-    """The findings of the counters of ``address``: the device itself (``port`` None) or a port
-    above it, which counts the errors of the link it shares with the device below."""
-    where = "self" if port is None else str(address)
-    who = "" if port is None else f"its port {address}: "
+def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, port: PciAddress | None) -> None:
+    """The findings of the counters of ``address``: the device itself (``port`` None) or the port
+    ``port`` above it, which counts the errors of the link it shares with the device below."""
+    where = "self" if port is None else str(port)
+    who = "" if port is None else f"its port {port}: "
     check = "aer" if port is None else "port_aer"
     try:
         counts = read_aer(host, address)
@@ -117,7 +122,8 @@ def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, por
     if counts is None:
         if port is None:
             device.findings.append(Finding(check, Rating.UNKNOWN, "no AER counters (no AER capability, or a "
-                                                                  "kernel without CONFIG_PCIEAER or with pci=noaer)"))
+                                                                  "kernel without CONFIG_PCIEAER or with pci=noaer)",
+                                           absent=True))
         return
     device.aer[where] = counts
     for severity, rating in ((Severity.FATAL, Rating.FAILED), (Severity.NONFATAL, Rating.DEGRADED),
@@ -131,8 +137,13 @@ def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, por
 def _link_findings(inventory: Inventory, fn: PciFunction) -> list[Finding]:
     """The link against what the device and the port above it both allow."""
     link = fn.link
+    if fn.physfn is not None or (link is not None and link.max_width == 0):
+        return []  # an SR-IOV VF, a function with no link of its own: its PF's link is the link
     if link is None or link.current_width is None or link.max_width is None:
-        return [Finding("link", Rating.UNKNOWN, "no link reading")] if fn.is_nvidia_gpu else []
+        return [Finding("link", Rating.UNKNOWN, "no link reading", absent=True)] if fn.is_nvidia_gpu else []
+    if link.current_width > link.max_width:
+        return [Finding("link", Rating.UNKNOWN, f"width x{link.current_width} above its maximum x{link.max_width}: "
+                                                "not a reading to trust")]
     if link.current_width == 0:
         return [Finding("link", Rating.FAILED, "the link is down (width 0)")]
     port = inventory.functions.get(fn.parents[-1]) if fn.parents else None

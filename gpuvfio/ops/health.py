@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuvfio.address import PciAddress
+from gpuvfio.errors import InputError
 from gpuvfio.host.inventory import read_inventory
-from gpuvfio.host.pcie_health import DeviceHealth, Finding, Rating, device_health
+from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health
 from gpuvfio.ops.binding import libvirt_view
 
 if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
@@ -41,16 +42,18 @@ def health_report(ctx: Context, *, only: list[PciAddress] | None = None, every_a
     """The health of ``only`` (the devices named), else of every NVIDIA function and, with
     ``every_assigned``, of every function on vfio-pci."""
     inventory = read_inventory(ctx.host)
+    for address in only or []:
+        if inventory.require(address)[0].is_bridge:
+            raise InputError(f"{address} is a PCI bridge: health rates the devices below it, and its AER "
+                             "counters count for them")
     watched = only or [a for a, f in sorted(inventory.functions.items())
                        if f.is_nvidia or (every_assigned and f.driver == "vfio-pci")]
     broken = ctx.journal().data["broken"]
     devices = [device_health(ctx.host, inventory, inventory.require(a)[0], broken) for a in watched]
     view = libvirt_view(ctx, list(watched), uri=uri)
-    for device in devices:
+    for device in devices:  # which domains hold a device is no PCIe finding: libvirt down is a note
         if view.users is not None:
             device.domains = view.users.get(device.address, [])
-        elif view.error:
-            device.findings.append(Finding("libvirt", Rating.UNKNOWN, f"libvirt did not answer: {view.error}"))
-    return HealthReport(devices, view.not_asked or view.error)
+    return HealthReport(devices, view.not_asked or (f"libvirt did not answer: {view.error}" if view.error else None))
 
 

@@ -154,7 +154,7 @@ def test_config_space_parsing():
 
 def test_doctor_reports_health_and_fixes(h):
     got = doctor(h.root)  # the simulated host has no AER counters: errors cannot be seen
-    assert got["status"] == "warn" and f"{GPU}: no AER counters" in got["summary"] and "pci=noaer" in got["fix"]
+    assert got["status"] == "warn" and f"{GPU}, {AUDIO}: no AER counters" in got["summary"] and "pci=noaer" in got["fix"]
     for address in (GPU, AUDIO):
         h.builder.aer(h.builder.functions[A(address)])
     assert doctor(h.root)["status"] == "ok"

@@ -6,6 +6,7 @@ and return paths of device health: test_health.py.)"""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -211,8 +212,8 @@ def test_a_bind_plan_refuses_a_failed_device_and_warns_on_a_degraded_one(cli, tm
     refused = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
     assert refused.code == 1 and refused.json()["result"] == "refused"
     (health,) = [c for c in refused.json()["checks"] if c["id"] == "health"]
-    assert health["status"] == "refuse" and health["message"] == (
-        f"{GPU}: 1 fatal error(s) (CmpltTO 1) since boot (--force to proceed)")
+    assert health["status"] == "refuse" and health["message"] == f"{GPU}: 1 fatal error(s) (CmpltTO 1) since boot"
+    assert health["overridable"] is True
     assert cli("--root", b.root, "bind", GPU, "--dry-run", "--force", "--json").code == 0
     b.aer(fn(b, GPU))
     b.aer(fn(b, PORT), nonfatal={"UnsupReq": 2})
@@ -229,3 +230,79 @@ def test_persist_refuses_a_failed_device_as_bind_does(cli, tmp_path):
     b.aer(fn(b, PORT), fatal={"SDES": 1})
     result = cli("--root", b.root, "persist", GPU, "--dry-run", "--json")
     assert result.code == 1 and "1 fatal error(s) (SDES 1) since boot" in result.err
+
+
+# --- what an attacker's and an admin's review found (each failed before its fix) ---------------------
+
+
+def test_a_function_without_a_link_of_its_own_is_not_a_link_down(cli, tmp_path):
+    """A function whose link reads width 0 of maximum 0 (an SR-IOV VF shows that) has no link to
+    rate; it was "failed: the link is down", and bind refused it."""
+    b = host(tmp_path)
+    for name in ("current_link_width", "max_link_width"):
+        with open(f"{fn(b, SMALL_GPU).path}/{name}", "w") as handle:
+            handle.write("0\n")
+    result = cli("--root", b.root, "health", SMALL_GPU, "--json")
+    assert result.code == 0 and findings(devices(result)[SMALL_GPU], "link") == []
+
+
+def test_a_width_above_its_maximum_is_not_trusted(cli, tmp_path):
+    b = host(tmp_path)
+    _link(b, GPU, "16.0 GT/s PCIe", 63)  # what an all-ones register read gives
+    result = cli("--root", b.root, "health", GPU, "--json")
+    assert findings(devices(result)[GPU], "link") == [
+        ("unknown", "width x63 above its maximum x16: not a reading to trust")] and result.code == 1
+
+
+def test_libvirt_not_answering_is_a_note_not_a_finding(cli, tmp_path):
+    b = host(tmp_path)
+    result = cli("--root", b.root, "health", "--connect", "qemu+unix:///system?socket=/nonexistent/sock", "--json")
+    assert result.code == 0, result.out
+    assert result.json()["libvirt"].startswith("libvirt did not answer")
+    assert all(d["domains"] is None for d in result.json()["devices"])
+
+
+def test_a_total_below_a_kinds_count_is_refused():
+    """aer.c adds one to the total for every report and one to each bit it set: a file with
+    MalfTLP 7 and a total of 0 was rated ok."""
+    with pytest.raises(AerError, match="MalfTLP counts more than TOTAL_ERR_FATAL"):
+        parse_counts(Severity.FATAL, "MalfTLP 7\nSDES 3\nTOTAL_ERR_FATAL 0")
+
+
+def test_naming_a_bridge_is_bad_input(cli, tmp_path):
+    result = cli("--root", host(tmp_path).root, "health", PORT)
+    assert result.code == 2 and "is a PCI bridge" in result.err and result.err.count("\n") == 1
+
+
+def test_counters_that_cannot_be_trusted_warn_in_plans_and_doctor(cli, tmp_path):
+    """A FIFO in place of a port's counters: health degrades the GPU; bind said nothing and
+    doctor said "ok" (and called planted files "pci=noaer")."""
+    b = host(tmp_path)
+    b.driver("vfio-pci")
+    os.unlink(f"{fn(b, PORT).path}/aer_dev_fatal")
+    os.mkfifo(f"{fn(b, PORT).path}/aer_dev_fatal")
+    plan = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
+    assert plan.code == 0
+    (warning, _audio) = [c for c in plan.json()["checks"] if c["id"] == "health"]
+    assert warning["status"] == "warn" and f"its port {PORT}: AER counters unreadable" in warning["message"]
+    doctor = {c["id"]: c for c in cli("--root", b.root, "doctor", "--json").json()["checks"]}["device_health"]
+    assert doctor["status"] == "warn" and "AER counters unreadable" in doctor["summary"]
+    assert "pci=noaer" not in doctor["summary"]
+
+
+def test_doctor_watches_every_nvidia_function_as_health_does(cli, tmp_path):
+    b = host(tmp_path)
+    b.aer(fn(b, AUDIO), fatal={"DLP": 1})
+    doctor = {c["id"]: c for c in cli("--root", b.root, "doctor", "--json").json()["checks"]}["device_health"]
+    assert doctor["status"] == "fail" and f"{AUDIO}: 1 fatal error(s) (DLP 1)" in doctor["summary"]
+
+
+def test_a_port_missing_from_the_tree_is_not_taken_for_the_device(cli, tmp_path):
+    """The port's counters were reported as the device's own "aer" when the port was not in the
+    inventory."""
+    b = host(tmp_path)
+    os.unlink(os.path.join(b.root, "sys", "bus", "pci", "devices", PORT))
+    result = cli("--root", b.root, "health", GPU, "--json")
+    got = devices(result)[GPU]
+    assert findings(got, "aer") == [("ok", "no AER errors since boot")]
+    assert [status for status, _ in findings(got, "port_aer")] == ["unknown"]
