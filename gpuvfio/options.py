@@ -308,6 +308,9 @@ RUN = OptionSet(
            spec=RUN_SPEC, old_flags=("--timeout",)),
     Option("all", "bool", "Not only NVIDIA's functions: list shows every PCI function, health also every function "
            "on vfio-pci.", False, cli=("list", "health")),
+    Option("textfile", "path", "Also write the report as Prometheus metrics to this file, atomically, for "
+           "node_exporter's textfile collector (a .prom file in its --collector.textfile.directory).",
+           metavar="FILE", cli=("health",)),
 )
 
 SETS = (DOMAIN, SSH, VERIFY, RUN)

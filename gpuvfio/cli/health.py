@@ -14,9 +14,11 @@ from gpuvfio.cli.output import printable
 from gpuvfio.cli.tables import from_table, options
 from gpuvfio.ops.context import open_context
 from gpuvfio.ops.health import HealthReport, health_report
+from gpuvfio.ops.health_metrics import textfile
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.ops.uris import NO_LIBVIRT, check_uri
 from gpuvfio.options import RUN
+from gpuvfio.user_files import check_output_path, write_output
 
 commands = command_typer()  # its commands, listed in gpuvfio.cli.lazy.COMMANDS
 
@@ -30,9 +32,13 @@ def health_cmd(addresses: Devices = None, device_ids: DeviceIds = None, run: dic
     when one is degraded or failed."""
     connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=False)
+    if run["textfile"] is not None:
+        check_output_path(run["textfile"])  # before anything is read: bad input changes nothing
     with open_context(root_of(root)) as (ctx, label):
         report = health_report(ctx, only=resolve(ctx, addresses, device_ids) or None, every_assigned=run["all"],
                                uri=connect)
+    if run["textfile"] is not None:
+        write_output(run["textfile"], textfile(report))
     if as_json:
         emit_json(report.to_json())
     else:
