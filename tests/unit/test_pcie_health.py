@@ -224,6 +224,14 @@ def test_a_bind_plan_refuses_a_failed_device_and_warns_on_a_degraded_one(cli, tm
         ("warn", f"{AUDIO}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot")]
 
 
+def test_a_kernel_without_counters_adds_nothing_to_a_plan(cli, tmp_path):
+    """No AER counters to read is health's and doctor's to report; a plan goes on as before."""
+    b = host(tmp_path, aer=False)
+    b.driver("vfio-pci")
+    plan = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
+    assert plan.code == 0 and [c for c in plan.json()["checks"] if c["id"] == "health"] == []
+
+
 def test_persist_refuses_a_failed_device_as_bind_does(cli, tmp_path):
     b = host(tmp_path)
     b.driver("vfio-pci")

@@ -140,7 +140,9 @@ def test_unmeasured_generations_and_explicit_shares_use_the_raw_rate():
     assert Gates().floor(2, 8) == pytest.approx(RAW_SHARE * 4.0)
     assert RAW_SHARE == pytest.approx(Gates().floor(5, 16) / (LANE_GBPS[5] * 16))
     assert gates(link_efficiency=0.9).floor(3, 16) == pytest.approx(0.9 * LANE_GBPS[3] * 16)
-    assert Gates().to_json().count("GB/s") == len(HEALTHY) and "47.7" in Gates().to_json()
+    assert Gates().to_json() == (">= 90% per direction of what healthy cards of the host slot's generation "
+                                 "measure, scaled to its width (Gen3 x16 10.8 GB/s, Gen4 x16 21.5 GB/s, Gen5 x16 "
+                                 "47.7 GB/s); other generations 75.7% of the raw rate")
     assert gates(link_efficiency=0.8).to_json() == ">= 80.0% of each GPU's host slot link per direction"
     assert gates(min_gbps=20).to_json() == ">= 20 GB/s per direction (--min-gbps)"
 
