@@ -349,7 +349,12 @@ def rerun_survivors(name: str, jobs: int) -> Outcome:
 
 def mutant_names(commit: str, module: str) -> list[str]:
     """mutmut's names of the mutants it makes of ``module`` as it was at ``commit`` (mutmut's
-    own generator, in a child with a configuration of its own: mutmut reads one at import)."""
+    own generator, in a child with a configuration of its own: mutmut reads one at import); none
+    for a module ``commit`` did not have (one added to a group since the group was measured)."""
+    listed = subprocess.run(["git", "ls-tree", "--name-only", commit, "--", module], cwd=REPO, check=True,
+                            capture_output=True, text=True).stdout
+    if not listed.strip():
+        return []
     source = subprocess.run(["git", "show", f"{commit}:{module}"], cwd=REPO, check=True, capture_output=True,
                             text=True).stdout
     dotted = module[:-3].replace("/", ".")

@@ -7,7 +7,10 @@ import ast
 import importlib.util
 import json
 import os
+import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -197,3 +200,14 @@ def test_a_triage_entry_for_a_renumbered_mutant_is_not_taken_in_the_changed_run(
     outcome.survivors = {"m.x_f__mutmut_3": "-    a = 1\n+    a = 2"}  # the number names another mutation now
     assert mutate.changed_run({"bind": "c"}, 2, 10, mutate.load_triage()) == 1
     assert "SURVIVED m.x_f__mutmut_3 (its triage entry describes another mutation: renumbered?)" in capsys.readouterr().out
+
+
+def test_a_module_younger_than_the_measured_commit_has_no_old_mutants():
+    """A module added to a group after the group was measured (host/state.py joined bind after
+    f3e0cb2): its old mutants are none, and every function of it counts as changed."""
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=mutate.REPO, check=True,
+                           capture_output=True, text=True).stdout.split()[0]
+    assert mutate.mutant_names(first, "gpuvfio/host/state.py") == []
+    assert mutate.functions_at("gpuvfio/host/state.py", mutate.changed_lines(first, "gpuvfio/host/state.py"))
+    with pytest.raises(subprocess.CalledProcessError):  # a commit that is not one stays an error
+        mutate.mutant_names("0" * 40, "gpuvfio/host/state.py")
