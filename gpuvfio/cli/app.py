@@ -12,6 +12,7 @@ errors into one line on stderr and an exit status, once:
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Annotated, Callable, Optional
 
@@ -134,6 +135,14 @@ def progress_for(as_json: bool) -> Callable[[str], None]:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status (errors already reported on stderr)."""
     try:
+        code = _command(argv)
+    finally:
+        stop_progress()
+    return _flushed(code)
+
+
+def _command(argv: list[str] | None) -> int:
+    try:
         if Settings.from_environment().completion:
             # typer's completion classes answer the shell's request (typer.completion)
             from typer.completion import completion_init
@@ -160,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         # still buffered goes nowhere, so the interpreter's own flush at exit cannot fail.
         silence_stdout()
         return 0
+    except OSError as exc:  # the output could not be written (a full disk, gpuvfio list > /dev/full)
+        if exc.errno not in UNWRITABLE:
+            raise
+        return _unwritable(exc)
     except Exception as exc:  # noqa: BLE001 - click's usage errors, below
         # typer vendors click privately (typer._click): its usage errors are recognised by
         # their interface, not by a class imported from a private module.
@@ -170,14 +183,34 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         _error(exc.format_message().splitlines()[0] + (f" (see {_command_path(exc)} -h)" if exc.exit_code == 2 else ""))
         return exc.exit_code
-    finally:
-        stop_progress()
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:
-            silence_stdout()
-        except ValueError:
-            pass
+
+
+def _flushed(code: int) -> int:
+    """``code``, once what stdout still buffers is written: a reader gone is done (as above), an
+    output that cannot be written fails the command, in one line."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+    except ValueError:
+        pass  # stdout closed (a test's capture)
+    except OSError as exc:
+        if exc.errno not in UNWRITABLE:
+            raise
+        return _unwritable(exc)
+    return code
+
+
+# what write(2) says when the output's file or device cannot take it (write(2), Linux man-pages 6.9)
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _unwritable(exc: OSError) -> int:
+    """Stdout could not take the output: said in one line, and stdout pointed at /dev/null so that
+    the interpreter's own flush at exit does not fail again with a traceback."""
+    silence_stdout()
+    _error(f"could not write the output: {exc.strerror or exc}")
+    return 1
 
 
 def _command_path(exc) -> str:

@@ -155,6 +155,20 @@ def test_a_closed_pipe_ends_quietly_with_exit_0(args):
     assert code == 0 and err == "" and len(out) == 20, (code, err)
 
 
+@pytest.mark.parametrize("args", [["health"], ["list", "--all"], ["list", "--json"], ["dump-host", "-"]])
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(args):
+    """gpuvfio health > /dev/full ended in a traceback; the output failing fails the command,
+    said in one line, whether the write or the flush at exit meets the full device."""
+    if not os.path.exists("/dev/full"):
+        pytest.fail("/dev/full is missing: the check cannot run")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "gpuvfio", "--root", sample_path("dgx-h100"), *args], stdout=full,
+                              stderr=subprocess.PIPE, cwd=REPO, env=env, timeout=120, check=False)
+    err = done.stderr.decode("utf-8", "replace")
+    assert (done.returncode, err) == (1, "gpuvfio: error: could not write the output: No space left on device\n")
+
+
 def test_plain_output_in_a_pipe_is_data_lines_only_notes_on_stderr():
     """Plain (the default in a pipe) carries one header line and rows; "group 6 not viable" and
     such notes go to stderr, as lspci's warnings do."""
