@@ -24,7 +24,7 @@ from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.model import PciFunction
-from gpuvfio.host.pcie_health import Rating, device_health
+from gpuvfio.host.pcie_health import Rating, plan_findings
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
                                  nvidia_holders, nvidia_minor, running_services)
 from gpuvfio.host.root import HostRoot
@@ -34,7 +34,6 @@ VFIO_DRIVER = "vfio-pci"
 
 
 OK, REFUSE, WARN, SKIP = CheckStatus.OK, CheckStatus.REFUSE, CheckStatus.WARN, CheckStatus.SKIP
-PLAN_FINDINGS = ("aer", "port_aer", "link")  # of host.pcie_health's; config and the journal: below
 
 
 class BindStatus(str, Enum):
@@ -197,25 +196,16 @@ def _group_checks(inventory: Inventory, kernel: KernelInfo, addresses: list[PciA
 
 def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, PciFunction], broken: dict,
                    checks: list[Check]) -> None:
-    """A device the journal marks as having come back broken from its last guest (``broken``,
-    until gpuvfio reset) or one that does not answer config space refuses the bind: dead, not free.
-    What ``gpuvfio health`` finds in its AER counters, its ports' and its link (host.pcie_health)
-    refuses it when failed (--force overrides: the admin may bind a device to test it) and warns
-    when degraded or when what is there cannot be trusted; a kernel that offers no counters says
-    nothing here (health and doctor report it)."""
+    """What ``gpuvfio health`` finds wrong with a device (host.pcie_health.plan_findings): a
+    failed finding refuses the bind -- for its counters or its link --force overrides (the
+    admin may bind a device to test it), not for a device that does not answer config space or
+    that the journal marks as come back broken from its last guest (``broken``, until gpuvfio
+    reset: dead, not free) -- and a degraded one, or a reading that cannot be trusted, warns."""
     for address, fn in fns.items():
-        health = fn.health
-        if str(address) in broken:
-            checks.append(Check("health", REFUSE, f"{address} came back broken from its last guest "
-                                    f"({broken[str(address)].get('reason', '?')}); gpuvfio reset {address}"))
-        elif health is not None and health.alive is False:
-            checks.append(Check("health", REFUSE, f"{address} does not answer config space (vendor ID 0xffff): "
-                                    "dead, not free"))
-        for finding in device_health(host, inventory, fn, {}).findings:
-            if finding.check in PLAN_FINDINGS and finding.status is not Rating.OK and not finding.absent:
-                failed = finding.status is Rating.FAILED
-                checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}",
-                                    overridable=failed))
+        for finding in plan_findings(host, inventory, fn, broken):
+            failed = finding.status is Rating.FAILED
+            checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}",
+                                overridable=failed and finding.overridable))
 
 
 def _vfio_module_steps(host: HostRoot, kernel: KernelInfo, moving: list[PciAddress],

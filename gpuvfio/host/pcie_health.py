@@ -30,7 +30,7 @@ from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.model import Link, PciFunction
 from gpuvfio.host.root import HostRoot
 
-__all__ = ["Rating", "Finding", "DeviceHealth", "device_health"]
+__all__ = ["Rating", "Finding", "DeviceHealth", "device_health", "plan_findings"]
 
 
 class Rating(str, Enum):
@@ -50,6 +50,13 @@ class Finding:
     message: str
     absent: bool = False  # unknown because the kernel offers nothing to read (no counters, no link
     #                       reading), not because what is there could not be trusted
+
+    @property
+    def overridable(self) -> bool:
+        """Whether --force may hand the device out despite this finding when it failed: not when
+        it does not answer or came back broken (dead, not free: gpuvfio reset is its way back),
+        yes for its counters and its link (the admin may hand it out to test it)."""
+        return self.check not in ("config", "journal")
 
     def to_json(self) -> dict:
         return {"check": self.check, "status": self.status.value, "message": self.message}
@@ -88,6 +95,15 @@ def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken:
     if fn.physfn is not None:  # an SR-IOV VF: what its PF counts and trains is the link's
         device.findings = [f for f in device.findings if not f.absent]
     return device
+
+
+def plan_findings(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict) -> list[Finding]:
+    """What a plan that hands ``fn`` out (bind, persist, attach, testbed) or resets it acts on:
+    every finding that is not ok -- a failed one refuses, a degraded one or a reading that
+    cannot be trusted warns -- but not what the kernel does not offer (no AER counters, no link
+    reading): health and doctor report that, and a plan goes on as on any host without it."""
+    return [f for f in device_health(host, inventory, fn, broken).findings if f.status is not Rating.OK
+            and not f.absent]
 
 
 def _config_findings(fn: PciFunction, broken: dict) -> list[Finding]:

@@ -28,6 +28,7 @@ from gpuvfio.ops.binding import BindOperation
 from gpuvfio.ops.cloud_init import SeedPlan, plan_seed
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.domains import DefinePlan, Existing, Provisioned, existing_domain, plan_define, provision_xml
+from gpuvfio.ops.health import plan_health
 from gpuvfio.ops.plans import CheckStatus, Plan, StepKind
 from gpuvfio.ops.reach import reach_checks
 from gpuvfio.ops.targets import SshOptions
@@ -141,6 +142,8 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
     if provisioned.passthrough:
         bind_uri = (uri or default_uri(ctx.host.settings)) if asked else NO_LIBVIRT
         _plan_bind(ctx, plan, provisioned, policy, bind_uri, name)
+    # a vGPU's GPU stays on its host driver: no bind judges it, so its health is judged here
+    plan_health(ctx, plan, [a for a in addresses if a not in provisioned.passthrough], force=policy.force)
     if spec.fabric is not None and spec.fabric.partition is not None:
         plan.step(StepKind.ACTIVATE_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
     if plan.seed is not None:

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
-from gpuvfio.host.inventory import read_inventory
-from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health
+from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health, plan_findings
 from gpuvfio.ops.binding import libvirt_view
+from gpuvfio.ops.plans import CheckStatus, Plan
 
 if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
     from gpuvfio.ops.context import Context
 
-__all__ = ["HealthReport", "health_report"]
+__all__ = ["HealthReport", "health_report", "plan_health"]
 
 
 @dataclass
@@ -57,3 +58,21 @@ def health_report(ctx: Context, *, only: list[PciAddress] | None = None, every_a
     return HealthReport(devices, view.not_asked or (f"libvirt did not answer: {view.error}" if view.error else None))
 
 
+
+
+def plan_health(ctx: Context, plan: Plan, addresses: list[PciAddress], *, force: bool = False, mends: bool = False,
+                inventory: Inventory | None = None, broken: dict | None = None) -> None:
+    """The health checks of a plan that hands ``addresses`` out without binding them (a vGPU's
+    GPU, a bare-metal testbed variant's) or resets them, by the bind's rule (bind.plan): a
+    failed finding refuses -- ``force`` overrides it for counters and links, never for a device
+    that does not answer or came back broken -- and a degraded one warns. A reset (``mends``)
+    is what mends a failed device, so there every finding warns: the plan says what the reset
+    is for. ``inventory`` and ``broken`` (the journal's marks): those the caller's plan read
+    already (one journal load per operation), else read here."""
+    inventory = inventory or read_inventory(ctx.host)
+    broken = ctx.journal().data["broken"] if broken is None else broken
+    for address in addresses:
+        fn = inventory.functions.get(address)
+        for finding in plan_findings(ctx.host, inventory, fn, broken) if fn is not None else []:
+            refuse = finding.status is Rating.FAILED and not mends and not (force and finding.overridable)
+            plan.check("health", CheckStatus.REFUSE if refuse else CheckStatus.WARN, f"{address}: {finding.message}")

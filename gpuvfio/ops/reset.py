@@ -30,6 +30,7 @@ from gpuvfio.host.health import return_problem
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.ops.binding import libvirt_view
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.health import plan_health
 from gpuvfio.ops.plans import Plan, Step, StepKind
 
 __all__ = ["reset", "plan_reset", "run_reset", "ResetPlan", "ResetResult", "ResetMethod"]
@@ -101,6 +102,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
     except Refused as exc:
         plan.refuse("reset_method", _words(exc))
     plan.method = method
+    plan_health(ctx, plan, affected, mends=True, inventory=inventory, broken=journal.data["broken"])
     for path in targets:  # the writer opens it afresh beneath the root
         plan.step(StepKind.RESET, "write 1", path=path, value="1\n")
     broken = [str(a) for a in affected if str(a) in journal.data["broken"]]

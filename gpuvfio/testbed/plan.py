@@ -18,6 +18,7 @@ from gpuvfio.ops import binding, domains, guests, vgpu
 from gpuvfio.ops.binding import BindPolicy
 from gpuvfio.ops.attach_plan import AttachPlan, plan_attach
 from gpuvfio.ops.context import Context
+from gpuvfio.ops.health import plan_health
 from gpuvfio.ops.plans import Plan, StepKind
 from gpuvfio.ops.targets import SshOptions, ssh_options
 from gpuvfio.ops.verify_options import verify_options
@@ -172,7 +173,8 @@ def plan_variant(ctx: Context, spec: Spec, variant: Variant, gpus: list[PciAddre
     if todo == 0:
         planned.notes.append(f"done already ({spec.repetitions} repetitions)")
         return planned
-    if variant.kind == "baremetal":
+    if variant.kind == "baremetal":  # the verifier runs on the host's GPUs as they are: judged as a bind judges
+        plan_health(ctx, planned, gpus, force=variant.force)
         planned.step(StepKind.VERIFY_HOST, f"run the verifier on this host (the baseline), {todo} time(s)",
                      name=variant.name)
         return planned

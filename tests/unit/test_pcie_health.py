@@ -314,3 +314,70 @@ def test_a_port_missing_from_the_tree_is_not_taken_for_the_device(cli, tmp_path)
     got = devices(result)[GPU]
     assert findings(got, "aer") == [("ok", "no AER errors since boot")]
     assert [status for status, _ in findings(got, "port_aer")] == ["unknown"]
+
+
+# --- issue 38 item 3: every plan that hands a device out or resets it carries its health --------
+
+def _testbed_health(cli, root: str, spec) -> tuple[int, list[tuple[str, str]], list[str]]:
+    """testbed plan SPEC --json: its exit status, the first variant's health checks, the variants refused."""
+    result = cli("--root", root, "testbed", "plan", str(spec), "--json")
+    assert result.code in (0, 1), result.err
+    checks = result.json()["variants"][0]["checks"]
+    return result.code, [(c["status"], c["message"]) for c in checks if c["id"] == "health"], result.json()["refused"]
+
+
+def test_a_vgpu_variant_judges_its_gpu_as_a_bind_would(cli, tmp_path):
+    """A vGPU's GPU stays on its host driver, so no bind judged it: a testbed's vGPU variant (its
+    attach plan) planned a guest on a GPU with fatal AER errors. Now refused, the variant's
+    force = true warns; a degraded GPU warns."""
+    from tests.hostbuilder import HostBuilder
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("amd")
+    b.numa_node(0, list(range(8)), 64)
+    t4 = b.function(b.root_bus(numa=0), "0000:82:00.0", "10de", "1eb8", "030200", driver="nvidia")
+    b.mdev_types(t4, [("nvidia-230", "GRID T4-16Q", 1, "16 GB")])
+    b.aer(t4, fatal={"CmpltTO": 1})
+    spec, disk = tmp_path / "spec.toml", tmp_path / "g.qcow2"
+    disk.write_bytes(b"")
+    body = (f'[guest]\ndisk = "{disk}"\nfirmware = "bios"\n[guest.ssh]\nport = 2222\n[run]\n'
+            'gpus = ["0000:82:00.0"]\n[[variant]]\nname = "t4"\nkind = "vgpu"\nprofile = "GRID T4-16Q"\n'
+            'numa = "none"\n')
+    spec.write_text(body)
+    fatal = "0000:82:00.0: 1 fatal error(s) (CmpltTO 1) since boot"
+    assert _testbed_health(cli, b.root, spec) == (1, [("refuse", fatal)], ["t4"])
+    spec.write_text(body + "force = true\n")
+    assert _testbed_health(cli, b.root, spec) == (0, [("warn", fatal)], [])
+    spec.write_text(body)
+    b.aer(t4, nonfatal={"UnsupReq": 1})
+    assert _testbed_health(cli, b.root, spec) == (
+        0, [("warn", "0000:82:00.0: 1 nonfatal error(s) (UnsupReq 1) since boot")], [])
+
+
+def test_a_baremetal_testbed_variant_is_judged_as_a_bind_would(cli, tmp_path):
+    """The bare-metal variant runs the verifier on the host's GPU as it is: a GPU whose port
+    logged a fatal error made its baseline. Refused now; the variant's force = true warns."""
+    b = host(tmp_path)
+    b.aer(fn(b, PORT), fatal={"SDES": 1})
+    spec = tmp_path / "spec.toml"
+    body = ('[guest]\ndisk = "/var/lib/libvirt/images/g.qcow2"\nfirmware = "bios"\n[guest.ssh]\nport = 2222\n[run]\n'
+            f'gpus = ["{GPU}"]\n[[variant]]\nname = "bare"\nkind = "baremetal"\n')
+    spec.write_text(body)
+    port = f"{GPU}: its port {PORT}: 1 fatal error(s) (SDES 1) since boot"
+    assert _testbed_health(cli, b.root, spec) == (1, [("refuse", port)], ["bare"])
+    spec.write_text(body + "force = true\n")
+    assert _testbed_health(cli, b.root, spec) == (0, [("warn", port)], [])
+
+
+def test_a_reset_plan_names_what_the_reset_is_to_mend_and_refuses_nothing_for_it(tmp_path):
+    """Reset is the way back for a failed device: its plan lists the findings as warnings (a
+    refusal there would leave no way back), and the run goes ahead."""
+    from gpuvfio.ops.reset import plan_reset
+    from tests.unit.test_binding import Host
+    h = Host(tmp_path / "host")
+    h.bind(GPU)
+    h.builder.aer(h.builder.functions[PciAddress.parse(GPU)], fatal={"CmpltTO": 1})
+    with h.context() as ctx:
+        plan = plan_reset(ctx, [PciAddress.parse(GPU)])
+    assert not plan.refused
+    assert [(c.check_id, c.status.value, c.message) for c in plan.checks if c.check_id == "health"] == [
+        ("health", "warn", f"{GPU}: 1 fatal error(s) (CmpltTO 1) since boot")]

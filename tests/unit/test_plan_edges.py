@@ -321,22 +321,27 @@ def _dead(b: HostBuilder, address: str) -> None:
 
 def test_a_dead_or_broken_device_is_refused_even_when_already_on_vfio_pci(srv):
     """A device that came back broken from its guest (the journal says so) or reads 0xffff is refused
-    until gpuvfio reset, whether it moves or is already on vfio-pci."""
+    until gpuvfio reset, whether it moves or is already on vfio-pci, in health's words, and --force
+    does not override it (dead, not free); a config space that cannot be read warns."""
     srv.bind(A(AUDIO), "vfio-pci")
     broken = {AUDIO: {"reason": "vendor ID 0xffff after the guest"}, NIC: {}}
     p = plan(srv, GPU, NIC, broken=broken)
     assert said(p, "health") == [
-        ("health", "refuse", f"{AUDIO} came back broken from its last guest (vendor ID 0xffff after the guest); "
+        ("health", "refuse", f"{AUDIO}: came back broken from its last guest (vendor ID 0xffff after the guest); "
                              f"gpuvfio reset {AUDIO}"),
-        ("health", "refuse", f"{NIC} came back broken from its last guest (?); gpuvfio reset {NIC}")]
+        ("health", "refuse", f"{NIC}: came back broken from its last guest (?); gpuvfio reset {NIC}")]
+    assert [c.overridable for c in p.checks if c.check_id == "health"] == [False, False]
     assert said(plan(srv, GPU, broken={}), "health") == []
     os.unlink(os.path.join(srv.functions[A(GPU)].path, "config"))  # unreadable: not known to be dead
-    assert said(plan(srv, GPU), "health") == []
+    assert said(plan(srv, GPU), "health") == [("health", "warn", f"{GPU}: config space could not be read")]
     _dead(srv, GPU)
-    assert said(plan(srv, GPU), "health") == [
-        ("health", "refuse", f"{GPU} does not answer config space (vendor ID 0xffff): dead, not free")]
+    dead = (f"{GPU}: config space reads 0xffff while bound to nvidia: the device fell off the bus (or sits in D3cold "
+            "and does not come back)")
+    assert said(plan(srv, GPU), "health") == [("health", "refuse", dead)]
     assert said(plan(srv, GPU, broken={GPU: {"reason": "gone"}}), "health") == [
-        ("health", "refuse", f"{GPU} came back broken from its last guest (gone); gpuvfio reset {GPU}")]
+        ("health", "refuse", dead),
+        ("health", "refuse", f"{GPU}: came back broken from its last guest (gone); gpuvfio reset {GPU}")]
+    assert [c.overridable for c in plan(srv, GPU).checks if c.check_id == "health"] == [False]
 
 
 def test_the_boot_console_is_refused_unless_forced_and_names_the_framebuffers(srv):
