@@ -24,10 +24,9 @@ import errno
 import hashlib
 import os
 import stat
-import sys
 
+from gpuvfio import kmsg
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
-from gpuvfio.settings import Settings
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # The layer's open flags, one set for every opener (tree_filler included): a link is never
@@ -316,6 +315,29 @@ class Tree:
         finally:
             os.close(dir_fd)
 
+    def read_kernel_log(self, rel: str, limit: int = kmsg.LOG_LIMIT) -> bytes | None:
+        """The kernel log at ``rel`` in /dev/kmsg's form: the kernel's device (gpuvfio.kmsg, the
+        newest records within ``limit``) or a recording (a regular file of such records); None
+        when there is none. Another device, a link or a FIFO there is refused, never opened."""
+        dir_fd, name = self._parent(rel)
+        if dir_fd is None:
+            return None
+        try:
+            try:
+                found = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as exc:
+                _walk_error(exc, self.path(rel))
+            if not stat.S_ISCHR(found.st_mode):
+                return read_at(dir_fd, name, limit, self.path(rel))
+            if (os.major(found.st_rdev), os.minor(found.st_rdev)) != kmsg.DEVICE:
+                raise NotRegular(f"{self.path(rel)} is the character device {os.major(found.st_rdev)}:"
+                                 f"{os.minor(found.st_rdev)}, not the kernel log (1:11)")
+            return kmsg.read_device(dir_fd, name, found, limit, self.path(rel))
+        finally:
+            os.close(dir_fd)
+
     def text(self, rel: str, limit: int = TEXT_LIMIT) -> str | None:
         """A UTF-8 text file; other bytes are bad input (a host's or a user's file)."""
         data = self.read(rel, limit)
@@ -571,27 +593,3 @@ def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool)
 def _unlink_quietly(dir_fd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dir_fd)
-
-
-def silence_stdout() -> None:
-    """Point stdout's descriptor at /dev/null: its reader is gone (a closed pipe), and what is
-    still buffered must not raise BrokenPipeError again when the interpreter flushes at exit
-    (Python's documented way: docs.python.org/3/library/signal.html, "Note on SIGPIPE")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass  # stdout is not a real descriptor (captured by a test): nothing to silence
-
-
-@contextlib.contextmanager
-def scratch_dir(prefix: str):
-    """A private temporary directory (0700), removed with everything in it afterwards (rmtree
-    does not follow links). Memory-backed /dev/shm when it is there and TMPDIR is not set: a
-    recorded host is thousands of small files."""
-    import tempfile  # here, where it is used: the root command and a live host's reads need none
-
-    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not Settings.from_environment().tmpdir_set else None
-    with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch) as directory:
-        yield directory

@@ -92,6 +92,7 @@ class HostBuilder:
         self.osrelease("6.8.0-gpuvfio")
         # A KVM host: /dev/kvm (a name, as dump-host records it) and the cgroup devices controller.
         _write(os.path.join(self.root, "dev", "kvm"), "")
+        self.kernel_log([])  # /dev/kmsg, as dump-host records it: nothing of note logged
         _write(self.proc("cgroups"), "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t0\t1\t1\n"
                                      "memory\t0\t1\t1\ndevices\t0\t1\t1\n")
         self.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet")
@@ -513,6 +514,12 @@ class HostBuilder:
             _write(os.path.join(path, "status"), ("connected" if lit else "disconnected") + "\n")
 
     # -- PCIe health ----------------------------------------------------------------------
+    def kernel_log(self, lines: list[str], *, start_usec: int = 5_000_000) -> None:
+        """The kernel log as /dev/kmsg gives its records (Documentation/ABI/testing/dev-kmsg):
+        ``prio,seq,usec,flags;text``, errors at level 3, a second apart."""
+        _write(os.path.join(self.root, "dev", "kmsg"),
+               "".join(f"3,{n},{start_usec + n * 1_000_000},-;{line}\n" for n, line in enumerate(lines)))
+
     def aer(self, fn: "Function", *, correctable: dict[str, int] | None = None,
             nonfatal: dict[str, int] | None = None, fatal: dict[str, int] | None = None) -> None:
         """The three AER counter files as drivers/pci/pcie/aer.c (Linux 6.1) writes them: every

@@ -24,6 +24,7 @@ from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.model import PciFunction
+from gpuvfio.host.iommu_faults import read_kernel_log
 from gpuvfio.host.pcie_health import Rating, plan_findings
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
                                  nvidia_holders, nvidia_minor, running_services)
@@ -201,8 +202,9 @@ def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, P
     admin may bind a device to test it), not for a device that does not answer config space or
     that the journal marks as come back broken from its last guest (``broken``, until gpuvfio
     reset: dead, not free) -- and a degraded one, or a reading that cannot be trusted, warns."""
+    log = read_kernel_log(host) if fns else None
     for address, fn in fns.items():
-        for finding in plan_findings(host, inventory, fn, broken):
+        for finding in plan_findings(host, inventory, fn, broken, log):
             failed = finding.status is Rating.FAILED
             checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}",
                                 overridable=failed and finding.overridable))

@@ -13,6 +13,7 @@ from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.hypervisor import check_cgroup_devices, check_kvm, check_secure_guest, check_vfio_device
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.iommu_faults import read_kernel_log
 from gpuvfio.host.kernel import VFIO_MODULES, KernelInfo
 from gpuvfio.host.model import NumaNode
 from gpuvfio.host.nvidia import nvidia_holders
@@ -262,13 +263,14 @@ def check_device_health(host: HostRoot, inventory: Inventory) -> Check:
 
 
 def _pcie_findings(host: HostRoot, inventory: Inventory, watched: list) -> tuple[list[str], list[str], list[str]]:
-    """What gpuvfio health rates failed, and degraded or could not trust, in the AER counters and
-    the links of ``watched`` (health's devices: every NVIDIA function and what is on vfio-pci),
+    """What gpuvfio health rates failed, and degraded or could not trust, in the AER counters, the
+    links and the IOMMU faults of ``watched`` (health's devices: every NVIDIA function and what is on vfio-pci),
     one line per finding, and the functions whose kernel offers no AER counters."""
     failed, degraded, uncounted = [], [], []
+    log = read_kernel_log(host)
     for fn in sorted(watched, key=lambda f: f.address):
-        for finding in device_health(host, inventory, fn, {}).findings:
-            if finding.check not in ("aer", "port_aer", "link"):
+        for finding in device_health(host, inventory, fn, {}, log).findings:
+            if finding.check not in ("aer", "port_aer", "link", "iommu"):
                 continue  # config space: the dead check below; the journal: its own check
             line = f"{fn.address}: {finding.message}"
             if finding.status is Rating.FAILED:

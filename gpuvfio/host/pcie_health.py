@@ -12,7 +12,10 @@ For one function and the ports above it:
   reported with their kinds;
 * the link: a width below what the device and its slot both allow degrades it (a lane lost
   stays lost); a lower speed alone does not, since GPUs lower the link speed while idle
-  (``verify`` measures it under load); a link that reads width 0 is down -- failed.
+  (``verify`` measures it under load); a link that reads width 0 is down -- failed;
+* IOMMU faults the kernel log holds for it (gpuvfio.host.iommu_faults): DMA to an address its
+  domain does not map, or an interrupt the remapping table blocks -- degraded (a driver or a
+  guest misprogramming the device, or a device that no longer behaves).
 
 A check that could not run (no AER counters, an unreadable config space) is ``unknown``, and a
 device with an unknown finding is rated degraded: health vouches only for what it read.
@@ -27,6 +30,7 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer
 from gpuvfio.host.inventory import Inventory
+from gpuvfio.host.iommu_faults import IommuFault, KernelLog
 from gpuvfio.host.model import Link, PciFunction
 from gpuvfio.host.root import HostRoot
 
@@ -45,7 +49,7 @@ RANK = {Rating.OK: 0, Rating.UNKNOWN: 1, Rating.DEGRADED: 1, Rating.FAILED: 2}
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # config, journal, aer, port_aer, link
+    check: str  # config, journal, aer, port_aer, link, iommu
     status: Rating
     message: str
     absent: bool = False  # unknown because the kernel offers nothing to read (no counters, no link
@@ -70,6 +74,7 @@ class DeviceHealth:
     domains: list[str] | None = None  # None: libvirt not asked or not answering
     aer: dict[str, dict[Severity, AerCounts]] = field(default_factory=dict)  # "self" or a port's address
     link: Link | None = None
+    iommu: dict[str, int] | None = None  # the IOMMU faults the kernel log holds, by "unit kind"; None: no log
 
     @property
     def status(self) -> Rating:
@@ -80,29 +85,35 @@ class DeviceHealth:
         return {"address": str(self.address), "status": self.status.value, "driver": self.driver,
                 "domain": ", ".join(self.domains) if self.domains else None, "domains": self.domains,
                 "findings": [f.to_json() for f in self.findings],
-                "aer": {where: {s.value: c.to_json() for s, c in counts.items()} for where, counts in self.aer.items()}}
+                "aer": {where: {s.value: c.to_json() for s, c in counts.items()} for where, counts in self.aer.items()},
+                "iommu_faults": self.iommu}
 
 
-def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict) -> DeviceHealth:
+def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict,
+                  log: KernelLog) -> DeviceHealth:
     """One function's findings: config space, the journal's mark, its AER counters and its
-    ports', its link."""
+    ports', its link, its IOMMU faults in ``log`` (the kernel log, read once per operation)."""
     device = DeviceHealth(fn.address, fn.driver, link=fn.link)
     device.findings += _config_findings(fn, broken)
     _aer_findings(host, device, fn.address, None)
     for port in fn.parents:
         _aer_findings(host, device, port, port)
     device.findings += _link_findings(inventory, fn)
+    device.findings += _iommu_findings(inventory, fn, log)
+    if not log.missing and log.error is None:
+        device.iommu = _fault_kinds(log.of(fn.address))
     if fn.physfn is not None:  # an SR-IOV VF: what its PF counts and trains is the link's
         device.findings = [f for f in device.findings if not f.absent]
     return device
 
 
-def plan_findings(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict) -> list[Finding]:
+def plan_findings(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict,
+                  log: KernelLog) -> list[Finding]:
     """What a plan that hands ``fn`` out (bind, persist, attach, testbed) or resets it acts on:
     every finding that is not ok -- a failed one refuses, a degraded one or a reading that
     cannot be trusted warns -- but not what the kernel does not offer (no AER counters, no link
     reading): health and doctor report that, and a plan goes on as on any host without it."""
-    return [f for f in device_health(host, inventory, fn, broken).findings if f.status is not Rating.OK
+    return [f for f in device_health(host, inventory, fn, broken, log).findings if f.status is not Rating.OK
             and not f.absent]
 
 
@@ -174,3 +185,32 @@ def _link_findings(inventory: Inventory, fn: PciFunction) -> list[Finding]:
         return [Finding("link", Rating.OK, f"x{link.current_width} at Gen{link.current_gen} of Gen{gen}: GPUs "
                                            "lower the link speed while idle; verify measures it under load")]
     return [Finding("link", Rating.OK, f"{link.describe()}, as {slot}")]
+
+
+def _iommu_findings(inventory: Inventory, fn: PciFunction, log: KernelLog) -> list[Finding]:
+    """The IOMMU faults ``log`` holds for ``fn``, counted by kind, with the last one quoted. A
+    line without a PCI segment (Intel's, AMD's before Linux 6.1) counts for every function at
+    its bus address, and says so where the host has more than one."""
+    if log.error is not None:
+        return [Finding("iommu", Rating.UNKNOWN, f"the kernel log could not be read: {log.error}")]
+    if log.missing:
+        return [Finding("iommu", Rating.UNKNOWN, "no kernel log to read for IOMMU faults (dev/kmsg)", absent=True)]
+    faults = log.of(fn.address)
+    if not faults:
+        return [Finding("iommu", Rating.OK, "no IOMMU faults in the kernel log")]
+    kinds = _fault_kinds(faults)
+    last = faults[-1]
+    twins = [a for a in inventory.functions if (a.bus, a.slot, a.function) == (fn.address.bus, fn.address.slot,
+                                                                               fn.address.function)]
+    unsure = " (its line names no PCI segment: a function at the same bus address in another segment may " \
+             "have caused it)" if len(twins) > 1 and any(f.segment is None for f in faults) else ""
+    return [Finding("iommu", Rating.DEGRADED, f"{len(faults)} IOMMU fault(s) in the kernel log "
+                                              f"({', '.join(f'{k} {n}' for k, n in kinds.items())}){unsure}; the "
+                                              f"last, {last.usec / 1e6:.0f} s after boot: {last.text}")]
+
+
+def _fault_kinds(faults: list[IommuFault]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for fault in faults:
+        kinds[f"{fault.unit} {fault.kind}"] = kinds.get(f"{fault.unit} {fault.kind}", 0) + 1
+    return kinds

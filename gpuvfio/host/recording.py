@@ -16,6 +16,7 @@ from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.fixture import HEADER
 from gpuvfio.host.host_use import CLASSES, PROC_FILES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
+from gpuvfio.host.iommu_faults import KMSG, fault_records
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
 from gpuvfio.host.nvlink import record_text as nvlink_record
@@ -241,6 +242,11 @@ def _record_modules_and_devices(rec: _Recorder, host: HostRoot) -> None:
     for parts in DEV_NODES:  # /dev/kvm, /dev/vfio/vfio: names only (a fixture holds no device nodes)
         if host.tree.exists("/".join(parts)):
             rec.add("F", host.path(*parts), "")
+    # The kernel log: its IOMMU fault records only (what health reads; the rest is the host's own).
+    log = host.tree.read_kernel_log(KMSG)
+    if log is not None:
+        rec.add("F", host.path(KMSG), _esc("".join(f"3,{n},{usec},-;{text}\n"
+                                                   for n, (usec, text) in enumerate(fault_records(log)))))
     for module, param, _name in SECURE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.host.inventory import Inventory, read_inventory
+from gpuvfio.host.iommu_faults import read_kernel_log
 from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health, plan_findings
 from gpuvfio.ops.binding import libvirt_view
 from gpuvfio.ops.plans import CheckStatus, Plan
@@ -50,7 +51,8 @@ def health_report(ctx: Context, *, only: list[PciAddress] | None = None, every_a
     watched = only or [a for a, f in sorted(inventory.functions.items())
                        if f.is_nvidia or (every_assigned and f.driver == "vfio-pci")]
     broken = ctx.journal().data["broken"]
-    devices = [device_health(ctx.host, inventory, inventory.require(a)[0], broken) for a in watched]
+    log = read_kernel_log(ctx.host)
+    devices = [device_health(ctx.host, inventory, inventory.require(a)[0], broken, log) for a in watched]
     view = libvirt_view(ctx, list(watched), uri=uri)
     for device in devices:  # which domains hold a device is no PCIe finding: libvirt down is a note
         if view.users is not None:
@@ -71,8 +73,9 @@ def plan_health(ctx: Context, plan: Plan, addresses: list[PciAddress], *, force:
     already (one journal load per operation), else read here."""
     inventory = inventory or read_inventory(ctx.host)
     broken = ctx.journal().data["broken"] if broken is None else broken
+    log = read_kernel_log(ctx.host) if addresses else None
     for address in addresses:
         fn = inventory.functions.get(address)
-        for finding in plan_findings(ctx.host, inventory, fn, broken) if fn is not None else []:
+        for finding in plan_findings(ctx.host, inventory, fn, broken, log) if fn is not None else []:
             refuse = finding.status is Rating.FAILED and not mends and not (force and finding.overridable)
             plan.check("health", CheckStatus.REFUSE if refuse else CheckStatus.WARN, f"{address}: {finding.message}")

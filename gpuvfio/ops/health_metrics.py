@@ -29,6 +29,9 @@ METRICS = {
                                      "the most the device can train (link=max)."),
     "gpuvfio_pcie_link_width_lanes": ("gauge", "PCIe link width in lanes, as trained now (link=current) and "
                                       "the most the device can train (link=max)."),
+    "gpuvfio_iommu_faults_logged": ("gauge", "IOMMU faults the kernel log holds for the device now, by IOMMU "
+                                    "(DMAR, AMD-Vi) and kind; a gauge: the log is a ring buffer that drops "
+                                    "its oldest lines."),
     "gpuvfio_device_health_status": ("gauge", "1 for the device's health status (ok, degraded, failed), 0 "
                                      "for the others (gpuvfio health)."),
 }
@@ -63,6 +66,10 @@ def _device_series(device: DeviceHealth, series: dict[str, list[str]]) -> None:
             if width is not None:
                 series["gpuvfio_pcie_link_width_lanes"].append(
                     _sample("gpuvfio_pcie_link_width_lanes", base | {"link": which}, width))
+    for kind, count in sorted((device.iommu or {}).items()):
+        unit, _, what = kind.partition(" ")
+        series["gpuvfio_iommu_faults_logged"].append(
+            _sample("gpuvfio_iommu_faults_logged", base | {"iommu": unit, "kind": what}, count))
     for status in STATUSES:
         series["gpuvfio_device_health_status"].append(
             _sample("gpuvfio_device_health_status", base | {"status": status.value}, int(device.status is status)))
