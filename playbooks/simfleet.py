@@ -26,6 +26,7 @@ SAMPLES = ("dgx-h100", "epyc-mixed", "iommu-off", "workstation")
 SAMPLE_VARS = {
     "dgx-h100": {
         "gpuvfio_hugepage_size": "1G", "gpuvfio_hugepages_per_node": 256, "gpuvfio_stop_services": True,
+        "gpuvfio_health_textfile": "/var/lib/node_exporter/textfile_collector/gpuvfio.prom",
         "gpuvfio_guests": [{"name": "train-0", "gpus": ["0000:1b:00.0"], "vcpus": 8, "memory": "16G"},
                            {"name": "train-1", "gpus": ["0000:9d:00.0"], "vcpus": 8, "memory": "16G"}],
     },

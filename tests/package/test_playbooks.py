@@ -425,6 +425,35 @@ def test_attach_playbook_in_check_mode_plans_and_changes_nothing(fleet):
         assert not os.path.exists(os.path.join(info["state_dir"], "journal.json"))
 
 
+def _health_timer_verifies(info) -> None:
+    """The health timer host-prep installs (gpuvfio_health_textfile), enabled, read by systemd's
+    own parser: systemd-analyze verify in a root holding this machine's units and the two, with
+    gpuvfio where gpuvfio_bin_link puts it; a value it ignores (a warning) fails too."""
+    units = os.path.join(info["root"], "etc", "systemd", "system")
+    service = _file(info, "etc", "systemd", "system", "gpuvfio-health.service")
+    assert "ExecStart=/usr/local/bin/gpuvfio health --all --textfile " \
+           "/var/lib/node_exporter/textfile_collector/gpuvfio.prom\n" in service
+    assert os.readlink(os.path.join(units, "timers.target.wants", "gpuvfio-health.timer")) == \
+        "/etc/systemd/system/gpuvfio-health.timer"
+    assert os.path.isdir(os.path.join(info["root"], "var/lib/node_exporter/textfile_collector"))
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None or not os.path.isdir("/usr/lib/systemd/system"):
+        pytest.fail("systemd-analyze and the system's units are missing: the unit check cannot run")
+    verify_root = os.path.join(os.path.dirname(info["root"]), "..", "verify-" + os.path.basename(info["root"]))
+    shutil.copytree("/usr/lib/systemd/system", os.path.join(verify_root, "usr/lib/systemd/system"), symlinks=True)
+    for name in ("gpuvfio-health.service", "gpuvfio-health.timer"):
+        os.makedirs(os.path.join(verify_root, "etc/systemd/system"), exist_ok=True)
+        shutil.copy(os.path.join(units, name), os.path.join(verify_root, "etc/systemd/system", name))
+    os.makedirs(os.path.join(verify_root, "usr/local/bin"))
+    with open(os.path.join(verify_root, "usr/local/bin/gpuvfio"), "w", encoding="utf-8") as handle:
+        handle.write("#!/bin/sh\n")
+    os.chmod(os.path.join(verify_root, "usr/local/bin/gpuvfio"), 0o755)
+    done = subprocess.run([analyze, "verify", f"--root={os.path.abspath(verify_root)}",
+                           "/etc/systemd/system/gpuvfio-health.timer", "/etc/systemd/system/gpuvfio-health.service"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
 def _file(info, *parts):
     path = os.path.join(info["root"], *parts)
     return open(path, encoding="utf-8").read() if os.path.exists(path) else None
@@ -550,6 +579,9 @@ def test_host_prep_check_mode_then_apply_then_nothing_left_to_change(fleet):
         if sample == "dgx-h100":  # 256 x 1G per node on 5.15: hugepages=512, as it runs already
             assert "default_hugepagesz=1G hugepagesz=1G hugepages=512" in grub
             assert message == "no reboot needed"
+            _health_timer_verifies(info)
+        else:  # no gpuvfio_health_textfile: no timer
+            assert _file(info, "etc", "systemd", "system", "gpuvfio-health.timer") is None
         if sample == "iommu-off":
             assert message.startswith("reboot needed") and "intel_iommu=off" in message
         if sample == "workstation":
