@@ -381,3 +381,18 @@ def test_a_reset_plan_names_what_the_reset_is_to_mend_and_refuses_nothing_for_it
     assert not plan.refused
     assert [(c.check_id, c.status.value, c.message) for c in plan.checks if c.check_id == "health"] == [
         ("health", "warn", f"{GPU}: 1 fatal error(s) (CmpltTO 1) since boot")]
+
+
+def test_a_device_whose_link_capabilities_read_0_has_no_maximum_to_fall_below(cli, tmp_path):
+    """Seen in the kernel lane: Linux writes max_link_width 255 and max_link_speed "Unknown" for
+    a function whose Link Capabilities read 0 (PCIE_LNK_WIDTH_UNKNOWN; QEMU's virtio functions),
+    and health took 255 for a width, so an x1 link under an x32 port was "lanes lost"."""
+    b = host(tmp_path)
+    path = fn(b, AUDIO).path
+    for name, value in (("max_link_width", "255"), ("max_link_speed", "Unknown"), ("current_link_width", "1"),
+                        ("current_link_speed", "2.5 GT/s PCIe")):
+        with open(f"{path}/{name}", "w") as handle:
+            handle.write(value + "\n")
+    result = cli("--root", b.root, "health", AUDIO, "--json")
+    assert findings(devices(result)[AUDIO], "link") == []
+    assert result.code == 0, result.out
