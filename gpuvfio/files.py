@@ -318,7 +318,8 @@ class Tree:
     def read_kernel_log(self, rel: str, limit: int = kmsg.LOG_LIMIT) -> bytes | None:
         """The kernel log at ``rel`` in /dev/kmsg's form: the kernel's device (gpuvfio.kmsg, the
         newest records within ``limit``) or a recording (a regular file of such records); None
-        when there is none. Another device, a link or a FIFO there is refused, never opened."""
+        when there is none. Another device, the device in a tree that is not /, a link or a FIFO
+        there is refused, never opened."""
         dir_fd, name = self._parent(rel)
         if dir_fd is None:
             return None
@@ -331,9 +332,9 @@ class Tree:
                 _walk_error(exc, self.path(rel))
             if not stat.S_ISCHR(found.st_mode):
                 return read_at(dir_fd, name, limit, self.path(rel))
-            if (os.major(found.st_rdev), os.minor(found.st_rdev)) != kmsg.DEVICE:
+            if (os.major(found.st_rdev), os.minor(found.st_rdev)) != kmsg.DEVICE or self.path() != "/":
                 raise NotRegular(f"{self.path(rel)} is the character device {os.major(found.st_rdev)}:"
-                                 f"{os.minor(found.st_rdev)}, not the kernel log (1:11)")
+                                 f"{os.minor(found.st_rdev)}: only the live root's /dev/kmsg (1:11) is read")
             return kmsg.read_device(dir_fd, name, found, limit, self.path(rel))
         finally:
             os.close(dir_fd)

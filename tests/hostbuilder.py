@@ -520,6 +520,11 @@ class HostBuilder:
         _write(os.path.join(self.root, "dev", "kmsg"),
                "".join(f"3,{n},{start_usec + n * 1_000_000},-;{line}\n" for n, line in enumerate(lines)))
 
+    def aer_rootport(self, fn: "Function", *, correctable: int = 0, nonfatal: int = 0, fatal: int = 0) -> None:
+        """A root port's totals of the error messages it received (aer.c aer_stats_rootport_attr)."""
+        for name, count in (("cor", correctable), ("nonfatal", nonfatal), ("fatal", fatal)):
+            _write(os.path.join(fn.path, f"aer_rootport_total_err_{name}"), f"{count}\n")
+
     def aer(self, fn: "Function", *, correctable: dict[str, int] | None = None,
             nonfatal: dict[str, int] | None = None, fatal: dict[str, int] | None = None) -> None:
         """The three AER counter files as drivers/pci/pcie/aer.c (Linux 6.1) writes them: every

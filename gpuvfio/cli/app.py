@@ -202,7 +202,8 @@ def _flushed(code: int) -> int:
 
 
 # what write(2) says when the output's file or device cannot take it (write(2), Linux man-pages 6.9)
-UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+# (EBADF: stdout opened for reading only, gpuvfio list 1</dev/null; EAGAIN: a non-blocking pipe full)
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF, errno.EAGAIN})
 
 
 def _unwritable(exc: OSError) -> int:

@@ -12,6 +12,7 @@ from gpuvfio.cli.devices import DeviceIds, Devices
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.output import printable
 from gpuvfio.cli.tables import from_table, options
+from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.ops.context import open_context
 from gpuvfio.ops.health import HealthReport, health_report
 from gpuvfio.ops.health_metrics import textfile
@@ -38,7 +39,10 @@ def health_cmd(addresses: Devices = None, device_ids: DeviceIds = None, run: dic
         report = health_report(ctx, only=resolve(ctx, addresses, device_ids) or None, every_assigned=run["all"],
                                uri=connect)
     if run["textfile"] is not None:
-        write_output(run["textfile"], textfile(report))
+        try:
+            write_output(run["textfile"], textfile(report))
+        except GpuvfioError as exc:  # exit 2, not 1 (a device not ok): a timer's unit must fail on it
+            raise InputError(f"--textfile: {exc}") from None
     if as_json:
         emit_json(report.to_json())
     else:

@@ -25,7 +25,7 @@ from enum import Enum
 from gpuvfio.address import PciAddress
 from gpuvfio.host.root import HostRoot
 
-__all__ = ["Severity", "AerCounts", "AerError", "parse_counts", "read_aer", "AER_FILE_LIMIT"]
+__all__ = ["Severity", "AerCounts", "AerError", "parse_counts", "read_aer", "read_rootport_totals", "AER_FILE_LIMIT"]
 
 AER_FILE_LIMIT = 4096  # 32 bits a file at most, ~30 bytes a line: well under a page
 _LINE = re.compile(r"([A-Za-z][A-Za-z0-9_]{0,31}(?:\[[0-9]{1,2}\])?) ([0-9]{1,20})")
@@ -46,6 +46,11 @@ class Severity(str, Enum):
     @property
     def file(self) -> str:
         return f"aer_dev_{self.value}"
+
+    @property
+    def rootport_file(self) -> str:
+        return {"correctable": "aer_rootport_total_err_cor", "nonfatal": "aer_rootport_total_err_nonfatal",
+                "fatal": "aer_rootport_total_err_fatal"}[self.value]
 
     @property
     def total_key(self) -> str:
@@ -109,3 +114,21 @@ def read_aer(host: HostRoot, address: PciAddress) -> dict[Severity, AerCounts] |
     if len(present) != len(texts):
         raise AerError(f"only {', '.join(s.file for s in present)} of the three AER files")
     return {s: parse_counts(s, text) for s, text in texts.items()}
+
+
+def read_rootport_totals(host: HostRoot, address: PciAddress) -> dict[Severity, int] | None:
+    """The error messages a root port received from the functions below it, by severity
+    (``aer_rootport_total_err_cor``, ``_nonfatal``, ``_fatal``: aer.c aer_stats_rootport_attr,
+    shown on root ports only). They count what no function below may have counted: for a fatal
+    error whose link went down the kernel cannot read the sender's status ("type=Inaccessible")
+    and its own ``aer_dev_fatal`` stays 0 (seen on Linux 6.1). None: not a root port, or no AER."""
+    directory = host.resolve_in_sys(host.sys_path("bus", "pci", "devices", str(address)))
+    texts = {s: host.read(os.path.join(directory, s.rootport_file), AER_FILE_LIMIT) for s in Severity}
+    if all(text is None for text in texts.values()):
+        return None
+    totals = {}
+    for severity, text in texts.items():
+        if text is None or not re.fullmatch(r"[0-9]{1,20}", text) or int(text) > U64_MAX:
+            raise AerError(f"{severity.rootport_file}: not one count")
+        totals[severity] = int(text)
+    return totals

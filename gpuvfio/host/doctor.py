@@ -270,7 +270,7 @@ def _pcie_findings(host: HostRoot, inventory: Inventory, watched: list) -> tuple
     log = read_kernel_log(host)
     for fn in sorted(watched, key=lambda f: f.address):
         for finding in device_health(host, inventory, fn, {}, log).findings:
-            if finding.check not in ("aer", "port_aer", "link", "iommu"):
+            if finding.check not in ("aer", "pf_aer", "port_aer", "link", "iommu"):
                 continue  # config space: the dead check below; the journal: its own check
             line = f"{fn.address}: {finding.message}"
             if finding.status is Rating.FAILED:

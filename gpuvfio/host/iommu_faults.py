@@ -26,6 +26,7 @@ attributed. The kernel rate-limits these lines, and the ring buffer keeps only t
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -33,17 +34,19 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.root import HostRoot
 
-__all__ = ["IommuFault", "KernelLog", "read_kernel_log", "fault_records", "KMSG"]
+__all__ = ["IommuFault", "KernelLog", "read_kernel_log", "fault_records", "recorded_log", "KMSG"]
 
 KMSG = "dev/kmsg"
 DETAIL_LIMIT = 160  # what a finding quotes of a fault line
 RECORD = re.compile(r"(\d{1,3}),(\d{1,20}),(\d{1,20}),[^;\n]{0,64};([^\n]{0,16384})")
+KERNEL_FACILITY = 8  # prio = facility << 3 | level: below 8 is facility 0, the kernel's own (not /dev/kmsg writes)
+RECORDED_LIMIT = 1 << 20  # what dump-host keeps of the log's fault records: the newest within a MiB
 _BDF = r"(?:0x)?([0-9a-f]{2}):(?:0x)?([0-9a-f]{2})\.([0-7])"
-DMAR = re.compile(r"DMAR: \[(DMA Read|DMA Write|INTR-REMAP)(?: NO_PASID| PASID 0x[0-9a-f]{1,8})?\] "
+DMAR = re.compile(r"^DMAR: \[(DMA Read|DMA Write|INTR-REMAP)(?: NO_PASID| PASID 0x[0-9a-f]{1,8})?\] "
                   rf"Request device \[{_BDF}\] (?:PASID [0-9a-f]{{1,8}} )?fault (?:addr|index) (?:0x)?[0-9a-f]{{1,16}} "
                   r"\[fault reason (?:0x)?([0-9a-f]{1,3})\] ?(.*)")
-AMD = re.compile(r"(?:^\S{1,64} ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): )?AMD-Vi: Event logged "
-                 r"\[([A-Z_]{2,40})\b(.*)")
+AMD = re.compile(r"^(?:\S{1,64} ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): |iommu ivhd[0-9]{1,3}: )?AMD-Vi: "
+                 r"Event logged \[([A-Z_]{2,40})\b(.*)")
 AMD_DEVICE = re.compile(r"device=(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])\b")
 
 
@@ -73,7 +76,15 @@ class KernelLog:
     error: str | None = None
 
     def of(self, address: PciAddress) -> list[IommuFault]:
-        return [f for f in self.faults if f.names(address)]
+        at = self.by_bus_address.get((address.bus, address.slot, address.function), ())
+        return [f for f in at if f.segment in (None, address.domain)]
+
+    @functools.cached_property
+    def by_bus_address(self) -> dict[tuple[int, int, int], list[IommuFault]]:
+        out: dict[tuple[int, int, int], list[IommuFault]] = {}
+        for fault in self.faults:
+            out.setdefault((fault.bus, fault.slot, fault.function), []).append(fault)
+        return out
 
 
 def read_kernel_log(host: HostRoot) -> KernelLog:
@@ -83,19 +94,37 @@ def read_kernel_log(host: HostRoot) -> KernelLog:
         return KernelLog(error=str(exc))
     if data is None:
         return KernelLog(missing=True)
-    return KernelLog(tuple(f for f in map(_fault, fault_records(data)) if f is not None))
+    return KernelLog(tuple(fault for _, fault in fault_records(data)))
 
 
-def fault_records(data: bytes) -> list[tuple[int, str]]:
-    """The records whose text is an IOMMU fault line, as (usec since boot, text): what health
-    reads, and all that dump-host records of the log. A line not of the record's form (a
-    recording's hostile line) is passed over."""
+def fault_records(data: bytes) -> list[tuple[tuple[int, str], IommuFault]]:
+    """The kernel's own records (facility 0: what a process writes to /dev/kmsg is not) whose
+    text is an IOMMU fault line of a function, as ((usec since boot, text), fault): what health
+    reads, and all that dump-host records of the log. A line that is not of the record's form
+    (a recording's hostile line) is passed over, as is a fault line inside other text."""
     out = []
     for line in data.decode("ascii", "replace").split("\n"):
         match = RECORD.fullmatch(line)
-        if match is not None and ("DMAR: " in match.group(4) or "AMD-Vi: Event logged" in match.group(4)):
-            out.append((int(match.group(3)), match.group(4)))
+        if match is None or int(match.group(1)) >= KERNEL_FACILITY:
+            continue
+        record = (int(match.group(3)), match.group(4))
+        fault = _fault(record) if "DMAR: " in record[1] or "AMD-Vi: " in record[1] else None
+        if fault is not None:
+            out.append((record, fault))
     return out
+
+
+def recorded_log(data: bytes) -> str:
+    """What dump-host records of a kernel log: its fault records, the newest within
+    RECORDED_LIMIT, in /dev/kmsg's form again."""
+    lines, size = [], 0
+    for n, ((usec, text), _) in reversed(list(enumerate(fault_records(data)))):
+        line = f"3,{n},{usec},-;{text}\n"
+        size += len(line)
+        if size > RECORDED_LIMIT:
+            break
+        lines.append(line)
+    return "".join(reversed(lines))
 
 
 def _fault(record: tuple[int, str]) -> IommuFault | None:

@@ -28,7 +28,7 @@ from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer
+from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer, read_rootport_totals
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.iommu_faults import IommuFault, KernelLog
 from gpuvfio.host.model import Link, PciFunction
@@ -49,7 +49,7 @@ RANK = {Rating.OK: 0, Rating.UNKNOWN: 1, Rating.DEGRADED: 1, Rating.FAILED: 2}
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # config, journal, aer, port_aer, link, iommu
+    check: str  # config, journal, aer, pf_aer, port_aer, link, iommu
     status: Rating
     message: str
     absent: bool = False  # unknown because the kernel offers nothing to read (no counters, no link
@@ -95,9 +95,12 @@ def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken:
     ports', its link, its IOMMU faults in ``log`` (the kernel log, read once per operation)."""
     device = DeviceHealth(fn.address, fn.driver, link=fn.link)
     device.findings += _config_findings(fn, broken)
-    _aer_findings(host, device, fn.address, None)
+    _aer_findings(host, device, fn.address)
+    if fn.physfn is not None:
+        _aer_findings(host, device, fn.physfn, "PF")
     for port in fn.parents:
-        _aer_findings(host, device, port, port)
+        _aer_findings(host, device, port, "port")
+    device.findings += _unclaimed_findings(host, inventory, fn)
     device.findings += _link_findings(inventory, fn)
     device.findings += _iommu_findings(inventory, fn, log)
     if not log.missing and log.error is None:
@@ -135,19 +138,21 @@ def _config_findings(fn: PciFunction, broken: dict) -> list[Finding]:
     return out
 
 
-def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, port: PciAddress | None) -> None:
-    """The findings of the counters of ``address``: the device itself (``port`` None) or the port
-    ``port`` above it, which counts the errors of the link it shares with the device below."""
-    where = "self" if port is None else str(port)
-    who = "" if port is None else f"its port {port}: "
-    check = "aer" if port is None else "port_aer"
+def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, role: str | None = None) -> None:
+    """The findings of the counters of ``address``: the device itself (``role`` None), or one
+    that counts for it (``role`` "port": a port above it, which counts the errors of the link it
+    shares with the device below; "PF": an SR-IOV VF's physical function, whose failure is its
+    VFs' and whose link is theirs)."""
+    where = "self" if role is None else str(address)
+    who = "" if role is None else f"its {role} {address}: "
+    check = "aer" if role is None else f"{role.lower()}_aer"
     try:
         counts = read_aer(host, address)
     except (AerError, GpuvfioError) as exc:
         device.findings.append(Finding(check, Rating.UNKNOWN, f"{who}AER counters unreadable: {exc}"))
         return
     if counts is None:
-        if port is None:
+        if role is None:
             device.findings.append(Finding(check, Rating.UNKNOWN, "no AER counters (no AER capability, or a "
                                                                   "kernel without CONFIG_PCIEAER or with pci=noaer)",
                                            absent=True))
@@ -157,8 +162,37 @@ def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, por
                              (Severity.CORRECTABLE, Rating.OK)):
         if counts[severity].total:
             device.findings.append(Finding(check, rating, who + counts[severity].describe() + " since boot"))
-    if port is None and not any(c.total for c in counts.values()):
+    if role is None and not any(c.total for c in counts.values()):
         device.findings.append(Finding(check, Rating.OK, "no AER errors since boot"))
+
+
+def _unclaimed_findings(host: HostRoot, inventory: Inventory, fn: PciFunction) -> list[Finding]:
+    """The error messages ``fn``'s root port received that no function below it counted
+    (aer.read_rootport_totals): a fatal error whose link went down counts there only. Each
+    function below the port is rated on them, since which one sent them is not known."""
+    root = fn.parents[0] if fn.parents else None
+    if root not in inventory.functions:  # no root port, or one missing from the tree (its own finding)
+        return []
+    try:
+        totals = read_rootport_totals(host, root)
+        if totals is None:
+            return []
+        below = [root] + [a for a, f in inventory.functions.items() if root in f.parents]
+        counted = {s: 0 for s in Severity}
+        for address in below:
+            for severity, counts in (read_aer(host, address) or {}).items():
+                counted[severity] += counts.total
+    except (AerError, GpuvfioError) as exc:
+        return [Finding("port_aer", Rating.UNKNOWN, f"its root port {root}: AER totals unreadable: {exc}")]
+    out = []
+    for severity, rating in ((Severity.FATAL, Rating.FAILED), (Severity.NONFATAL, Rating.DEGRADED),
+                             (Severity.CORRECTABLE, Rating.OK)):
+        unclaimed = totals[severity] - counted[severity]
+        if unclaimed > 0:
+            out.append(Finding("port_aer", rating, f"its root port {root}: {unclaimed} {severity.value} error "
+                                                   "message(s) since boot that no function below it counted (the "
+                                                   "kernel could not read the sender: its link went down)"))
+    return out
 
 
 def _link_findings(inventory: Inventory, fn: PciFunction) -> list[Finding]:
@@ -166,13 +200,13 @@ def _link_findings(inventory: Inventory, fn: PciFunction) -> list[Finding]:
     link = fn.link
     if fn.physfn is not None or (link is not None and link.max_width == 0):
         return []  # an SR-IOV VF, a function with no link of its own: its PF's link is the link
+    if link is not None and link.current_width == 0:  # whether or not its maximum reads (a dead
+        return [Finding("link", Rating.FAILED, "the link is down (width 0)")]  # device reads 255)
     if link is None or link.current_width is None or link.max_width is None:
         return [Finding("link", Rating.UNKNOWN, "no link reading", absent=True)] if fn.is_nvidia_gpu else []
     if link.current_width > link.max_width:
         return [Finding("link", Rating.UNKNOWN, f"width x{link.current_width} above its maximum x{link.max_width}: "
                                                 "not a reading to trust")]
-    if link.current_width == 0:
-        return [Finding("link", Rating.FAILED, "the link is down (width 0)")]
     port = inventory.functions.get(fn.parents[-1]) if fn.parents else None
     width, gen = link.max_width, link.max_gen
     if port is not None and port.link is not None:

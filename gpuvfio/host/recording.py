@@ -11,12 +11,12 @@ import os
 import re
 
 from gpuvfio.address import PciAddress
-from gpuvfio.errors import HostReadError
+from gpuvfio.errors import GpuvfioError, HostReadError
 from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.fixture import HEADER
 from gpuvfio.host.host_use import CLASSES, PROC_FILES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
-from gpuvfio.host.iommu_faults import KMSG, fault_records
+from gpuvfio.host.iommu_faults import KMSG, recorded_log
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
 from gpuvfio.host.nvlink import record_text as nvlink_record
@@ -33,6 +33,7 @@ PCI_ATTRS = (
     "current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
     "sriov_totalvfs", "sriov_numvfs", "boot_vga", "reset_method", "enable", "power_state", "d3cold_allowed",
     "power/control", "aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal",
+    "aer_rootport_total_err_cor", "aer_rootport_total_err_nonfatal", "aer_rootport_total_err_fatal",
 )
 PCI_LINKS = ("driver", "iommu_group", "physfn")
 MDEV_TYPE_ATTRS = ("name", "available_instances", "device_api", "description")
@@ -242,11 +243,15 @@ def _record_modules_and_devices(rec: _Recorder, host: HostRoot) -> None:
     for parts in DEV_NODES:  # /dev/kvm, /dev/vfio/vfio: names only (a fixture holds no device nodes)
         if host.tree.exists("/".join(parts)):
             rec.add("F", host.path(*parts), "")
-    # The kernel log: its IOMMU fault records only (what health reads; the rest is the host's own).
-    log = host.tree.read_kernel_log(KMSG)
+    # The kernel log: its IOMMU fault records only (what health reads; the rest is the host's
+    # own), the newest within a MiB. A log that cannot be read is not recorded (health then says
+    # the recording holds none), and the rest of the recording goes on.
+    try:
+        log = host.tree.read_kernel_log(KMSG)
+    except GpuvfioError:
+        log = None
     if log is not None:
-        rec.add("F", host.path(KMSG), _esc("".join(f"3,{n},{usec},-;{text}\n"
-                                                   for n, (usec, text) in enumerate(fault_records(log)))))
+        rec.add("F", host.path(KMSG), _esc(recorded_log(log)))
     for module, param, _name in SECURE_PARAMS:
         rec.file(host.sys_path("module", module, "parameters", param))
 

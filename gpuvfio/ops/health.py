@@ -18,7 +18,7 @@ from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.iommu_faults import read_kernel_log
 from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health, plan_findings
 from gpuvfio.ops.binding import libvirt_view
-from gpuvfio.ops.plans import CheckStatus, Plan
+from gpuvfio.ops.plans import Check, CheckStatus, Plan
 
 if TYPE_CHECKING:  # the annotation only: a Context is passed in, never made here
     from gpuvfio.ops.context import Context
@@ -71,11 +71,17 @@ def plan_health(ctx: Context, plan: Plan, addresses: list[PciAddress], *, force:
     is what mends a failed device, so there every finding warns: the plan says what the reset
     is for. ``inventory`` and ``broken`` (the journal's marks): those the caller's plan read
     already (one journal load per operation), else read here."""
+    if not addresses:
+        return
     inventory = inventory or read_inventory(ctx.host)
     broken = ctx.journal().data["broken"] if broken is None else broken
-    log = read_kernel_log(ctx.host) if addresses else None
+    log = read_kernel_log(ctx.host)
     for address in addresses:
         fn = inventory.functions.get(address)
-        for finding in plan_findings(ctx.host, inventory, fn, broken, log) if fn is not None else []:
+        if fn is None:
+            plan.refuse("health", f"{address}: not on this host")
+            continue
+        for finding in plan_findings(ctx.host, inventory, fn, broken, log):
             refuse = finding.status is Rating.FAILED and not mends and not (force and finding.overridable)
-            plan.check("health", CheckStatus.REFUSE if refuse else CheckStatus.WARN, f"{address}: {finding.message}")
+            plan.checks.append(Check("health", CheckStatus.REFUSE if refuse else CheckStatus.WARN,
+                                     f"{address}: {finding.message}", overridable=refuse and finding.overridable))

@@ -64,7 +64,8 @@ GROUPS = {
                   _t("test_binding", "test_bind_results", "test_bind_cli", "test_sysfs_write", "test_confined_writes",
                      "test_recovery_gaps", "test_dry_runs", "test_plans_are_run", "test_plan_runs_meet_the_world",
                      "test_health", "test_kernel_names", "test_host_use", "test_fabric_flow", "test_doctor",
-                     "test_persist_edges", "test_journal_edges", "test_apply_edges", "test_plan_edges", "test_clock")),
+                     "test_persist_edges", "test_journal_edges", "test_apply_edges", "test_plan_edges", "test_clock",
+                     "test_pcie_health")),
     "host": Group(("gpuvfio/host/inventory.py", "gpuvfio/host/groups.py", "gpuvfio/host/topology.py"),
                   _t("test_inventory", "test_inventory_edges", "test_inventory_generated", "test_topology",
                      "test_topology_edges", "test_selectors")),
@@ -74,7 +75,8 @@ GROUPS = {
     "files": Group(("gpuvfio/files.py", "gpuvfio/tree_filler.py"),
                    _t("test_file_layer", "test_file_layer_reads", "test_tree_reads", "test_tree_writes",
                       "test_tree_replace", "test_tree_filler", "test_confined_writes", "test_fixture_safety",
-                      "test_sys_dirs", "test_bounded_recordings", "test_edges")),  # sys_dirs: the walk's steps
+                      "test_sys_dirs", "test_bounded_recordings", "test_edges", "test_iommu_faults")),
+    # sys_dirs: the walk's steps; iommu_faults: the kernel log's reader
     "uri": Group(("gpuvfio/virt/uri.py",), _t("test_libvirt_uri", "test_settings")),
     "guest": Group(("gpuvfio/guest/checks.py", "gpuvfio/guest/expect.py", "gpuvfio/guest/nccl_checks.py",
                     "gpuvfio/guest/verdicts.py"),

@@ -225,3 +225,16 @@ def test_group_of_is_none_without_groups_or_without_the_function():
     fn.iommu_group = 3
     assert Inventory({fn.address: fn}, None).group_of(fn.address) is None
     assert Inventory({fn.address: fn}, {}).group_of(A("0000:00:1b.1")) is None
+
+
+@pytest.mark.parametrize("width, expected", [("255", None), ("254", 254), ("16", 16), ("0", 0)])
+def test_max_link_width_255_is_the_kernels_unknown(tmp_path, width, expected):
+    """Linux writes 255 (PCIE_LNK_WIDTH_UNKNOWN) when a function's Link Capabilities read 0
+    (QEMU's virtio functions; seen in the kernel lane): no maximum, not a width of 255."""
+    b, rb = _host(tmp_path)
+    fn = b.function(rb, "0000:00:1c.0", "1af4", "1041", "020000")
+    for name, value in (("current_link_width", "1"), ("max_link_width", width),
+                        ("current_link_speed", "2.5 GT/s PCIe"), ("max_link_speed", "Unknown")):
+        _write(os.path.join(fn.path, name), value + "\n")
+    link = _one(tmp_path, "0000:00:1c.0").link
+    assert (link.current_width, link.max_width, link.max_speed_gts) == (1, expected, None)

@@ -26,8 +26,7 @@ def faults_of(data: bytes) -> list[tuple]:
 
 
 def read_log(data: bytes) -> KernelLog:
-    from gpuvfio.host.iommu_faults import _fault  # noqa: PLC2701 - the parser itself, line by line
-    return KernelLog(tuple(f for f in map(_fault, fault_records(data)) if f is not None))
+    return KernelLog(tuple(fault for _, fault in fault_records(data)))
 
 
 @pytest.mark.parametrize("line, fault", [
@@ -72,6 +71,21 @@ def test_lines_that_name_no_function_are_not_faults_of_one(line):
     assert faults_of(f"3,7,5000000,-;{line}\n".encode()) == []
 
 
+@pytest.mark.parametrize("record", [
+    # Linux 5.8+ names an exec-stack binary in the log, a name anyone can choose (fs/exec.c)
+    "4,9,5000000,-;process 'DMAR: [DMA Write NO_PASID] Request device [04:00.0] fault addr 0x0 [fault reason "
+    "0x05] x' started with executable stack",
+    # a process writing /dev/kmsg: facility 1 (user), not the kernel's
+    "11,9,5000000,-;DMAR: [DMA Read NO_PASID] Request device [04:00.0] fault addr 0x1 [fault reason 0x06] x",
+    "14,9,5000000,-;vfio-pci 0000:04:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x1 address=0x0 flags=0x0]",
+    # a fault line inside another device's message
+    "3,9,5000000,-;usb 1-1: Product: AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:04:00.0 domain=0x0]",
+])
+def test_a_fault_line_that_is_not_the_kernels_own_is_no_fault(record):
+    """Found by an attacker's review: any text in the log that held a fault line counted."""
+    assert faults_of(f"{record}\n".encode()) == []
+
+
 def test_what_is_not_a_record_is_passed_over():
     """A recording's hostile lines: a text without the record's header, a header too long, a
     dictionary line, a record over its bound; the record after them still counts."""
@@ -105,7 +119,11 @@ def test_only_the_kernel_log_device_is_opened(tmp_path):
     os.makedirs(tmp_path / "dev")
     assert tree.read_kernel_log("dev/kmsg") is None
     os.mknod(tmp_path / "dev" / "kmsg", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
-    with pytest.raises(UnsafePathError, match="character device 1:3, not the kernel log"):
+    with pytest.raises(UnsafePathError, match="character device 1:3: only the live root's"):
+        tree.read_kernel_log("dev/kmsg")
+    os.unlink(tmp_path / "dev" / "kmsg")
+    os.mknod(tmp_path / "dev" / "kmsg", 0o600 | stat.S_IFCHR, os.makedev(1, 11))  # the log's numbers, in a tree
+    with pytest.raises(UnsafePathError, match="character device 1:11: only the live root's"):
         tree.read_kernel_log("dev/kmsg")
     os.unlink(tmp_path / "dev" / "kmsg")
     os.mkfifo(tmp_path / "dev" / "kmsg")
@@ -181,7 +199,7 @@ def test_a_recording_keeps_the_fault_records_only(cli, tmp_path):
     """dump-host records the kernel log's IOMMU fault records and nothing else of it (the rest is
     the host's own business), and health reads the recording as it read the host."""
     b = gpu_workstation(tmp_path / "host")
-    b.kernel_log(["Command line: root=/dev/sda1 secret=hunter2",
+    b.kernel_log(["Command line: root=/dev/sda1 secret=hunter2", "DMAR: IOMMU enabled hunter2",
                   "vfio-pci 0000:01:00.0: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0001 address=0x0 flags=0x0]"])
     dump = cli("--root", b.root, "dump-host", "-")
     assert dump.code == 0 and "hunter2" not in dump.out and "IO_PAGE_FAULT" in dump.out
@@ -216,3 +234,22 @@ def test_the_textfile_counts_each_devices_faults_by_iommu_and_kind(cli, tmp_path
         (GPU, "DMAR", "DMA Read", 2.0), (GPU, "DMAR", "DMA Write", 1.0)]
     assert cli("--root", b.root, "health", "--json").json()["devices"][0]["iommu_faults"] == {
         "DMAR DMA Read": 2, "DMAR DMA Write": 1}
+
+
+def test_a_recording_keeps_the_newest_fault_records_within_a_mib(tmp_path):
+    """A fault storm of 40,000 lines made a recording the fixture loader refused (one record is
+    at most 5 MiB): the newest that fit in a MiB are kept."""
+    from gpuvfio.host.iommu_faults import RECORDED_LIMIT, recorded_log
+    line = "DMAR: [DMA Read NO_PASID] Request device [01:00.0] fault addr 0x{:x} [fault reason 0x06] PTE Read"
+    data = "".join(f"3,{n},{n},-;{line.format(n)}\n" for n in range(40000)).encode()
+    kept = recorded_log(data)
+    assert len(kept) <= RECORDED_LIMIT and kept.endswith(line.format(39999) + "\n")
+    assert len(fault_records(kept.encode())) == kept.count("\n") > 5000
+
+
+def test_a_kernel_log_the_recorder_cannot_read_leaves_it_out(cli, tmp_path):
+    b = gpu_workstation(tmp_path / "host")
+    os.unlink(os.path.join(b.root, "dev", "kmsg"))
+    os.mkdir(os.path.join(b.root, "dev", "kmsg"))
+    dump = cli("--root", b.root, "dump-host", "-")
+    assert dump.code == 0 and "dev/kmsg" not in dump.out

@@ -396,3 +396,75 @@ def test_a_device_whose_link_capabilities_read_0_has_no_maximum_to_fall_below(cl
     result = cli("--root", b.root, "health", AUDIO, "--json")
     assert findings(devices(result)[AUDIO], "link") == []
     assert result.code == 0, result.out
+
+
+def test_a_fatal_error_only_the_root_port_counted_fails_the_devices_below_it(cli, tmp_path):
+    """Seen in the kernel lane (Linux 6.1): after a fatal error whose link went down the kernel
+    cannot read the sender ("type=Inaccessible"), so the device's aer_dev_fatal stays 0 and only
+    its root port's aer_rootport_total_err_fatal counts it. health rated that GPU ok."""
+    b = host(tmp_path)
+    b.aer_rootport(fn(b, PORT), fatal=1)
+    result = cli("--root", b.root, "health", "--json")
+    unclaimed = (f"its root port {PORT}: 1 fatal error message(s) since boot that no function below it counted "
+                 "(the kernel could not read the sender: its link went down)")
+    for address in (GPU, AUDIO):
+        assert devices(result)[address]["status"] == "failed"
+        assert ("failed", unclaimed) in findings(devices(result)[address], "port_aer")
+    assert devices(result)[SMALL_GPU]["status"] == "ok"
+    b.aer(fn(b, GPU), fatal={"MalfTLP": 1})  # the sender counted it after all: one finding, its own
+    counted = cli("--root", b.root, "health", "--json")
+    assert findings(devices(counted)[AUDIO], "port_aer") == [] and devices(counted)[AUDIO]["status"] == "ok"
+    assert findings(devices(counted)[GPU], "aer") == [("failed", "1 fatal error(s) (MalfTLP 1) since boot")]
+    with open(os.path.join(fn(b, PORT).path, "aer_rootport_total_err_fatal"), "w") as handle:
+        handle.write("lots\n")
+    bad = cli("--root", b.root, "health", "--json")
+    assert findings(devices(bad)[AUDIO], "port_aer") == [
+        ("unknown", f"its root port {PORT}: AER totals unreadable: aer_rootport_total_err_fatal: not one count")]
+    dump = cli("--root", b.root, "dump-host", "-")
+    assert "aer_rootport_total_err_fatal lots" in dump.out
+
+
+def test_review_mends_a_refusal_force_overrides_says_so_and_a_missing_gpu_is_refused(cli, tmp_path):
+    """An attacker's review: the bare-metal variant's refusal said overridable false though the
+    variant's force overrides it, and a GPU not on the host planned with exit 0."""
+    b = host(tmp_path)
+    b.aer(fn(b, GPU), fatal={"CmpltTO": 1})
+    spec = tmp_path / "spec.toml"
+    body = ('[guest]\ndisk = "/var/lib/libvirt/images/g.qcow2"\n[guest.ssh]\nport = 2222\n[run]\n'
+            'gpus = ["{}"]\n[[variant]]\nname = "bare"\nkind = "baremetal"\n')
+    spec.write_text(body.format(GPU))
+    result = cli("--root", b.root, "testbed", "plan", str(spec), "--json")
+    (check,) = [c for c in result.json()["variants"][0]["checks"] if c["id"] == "health"]
+    assert (check["status"], check["overridable"]) == ("refuse", True)
+    spec.write_text(body.format("0000:09:00.0"))
+    missing = cli("--root", b.root, "testbed", "plan", str(spec), "--json")
+    assert missing.code in (1, 2), missing.out
+    if missing.code == 1:
+        assert [c["message"] for c in missing.json()["variants"][0]["checks"] if c["id"] == "health"] == [
+            "0000:09:00.0: not on this host"]
+
+
+def test_a_textfile_that_cannot_be_written_exits_2_so_a_timer_unit_fails(cli, tmp_path):
+    """exit 1 means a device is not ok, and the health timer's unit counts it as success; a
+    textfile that could not be written (a full disk) exited 1 too, and looked like success."""
+    b = host(tmp_path)
+    result = cli("--root", b.root, "health", "--textfile", "/sys/gpuvfio.prom")  # sysfs makes no new file
+    assert result.code == 2, result.err
+    assert result.err == "gpuvfio: error: --textfile: cannot write /sys/gpuvfio.prom: Permission denied\n"
+
+
+def test_a_vf_whose_pf_failed_is_failed_too(cli, tmp_path):
+    """An attacker's review: a VF of a PF with fatal errors was ok, and bind planned it."""
+    from tests.hostbuilder import BAR64_PREF, GiB, HostBuilder
+    b = HostBuilder(str(tmp_path / "host"))
+    b.iommu("intel", 1)
+    b.numa_node(0, list(range(4)), 32)
+    pf = b.function(b.root_bus(numa=0), "0000:41:00.0", "10de", "2236", "030200", driver="nvidia",
+                    bars=[(1, 32 * GiB, BAR64_PREF)])
+    (vf,) = b.sriov(pf, 4, ["0000:41:00.4"], "2236", "10de", "030200", driver="vfio-pci", vf_bar=GiB)
+    b.aer(pf, fatal={"UncorrIntErr": 3})
+    result = cli("--root", b.root, "health", "0000:41:00.4", "--json")
+    assert findings(devices(result)["0000:41:00.4"], "pf_aer") == [
+        ("failed", "its PF 0000:41:00.0: 3 fatal error(s) (UncorrIntErr 3) since boot")]
+    plan = cli("--root", b.root, "bind", "0000:41:00.4", "--dry-run", "--json")
+    assert plan.code == 1 and [c["status"] for c in plan.json()["checks"] if c["id"] == "health"] == ["refuse"]
