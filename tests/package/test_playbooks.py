@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -340,6 +341,9 @@ def fleet(ansible_env, tmp_path_factory):
     hosts = make_fleet(str(out), 8, sys.executable)
     prep_dir = tmp_path_factory.mktemp("prep-fleet")
     prep_hosts = make_fleet(str(prep_dir), 8, sys.executable)
+    # One DGX has the textfile collector's directory already, private: host-prep leaves its mode.
+    os.makedirs(os.path.join(prep_hosts["dgx-h100-1"]["root"], COLLECTOR), mode=0o750)
+    os.chmod(os.path.join(prep_hosts["dgx-h100-1"]["root"], COLLECTOR), 0o750)
     prep = _HostPrepRuns(ansible_env, prep_hosts, os.path.join(str(prep_dir), "hosts.yml"))
     prep.start()
     yield {"dir": str(out), "inventory": os.path.join(str(out), "hosts.yml"), "hosts": hosts,
@@ -425,6 +429,9 @@ def test_attach_playbook_in_check_mode_plans_and_changes_nothing(fleet):
         assert not os.path.exists(os.path.join(info["state_dir"], "journal.json"))
 
 
+COLLECTOR = "var/lib/node_exporter/textfile_collector"  # simfleet.py's gpuvfio_health_textfile's directory
+
+
 def _health_timer_verifies(info) -> None:
     """The health timer host-prep installs (gpuvfio_health_textfile), enabled, read by systemd's
     own parser: systemd-analyze verify in a root holding this machine's units and the two, with
@@ -435,7 +442,8 @@ def _health_timer_verifies(info) -> None:
            "/var/lib/node_exporter/textfile_collector/gpuvfio.prom\n" in service
     assert os.readlink(os.path.join(units, "timers.target.wants", "gpuvfio-health.timer")) == \
         "/etc/systemd/system/gpuvfio-health.timer"
-    assert os.path.isdir(os.path.join(info["root"], "var/lib/node_exporter/textfile_collector"))
+    collector = os.stat(os.path.join(info["root"], COLLECTOR))
+    assert stat.S_IMODE(collector.st_mode) == (0o750 if info["root"].endswith("dgx-h100-1") else 0o755)
     analyze = shutil.which("systemd-analyze")
     if analyze is None or not os.path.isdir("/usr/lib/systemd/system"):
         pytest.fail("systemd-analyze and the system's units are missing: the unit check cannot run")
