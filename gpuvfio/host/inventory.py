@@ -56,16 +56,6 @@ def _speed(text: str | None) -> float | None:
     return decimal(text.split()[0], MAX_GTS)
 
 
-# What max_link_width says when the device's Link Capabilities read 0 (no link it can train:
-# QEMU's virtio functions): PCIE_LNK_WIDTH_UNKNOWN, drivers/pci/pci.c pcie_get_width_cap (Linux 6.1).
-WIDTH_UNKNOWN = 0xFF
-
-
-def _width(text: str | None) -> int | None:
-    width = _int(text)
-    return None if width == WIDTH_UNKNOWN else width
-
-
 def parse_resource(text: str | None) -> list[Bar]:
     bars: list[Bar] = []
     if not text:
@@ -169,7 +159,7 @@ def _read_function(host: HostRoot, address: PciAddress, directory: SysDir, names
     fn.parents = _parents(host, real_dir)
     if "current_link_speed" in entries or "max_link_speed" in entries:
         link_info = Link(_speed(attr("current_link_speed")), _int(attr("current_link_width")),
-                         _speed(attr("max_link_speed")), _width(attr("max_link_width")))
+                         _speed(attr("max_link_speed")), _int(attr("max_link_width")))
         if any(v is not None for v in (link_info.current_speed_gts, link_info.current_width,
                                        link_info.max_speed_gts, link_info.max_width)):
             fn.link = link_info

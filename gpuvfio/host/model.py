@@ -56,12 +56,22 @@ class Bar:
                 "is_64bit": self.is_64bit, "prefetchable": self.prefetchable}
 
 
+# What max_link_width says when a function's Link Capabilities read 0 (no link it can train:
+# QEMU's virtio functions, a device whose config reads fail): PCIE_LNK_WIDTH_UNKNOWN,
+# drivers/pci/pci.c pcie_get_width_cap (Linux 6.1). No maximum, not a width of 255.
+WIDTH_UNKNOWN = 0xFF
+
+
 @dataclass(slots=True)
 class Link:
     current_speed_gts: float | None
     current_width: int | None
     max_speed_gts: float | None
     max_width: int | None
+
+    def __post_init__(self) -> None:
+        if self.max_width == WIDTH_UNKNOWN:
+            self.max_width = None
 
     @property
     def current_gen(self) -> int | None:
