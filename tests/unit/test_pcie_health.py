@@ -219,9 +219,9 @@ def test_a_bind_plan_refuses_a_failed_device_and_warns_on_a_degraded_one(cli, tm
     b.aer(fn(b, PORT), nonfatal={"UnsupReq": 2})
     warned = cli("--root", b.root, "bind", GPU, "--dry-run", "--json")
     assert warned.code == 0
-    assert [(c["status"], c["message"]) for c in warned.json()["checks"] if c["id"] == "health"] == [
-        ("warn", f"{GPU}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot"),
-        ("warn", f"{AUDIO}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot")]
+    assert [(c["status"], c["message"], c["overridable"]) for c in warned.json()["checks"] if c["id"] == "health"] == [
+        ("warn", f"{GPU}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot", False),
+        ("warn", f"{AUDIO}: its port {PORT}: 2 nonfatal error(s) (UnsupReq 2) since boot", False)]
 
 
 def test_a_kernel_without_counters_adds_nothing_to_a_plan(cli, tmp_path):
