@@ -6,6 +6,7 @@ amd_iommu_report_page_fault and iommu_print_event), in /dev/kmsg's records; the 
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -119,7 +120,8 @@ def test_only_the_kernel_log_device_is_opened(tmp_path):
     os.makedirs(tmp_path / "dev")
     assert tree.read_kernel_log("dev/kmsg") is None
     os.mknod(tmp_path / "dev" / "kmsg", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
-    with pytest.raises(UnsafePathError, match="character device 1:3: only the live root's"):
+    with pytest.raises(UnsafePathError, match=re.escape(f"{tmp_path}/dev/kmsg is the character device 1:3: only "
+                                                       "the live root's")):
         tree.read_kernel_log("dev/kmsg")
     os.unlink(tmp_path / "dev" / "kmsg")
     os.mknod(tmp_path / "dev" / "kmsg", 0o600 | stat.S_IFCHR, os.makedev(1, 11))  # the log's numbers, in a tree
@@ -135,8 +137,11 @@ def test_only_the_kernel_log_device_is_opened(tmp_path):
         tree.read_kernel_log("dev/kmsg")
     os.unlink(tmp_path / "dev" / "kmsg")
     (tmp_path / "dev" / "kmsg").write_bytes(b"x" * 100)
-    with pytest.raises(UnsafePathError, match="larger than"):
+    with pytest.raises(UnsafePathError, match=re.escape(f"{tmp_path}/dev/kmsg is larger than 10 bytes")):
         tree.read_kernel_log("dev/kmsg", limit=10)
+    assert tree.read_kernel_log("dev/kmsg", limit=100) == b"x" * 100
+    with pytest.raises(UnsafePathError, match=rf"^{re.escape(str(tmp_path))}/dev/k+\.\.\.: name too long$"):
+        tree.read_kernel_log("dev/" + "k" * 300)  # an error of the look itself names the path
 
 
 # --- health, doctor and plans ----------------------------------------------------------------------
