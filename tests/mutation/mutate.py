@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import ast
 import codecs
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,12 +136,27 @@ def scratch_copy(group: Group) -> str:
 
 
 def mutmut(where: str, *args: str, timeout: float | None = None) -> str:
+    """mutmut ARGS in ``where``, its output. It runs in a session of its own, killed whole once
+    it returns: a mutant may fork children that outlive it (one of sysfs_write's forked writer
+    kept forking after its test ended), and with its output on pipes those would keep the pipes
+    open and this wait going for ever. Its output goes to files, not pipes, for the same reason."""
     tool = os.path.join(os.path.dirname(sys.executable), "mutmut")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run([tool, *args], cwd=where, env=env, capture_output=True, text=True, timeout=timeout)
-    if done.returncode not in (0, 1):  # 1: mutants survived
-        raise SystemExit(f"mutmut {' '.join(args[:1])} failed in {where}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return done.stdout
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([tool, *args], cwd=where, env=env, stdout=out, stderr=err, text=True,
+                                 start_new_session=True)
+        try:
+            returncode = child.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if returncode not in (0, 1):  # 1: mutants survived
+        raise SystemExit(f"mutmut {' '.join(args[:1])} failed in {where}:\n{stdout[-2000:]}{stderr[-2000:]}")
+    return stdout
 
 
 def run_group(name: str, jobs: int, patterns: list[str] | None = None, timeout: float | None = None) -> Outcome:

@@ -211,3 +211,19 @@ def test_a_module_younger_than_the_measured_commit_has_no_old_mutants():
     assert mutate.functions_at("gpuvfio/host/state.py", mutate.changed_lines(first, "gpuvfio/host/state.py"))
     with pytest.raises(subprocess.CalledProcessError):  # a commit that is not one stays an error
         mutate.mutant_names("0" * 40, "gpuvfio/host/state.py")
+
+
+def test_a_mutant_that_leaves_children_behind_does_not_hang_the_run(tmp_path, monkeypatch):
+    """A mutant of sysfs_write's forked writer kept forking after its test ended; its children
+    held mutmut's output pipe open and the refresh waited on it for an hour. mutmut now runs in
+    a session of its own, killed whole when it returns, and writes its output to files."""
+    import time
+    tool = tmp_path / "mutmut"
+    tool.write_text("#!/bin/sh\n(sleep 60; echo late) &\necho done\nexit 0\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(mutate.sys, "executable", str(tmp_path / "python"))
+    started = time.monotonic()
+    assert mutate.mutmut(str(tmp_path), "run") == "done\n"
+    assert time.monotonic() - started < 20
+    left = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True).stdout.split()
+    assert left == [], left
