@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 from ratios import GPUVFIO, TYPER_FLOOR, Goal, base_env, load, measure, report  # noqa: E402
-from gpuvfio.process_files import scratch_dir  # noqa: E402
+from gpuvfio.files import scratch_dir  # noqa: E402
 from tests.hostbuilder import build_sriov_server  # noqa: E402
 
 

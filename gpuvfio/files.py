@@ -24,9 +24,11 @@ import errno
 import hashlib
 import os
 import stat
+import sys
 
 from gpuvfio import kmsg
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
+from gpuvfio.settings import Settings
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # The layer's open flags, one set for every opener (tree_filler included): a link is never
@@ -316,10 +318,9 @@ class Tree:
             os.close(dir_fd)
 
     def read_kernel_log(self, rel: str, limit: int = kmsg.LOG_LIMIT) -> bytes | None:
-        """The kernel log at ``rel`` in /dev/kmsg's form: the kernel's device (gpuvfio.kmsg, the
+        """The kernel log at ``rel`` in /dev/kmsg's form: the live root's device (gpuvfio.kmsg, the
         newest records within ``limit``) or a recording (a regular file of such records); None
-        when there is none. Another device, the device in a tree that is not /, a link or a FIFO
-        there is refused, never opened."""
+        when there is none. Any other device, a link or a FIFO there is refused, never opened."""
         dir_fd, name = self._parent(rel)
         if dir_fd is None:
             return None
@@ -335,7 +336,11 @@ class Tree:
             if (os.major(found.st_rdev), os.minor(found.st_rdev)) != kmsg.DEVICE or self.path() != "/":
                 raise NotRegular(f"{self.path(rel)} is the character device {os.major(found.st_rdev)}:"
                                  f"{os.minor(found.st_rdev)}: only the live root's /dev/kmsg (1:11) is read")
-            return kmsg.read_device(dir_fd, name, found, limit, self.path(rel))
+            try:
+                fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+            except OSError as exc:
+                _walk_error(exc, self.path(rel))
+            return kmsg.read_open(fd, found, limit, self.path(rel))  # which closes it
         finally:
             os.close(dir_fd)
 
@@ -546,31 +551,6 @@ class ReadOnly(GpuvfioError):
     """A write through a Tree that only reads (a dry run's state dir): a bug, never a change."""
 
 
-class ReadOnlyTree(Tree):
-    """A Tree that refuses every write (no directory made, no file written, renamed, removed, no
-    lock opened): a dry run's state dir, so "it changes nothing" holds by construction."""
-
-    def _refuse(self, what: str):
-        raise ReadOnly(f"{what} under {self.path()} refused: this context only reads (a dry run, a recording)")
-
-    def sub(self, rel: str) -> "Tree":
-        return ReadOnlyTree(self.top, "/".join(self.base + split(rel)))
-
-    def open_dir(self, parts: list[str], *, create: bool = False, mode: int = 0o755) -> int | None:
-        if create:  # every write makes or opens its parents this way first
-            self._refuse("writing")
-        return super().open_dir(parts, mode=mode)
-
-    def replace_with(self, tmp_rel: str, rel: str) -> None:
-        self._refuse("renaming")
-
-    def remove(self, rel: str) -> bool:
-        self._refuse("removing")
-
-    def open_attribute(self, rel: str) -> int:
-        self._refuse("writing")
-
-
 def create_at(dir_fd: int, name: str, mode: int = 0o644) -> int:
     """The write fd of a new regular file ``name`` in an open directory (O_EXCL: never an
     existing file, nor through a link; FileExistsError when anything is there). The caller
@@ -594,3 +574,27 @@ def _write_new(dir_fd: int, name: str, payload: bytes, mode: int, durable: bool)
 def _unlink_quietly(dir_fd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dir_fd)
+
+
+def silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: its reader is gone (a closed pipe), and what is
+    still buffered must not raise BrokenPipeError again when the interpreter flushes at exit
+    (Python's documented way: docs.python.org/3/library/signal.html, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real descriptor (captured by a test): nothing to silence
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A private temporary directory (0700), removed with everything in it afterwards (rmtree
+    does not follow links). Memory-backed /dev/shm when it is there and TMPDIR is not set: a
+    recorded host is thousands of small files."""
+    import tempfile  # here, where it is used: the root command and a live host's reads need none
+
+    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) and not Settings.from_environment().tmpdir_set else None
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch) as directory:
+        yield directory

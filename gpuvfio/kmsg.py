@@ -1,7 +1,6 @@
-"""The kernel's log device, /dev/kmsg, read as the file layer reads (gpuvfio.files.Tree.
-read_kernel_log looks at it first: a character device with its numbers, reached through held
-directory fds with no link followed): opened non-blocking, checked again by fstat, read to its
-end, bounded.
+"""The kernel's log device, /dev/kmsg, read to its end once the file layer opened it
+(gpuvfio.files.Tree.read_kernel_log: a character device with its numbers, reached through held
+directory fds with no link followed, opened non-blocking): checked again by fstat, bounded.
 
 Its records (Documentation/ABI/testing/dev-kmsg; kernel/printk/printk.c devkmsg_read) come one
 per read(2), and a read smaller than a record loses it (EINVAL), so each asks for the most a
@@ -17,7 +16,7 @@ import os
 
 from gpuvfio.errors import HostReadError, UnsafePathError
 
-__all__ = ["DEVICE", "LOG_LIMIT", "read_device"]
+__all__ = ["DEVICE", "LOG_LIMIT", "read_open"]
 
 DEVICE = (1, 11)  # drivers/char/mem.c devlist[11] "kmsg", MEM_MAJOR 1 (include/uapi/linux/major.h)
 # A record as devkmsg_read formats it fits CONSOLE_EXT_LOG_MAX (8192, Linux 5.4-6.1; 6.6 caps it
@@ -25,16 +24,11 @@ DEVICE = (1, 11)  # drivers/char/mem.c devlist[11] "kmsg", MEM_MAJOR 1 (include/
 RECORD_MAX = 8192
 LOG_LIMIT = 32 << 20
 MAX_READS = 1 << 20  # a log written faster than it is read ends here rather than never
-FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_device(dir_fd: int, name: str, looked: os.stat_result, limit: int, where: str) -> bytes:
-    """The records of the device ``name`` in an open directory, which fstatat found to be
-    ``looked`` (the kernel log's numbers): the newest that fit in ``limit`` bytes."""
-    try:
-        fd = os.open(name, FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        raise HostReadError(f"cannot open {where}: {exc.strerror or exc}") from None
+def read_open(fd: int, looked: os.stat_result, limit: int, where: str) -> bytes:
+    """The records of the device open on ``fd`` (files.Tree.read_kernel_log opened it), which
+    fstatat found to be ``looked`` before: the newest that fit in ``limit`` bytes. It closes ``fd``."""
     try:
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino, now.st_rdev) != (looked.st_dev, looked.st_ino, looked.st_rdev):

@@ -22,7 +22,7 @@ from gpuvfio import __version__
 from gpuvfio.cli.lazy import VERBOSE_HELP, GlobalOptions, LazyGroup
 from gpuvfio.cli.output import printable, rich_console
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.process_files import silence_stdout
+from gpuvfio.files import silence_stdout
 from gpuvfio.settings import COMPLETE_ENV, ROOT_ENV, Settings
 
 SUMMARY = "GPU passthrough provisioning for KVM hosts: inventory, doctor, binding, domains, verification."

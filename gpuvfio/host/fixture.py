@@ -22,8 +22,7 @@ import os
 import stat
 
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError
-from gpuvfio.files import NotRegular, Tree
-from gpuvfio.process_files import scratch_dir
+from gpuvfio.files import NotRegular, Tree, scratch_dir
 from gpuvfio.user_files import read_regular, user_dir
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.walk import MAX_COMPONENTS

@@ -102,9 +102,7 @@ def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken:
         _aer_findings(host, device, port, "port")
     device.findings += _unclaimed_findings(host, inventory, fn)
     device.findings += _link_findings(inventory, fn)
-    device.findings += _iommu_findings(inventory, fn, log)
-    if not log.missing and log.error is None:
-        device.iommu = _fault_kinds(log.of(fn.address))
+    _iommu_findings(inventory, device, fn, log)
     if fn.physfn is not None:  # an SR-IOV VF: what its PF counts and trains is the link's
         device.findings = [f for f in device.findings if not f.absent]
     return device
@@ -221,26 +219,30 @@ def _link_findings(inventory: Inventory, fn: PciFunction) -> list[Finding]:
     return [Finding("link", Rating.OK, f"{link.describe()}, as {slot}")]
 
 
-def _iommu_findings(inventory: Inventory, fn: PciFunction, log: KernelLog) -> list[Finding]:
-    """The IOMMU faults ``log`` holds for ``fn``, counted by kind, with the last one quoted. A
-    line without a PCI segment (Intel's, AMD's before Linux 6.1) counts for every function at
-    its bus address, and says so where the host has more than one."""
+def _iommu_findings(inventory: Inventory, device: DeviceHealth, fn: PciFunction, log: KernelLog) -> None:
+    """The IOMMU faults ``log`` holds for ``fn``, counted by kind (``device.iommu``), with the
+    last one quoted. A line without a PCI segment (Intel's, AMD's before Linux 6.1) counts for
+    every function at its bus address, and says so where the host has more than one."""
     if log.error is not None:
-        return [Finding("iommu", Rating.UNKNOWN, f"the kernel log could not be read: {log.error}")]
+        device.findings.append(Finding("iommu", Rating.UNKNOWN, f"the kernel log could not be read: {log.error}"))
+        return
     if log.missing:
-        return [Finding("iommu", Rating.UNKNOWN, "no kernel log to read for IOMMU faults (dev/kmsg)", absent=True)]
+        device.findings.append(Finding("iommu", Rating.UNKNOWN, "no kernel log to read for IOMMU faults (dev/kmsg)",
+                                       absent=True))
+        return
     faults = log.of(fn.address)
+    device.iommu = kinds = _fault_kinds(faults)
     if not faults:
-        return [Finding("iommu", Rating.OK, "no IOMMU faults in the kernel log")]
-    kinds = _fault_kinds(faults)
+        device.findings.append(Finding("iommu", Rating.OK, "no IOMMU faults in the kernel log"))
+        return
     last = faults[-1]
     twins = [a for a in inventory.functions if (a.bus, a.slot, a.function) == (fn.address.bus, fn.address.slot,
                                                                                fn.address.function)]
     unsure = " (its line names no PCI segment: a function at the same bus address in another segment may " \
              "have caused it)" if len(twins) > 1 and any(f.segment is None for f in faults) else ""
-    return [Finding("iommu", Rating.DEGRADED, f"{len(faults)} IOMMU fault(s) in the kernel log "
-                                              f"({', '.join(f'{k} {n}' for k, n in kinds.items())}){unsure}; the "
-                                              f"last, {last.usec / 1e6:.0f} s after boot: {last.text}")]
+    device.findings.append(Finding("iommu", Rating.DEGRADED, f"{len(faults)} IOMMU fault(s) in the kernel log "
+                                   f"({', '.join(f'{k} {n}' for k, n in kinds.items())}){unsure}; the last, "
+                                   f"{last.usec / 1e6:.0f} s after boot: {last.text}"))
 
 
 def _fault_kinds(faults: list[IommuFault]) -> dict[str, int]:

@@ -23,6 +23,7 @@ import stat
 from gpuvfio import files
 from gpuvfio.errors import HostReadError, InputError, UnsafePathError
 from gpuvfio.host.walk import HeldDirs
+from gpuvfio.read_only_tree import ReadOnlyTree
 from gpuvfio.settings import ROOT_ENV, Settings
 
 
@@ -75,7 +76,7 @@ class HostRoot:
         """This host with its files reached through a Tree that refuses every write (the host of
         a Context that only reads: a persist or an mdevctl file is refused, as the state dir is)."""
         view = copy.copy(self)
-        view.tree = files.ReadOnlyTree(self.root)
+        view.tree = ReadOnlyTree(self.root)
         return view
 
     def path(self, *parts: str) -> str:

@@ -143,7 +143,8 @@ def _plan_build(ctx: Context, plan: AttachPlan, addresses: list[PciAddress], req
         bind_uri = (uri or default_uri(ctx.host.settings)) if asked else NO_LIBVIRT
         _plan_bind(ctx, plan, provisioned, policy, bind_uri, name)
     # a vGPU's GPU stays on its host driver: no bind judges it, so its health is judged here
-    plan_health(ctx, plan, [a for a in addresses if a not in provisioned.passthrough], force=policy.force)
+    plan_health(ctx, plan, [a for a in addresses if a not in provisioned.passthrough], force=policy.force,
+                inventory=provisioned.inventory)
     if spec.fabric is not None and spec.fabric.partition is not None:
         plan.step(StepKind.ACTIVATE_PARTITION, f"Fabric Manager partition {spec.fabric.partition} for the GPUs, after the bind")
     if plan.seed is not None:

@@ -27,8 +27,7 @@ from gpuvfio.domain.cloud_init import (META_DATA, USER_DATA, VOLUME_ID, HostKey,
                                        generate_host_key, seed_documents)
 from gpuvfio.numbers import shown
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.files import Tree
-from gpuvfio.process_files import scratch_dir
+from gpuvfio.files import Tree, scratch_dir
 from gpuvfio.user_files import check_output_path, read_regular, user_file
 from gpuvfio.guest.ssh import KNOWN_HOSTS_LIMIT
 from gpuvfio.ops.context import Context

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from gpuvfio.clock import Clock
 from gpuvfio.commands import Actions, Runner
 from gpuvfio.errors import GpuvfioError, InputError, Refused
-from gpuvfio.files import ReadOnly, ReadOnlyTree, Tree
+from gpuvfio.files import ReadOnly, Tree
+from gpuvfio.read_only_tree import ReadOnlyTree
 from gpuvfio.host.fixture import open_host
 from gpuvfio.host.root import HostRoot
 from gpuvfio.options import RUN, checked

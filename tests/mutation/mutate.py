@@ -74,7 +74,7 @@ GROUPS = {
     "domain": Group(("gpuvfio/domain/placement.py", "gpuvfio/domain/address_space.py", "gpuvfio/domain/nccl_topo.py"),
                     _t("test_placement", "test_address_space", "test_nccl_topo", "test_edges", "test_layout",
                        "test_pins", "test_address_record", "test_placement_record", "test_switch_levels")),
-    "files": Group(("gpuvfio/files.py", "gpuvfio/tree_filler.py"),
+    "files": Group(("gpuvfio/files.py", "gpuvfio/tree_filler.py", "gpuvfio/read_only_tree.py"),
                    _t("test_file_layer", "test_file_layer_reads", "test_tree_reads", "test_tree_writes",
                       "test_tree_replace", "test_tree_filler", "test_confined_writes", "test_fixture_safety",
                       "test_sys_dirs", "test_bounded_recordings", "test_edges", "test_iommu_faults")),

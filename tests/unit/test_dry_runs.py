@@ -341,7 +341,8 @@ def test_a_read_only_context_cannot_write_by_construction(bound, tmp_path, monke
     """A dry run's Context (and a recording's): its state dir refuses every write, its sysfs
     writer and modprobe/systemctl refuse, it takes no lock. So a run carried out on it by
     mistake stops at its first change, with nothing changed."""
-    from gpuvfio.files import ReadOnly, ReadOnlyTree
+    from gpuvfio.files import ReadOnly
+    from gpuvfio.read_only_tree import ReadOnlyTree
     from gpuvfio.host.root import HostRoot
     from gpuvfio.ops.context import Context
 

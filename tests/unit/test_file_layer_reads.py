@@ -18,8 +18,7 @@ import pytest
 
 from gpuvfio.errors import HostReadError, UnsafePathError
 from gpuvfio.files import (HOST_TEXT_LIMIT, NotRegular, Tree, _write_new, kind_name, open_dir_at, read_at, scan_fd,
-                           split)
-from gpuvfio.process_files import silence_stdout
+                           silence_stdout, split)
 
 LIMIT = 1 << 16
 

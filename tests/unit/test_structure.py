@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "gpuvfio")
 FOUNDATION = {"gpuvfio", "gpuvfio.address", "gpuvfio.errors", "gpuvfio.sizes", "gpuvfio.files", "gpuvfio.tree_filler",
-              "gpuvfio.kmsg", "gpuvfio.process_files",
+              "gpuvfio.kmsg", "gpuvfio.read_only_tree",
               "gpuvfio.strictjson",
               "gpuvfio.selector", "gpuvfio.numbers", "gpuvfio.text", "gpuvfio.names", "gpuvfio.user_files", "gpuvfio.options", "gpuvfio.settings",
               "gpuvfio.commands", "gpuvfio.planning", "gpuvfio.clock"}
@@ -181,10 +181,6 @@ FILE_CALLS = {"open", "io.open", "os.open", "os.fdopen", "os.listdir", "os.scand
 FILE_CALL_ALLOWED = {
     "gpuvfio.files": {"*"},
     "gpuvfio.tree_filler": {"*"},  # the file layer's bulk writer, under its rules (a recording loaded)
-    # the kernel log's device, opened once files.Tree.read_kernel_log found it where it looked
-    "gpuvfio.kmsg": {"os.open"},
-    # the process's own: stdout pointed at /dev/null, its scratch directories
-    "gpuvfio.process_files": {"os.open", "tempfile.*"},
     # sysfs's own links, resolved inside <root>/sys (and a host's /etc links inside the root):
     # read by the one walk (readlinkat on its held directory fd), and named where never followed.
     "gpuvfio.host.walk": {"os.readlink"},

@@ -16,7 +16,8 @@ import threading
 import pytest
 
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError, UnsafePathError
-from gpuvfio.files import NotRegular, ReadOnly, ReadOnlyTree, Tree
+from gpuvfio.files import NotRegular, ReadOnly, Tree
+from gpuvfio.read_only_tree import ReadOnlyTree
 from tests.conftest import open_fds
 
 
