@@ -513,6 +513,11 @@ class HostBuilder:
             _write(os.path.join(path, "enabled"), ("enabled" if lit else "disabled") + "\n")
             _write(os.path.join(path, "status"), ("connected" if lit else "disconnected") + "\n")
 
+    def switch_link(self, switch: str, peer: str) -> None:
+        """A Broadcom virtual switch link from ``switch`` to ``peer`` as Broadcom's
+        pci_switch_link module lists it: /sys/kernel/pci_switch_link/virtual_switch_links/SWITCH/PEER."""
+        os.makedirs(self.sys_path("kernel", "pci_switch_link", "virtual_switch_links", switch, peer), exist_ok=True)
+
     # -- PCIe health ----------------------------------------------------------------------
     def kernel_log(self, lines: list[str], *, start_usec: int = 5_000_000) -> None:
         """The kernel log as /dev/kmsg gives its records (Documentation/ABI/testing/dev-kmsg):

@@ -310,7 +310,8 @@ def host_topology_tree(gpus: list[PciFunction], functions: Mapping[PciAddress, P
                        cpu_vendor: str | None) -> ET.Element:
     """The topology NCCL's sysfs reader builds on this host for ``gpus``: a <cpu> per NUMA node
     (the node of the top bridge, -1 where unknown), under it each bridge of ``nccl_chain`` with
-    its class, ids and link attributes, and the GPUs. What NCCL would compute on bare metal,
+    its class, ids and link attributes, the <pcilink> of each Broadcom virtual switch link it
+    has (inventory.switch_links), and the GPUs. What NCCL would compute on bare metal,
     for comparison with the guest's file (both read by the same reference, gpuvfio_ncclpaths)."""
     system = ET.Element("system", version="1")
     cpus: dict[str, ET.Element] = {}
@@ -328,6 +329,9 @@ def host_topology_tree(gpus: list[PciFunction], functions: Mapping[PciAddress, P
             if address not in nodes:
                 nodes[address] = ET.SubElement(parent, "pci", _host_attributes(address, functions))
             parent = nodes[address]
+    for address, node in nodes.items():
+        for peer in getattr(functions.get(address), "switch_links", ()):
+            ET.SubElement(node, "pcilink", {"target": str(peer)})
     return system
 
 

@@ -94,6 +94,24 @@ def _parents(host: HostRoot, real_dir: str) -> list[PciAddress]:
     return [a for a in (_address(p) for p in parts if p.count(":") >= 2) if a is not None]
 
 
+# Broadcom's PEX switch driver (its pci_switch_link module, outside the kernel tree) lists the
+# switches a Broadcom switch has a virtual P2P link to as the entries of
+# /sys/kernel/pci_switch_link/virtual_switch_links/<bus id>/. NCCL reads them for each node of
+# vendor 0x1000 it puts in its topology, keeping names of exactly 12 characters that are PCI
+# devices, and joins the two switches by a LINK_LOC (src/os/linux.cc ncclOsGetBcmLinks,
+# src/graph/xml.cc ncclTopoGetXmlFromSys, src/graph/topo.cc ncclTopoAddPciLinks, v2.30.7-1).
+BROADCOM_VENDOR = "1000"
+SWITCH_LINKS = ("kernel", "pci_switch_link", "virtual_switch_links")
+MAX_SWITCH_LINKS = 256  # switches one fabric links; a longer listing is not believed past this
+
+
+def switch_links(host: HostRoot, address: PciAddress) -> list[PciAddress]:
+    """The PCI devices a Broadcom switch's virtual switch links reach, as NCCL keeps them."""
+    names = host.listdir(host.sys_path(*SWITCH_LINKS, str(address)))[:MAX_SWITCH_LINKS]
+    peers = (_address(name) for name in names if len(name) == 12)
+    return sorted({peer for peer in peers if peer is not None and peer != address})
+
+
 _ADDRESS_CACHE: dict[str, PciAddress | None] = {}
 
 
@@ -186,6 +204,8 @@ def _read_function(host: HostRoot, address: PciAddress, directory: SysDir, names
     fn.reset_method = reset.split() if reset is not None else None
     if not fn.is_bridge:
         fn.health = read_health(directory, fn.reset_method)
+    elif vendor == BROADCOM_VENDOR:
+        fn.switch_links = switch_links(host, address)
     if names is not None:
         fn.vendor_name = names.vendor(vendor)
         fn.device_name = names.device(vendor, device)

@@ -145,6 +145,7 @@ class PciFunction:
     boot_vga: bool | None = None
     reset_method: list[str] | None = None
     health: Health | None = None  # endpoints only: config space, reset, power
+    switch_links: list[PciAddress] = field(default_factory=list)  # Broadcom virtual switch links
     vendor_name: str | None = None
     device_name: str | None = None
     class_name: str | None = None
@@ -230,6 +231,7 @@ class PciFunction:
             "boot_vga": self.boot_vga,
             "reset_method": self.reset_method,
             "health": self.health.to_json() if self.health else None,
+            "switch_links": [str(a) for a in self.switch_links],
         }
 
 

@@ -16,6 +16,7 @@ from gpuvfio.host.firmware import FIRMWARE_DESCRIPTOR_DIRS, OVMF_CANDIDATES
 from gpuvfio.host.fixture import HEADER
 from gpuvfio.host.host_use import CLASSES, PROC_FILES
 from gpuvfio.host.hypervisor import DEV_NODES, RECORDED_FLAGS, SECURE_PARAMS
+from gpuvfio.host.inventory import MAX_SWITCH_LINKS, SWITCH_LINKS
 from gpuvfio.host.iommu_faults import KMSG, recorded_log
 from gpuvfio.host.nvidia import FABRIC_MANAGER_CONFIG
 from gpuvfio.host.nvlink import RECORD as NVLINK_RECORD
@@ -158,10 +159,24 @@ def _record_pci_devices(rec: _Recorder, host: HostRoot) -> None:
                 rec.file(os.path.join(tdir, attr))
         for attr in NVIDIA_VGPU_ATTRS:
             rec.file(os.path.join(real, "nvidia", attr))
+    _record_switch_links(rec, host)
     drivers = host.sys_path("bus", "pci", "drivers")
     for name in host.listdir(drivers):
         rec.directory(os.path.join(drivers, name))
         rec.link(os.path.join(drivers, name, "module"))  # its kernel module (persist's softdep)
+
+
+def _record_switch_links(rec: _Recorder, host: HostRoot) -> None:
+    """Broadcom's virtual switch links (inventory.switch_links): a directory per switch, an
+    entry per switch it reaches; only the names are read."""
+    links = host.sys_path(*SWITCH_LINKS)
+    for switch in host.listdir(links):
+        if PciAddress.try_parse(switch) is None:
+            continue
+        rec.directory(os.path.join(links, switch))
+        for peer in host.listdir(os.path.join(links, switch))[:MAX_SWITCH_LINKS]:
+            if PciAddress.try_parse(peer) is not None:
+                rec.directory(os.path.join(links, switch, peer))
 
 
 def _record_iommu(rec: _Recorder, host: HostRoot) -> None:

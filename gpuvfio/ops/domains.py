@@ -22,7 +22,7 @@ from gpuvfio.host.numa import MAX_NODE, cpu_vendor, read_numa
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.ops import fabric as fabric_ops
 from gpuvfio.ops.context import Context
-from gpuvfio.ops.nccl_paths import PathPair, gpu_pairs
+from gpuvfio.ops.nccl_paths import PathPair, gpu_pairs, virtual_links
 from gpuvfio.ops.plans import Plan, StepKind
 from gpuvfio.errors import GpuvfioError, Refused
 from gpuvfio.numbers import uint
@@ -161,7 +161,18 @@ def _compare_paths(ctx: Context, provisioned: Provisioned) -> None:
                 spec.notes.append(line)
             else:
                 spec.warnings.append(line + " (NCCL in the guest would plan its rings and P2P for another machine "
-                                     "than the one its GPUs are in)")
+                                     "than the one its GPUs are in)" + _virtual_links_why(provisioned))
+
+
+def _virtual_links_why(provisioned: Provisioned) -> str:
+    """Why a guest differs where the host's switches are joined by Broadcom virtual links."""
+    functions = provisioned.inventory.functions
+    gpus = [functions[pair.a] for pair in provisioned.paths] + [functions[pair.b] for pair in provisioned.paths]
+    links = virtual_links(gpus, functions)
+    if not links:
+        return ""
+    return ("; on the host NCCL joins switches by Broadcom virtual switch links (" +
+            ", ".join(f"{a} -> {b}" for a, b in links) + "), which no guest's emulated switches have")
 
 
 def pages_held(xml: str) -> dict[int, dict[int, int]] | None:

@@ -20,7 +20,7 @@ from gpuvfio.guest.payload import gpuvfio_ncclpaths, gpuvfio_ncclxml
 from gpuvfio.host.model import PciFunction
 from gpuvfio.host.topology import NCCL_PATH, p2p_rule
 
-__all__ = ["PathPair", "expected_paths", "gpu_pairs", "host_pairs", "p2p_used", "paths_of"]
+__all__ = ["PathPair", "expected_paths", "gpu_pairs", "host_pairs", "p2p_used", "paths_of", "virtual_links"]
 
 ORDER = gpuvfio_ncclpaths.PATH_NAMES
 
@@ -88,6 +88,17 @@ def gpu_pairs(devices: list[nccl_topo.GuestDevice], guest_tree: ET.Element,
         out.append(PathPair(a, b, host_type, guest_type, p2p_used(host_type, host_vendor, len(gpus)),
                             p2p_used(guest_type, guest_vendor, len(gpus)) if guest_type else None))
     return out
+
+
+def virtual_links(gpus: list[PciFunction], functions: Mapping[PciAddress, PciFunction]
+                  ) -> list[tuple[PciAddress, PciAddress]]:
+    """The Broadcom virtual switch links NCCL follows on this host between the switches above
+    ``gpus`` (both ends among them: a link elsewhere changes no path between these GPUs). No
+    guest has them: QEMU's emulated switches are no Broadcom fabric, and a <pcilink> in the
+    guest's file would claim P2P the guest's driver is not told of."""
+    chains = {address for gpu in gpus for address in nccl_topo.nccl_chain(gpu)}
+    return [(switch, peer) for switch in sorted(chains) if switch in functions
+            for peer in functions[switch].switch_links if peer in chains]
 
 
 def expected_paths(functions: Mapping[PciAddress, PciFunction], addresses: list[PciAddress],

@@ -70,7 +70,7 @@ GROUPS = {
                      "test_pcie_health")),
     "host": Group(("gpuvfio/host/inventory.py", "gpuvfio/host/groups.py", "gpuvfio/host/topology.py"),
                   _t("test_inventory", "test_inventory_edges", "test_inventory_generated", "test_topology",
-                     "test_topology_edges", "test_selectors")),
+                     "test_topology_edges", "test_selectors", "test_switch_levels")),
     "domain": Group(("gpuvfio/domain/placement.py", "gpuvfio/domain/address_space.py", "gpuvfio/domain/nccl_topo.py"),
                     _t("test_placement", "test_address_space", "test_nccl_topo", "test_edges", "test_layout",
                        "test_pins", "test_address_record", "test_placement_record", "test_switch_levels")),

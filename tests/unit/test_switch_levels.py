@@ -174,6 +174,65 @@ def test_a_broadcom_switch_is_folded_on_both_sides(tmp_path):
     assert all(pair.same for pair in p.paths)
 
 
+def linked_broadcom_host(root, *, linked: bool) -> HostBuilder:
+    """The Broadcom cascade, and a second Broadcom PEX89xxx on root port 10:03.0 (upstream port
+    30:00.0 -> 31:00.0 -> GPU 32:00.0), joined to the first (11:00.0) by a virtual switch link
+    in both directions where ``linked``, as Broadcom's pci_switch_link module lists it."""
+    b = cascade_host(root, switch=BCM_GEN5, subsystems=(("1000", "0100"), ("1000", "1100")))
+    rp = b.bridge(b.root_bus(0, 0x10, numa=0), "0000:10:03.0", "8086", "352c", secondary_bus=0x30, link=(5, 16))
+    up = b.bridge(rp, "0000:30:00.0", *BCM_GEN5, secondary_bus=0x31, link=(5, 16), subsystem=("1000", "0100"))
+    down = b.bridge(up, "0000:31:00.0", *BCM_GEN5, secondary_bus=0x32, link=(5, 16), subsystem=("1000", "0100"))
+    _device(b, down, "0000:32:00.0", L40S)
+    if linked:
+        b.switch_link("0000:11:00.0", "0000:30:00.0")
+        b.switch_link("0000:30:00.0", "0000:11:00.0")
+    return b
+
+
+@pytest.mark.parametrize("linked", [True, False])
+def test_broadcom_virtual_switch_links_are_the_hosts_and_no_guests(tmp_path, linked):
+    """NCCL joins two Broadcom switches a virtual switch link connects (src/os/linux.cc
+    ncclOsGetBcmLinks, v2.30.7-1): GPUs below them are PXB on the host, not PHB. No guest has
+    the link, so the plan says the pair differs, and why, rather than that it is the same."""
+    linked_broadcom_host(tmp_path, linked=linked)
+    functions = read_functions(tmp_path)
+    assert functions[A("0000:11:00.0")].switch_links == ([A("0000:30:00.0")] if linked else [])
+    assert functions[A("0000:11:00.0")].to_json()["switch_links"] == (["0000:30:00.0"] if linked else [])
+    _ctx, p = provisioned(tmp_path, ["0000:15:00.0", "0000:32:00.0"])
+    (pair,) = p.paths
+    assert (pair.host, pair.guest, pair.host_p2p, pair.guest_p2p) == (
+        ("PXB", "PHB", True, False) if linked else ("PHB", "PHB", False, False))
+    warnings = [w for w in p.spec.warnings if "NCCL's path" in w]
+    if linked:
+        (warning,) = warnings
+        assert "host PXB (P2P), guest PHB (no P2P): 0000:15:00.0-0000:32:00.0" in warning
+        assert ("Broadcom virtual switch links (0000:11:00.0 -> 0000:30:00.0, 0000:30:00.0 -> 0000:11:00.0)"
+                in warning)
+    else:
+        assert not warnings
+
+
+def test_a_virtual_link_to_a_switch_no_gpu_is_under_changes_nothing(tmp_path):
+    """A link whose far end holds none of the guest's GPUs is not in NCCL's system (the target
+    is no node of it), and the plan does not name it."""
+    from gpuvfio.ops.nccl_paths import virtual_links
+
+    b = linked_broadcom_host(tmp_path, linked=True)
+    b.switch_link("0000:11:00.0", "0000:99:00.0")  # no such device: NCCL skips it
+    b.switch_link("0000:11:00.0", "not-a-bus-id")
+    b.switch_link("0000:11:00.0", "0000:11:00.0")  # itself
+    functions = read_functions(tmp_path)
+    assert functions[A("0000:11:00.0")].switch_links == [A("0000:30:00.0"), A("0000:99:00.0")]
+    gpus = [functions[A("0000:15:00.0")], functions[A("0000:16:00.0")]]
+    assert virtual_links(gpus, functions) == []
+    assert virtual_links([*gpus, functions[A("0000:32:00.0")]], functions) == [
+        (A("0000:11:00.0"), A("0000:30:00.0")), (A("0000:30:00.0"), A("0000:11:00.0"))]
+    tree = nccl_topo.host_topology_tree(gpus, functions, cpu_vendor=None)
+    assert [n.get("target") for n in tree.iter("pcilink")] == ["0000:30:00.0", "0000:99:00.0"]
+    _ctx, p = provisioned(tmp_path, ["0000:15:00.0", "0000:16:00.0"])
+    assert all(pair.same and pair.host == "PIX" for pair in p.paths)
+
+
 def test_bridges_that_are_no_switch_tree_get_root_ports(tmp_path):
     """Below a PCIe-to-PCI bridge NCCL's rewind-by-two lands elsewhere than on the switch (the
     GPU under it hangs from the downstream port and the root port, the other from the switch):
@@ -335,3 +394,19 @@ def test_the_host_tree_takes_the_narrower_of_each_device_and_its_port(tmp_path):
     tree = nccl_topo.host_topology_tree([narrow[A("0000:15:00.0")]], narrow, cpu_vendor=None)
     gpu = [n for n in tree.iter("pci") if n.get("busid") == "0000:15:00.0"][0]
     assert (gpu.get("link_speed"), gpu.get("link_width")) == ("16.0 GT/s PCIe", "8")
+
+
+def test_a_recording_carries_the_virtual_switch_links(tmp_path):
+    """dump-host records each link's names (a directory per switch, one per peer), and the
+    host loaded from the recording has the same links and the same NCCL paths."""
+    from gpuvfio.host.fixture import load_fixture
+    from gpuvfio.host.recording import dump_host
+
+    linked_broadcom_host(tmp_path / "live", linked=True)
+    text = dump_host(HostRoot(str(tmp_path / "live")))
+    assert "D sys/kernel/pci_switch_link/virtual_switch_links/0000:11:00.0/0000:30:00.0" in text.splitlines()
+    replayed = load_fixture(text, str(tmp_path / "replayed"))
+    functions = read_functions(replayed)
+    assert functions[A("0000:30:00.0")].switch_links == [A("0000:11:00.0")]
+    _ctx, p = provisioned(replayed, ["0000:15:00.0", "0000:32:00.0"])
+    assert [(pair.host, pair.guest) for pair in p.paths] == [("PXB", "PHB")]
