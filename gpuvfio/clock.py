@@ -27,5 +27,9 @@ class Clock:
         """The wall-clock time as ISO 8601 with the local offset (2026-12-05T11:22:46+0000)."""
         return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.time()))
 
+    def utc(self) -> str:
+        """The wall-clock time as ISO 8601 in UTC (2026-12-05T11:22:46Z): records other hosts read."""
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time()))
+
 
 SYSTEM_CLOCK = Clock()

@@ -33,7 +33,8 @@ USER_PATTERN = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
 USER = re.compile(USER_PATTERN)
 CLI_DOMAIN_COMMANDS = ("xml", "attach", "verify", "detach")
 # Every command that takes options from this table ("vgpu list": a subcommand by its words).
-CLI_COMMANDS = CLI_DOMAIN_COMMANDS + ("bind", "unbind", "restore", "reset", "persist", "unpersist", "vgpu list",
+CLI_COMMANDS = CLI_DOMAIN_COMMANDS + ("bind", "unbind", "restore", "reset", "qualify", "persist", "unpersist",
+                                      "vgpu list",
                                       "vgpu create", "testbed plan", "testbed run")
 # The Ansible modules that take the table's options, by their FQCN (the gpuvfio.gpuvfio collection in
 # playbooks/collections/): the name also keeps them apart from the commands of the same word.
@@ -265,7 +266,7 @@ VERIFY = OptionSet(
 RUN_VARIANT = ("run", "variant")  # a [[variant]] overrides [run]'s
 # The commands that move devices between drivers, and those that take the host's lock.
 BINDING = ("bind", "unbind", "restore", "reset")
-LOCKING = BINDING + ("persist", "unpersist")
+LOCKING = BINDING + ("qualify", "persist", "unpersist")
 DEVICE = ("gpuvfio.gpuvfio.device",)
 
 RUN = OptionSet(
@@ -283,7 +284,7 @@ RUN = OptionSet(
            "GPUVFIO_ALLOW_UNSAFE_URI=1. none asks no libvirt: what can do without it goes on without (bind, "
            "unbind, reset, vgpu list and the device module do not ask which domains use the devices; xml "
            "without --define, verify with --ssh-host), what needs it refuses none.",
-           metavar="URI", cli=CLI_DOMAIN_COMMANDS + ("bind", "unbind", "reset", "health", "vgpu list",
+           metavar="URI", cli=CLI_DOMAIN_COMMANDS + ("bind", "unbind", "reset", "qualify", "health", "vgpu list",
                                                      "testbed plan", "testbed run"),
            ansible=MODULES + DEVICE, spec=RUN_SPEC, aliases=("uri", "libvirt_uri")),
     Option("stop_services", "bool", "Stop NVIDIA services that hold the GPU while binding (nvidia-persistenced, "
@@ -299,7 +300,7 @@ RUN = OptionSet(
            "interface with its routes or addresses, its console) when binding; the host loses it.", False,
            cli=("attach", "bind", "persist"), ansible=DOM + DEVICE, spec=RUN_VARIANT),
     Option("write_timeout", "float", "Give up on a sysfs write the kernel does not return from after this many "
-           "seconds.", 10.0, above=0, maximum=3600.0, metavar="SECONDS", cli=BINDING, ansible=DEVICE,
+           "seconds.", 10.0, above=0, maximum=3600.0, metavar="SECONDS", cli=BINDING + ("qualify",), ansible=DEVICE,
            old_flags=("--timeout",)),
     Option("lock_timeout", "float", "Wait this long for another gpuvfio run to finish.", 30.0, above=0,
            maximum=SECONDS, metavar="SECONDS", cli=LOCKING, ansible=DEVICE),
@@ -308,6 +309,8 @@ RUN = OptionSet(
            spec=RUN_SPEC, old_flags=("--timeout",)),
     Option("all", "bool", "Not only NVIDIA's functions: list shows every PCI function, health also every function "
            "on vfio-pci.", False, cli=("list", "health")),
+    Option("cycles", "int", "Resets by each method the kernel offers (reset_method), each checked: config space, "
+           "BARs, link.", 3, minimum=1, maximum=100, metavar="N", cli=("qualify",)),
     Option("textfile", "path", "Also write the report as Prometheus metrics to this file, atomically, for "
            "node_exporter's textfile collector (a .prom file in its --collector.textfile.directory).",
            metavar="FILE", cli=("health",)),

@@ -72,6 +72,8 @@ class StepKind(str, Enum):
     # reset
     RESET = "reset"
     SETTLE = "settle"
+    # qualify
+    SELECT_RESET = "select reset method"
     # attach
     BIND = "bind"
     ACTIVATE_PARTITION = "activate partition"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 __all__ = ["Settings", "ROOT_ENV", "STATE_ENV", "PCI_IDS_ENV", "SCHEMA_ENV", "UNSAFE_URI_ENV",
-           "LIBVIRT_URI_ENV", "COMPLETE_ENV"]
+           "LIBVIRT_URI_ENV", "COMPLETE_ENV", "RESET_VERDICTS_ENV"]
 
 ROOT_ENV = "GPUVFIO_ROOT"  # the host root (a directory or a recording); default /
 STATE_ENV = "GPUVFIO_STATE_DIR"  # the state dir; default <root>/var/lib/gpuvfio
@@ -24,6 +24,7 @@ PCI_IDS_ENV = "GPUVFIO_PCI_IDS"  # a pci.ids file before the host's own
 SCHEMA_ENV = "GPUVFIO_LIBVIRT_SCHEMAS"  # libvirt's RelaxNG schemas, instead of /usr/share/libvirt/schemas
 UNSAFE_URI_ENV = "GPUVFIO_ALLOW_UNSAFE_URI"  # 1: a libvirt URI the policy refuses goes through, loudly
 LIBVIRT_URI_ENV = "LIBVIRT_DEFAULT_URI"  # libvirt's own default URI (virsh(1) ENVIRONMENT)
+RESET_VERDICTS_ENV = "GPUVFIO_RESET_VERDICTS"  # the reset verdicts a fleet shares; default in the state dir
 COMPLETE_ENV = "_GPUVFIO_COMPLETE"  # the shell asks for completions through it (gpuvfio completion SHELL)
 
 
@@ -31,6 +32,7 @@ COMPLETE_ENV = "_GPUVFIO_COMPLETE"  # the shell asks for completions through it 
 class Settings:
     root: str | None = None
     state_dir: str | None = None
+    reset_verdicts: str | None = None
     pci_ids: str | None = None
     schemas: str | None = None
     allow_unsafe_uri: bool = False  # only the value 1 lifts the URI policy
@@ -44,7 +46,8 @@ class Settings:
     @classmethod
     def from_environment(cls, environ=None) -> "Settings":
         env = dict(os.environ if environ is None else environ)
-        return cls(root=env.get(ROOT_ENV), state_dir=env.get(STATE_ENV), pci_ids=env.get(PCI_IDS_ENV) or None,
+        return cls(root=env.get(ROOT_ENV), state_dir=env.get(STATE_ENV),
+                   reset_verdicts=env.get(RESET_VERDICTS_ENV), pci_ids=env.get(PCI_IDS_ENV) or None,
                    schemas=env.get(SCHEMA_ENV) or None,
                    allow_unsafe_uri=env.get(UNSAFE_URI_ENV) == "1", libvirt_uri=env.get(LIBVIRT_URI_ENV) or None,
                    tmpdir_set=bool(env.get("TMPDIR")), ssh_agent=bool(env.get("SSH_AUTH_SOCK")),

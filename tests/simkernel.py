@@ -54,8 +54,9 @@ class SimKernel:
 
     def inject(self, op: str, address: str | None = None, *, errno_: int | None = None, hang: bool = False,
                wrong_driver: str | None = None, times: int = 1, driver: str | None = None,
-               unclaimed: bool = False) -> None:
-        """Make the next ``times`` matching operations fail (op: override|unbind|probe|bind).
+               unclaimed: bool = False, effect: str | None = None) -> None:
+        """Make the next ``times`` matching operations fail (op: override|unbind|probe|bind|reset;
+        for reset, ``driver`` is the reset method and ``effect`` what it leaves, see _reset).
         ``unclaimed`` (probe): the write succeeds and no driver takes the device, as a real
         kernel's drivers_probe does when no driver matches it (drivers/base/bus.c
         drivers_probe_store -> device_attach: only a driver whose id table, dynamic ids or the
@@ -63,7 +64,7 @@ class SimKernel:
         state = self._load()
         state["faults"].append({"op": op, "address": address, "errno": errno_, "hang": hang,
                                 "wrong_driver": wrong_driver, "times": times, "driver": driver,
-                                "unclaimed": unclaimed})
+                                "unclaimed": unclaimed, "effect": effect})
         self._save(state)
 
     def writes(self) -> list[list[str]]:
@@ -192,8 +193,11 @@ class SimKernel:
             if driver and self._loaded(driver):
                 self._bind(value, dev, driver)
             return
+        if name == "reset_method":
+            self._select_reset(state, os.path.dirname(path), value)
+            return
         if name == "reset" and os.path.exists(os.path.join(os.path.dirname(path), "config")):
-            self._recover(state, [os.path.dirname(path)])
+            self._reset(state, os.path.dirname(path))
             return
         if name == "reset_subordinate":  # everything below the bridge
             bridge = os.path.dirname(path)
@@ -211,6 +215,64 @@ class SimKernel:
         # Any other attribute: a plain store.
         with open(path, "w") as handle:
             handle.write(value + "\n")
+
+    # -- reset methods (drivers/pci/pci.c reset_method_store, __pci_reset_function_locked) -------
+    def _select_reset(self, state: dict, dev: str, value: str) -> None:
+        """``reset_method``: "" disables every method, "default" brings back all the device
+        supports, else each name must be one it supports (EINVAL, nothing changed, otherwise)."""
+        key = os.path.realpath(dev)
+        with open(os.path.join(dev, "reset_method")) as handle:
+            supported = state.setdefault("supported", {}).setdefault(key, handle.read().split())
+        names = supported if value == "default" else value.split()
+        if any(name not in supported for name in names):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        with open(os.path.join(dev, "reset_method"), "w") as handle:
+            handle.write(" ".join(names) + "\n")
+
+    def _reset(self, state: dict, dev: str) -> None:
+        """``reset``: the first selected method runs (ENOTTY when none is) and the link trains as it
+        first did; an injected fault of op "reset" for that method fails the write (``errno_``)
+        or leaves the device ``effect``:
+        dead (config space 0xffff), bars (BAR registers cleared), narrow (link at x1), slow
+        (link at 2.5 GT/s)."""
+        listed = os.path.join(dev, "reset_method")  # a kernel before 5.15 has none: its reset is one method
+        methods = open(listed).read().split() if os.path.exists(listed) else ["?"]
+        if not methods:
+            raise OSError(errno.ENOTTY, os.strerror(errno.ENOTTY))
+        fault = self._fault(state, "reset", os.path.basename(dev), methods[0])
+        if fault and fault["errno"]:
+            self._fail(fault)
+        self._recover(state, [dev])
+        self._retrain(state, dev)
+        effect = (fault or {}).get("effect")
+        if effect in ("dead", "bars"):
+            with open(os.path.join(dev, "config"), "rb") as handle:
+                config = bytearray(handle.read())
+            if effect == "dead":
+                state.setdefault("dead", {})[os.path.realpath(dev)] = {
+                    "file": "config", "original": bytes(config).hex(), "recovers": False}
+                config = bytearray(b"\xff" * len(config))
+            else:
+                config[0x10:0x28] = b"\xff" * 0x18  # left as BAR sizing leaves them
+            with open(os.path.join(dev, "config"), "wb") as handle:
+                handle.write(bytes(config))
+        elif effect in ("narrow", "slow"):
+            name, text = ("current_link_width", "1") if effect == "narrow" else ("current_link_speed", "2.5 GT/s PCIe")
+            with open(os.path.join(dev, name), "w") as handle:
+                handle.write(text + "\n")
+
+    @staticmethod
+    def _retrain(state: dict, dev: str) -> None:
+        """The link's current speed and width as they were at the device's first reset."""
+        first = state.setdefault("links", {}).setdefault(os.path.realpath(dev), {})
+        for name in ("current_link_speed", "current_link_width"):
+            path = os.path.join(dev, name)
+            if not os.path.exists(path):
+                continue
+            if name not in first:
+                first[name] = open(path).read()
+            with open(path, "w") as handle:
+                handle.write(first[name])
 
     # -- a device that does not come back (config space 0xffff, BARs unassigned) ----------------
     def kill(self, address: str, *, bars: bool = False, recovers: bool = True) -> None:

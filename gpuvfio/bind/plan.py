@@ -24,8 +24,7 @@ from gpuvfio.text import printable
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.host.kernel import KernelInfo
 from gpuvfio.host.model import PciFunction
-from gpuvfio.host.iommu_faults import read_kernel_log
-from gpuvfio.host.pcie_health import Rating, plan_findings
+from gpuvfio.host.pcie_health import HealthRecords, Rating, plan_findings, read_records
 from gpuvfio.host.nvidia import (FABRIC_MANAGER_UNIT, NVIDIA_SERVICES, SHARED_NVSWITCH, fabric_mode, holds_gpu,
                                  nvidia_holders, nvidia_minor, running_services)
 from gpuvfio.host.root import HostRoot
@@ -134,9 +133,11 @@ class BindPolicy:
 
 
 def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresses: list[PciAddress],
-              policy: BindPolicy, libvirt: LibvirtView, broken: dict | None = None) -> BindPlan:
+              policy: BindPolicy, libvirt: LibvirtView, records: HealthRecords | None = None) -> BindPlan:
     """Plan moving the IOMMU groups of ``addresses`` to vfio-pci; reads the host, changes nothing.
-    ``broken``: devices the journal marks as having come back dead (refused until reset)."""
+    ``records``: what the devices' health is rated on besides sysfs (the journal's marks of
+    devices come back dead, refused until reset; the kernel log; the reset verdicts), read by
+    the caller with its journal, else here without marks and with the default state directory."""
     if not addresses:
         raise InputError("no PCI address given")
     for address in addresses:
@@ -153,7 +154,7 @@ def plan_bind(host: HostRoot, inventory: Inventory, kernel: KernelInfo, addresse
     _host_use_checks(host, inventory, moving, checks, policy.take_host_devices)
     for address in moving:
         _moving_checks(host, kernel, fns[address], address not in addresses, checks)
-    _health_checks(host, inventory, fns, broken or {}, checks)
+    _health_checks(host, inventory, fns, records or read_records(host, None, {}), checks)
     _domain_checks(libvirt, devices, checks)
     steps = _vfio_module_steps(host, kernel, moving, checks) + _move_steps(host, fns, moving, services.units)
     return BindPlan(requested=sorted(addresses), devices=devices, moving=moving, originals=originals,
@@ -195,16 +196,16 @@ def _group_checks(inventory: Inventory, kernel: KernelInfo, addresses: list[PciA
     return endpoints
 
 
-def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, PciFunction], broken: dict,
+def _health_checks(host: HostRoot, inventory: Inventory, fns: dict[PciAddress, PciFunction], records: HealthRecords,
                    checks: list[Check]) -> None:
     """What ``gpuvfio health`` finds wrong with a device (host.pcie_health.plan_findings): a
     failed finding refuses the bind -- for its counters or its link --force overrides (the
     admin may bind a device to test it), not for a device that does not answer config space or
-    that the journal marks as come back broken from its last guest (``broken``, until gpuvfio
-    reset: dead, not free) -- and a degraded one, or a reading that cannot be trusted, warns."""
-    log = read_kernel_log(host) if fns else None
+    that the journal marks as come back broken from its last guest (until gpuvfio reset: dead,
+    not free) -- and a degraded one (a reset that failed qualification among them), or a
+    reading that cannot be trusted, warns."""
     for address, fn in fns.items():
-        for finding in plan_findings(host, inventory, fn, broken, log):
+        for finding in plan_findings(host, inventory, fn, records):
             failed = finding.status is Rating.FAILED
             checks.append(Check("health", REFUSE if failed else WARN, f"{address}: {finding.message}",
                                 overridable=failed and finding.overridable))

@@ -1,5 +1,7 @@
 """gpuvfio health: what the host still sees of the devices it hands out (gpuvfio.ops.health).
-Exit 0 when every device is ok, 1 when one is degraded or failed."""
+Exit 0 when every device is ok, 1 when one is degraded or failed. gpuvfio qualify: the reset
+methods of devices gpuvfio holds, cycled and checked (gpuvfio.ops.qualify); exit 1 when one
+failed."""
 
 from __future__ import annotations
 
@@ -7,15 +9,17 @@ import sys
 
 import typer
 
-from gpuvfio.cli.app import JsonOption, RootOption, emit_json, root_of
-from gpuvfio.cli.devices import DeviceIds, Devices
+from gpuvfio.cli.app import JsonOption, RootOption, emit_json, progress_for, root_of, say
+from gpuvfio.cli.devices import DeviceIds, Devices, Yes
 from gpuvfio.cli.lazy import command_typer
 from gpuvfio.cli.output import printable
 from gpuvfio.cli.tables import from_table, options
 from gpuvfio.errors import GpuvfioError, InputError
-from gpuvfio.ops.context import open_context
+from gpuvfio.cli.plans import DryRun, preview
+from gpuvfio.ops.context import live_context, open_context
 from gpuvfio.ops.health import HealthReport, health_report
 from gpuvfio.ops.health_metrics import textfile
+from gpuvfio.ops.qualify import QualifyResult, plan_qualify, qualify
 from gpuvfio.ops.selection import check_devices, resolve
 from gpuvfio.ops.uris import NO_LIBVIRT, check_uri
 from gpuvfio.options import RUN
@@ -61,4 +65,45 @@ def render(report: HealthReport, label: str) -> list[str]:
         lines += [f"  {f.status.value:<8} {f.check}: {printable(f.message)}" for f in device.findings]
     if report.libvirt:
         lines.append(f"note: {printable(report.libvirt)}")
+    return lines
+
+
+@commands.command("qualify")
+@from_table
+def qualify_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Yes = False, dry_run: DryRun = False,
+                run: dict = options(RUN, "qualify"), as_json: JsonOption = False, root: RootOption = None) -> None:
+    """Before a device's first tenant: reset it by each method the kernel offers, checking config
+    space, BARs and link each time; record the verdicts per model and method; exit 1 when one
+    failed.
+
+    Each method its reset_method lists is selected alone and used --cycles times; the list is
+    put back afterwards. health, doctor and the plans that hand a device out read the verdicts:
+    a model whose first reset method failed is degraded."""
+    connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
+    check_devices(addresses, device_ids, required=True)
+    if dry_run:
+        preview(root_of(root), addresses, device_ids, yes, as_json,
+                lambda ctx, wanted: plan_qualify(ctx, wanted, cycles=run["cycles"], uri=connect))
+        return
+    with live_context(root_of(root), progress=progress_for(as_json), write_timeout=run["write_timeout"],
+                      lock_timeout=run["lock_timeout"], writable=True) as ctx:
+        wanted = resolve(ctx, addresses, device_ids, changes=True, yes=yes, tell=progress_for(as_json))
+        result = qualify(ctx, wanted, cycles=run["cycles"], uri=connect)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        for line in qualified(result):
+            say(line)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def qualified(result: QualifyResult) -> list[str]:
+    lines = []
+    for method in result.methods:
+        outcome = method.outcome.value if method.outcome else "not tried"
+        why = f": {printable(method.failure)}" if method.failure else ""
+        lines.append(f"{method.address} {method.method}: {outcome} after {method.cycles} reset(s){why}")
+    lines += [f"problem: {printable(p)}" for p in result.problems]
+    lines.append(f"verdicts: {printable(result.verdicts)}")
     return lines

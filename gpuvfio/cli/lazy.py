@@ -60,6 +60,9 @@ COMMANDS: dict[str, Entry] = {
     "health": Entry("gpuvfio.cli.health", "commands", "PCIe health of the GPUs (and what is on vfio-pci, with --all) "
                     "and the ports above them: AER errors, the link, config space, a broken return, the domain "
                     "that holds each; exit 1 when one is degraded or failed."),
+    "qualify": Entry("gpuvfio.cli.health", "commands", "Before a device's first tenant: reset it by each method "
+                     "the kernel offers, checking config space, BARs and link each time; record the verdicts per "
+                     "model and method; exit 1 when one failed."),
     "dump-host": Entry("gpuvfio.cli.readiness", "commands", "Record what gpuvfio reads from this host into a text "
                        "fixture (bug reports, tests)."),
     "topo": Entry("gpuvfio.cli.topology", "commands", "GPU/NIC matrix like nvidia-smi topo -m (X, PIX, PXB, PHB, "

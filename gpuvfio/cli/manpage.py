@@ -22,6 +22,8 @@ from gpuvfio.user_files import user_dir
 ENVIRONMENT = (
     ("GPUVFIO_ROOT", "Host root when --root is not given (a directory, or a host fixture file). Default /."),
     ("GPUVFIO_STATE_DIR", "Where the journal, the lock and guests' known_hosts live. Default <root>/var/lib/gpuvfio."),
+    ("GPUVFIO_RESET_VERDICTS", "The reset verdicts file gpuvfio qualify adds to and health, doctor and the plans "
+                               "read, where a fleet shares one. Default reset-verdicts.json in the state directory."),
     ("GPUVFIO_PCI_IDS", "A pci.ids file to name devices with, before <root>/usr/share/misc/pci.ids and the "
                         "system's."),
     ("GPUVFIO_LIBVIRT_SCHEMAS", "Where libvirt's RelaxNG schemas are (domain.rng), to validate generated XML."),

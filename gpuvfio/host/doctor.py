@@ -13,11 +13,10 @@ from gpuvfio.host.checks import FAIL, OK, SKIP, WARN, Check
 from gpuvfio.host.hypervisor import check_cgroup_devices, check_kvm, check_secure_guest, check_vfio_device
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.inventory import Inventory
-from gpuvfio.host.iommu_faults import read_kernel_log
 from gpuvfio.host.kernel import VFIO_MODULES, KernelInfo
 from gpuvfio.host.model import NumaNode
 from gpuvfio.host.nvidia import nvidia_holders
-from gpuvfio.host.pcie_health import Rating, device_health
+from gpuvfio.host.pcie_health import Rating, device_health, read_records
 
 __all__ = ["Check", "OK", "WARN", "FAIL", "SKIP", "run_doctor"]
 
@@ -267,10 +266,10 @@ def _pcie_findings(host: HostRoot, inventory: Inventory, watched: list) -> tuple
     links and the IOMMU faults of ``watched`` (health's devices: every NVIDIA function and what is on vfio-pci),
     one line per finding, and the functions whose kernel offers no AER counters."""
     failed, degraded, uncounted = [], [], []
-    log = read_kernel_log(host)
+    records = read_records(host, None, {})
     for fn in sorted(watched, key=lambda f: f.address):
-        for finding in device_health(host, inventory, fn, {}, log).findings:
-            if finding.check not in ("aer", "pf_aer", "port_aer", "link", "iommu"):
+        for finding in device_health(host, inventory, fn, records).findings:
+            if finding.check not in ("aer", "pf_aer", "port_aer", "link", "iommu", "reset"):
                 continue  # config space: the dead check below; the journal: its own check
             line = f"{fn.address}: {finding.message}"
             if finding.status is Rating.FAILED:

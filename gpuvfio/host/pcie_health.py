@@ -15,7 +15,9 @@ For one function and the ports above it:
   (``verify`` measures it under load); a link that reads width 0 is down -- failed;
 * IOMMU faults the kernel log holds for it (gpuvfio.host.iommu_faults): DMA to an address its
   domain does not map, or an interrupt the remapping table blocks -- degraded (a driver or a
-  guest misprogramming the device, or a device that no longer behaves).
+  guest misprogramming the device, or a device that no longer behaves);
+* the reset the kernel gives it, as ``gpuvfio qualify`` found it for its model
+  (gpuvfio.host.reset_verdicts): one that failed there degrades it.
 
 A check that could not run (no AER counters, an unreadable config space) is ``unknown``, and a
 device with an unknown finding is rated degraded: health vouches only for what it read.
@@ -30,11 +32,13 @@ from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
 from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer, read_rootport_totals
 from gpuvfio.host.inventory import Inventory
-from gpuvfio.host.iommu_faults import IommuFault, KernelLog
+from gpuvfio.files import Tree
+from gpuvfio.host.iommu_faults import IommuFault, KernelLog, read_kernel_log
 from gpuvfio.host.model import Link, PciFunction
+from gpuvfio.host.reset_verdicts import Outcome, ResetVerdicts, model_of, read_verdicts
 from gpuvfio.host.root import HostRoot
 
-__all__ = ["Rating", "Finding", "DeviceHealth", "device_health", "plan_findings"]
+__all__ = ["Rating", "Finding", "DeviceHealth", "HealthRecords", "device_health", "read_records", "plan_findings", "reset_findings"]
 
 
 class Rating(str, Enum):
@@ -49,7 +53,7 @@ RANK = {Rating.OK: 0, Rating.UNKNOWN: 1, Rating.DEGRADED: 1, Rating.FAILED: 2}
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # config, journal, aer, pf_aer, port_aer, link, iommu
+    check: str  # config, journal, aer, pf_aer, port_aer, link, iommu, reset
     status: Rating
     message: str
     absent: bool = False  # unknown because the kernel offers nothing to read (no counters, no link
@@ -89,12 +93,28 @@ class DeviceHealth:
                 "iommu_faults": self.iommu}
 
 
-def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict,
-                  log: KernelLog) -> DeviceHealth:
+@dataclass(frozen=True)
+class HealthRecords:
+    """What rating a device takes besides its sysfs files, read once per operation: the
+    journal's marks of devices come back broken, the kernel log, the reset verdicts."""
+
+    broken: dict
+    log: KernelLog
+    verdicts: ResetVerdicts
+
+
+def read_records(host: HostRoot, state: Tree | None, broken: dict) -> HealthRecords:
+    """The records of one operation: ``broken`` (the journal's marks, which the caller has
+    loaded), the kernel log, the verdicts (in ``state``, gpuvfio's state directory, unless
+    GPUVFIO_RESET_VERDICTS names a fleet's file)."""
+    return HealthRecords(broken, read_kernel_log(host), read_verdicts(host, state))
+
+
+def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, records: HealthRecords) -> DeviceHealth:
     """One function's findings: config space, the journal's mark, its AER counters and its
-    ports', its link, its IOMMU faults in ``log`` (the kernel log, read once per operation)."""
+    ports', its link, its IOMMU faults in the kernel log, its reset's qualification."""
     device = DeviceHealth(fn.address, fn.driver, link=fn.link)
-    device.findings += _config_findings(fn, broken)
+    device.findings += _config_findings(fn, records.broken)
     _aer_findings(host, device, fn.address)
     if fn.physfn is not None:
         _aer_findings(host, device, fn.physfn, "PF")
@@ -102,19 +122,19 @@ def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, broken:
         _aer_findings(host, device, port, "port")
     device.findings += _unclaimed_findings(host, inventory, fn)
     device.findings += _link_findings(inventory, fn)
-    _iommu_findings(inventory, device, fn, log)
+    _iommu_findings(inventory, device, fn, records.log)
+    device.findings += reset_findings(fn, records.verdicts)
     if fn.physfn is not None:  # an SR-IOV VF: what its PF counts and trains is the link's
         device.findings = [f for f in device.findings if not f.absent]
     return device
 
 
-def plan_findings(host: HostRoot, inventory: Inventory, fn: PciFunction, broken: dict,
-                  log: KernelLog) -> list[Finding]:
+def plan_findings(host: HostRoot, inventory: Inventory, fn: PciFunction, records: HealthRecords) -> list[Finding]:
     """What a plan that hands ``fn`` out (bind, persist, attach, testbed) or resets it acts on:
     every finding that is not ok -- a failed one refuses, a degraded one or a reading that
     cannot be trusted warns -- but not what the kernel does not offer (no AER counters, no link
     reading): health and doctor report that, and a plan goes on as on any host without it."""
-    return [f for f in device_health(host, inventory, fn, broken, log).findings if f.status is not Rating.OK
+    return [f for f in device_health(host, inventory, fn, records).findings if f.status is not Rating.OK
             and not f.absent]
 
 
@@ -243,6 +263,31 @@ def _iommu_findings(inventory: Inventory, device: DeviceHealth, fn: PciFunction,
     device.findings.append(Finding("iommu", Rating.DEGRADED, f"{len(faults)} IOMMU fault(s) in the kernel log "
                                    f"({', '.join(f'{k} {n}' for k, n in kinds.items())}){unsure}; the last, "
                                    f"{last.usec / 1e6:.0f} s after boot: {last.text}"))
+
+
+def reset_findings(fn: PciFunction, verdicts: ResetVerdicts) -> list[Finding]:
+    """The qualification of the reset the kernel gives ``fn``: the first method of its
+    ``reset_method`` that does not decline (drivers/pci/pci.c __pci_reset_function_locked, Linux
+    5.15 to 6.12), as gpuvfio qualify recorded it for the model. A method that failed there
+    degrades the device: the next tenant may get what the last one left."""
+    if verdicts.error is not None:
+        return [Finding("reset", Rating.UNKNOWN, f"the reset verdicts cannot be read: {verdicts.error}")]
+    if not fn.reset_method or fn.is_bridge:
+        return []  # no reset at all: doctor's device_health says so
+    model, method = model_of(fn.vendor_id, fn.device_id), fn.reset_method[0]
+    record = verdicts.record(model, method)
+    if record is None:
+        return [Finding("reset", Rating.OK, f"its reset ({method}) is not qualified for {model}: gpuvfio qualify "
+                                            f"{fn.address}")]
+    runs = record.passed + record.failed
+    if record.outcome is Outcome.FAILED:
+        last = record.last_failure
+        return [Finding("reset", Rating.DEGRADED, f"the kernel resets it by {method}, which failed qualification "
+                                                  f"for {model} in {record.failed} of {runs} run(s) (last on "
+                                                  f"{last.device} of {last.host or 'a host'} at {last.at}: "
+                                                  f"{last.failure})")]
+    return [Finding("reset", Rating.OK, f"its reset ({method}) qualified for {model} in {runs} run(s), "
+                                        f"{record.last.cycles} cycle(s) the last")]
 
 
 def _fault_kinds(faults: list[IommuFault]) -> dict[str, int]:

@@ -34,6 +34,7 @@ from gpuvfio.host.fabric import SHARED_NVSWITCH
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.kernel import read_kernel
 from gpuvfio.host.pciids import PciIds
+from gpuvfio.host.pcie_health import read_records
 from gpuvfio.ops import fabric
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.plans import Check, CheckStatus, Plan, Step, StepKind
@@ -93,8 +94,8 @@ def plan_report(ctx: Context, addresses: list[PciAddress], policy: BindPolicy, *
     if decision.kind == "full_passthrough":
         addresses = sorted(set(addresses) | set(decision.add_devices))
     view = libvirt_view(ctx, addresses_in_groups(inventory, addresses), uri=uri, exclude=exclude)
-    broken = ctx.journal().data["broken"]
-    bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, broken)
+    records = read_records(ctx.host, ctx.state, ctx.journal().data["broken"])
+    bind_plan = plan_bind(ctx.host, inventory, read_kernel(ctx.host), addresses, policy, view, records)
     if decision.kind != "none":
         bind_plan.checks += plan_checks(decision)
     if ctx.actions is None and not bind_plan.nothing_to_do:

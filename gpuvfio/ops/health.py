@@ -2,7 +2,8 @@
 
 The devices: those named, else every NVIDIA function and, with ``every_assigned``, every
 function on vfio-pci. Each is rated by gpuvfio.host.pcie_health (config space, the journal's
-mark, the AER counters of the device and the ports above it, the link); the service adds the
+mark, the AER counters of the device and the ports above it, the link, the IOMMU faults, the
+reset's qualification); the service adds the
 libvirt domains that assign it, asked by the one policy of gpuvfio.ops.binding (libvirt not
 answering is an unknown finding on every device).
 """
@@ -15,8 +16,7 @@ from typing import TYPE_CHECKING
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
 from gpuvfio.host.inventory import Inventory, read_inventory
-from gpuvfio.host.iommu_faults import read_kernel_log
-from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health, plan_findings
+from gpuvfio.host.pcie_health import DeviceHealth, Rating, device_health, plan_findings, read_records
 from gpuvfio.ops.binding import libvirt_view
 from gpuvfio.ops.plans import Check, CheckStatus, Plan
 
@@ -50,9 +50,8 @@ def health_report(ctx: Context, *, only: list[PciAddress] | None = None, every_a
                              "counters count for them")
     watched = only or [a for a, f in sorted(inventory.functions.items())
                        if f.is_nvidia or (every_assigned and f.driver == "vfio-pci")]
-    broken = ctx.journal().data["broken"]
-    log = read_kernel_log(ctx.host)
-    devices = [device_health(ctx.host, inventory, inventory.require(a)[0], broken, log) for a in watched]
+    records = read_records(ctx.host, ctx.state, ctx.journal().data["broken"])
+    devices = [device_health(ctx.host, inventory, inventory.require(a)[0], records) for a in watched]
     view = libvirt_view(ctx, list(watched), uri=uri)
     for device in devices:  # which domains hold a device is no PCIe finding: libvirt down is a note
         if view.users is not None:
@@ -74,14 +73,13 @@ def plan_health(ctx: Context, plan: Plan, addresses: list[PciAddress], *, force:
     if not addresses:
         return
     inventory = inventory or read_inventory(ctx.host)
-    broken = ctx.journal().data["broken"] if broken is None else broken
-    log = read_kernel_log(ctx.host)
+    records = read_records(ctx.host, ctx.state, ctx.journal().data["broken"] if broken is None else broken)
     for address in addresses:
         fn = inventory.functions.get(address)
         if fn is None:
             plan.refuse("health", f"{address}: not on this host")
             continue
-        for finding in plan_findings(ctx.host, inventory, fn, broken, log):
+        for finding in plan_findings(ctx.host, inventory, fn, records):
             refuse = finding.status is Rating.FAILED and not mends and not (force and finding.overridable)
             plan.checks.append(Check("health", CheckStatus.REFUSE if refuse else CheckStatus.WARN,
                                      f"{address}: {finding.message}", overridable=refuse and finding.overridable))

@@ -33,7 +33,8 @@ from gpuvfio.ops.context import Context
 from gpuvfio.ops.health import plan_health
 from gpuvfio.ops.plans import Plan, Step, StepKind
 
-__all__ = ["reset", "plan_reset", "run_reset", "ResetPlan", "ResetResult", "ResetMethod"]
+__all__ = ["reset", "plan_reset", "run_reset", "ResetPlan", "ResetResult", "ResetMethod", "check_held", "check_unused",
+           "kernel_file"]
 
 
 class ResetMethod(str, Enum):
@@ -79,8 +80,8 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
     affected = sorted(set(below) if bridge else set(addresses))
     plan.devices = affected
     method, targets = ResetMethod.NONE, []
-    for check_id, check in (("ours", lambda: _check_ours(ctx, journal, affected, bridge)),
-                            ("libvirt", lambda: _check_unused(ctx, affected, uri))):
+    for check_id, check in (("ours", lambda: check_held(ctx, journal, affected, bridge)),
+                            ("libvirt", lambda: check_unused(ctx, affected, uri))):
         try:
             check()
         except Refused as exc:
@@ -89,7 +90,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
         if forget:
             pass
         elif bridge:
-            method, targets = ResetMethod.BUS, [_kernel_file(ctx, bridge, "reset_subordinate", "its bridge has no "
+            method, targets = ResetMethod.BUS, [kernel_file(ctx, bridge, "reset_subordinate", "its bridge has no "
                                                    "reset_subordinate (older kernel)")]
         else:
             method = ResetMethod.FUNCTION
@@ -98,7 +99,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
                 if health is not None and health.reset_method == []:
                     raise Refused(f"refused: {address} has no reset method the kernel offers (reset_method is "
                                   "empty); --bus resets the bus below its bridge")
-                targets.append(_kernel_file(ctx, address, "reset", "the kernel offers no reset for it"))
+                targets.append(kernel_file(ctx, address, "reset", "the kernel offers no reset for it"))
     except Refused as exc:
         plan.refuse("reset_method", _words(exc))
     plan.method = method
@@ -153,7 +154,8 @@ def _bridge(inventory: Inventory, addresses: list[PciAddress]) -> PciAddress:
     return bridges.pop()
 
 
-def _check_ours(ctx: Context, journal: Journal, affected: list[PciAddress], bridge: PciAddress | None) -> None:
+def check_held(ctx: Context, journal: Journal, affected: list[PciAddress], bridge: PciAddress | None) -> None:
+    """Refused unless gpuvfio holds every device (its journal) and each is on vfio-pci or none."""
     ours = set(journal.devices) | set(journal.data["broken"])
     foreign = [str(a) for a in affected if str(a) not in ours]
     if foreign:
@@ -166,7 +168,8 @@ def _check_ours(ctx: Context, journal: Journal, affected: list[PciAddress], brid
         raise Refused(f"refused: on a host driver: {', '.join(on_host)}")
 
 
-def _check_unused(ctx: Context, affected: list[PciAddress], uri: str | None) -> None:
+def check_unused(ctx: Context, affected: list[PciAddress], uri: str | None) -> None:
+    """Refused when a libvirt domain uses one, or when libvirt cannot say (fail closed)."""
     view = libvirt_view(ctx, affected, uri=uri)
     if view.error:  # a check that could not run is not a pass
         raise Refused(f"refused: cannot tell whether a domain uses them: {view.error}")
@@ -175,7 +178,9 @@ def _check_unused(ctx: Context, affected: list[PciAddress], uri: str | None) -> 
         raise Refused("refused: in use by " + "; ".join(f"{a}: {', '.join(n)}" for a, n in sorted(used.items())))
 
 
-def _kernel_file(ctx: Context, address: PciAddress, name: str, missing: str) -> str:
+def kernel_file(ctx: Context, address: PciAddress, name: str, missing: str) -> str:
+    """The path of a device's sysfs attribute ``name`` beneath the root; refused with ``missing``
+    when the kernel does not offer it."""
     device = ctx.host.resolve_in_sys(ctx.host.sys_path("bus", "pci", "devices", str(address)))
     path = os.path.join(device, name)
     if not ctx.host.exists(path):

@@ -48,6 +48,7 @@ COMMAND_OWN = {
     "unbind": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
     "restore": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
     "reset": {"addresses", "device_ids", "yes", "bus", "forget", "dry_run", "as_json", "root"},
+    "qualify": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
     "persist": {"addresses", "device_ids", "yes", "dry_run", "list_", "output_format", "as_json", "root"},
     "unpersist": {"addresses", "device_ids", "yes", "dry_run", "as_json", "root"},
     "vgpu list": {"output_format", "as_json", "root"},

@@ -22,6 +22,7 @@ from gpuvfio.ops import binding
 from gpuvfio.planning import Check, CheckStatus, Step, StepKind
 from tests.conftest import gpu_workstation
 from tests.contexts import sim_context
+from gpuvfio.host.pcie_health import read_records
 from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
 
 A = PciAddress.parse
@@ -34,8 +35,9 @@ def plan(b: HostBuilder, *addresses: str, policy: BindPolicy = BindPolicy(), lib
          broken: dict | None = None, names=None) -> BindPlan:
     """plan_bind on the tree as it is now, read as gpuvfio reads it."""
     host = HostRoot(b.root)
+    records = None if broken is None else read_records(host, None, broken)
     return plan_bind(host, read_inventory(host, names=names), read_kernel(host), [A(a) for a in addresses], policy,
-                     libvirt, broken)
+                     libvirt, records)
 
 
 def said(p: BindPlan, *ids: str) -> list[tuple[str, str, str]]:
