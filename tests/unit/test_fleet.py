@@ -195,6 +195,31 @@ def test_facts_module_reports_eight_h100s_on_the_dgx(run_module):
     assert "doctor" not in facts and "status" not in facts
 
 
+def test_facts_module_gives_the_reset_verdicts_a_fleet_shares(run_module, tmp_path):
+    """Each GPU's verdict is the one of the method the kernel resets it by first (flr on the
+    DGX's H100s); the state directory's verdicts come whole, and a damaged file says why."""
+    from gpuvfio.host.reset_verdicts import Outcome, ResetVerdicts, Run
+
+    verdicts = ResetVerdicts()
+    verdicts.add("10de:2330", "flr", Run(Outcome.FAILED, "0000:1b:00.0", "dgx-01", "2026-12-06T10:00:00Z", 1,
+                                         "its link trained to x8 after the reset, x16 before"))
+    verdicts.add("10de:2330", "bus", Run(Outcome.PASSED, "0000:1b:00.0", "dgx-01", "2026-12-06T10:00:00Z", 3))
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "reset-verdicts.json").write_text(verdicts.render())
+    args = {"root": os.path.join(SAMPLES, "dgx-h100.host"), "gather": ["devices"], "state_dir": str(state)}
+    failed, result = run_module("facts", args)
+    assert not failed, result
+    facts = result["ansible_facts"]["gpuvfio"]
+    assert {g["reset"] for g in facts["summary"]["gpus"]} == {"failed"}
+    assert facts["reset_verdicts"]["10de:2330"]["bus"]["verdict"] == "passed" and facts["reset_verdicts_error"] is None
+    (state / "reset-verdicts.json").write_text("{")
+    failed, result = run_module("facts", args)
+    facts = result["ansible_facts"]["gpuvfio"]
+    assert not failed and facts["reset_verdicts"] == {} and "not JSON" in facts["reset_verdicts_error"]
+    assert {g["reset"] for g in facts["summary"]["gpus"]} == {None}
+
+
 def test_facts_module_fails_with_gpuvfio_message(run_module, tmp_path):
     failed, result = run_module("facts", {"root": str(tmp_path / "nowhere")})
     assert failed and result["exit_code"] == 2
