@@ -266,7 +266,7 @@ VERIFY = OptionSet(
 RUN_VARIANT = ("run", "variant")  # a [[variant]] overrides [run]'s
 # The commands that move devices between drivers, and those that take the host's lock.
 BINDING = ("bind", "unbind", "restore", "reset")
-LOCKING = BINDING + ("qualify", "persist", "unpersist")
+LOCKING = BINDING + ("qualify", "persist", "unpersist", "health")
 DEVICE = ("gpuvfio.gpuvfio.device",)
 
 RUN = OptionSet(
@@ -311,6 +311,11 @@ RUN = OptionSet(
            "on vfio-pci.", False, cli=("list", "health")),
     Option("cycles", "int", "Resets by each method the kernel offers (reset_method), each checked: config space, "
            "BARs, link.", 3, minimum=1, maximum=100, metavar="N", cli=("qualify",)),
+    Option("record", "bool", "Keep each device's AER counts as the last sample in the state dir: correctable "
+           "errors above it are rising, and degrade the device (the health timer records every run).", False,
+           cli=("health",)),
+    Option("acknowledge", "bool", "Take the named devices' AER errors so far as known (after a reset mended "
+           "them): only errors after this count, until the next boot.", False, cli=("health",)),
     Option("textfile", "path", "Also write the report as Prometheus metrics to this file, atomically, for "
            "node_exporter's textfile collector (a .prom file in its --collector.textfile.directory).",
            metavar="FILE", cli=("health",)),

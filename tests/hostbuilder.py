@@ -543,6 +543,10 @@ class HostBuilder:
             lines = [f"{bit} {counts.get(bit, 0)}\n" for bit in bits]
             _write(os.path.join(fn.path, name), "".join(lines) + f"{total} {sum(counts.values())}\n")
 
+    def boot_id(self, value: str = "0f4f2a7e-52b5-4bd4-8d7c-3f1e9c2b6a10") -> None:
+        """This boot's id, as /proc/sys/kernel/random/boot_id gives it (a new one each boot)."""
+        _write(os.path.join(self.root, "proc", "sys", "kernel", "random", "boot_id"), value + "\n")
+
     def off_the_bus(self, fn: "Function") -> None:
         """What a function that fell off the bus reads: config space all ones (its sysfs
         attributes keep what the kernel read at enumeration)."""

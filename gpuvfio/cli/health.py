@@ -34,14 +34,18 @@ def health_cmd(addresses: Devices = None, device_ids: DeviceIds = None, run: dic
                as_json: JsonOption = False, root: RootOption = None) -> None:
     """PCIe health of the GPUs (and what is on vfio-pci, with --all) and the ports above them:
     AER errors, the link, config space, a broken return, the domain that holds each; exit 1
-    when one is degraded or failed."""
+    when one is degraded or failed.
+
+    --record keeps the AER counts as the last sample (correctable errors above it are rising);
+    --acknowledge takes the named devices' errors so far as known. Both last until the next boot."""
     connect = check_uri(run["connect"], source="--connect", keywords=(NO_LIBVIRT,))
     check_devices(addresses, device_ids, required=False)
     if run["textfile"] is not None:
         check_output_path(run["textfile"])  # before anything is read: bad input changes nothing
-    with open_context(root_of(root)) as (ctx, label):
+    keeps = run["record"] or run["acknowledge"]  # the state dir's baseline is written: under the lock
+    with open_context(root_of(root), writable=keeps, lock_timeout=run["lock_timeout"]) as (ctx, label):
         report = health_report(ctx, only=resolve(ctx, addresses, device_ids) or None, every_assigned=run["all"],
-                               uri=connect)
+                               uri=connect, record=run["record"], acknowledge=run["acknowledge"])
     if run["textfile"] is not None:
         try:
             write_output(run["textfile"], textfile(report))

@@ -30,12 +30,13 @@ from enum import Enum
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
+from gpuvfio.host.aer_baseline import AerBaseline, read_baseline
 from gpuvfio.host.aer import AerCounts, AerError, Severity, read_aer, read_rootport_totals
 from gpuvfio.host.inventory import Inventory
 from gpuvfio.files import Tree
 from gpuvfio.host.iommu_faults import IommuFault, KernelLog, read_kernel_log
 from gpuvfio.host.model import Link, PciFunction
-from gpuvfio.host.reset_verdicts import Outcome, ResetVerdicts, model_of, read_verdicts
+from gpuvfio.host.reset_verdicts import Outcome, ResetVerdicts, read_verdicts
 from gpuvfio.host.root import HostRoot
 
 __all__ = ["Rating", "Finding", "DeviceHealth", "HealthRecords", "device_health", "read_records", "plan_findings", "reset_findings"]
@@ -79,6 +80,7 @@ class DeviceHealth:
     aer: dict[str, dict[Severity, AerCounts]] = field(default_factory=dict)  # "self" or a port's address
     link: Link | None = None
     iommu: dict[str, int] | None = None  # the IOMMU faults the kernel log holds, by "unit kind"; None: no log
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)  # baseline key -> severity -> total
 
     @property
     def status(self) -> Rating:
@@ -96,18 +98,20 @@ class DeviceHealth:
 @dataclass(frozen=True)
 class HealthRecords:
     """What rating a device takes besides its sysfs files, read once per operation: the
-    journal's marks of devices come back broken, the kernel log, the reset verdicts."""
+    journal's marks of devices come back broken, the kernel log, the reset verdicts, the AER
+    counts last sampled and acknowledged."""
 
     broken: dict
     log: KernelLog
     verdicts: ResetVerdicts
+    baseline: AerBaseline = field(default_factory=AerBaseline)
 
 
 def read_records(host: HostRoot, state: Tree | None, broken: dict) -> HealthRecords:
     """The records of one operation: ``broken`` (the journal's marks, which the caller has
     loaded), the kernel log, the verdicts (in ``state``, gpuvfio's state directory, unless
-    GPUVFIO_RESET_VERDICTS names a fleet's file)."""
-    return HealthRecords(broken, read_kernel_log(host), read_verdicts(host, state))
+    GPUVFIO_RESET_VERDICTS names a fleet's file), the AER baseline (in ``state``)."""
+    return HealthRecords(broken, read_kernel_log(host), read_verdicts(host, state), read_baseline(host, state))
 
 
 def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, records: HealthRecords) -> DeviceHealth:
@@ -115,12 +119,15 @@ def device_health(host: HostRoot, inventory: Inventory, fn: PciFunction, records
     ports', its link, its IOMMU faults in the kernel log, its reset's qualification."""
     device = DeviceHealth(fn.address, fn.driver, link=fn.link)
     device.findings += _config_findings(fn, records.broken)
-    _aer_findings(host, device, fn.address)
+    baseline = records.baseline
+    if baseline.error is not None:
+        device.findings.append(Finding("aer", Rating.UNKNOWN, f"the AER baseline cannot be read: {baseline.error}"))
+    _aer_findings(host, device, fn.address, baseline)
     if fn.physfn is not None:
-        _aer_findings(host, device, fn.physfn, "PF")
+        _aer_findings(host, device, fn.physfn, baseline, "PF")
     for port in fn.parents:
-        _aer_findings(host, device, port, "port")
-    device.findings += _unclaimed_findings(host, inventory, fn)
+        _aer_findings(host, device, port, baseline, "port")
+    device.findings += _unclaimed_findings(host, inventory, fn, device, baseline)
     device.findings += _link_findings(inventory, fn)
     _iommu_findings(inventory, device, fn, records.log)
     device.findings += reset_findings(fn, records.verdicts)
@@ -156,7 +163,8 @@ def _config_findings(fn: PciFunction, broken: dict) -> list[Finding]:
     return out
 
 
-def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, role: str | None = None) -> None:
+def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, baseline: AerBaseline,
+                  role: str | None = None) -> None:
     """The findings of the counters of ``address``: the device itself (``role`` None), or one
     that counts for it (``role`` "port": a port above it, which counts the errors of the link it
     shares with the device below; "PF": an SR-IOV VF's physical function, whose failure is its
@@ -176,15 +184,38 @@ def _aer_findings(host: HostRoot, device: DeviceHealth, address: PciAddress, rol
                                            absent=True))
         return
     device.aer[where] = counts
-    for severity, rating in ((Severity.FATAL, Rating.FAILED), (Severity.NONFATAL, Rating.DEGRADED),
-                             (Severity.CORRECTABLE, Rating.OK)):
+    device.counters[str(address)] = {s.value: c.total for s, c in counts.items()}
+    for severity, rating in SEVERITY_RATINGS:
         if counts[severity].total:
-            device.findings.append(Finding(check, rating, who + counts[severity].describe() + " since boot"))
+            rating, since = _against(baseline, str(address), severity, counts[severity].total, rating)
+            device.findings.append(Finding(check, rating, who + counts[severity].describe() + " since boot" + since))
     if role is None and not any(c.total for c in counts.values()):
         device.findings.append(Finding(check, Rating.OK, "no AER errors since boot"))
 
 
-def _unclaimed_findings(host: HostRoot, inventory: Inventory, fn: PciFunction) -> list[Finding]:
+SEVERITY_RATINGS = ((Severity.FATAL, Rating.FAILED), (Severity.NONFATAL, Rating.DEGRADED),
+                    (Severity.CORRECTABLE, Rating.OK))
+
+
+def _against(baseline: AerBaseline, key: str, severity: Severity, total: int, rating: Rating) -> tuple[Rating, str]:
+    """A count's rating against this boot's records, and the words that say why: correctable
+    errors above the last sample are rising (degraded); non-fatal and fatal ones at or below
+    the acknowledged count are known (ok), above it only the new ones are named."""
+    if severity is Severity.CORRECTABLE:
+        last = baseline.last_sample(key)
+        before = last.totals.get(severity.value) if last else None
+        if before is not None and total > before:
+            return Rating.DEGRADED, f"; rising: {total - before} since the sample of {last.at}"
+        return rating, ""
+    ack = baseline.acknowledgement(key)
+    known = ack.totals.get(severity.value, 0) if ack else 0
+    if ack and total <= known:
+        return Rating.OK, f"; acknowledged at {ack.at}, none since"
+    return rating, f"; {total - known} since the acknowledgement of {ack.at}" if ack and known else ""
+
+
+def _unclaimed_findings(host: HostRoot, inventory: Inventory, fn: PciFunction, device: DeviceHealth,
+                        baseline: AerBaseline) -> list[Finding]:
     """The error messages ``fn``'s root port received that no function below it counted
     (aer.read_rootport_totals): a fatal error whose link went down counts there only. Each
     function below the port is rated on them, since which one sent them is not known."""
@@ -203,13 +234,15 @@ def _unclaimed_findings(host: HostRoot, inventory: Inventory, fn: PciFunction) -
     except (AerError, GpuvfioError) as exc:
         return [Finding("port_aer", Rating.UNKNOWN, f"its root port {root}: AER totals unreadable: {exc}")]
     out = []
-    for severity, rating in ((Severity.FATAL, Rating.FAILED), (Severity.NONFATAL, Rating.DEGRADED),
-                             (Severity.CORRECTABLE, Rating.OK)):
+    key = f"rootport:{root}"
+    device.counters[key] = {s.value: max(0, totals[s] - counted[s]) for s in Severity}
+    for severity, rating in SEVERITY_RATINGS:
         unclaimed = totals[severity] - counted[severity]
         if unclaimed > 0:
+            rating, since = _against(baseline, key, severity, unclaimed, rating)
             out.append(Finding("port_aer", rating, f"its root port {root}: {unclaimed} {severity.value} error "
                                                    "message(s) since boot that no function below it counted (the "
-                                                   "kernel could not read the sender: its link went down)"))
+                                                   "kernel could not read the sender: its link went down)" + since))
     return out
 
 
@@ -266,16 +299,15 @@ def _iommu_findings(inventory: Inventory, device: DeviceHealth, fn: PciFunction,
 
 
 def reset_findings(fn: PciFunction, verdicts: ResetVerdicts) -> list[Finding]:
-    """The qualification of the reset the kernel gives ``fn``: the first method of its
-    ``reset_method`` that does not decline (drivers/pci/pci.c __pci_reset_function_locked, Linux
-    5.15 to 6.12), as gpuvfio qualify recorded it for the model. A method that failed there
-    degrades the device: the next tenant may get what the last one left."""
+    """The qualification of the reset the kernel gives ``fn`` (ResetVerdicts.first_method), as
+    gpuvfio qualify recorded it for the model. A method that failed there degrades the device:
+    the next tenant may get what the last one left."""
     if verdicts.error is not None:
         return [Finding("reset", Rating.UNKNOWN, f"the reset verdicts cannot be read: {verdicts.error}")]
-    if not fn.reset_method or fn.is_bridge:
+    first = None if fn.is_bridge else verdicts.first_method(fn.vendor_id, fn.device_id, fn.reset_method)
+    if first is None:
         return []  # no reset at all: doctor's device_health says so
-    model, method = model_of(fn.vendor_id, fn.device_id), fn.reset_method[0]
-    record = verdicts.record(model, method)
+    model, method, record = first
     if record is None:
         return [Finding("reset", Rating.OK, f"its reset ({method}) is not qualified for {model}: gpuvfio qualify "
                                             f"{fn.address}")]

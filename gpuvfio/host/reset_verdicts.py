@@ -105,6 +105,17 @@ class ResetVerdicts:
     def record(self, model: str, method: str) -> MethodRecord | None:
         return self.models.get(model, {}).get(method)
 
+    def first_method(self, vendor_id: str, device_id: str, reset_method: list[str] | None
+                     ) -> tuple[str, str, MethodRecord | None] | None:
+        """(model, method, its record) of the method the kernel resets a function by: the first
+        of its ``reset_method`` (drivers/pci/pci.c __pci_reset_function_locked tries them in
+        order and the list holds only methods the device supports, Linux 5.15 to 6.12). None
+        when it lists none."""
+        if not reset_method:
+            return None
+        model = model_of(vendor_id, device_id)
+        return model, reset_method[0], self.record(model, reset_method[0])
+
     def add(self, model: str, method: str, run: Run) -> None:
         self.models.setdefault(model, {}).setdefault(method, MethodRecord()).add(run)
 

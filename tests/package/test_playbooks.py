@@ -438,7 +438,7 @@ def _health_timer_verifies(info) -> None:
     gpuvfio where gpuvfio_bin_link puts it; a value it ignores (a warning) fails too."""
     units = os.path.join(info["root"], "etc", "systemd", "system")
     service = _file(info, "etc", "systemd", "system", "gpuvfio-health.service")
-    assert "ExecStart=/usr/local/bin/gpuvfio health --all --textfile " \
+    assert "ExecStart=/usr/local/bin/gpuvfio health --all --record --textfile " \
            "/var/lib/node_exporter/textfile_collector/gpuvfio.prom\n" in service
     assert os.readlink(os.path.join(units, "timers.target.wants", "gpuvfio-health.timer")) == \
         "/etc/systemd/system/gpuvfio-health.timer"

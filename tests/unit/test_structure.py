@@ -376,7 +376,8 @@ def test_services_take_a_context_not_a_host_root():
 CONTEXT_MAKERS = {"Context", "host_context", "live_context", "open_context", "task_context"}  # the last: Ansible's
 WRITABLE_CONTEXTS = {
     ("gpuvfio.cli.binding", "unbind_cmd"), ("gpuvfio.cli.binding", "restore_cmd"),
-    ("gpuvfio.cli.binding", "reset_cmd"), ("gpuvfio.cli.health", "qualify_cmd"), ("gpuvfio.cli.plans", "command_context"),
+    ("gpuvfio.cli.binding", "reset_cmd"), ("gpuvfio.cli.health", "qualify_cmd"),
+    ("gpuvfio.cli.health", "health_cmd"), ("gpuvfio.cli.plans", "command_context"),
     ("gpuvfio.cli.guest", "verify_cmd"), ("gpuvfio.cli.guest", "attach_cmd"), ("gpuvfio.cli.guest", "detach_cmd"),
     ("gpuvfio.cli.testbed", "run_cmd"), ("gpuvfio.cli.testbed", "_this_machine"), ("gpuvfio.cli.domain", "xml_cmd"),
     ("gpuvfio.cli.vgpu", "create_cmd"), ("gpuvfio.cli.vgpu", "remove_cmd"),

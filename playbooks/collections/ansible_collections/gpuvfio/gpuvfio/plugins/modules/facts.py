@@ -88,19 +88,10 @@ if HAS_GPUVFIO:
     from gpuvfio.ops import binding
     from gpuvfio.ops.inventory import ListReport, list_report
     from gpuvfio.ops.readiness import DoctorReport, doctor_report
-    from gpuvfio.host.reset_verdicts import ResetVerdicts, model_of, read_verdicts
+    from gpuvfio.ops.health import first_reset_verdict, reset_verdicts
 
 
-def reset_verdict(verdicts: ResetVerdicts, fn) -> str | None:
-    """passed or failed: what qualify found of the method the kernel resets ``fn`` by first;
-    None where that is not qualified (or the kernel lists no method)."""
-    if not fn.reset_method:
-        return None
-    record = verdicts.record(model_of(fn.vendor_id, fn.device_id), fn.reset_method[0])
-    return record.outcome.value if record else None
-
-
-def summarize(listing: ListReport, doctor: DoctorReport | None, verdicts: ResetVerdicts) -> dict:
+def summarize(listing: ListReport, doctor: DoctorReport | None, verdicts) -> dict:
     """The numbers a fleet report wants without walking every device."""
     gpus = [fn for fn in listing.devices if fn.is_nvidia_gpu and fn.physfn is None]
     groups = {g.group_id: g for g in listing.groups or []}
@@ -115,7 +106,7 @@ def summarize(listing: ListReport, doctor: DoctorReport | None, verdicts: ResetV
         "gpus": [{"address": str(g.address), "model": g.device_name, "driver": g.driver,
                   "iommu_group": g.iommu_group, "numa_node": g.numa_node,
                   "viable": groups[g.iommu_group].viable if g.iommu_group in groups else None,
-                  "reset": reset_verdict(verdicts, g)}
+                  "reset": first_reset_verdict(verdicts, g)}
                  for g in gpus],
         "drivers": sorted({g.driver or "none" for g in gpus}),
         "iommu_groups_present": listing.groups is not None,
@@ -153,7 +144,7 @@ def main(context_factory=None) -> None:
                 status = binding.status(ctx).to_json()
                 status.pop("state_dir", None)  # a temp dir for fixture files: not a fact
                 facts["status"] = status
-            verdicts = read_verdicts(ctx.host, ctx.state)
+            verdicts = reset_verdicts(ctx)
             facts["reset_verdicts"] = verdicts.to_json()["models"]
             facts["reset_verdicts_error"] = verdicts.error
             facts["summary"] = summarize(listing, doctor, verdicts)
