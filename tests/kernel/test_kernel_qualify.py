@@ -7,6 +7,13 @@ cycles of each method its reset_method lists. The real kernel selects each metho
 checks read what it left. Afterwards reset_method holds the original list, the verdicts file
 records each method for 1af4:1041, health rates the reset as qualified, and restore gives the
 device back to virtio-pci.
+
+What the real kernel said (QEMU 7.2, Linux 6.1): the function lists ``flr pm bus``; flr and pm
+pass; bus, which the kernel carries out as the hot-plug slot's reset (pciehp_reset_slot), fails
+with ENOTTY after "Data Link Layer Link Active not set in 1000 msec": the emulated root port's
+link does not come back within the time the kernel waits after a secondary bus reset
+(drivers/pci/pci.c pci_bridge_wait_for_secondary_bus). So qualify exits 1, records bus as failed
+for the model, and health still rates the device ok: the kernel resets it by flr first.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ cat /tmp/gpuvfio-state/reset-verdicts.json >"$OUT/verdicts.json"
 run health health {DEVICE} --connect none --json
 run restore restore {DEVICE}
 readlink {SYSFS}/driver >"$OUT/restored.txt"
-dmesg | grep -i -e reset -e {DEVICE} >"$OUT/dmesg.txt"
+dmesg | grep -i -e reset -e "Link Active" -e {DEVICE} >"$OUT/dmesg.txt"
 """
 
 
@@ -67,24 +74,29 @@ def test_the_device_is_bound_and_offers_reset_methods(guest):
     assert "flr" in guest.files["before.txt"].split(), guest.files["before.txt"]
 
 
-def test_each_method_the_kernel_lists_passes_twice_and_the_list_goes_back(guest):
+def test_each_method_the_kernel_lists_is_cycled_and_the_list_goes_back(guest):
     methods = guest.files["before.txt"].split()
-    assert guest.files["qualify.rc"].strip() == "0", _said(guest, "qualify") + guest.files["qualify.out"]
     result = json.loads(guest.files["qualify.out"])
-    assert [(m["method"], m["outcome"], m["cycles"]) for m in result["methods"]] == [
-        (method, "passed", 2) for method in methods]
-    assert result["ok"] and result["problems"] == []
-    assert guest.files["after.txt"] == guest.files["before.txt"]
+    outcomes = {m["method"]: (m["outcome"], m["cycles"]) for m in result["methods"]}
+    assert [m["method"] for m in result["methods"]] == methods, result["methods"]
+    assert outcomes["flr"] == ("passed", 2)
+    failed = [m for m in result["methods"] if m["outcome"] == "failed"]
+    assert guest.files["qualify.rc"].strip() == ("1" if failed else "0"), _said(guest, "qualify")
+    for method in failed:  # the kernel's own refusal, as it logged it
+        assert method["method"] == "bus" and "ENOTTY" in method["failure"], method
+        assert "Data Link Layer Link Active not set" in guest.files["dmesg.txt"], guest.files["dmesg.txt"]
+    assert result["problems"] == [] and guest.files["after.txt"] == guest.files["before.txt"]
     resets = [s for s in result["steps"] if s["kind"] == "reset"]
-    assert len(resets) == 2 * len(methods)
+    assert len(resets) == sum(m["cycles"] + (m["outcome"] == "failed") for m in result["methods"])
 
 
 def test_the_verdicts_and_health_say_so(guest):
-    verdicts = json.loads(guest.files["verdicts.json"])
-    recorded = verdicts["models"][MODEL]
+    result = {m["method"]: m for m in json.loads(guest.files["qualify.out"])["methods"]}
+    recorded = json.loads(guest.files["verdicts.json"])["models"][MODEL]
     assert sorted(recorded) == sorted(guest.files["before.txt"].split())
-    assert all(r["verdict"] == "passed" and r["passed"] == 1 and r["last"]["cycles"] == 2 and
-               r["last"]["device"] == DEVICE for r in recorded.values())
+    for method, record in recorded.items():
+        assert record["verdict"] == result[method]["outcome"] and record["last"]["device"] == DEVICE
+        assert record["last"]["cycles"] == result[method]["cycles"]
     health = json.loads(guest.files["health.out"])["devices"][0]
     first = guest.files["before.txt"].split()[0]
     assert [f["message"] for f in health["findings"] if f["check"] == "reset"] == [
