@@ -47,7 +47,7 @@ class Settings:
     def from_environment(cls, environ=None) -> "Settings":
         env = dict(os.environ if environ is None else environ)
         return cls(root=env.get(ROOT_ENV), state_dir=env.get(STATE_ENV),
-                   reset_verdicts=env.get(RESET_VERDICTS_ENV), pci_ids=env.get(PCI_IDS_ENV) or None,
+                   reset_verdicts=env.get(RESET_VERDICTS_ENV) or None, pci_ids=env.get(PCI_IDS_ENV) or None,
                    schemas=env.get(SCHEMA_ENV) or None,
                    allow_unsafe_uri=env.get(UNSAFE_URI_ENV) == "1", libvirt_uri=env.get(LIBVIRT_URI_ENV) or None,
                    tmpdir_set=bool(env.get("TMPDIR")), ssh_agent=bool(env.get("SSH_AUTH_SOCK")),

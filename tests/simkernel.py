@@ -233,14 +233,14 @@ class SimKernel:
         """``reset``: the first selected method runs (ENOTTY when none is) and the link trains as it
         first did; an injected fault of op "reset" for that method fails the write (``errno_``)
         or leaves the device ``effect``:
-        dead (config space 0xffff), bars (BAR registers cleared), narrow (link at x1), slow
-        (link at 2.5 GT/s)."""
+        dead (config space 0xffff), gone (its config attribute removed), bars (BAR registers
+        left as sizing leaves them), narrow (link at x1), slow (link at 2.5 GT/s)."""
         listed = os.path.join(dev, "reset_method")  # a kernel before 5.15 has none: its reset is one method
         methods = open(listed).read().split() if os.path.exists(listed) else ["?"]
         if not methods:
             raise OSError(errno.ENOTTY, os.strerror(errno.ENOTTY))
         fault = self._fault(state, "reset", os.path.basename(dev), methods[0])
-        if fault and fault["errno"]:
+        if fault and (fault["errno"] or fault["hang"]):
             self._fail(fault)
         self._recover(state, [dev])
         self._retrain(state, dev)
@@ -256,6 +256,8 @@ class SimKernel:
                 config[0x10:0x28] = b"\xff" * 0x18  # left as BAR sizing leaves them
             with open(os.path.join(dev, "config"), "wb") as handle:
                 handle.write(bytes(config))
+        elif effect == "gone":  # removed from the bus (surprise removal): its attributes go
+            os.unlink(os.path.join(dev, "config"))
         elif effect in ("narrow", "slow"):
             name, text = ("current_link_width", "1") if effect == "narrow" else ("current_link_speed", "2.5 GT/s PCIe")
             with open(os.path.join(dev, name), "w") as handle:

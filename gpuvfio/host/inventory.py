@@ -107,9 +107,9 @@ MAX_SWITCH_LINKS = 256  # switches one fabric links; a longer listing is not bel
 
 def switch_links(host: HostRoot, address: PciAddress) -> list[PciAddress]:
     """The PCI devices a Broadcom switch's virtual switch links reach, as NCCL keeps them."""
-    names = host.listdir(host.sys_path(*SWITCH_LINKS, str(address)))[:MAX_SWITCH_LINKS]
-    peers = (_address(name) for name in names if len(name) == 12)
-    return sorted({peer for peer in peers if peer is not None and peer != address})
+    names = host.listdir(host.sys_path(*SWITCH_LINKS, str(address)))
+    peers = {peer for peer in (_address(name) for name in names if len(name) == 12) if peer not in (None, address)}
+    return sorted(peers)[:MAX_SWITCH_LINKS]  # the bus ids NCCL would keep, then the bound: junk hides none
 
 
 _ADDRESS_CACHE: dict[str, PciAddress | None] = {}

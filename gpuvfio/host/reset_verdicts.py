@@ -15,21 +15,27 @@ health reports, never believed in part.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuvfio.errors import HostReadError
+from gpuvfio.clock import Clock
+from gpuvfio.errors import HostReadError, InputError, Refused
 from gpuvfio.files import Tree
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.state import state_dir
 from gpuvfio.numbers import U64_MAX
+from gpuvfio.settings import RESET_VERDICTS_ENV
 from gpuvfio.strictjson import JsonRejected, strict_loads
 from gpuvfio.user_files import user_file
 
 __all__ = ["FORMAT", "FILE_NAME", "LIMIT", "METHODS", "Outcome", "MethodRecord", "ResetVerdicts", "Run",
-           "VerdictsUnreadable", "location", "model_of", "parse", "read_verdicts", "valid_host"]
+           "VerdictsUnreadable", "location", "locked", "model_of", "parse", "read_verdicts", "valid_host"]
 
 FORMAT = "gpuvfio-reset-verdicts"
 VERSION = 1
@@ -84,11 +90,11 @@ class MethodRecord:
         return Outcome.FAILED if self.failed else Outcome.PASSED
 
     def add(self, run: Run) -> None:
-        if run.outcome is Outcome.FAILED:
-            self.failed += 1
+        if run.outcome is Outcome.FAILED:  # counts stop at the largest the reader takes
+            self.failed = min(self.failed + 1, U64_MAX)
             self.last_failure = run
         else:
-            self.passed += 1
+            self.passed = min(self.passed + 1, U64_MAX)
         self.last = run
 
     def to_json(self) -> dict:
@@ -125,7 +131,13 @@ class ResetVerdicts:
                            for model, methods in sorted(self.models.items())}}
 
     def render(self) -> str:
-        return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+        """The file's text, refused (VerdictsUnreadable) where gpuvfio's own reader would refuse
+        it: a file no host can read again must never be written over one that reads."""
+        text = json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+        if len(text.encode()) > LIMIT:
+            raise VerdictsUnreadable(f"the verdicts would pass {LIMIT} bytes: remove the models no longer in use")
+        parse(text.encode())
+        return text
 
 
 def model_of(vendor_id: str, device_id: str) -> str:
@@ -137,8 +149,33 @@ def location(host: HostRoot, state: Tree | None = None) -> tuple[Tree, str]:
     the file itself never), else reset-verdicts.json in the state directory."""
     named = host.settings.reset_verdicts
     if named is not None:
+        if not os.path.isabs(named):  # a timer's unit and an admin's shell would name two files
+            raise InputError(f"{RESET_VERDICTS_ENV} must be an absolute path, not {ascii(named[:200])}")
         return user_file(named)
     return (state if state is not None else state_dir(host)), FILE_NAME
+
+
+@contextlib.contextmanager
+def locked(tree: Tree, name: str, clock: Clock, timeout: float):
+    """``flock`` on ``NAME.lock`` beside the verdicts for a read and write: hosts of a fleet that
+    share the file add their runs one after the other, and none loses another's failure. A
+    holder that does not let go within ``timeout`` seconds is a refusal."""
+    fd = tree.open_lock(name + ".lock", 0o644, dir_mode=0o755)
+    try:
+        deadline = clock.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            if clock.monotonic() >= deadline:
+                raise Refused(f"refused: another run holds {tree.path(name + '.lock')}; waited {timeout:g}s")
+            clock.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with the fd
 
 
 def read_verdicts(host: HostRoot, state: Tree | None = None) -> ResetVerdicts:

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.bind.journal import Journal
+from gpuvfio.bind.sysfs_write import SysfsWriteTimeout
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.reset_check import ResetSnapshot, after_reset, snapshot
-from gpuvfio.host.reset_verdicts import (LIMIT, MAX_MESSAGE, Outcome, ResetVerdicts, Run, location, model_of,
-                                         parse, read_verdicts, valid_host)
+from gpuvfio.host.reset_verdicts import (LIMIT, MAX_MESSAGE, Outcome, ResetVerdicts, Run, location, locked,
+                                         model_of, parse, read_verdicts, valid_host)
 from gpuvfio.host.state import make_state_dir
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.health import plan_health
@@ -122,9 +123,10 @@ def qualify(ctx: Context, addresses: list[PciAddress], *, cycles: int, uri: str 
 class MethodResult:
     address: str
     method: str
-    outcome: Outcome | None  # None: not tried (the device stopped answering before it)
+    outcome: Outcome | None  # None: not tried, or not to be judged (the kernel never ran it, it hung)
     cycles: int = 0  # resets that passed their checks
     failure: str | None = None
+    dead: bool = False  # the device no longer answers after it
 
     def to_json(self) -> dict:
         return {"address": self.address, "method": self.method,
@@ -137,7 +139,7 @@ class QualifyResult:
     methods: list[MethodResult]
     verdicts: str
     steps: list[Step] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # what the run could not undo or record
+    problems: list[str] = field(default_factory=list)  # what the run could not do, undo or record
     root: str | None = None
 
     @property
@@ -151,69 +153,64 @@ class QualifyResult:
 
 def run_qualify(ctx: Context, plan: QualifyPlan, journal: Journal) -> QualifyResult:
     """Carry out ``plan`` (made under the run lock the caller holds, from ``journal``), device by
-    device; the verdicts are added and the result returned (its ``ok`` says whether all passed)."""
+    device; what was found is added to the verdicts whatever stops the run, and the result
+    returned (its ``ok`` says whether every method passed)."""
     plan.raise_if_refused()
     result = QualifyResult([], plan.verdicts, root=ctx.host.root)
-    for address in plan.methods:
-        _run_device(ctx, plan, journal, address, result)
-    _record(ctx, plan, result)
-    result.steps += [s for s in plan.steps if s.kind is StepKind.WRITE_FILE]
+    try:
+        for address in plan.methods:
+            _run_device(ctx, plan, journal, address, result)
+    finally:
+        _record(ctx, plan, result)
+        result.steps += [s for s in plan.steps if s.kind is StepKind.WRITE_FILE]
     return result
 
 
 def _run_device(ctx: Context, plan: QualifyPlan, journal: Journal, address: str, result: QualifyResult) -> None:
     steps = [s for s in plan.steps if s.address == address]
     before = snapshot(ctx.host, PciAddress.parse(address))
-    current = MethodResult(address, "", None)
-    settled = True  # whether the current method is decided (or cannot be tried): its resets are skipped
+    current, settled, stop = MethodResult(address, "", None), True, None
     try:
         for step in steps[:-1]:  # the last puts the original list back, whatever happened
             if step.kind is StepKind.SELECT_RESET:
-                current, settled = MethodResult(address, step.name, None), _dead(result, address) is not None
+                current, settled = MethodResult(address, step.name, None), stop is not None
                 result.methods.append(current)
-                if settled:
-                    continue
-            elif settled:
+            if settled:
                 continue
-            problem = _take(ctx, step, result, before)
-            if problem and step.kind is StepKind.SELECT_RESET:  # not the method's failure: it was never run
+            problem, dead, hung = _take(ctx, step, result, before)
+            if hung or (problem and step.kind is StepKind.SELECT_RESET):  # not the method's verdict
                 current.failure, settled = problem, True
                 result.problems.append(f"{address}: {problem}")
+                stop = problem if hung else stop
             elif problem:
-                current.outcome, current.failure, settled = Outcome.FAILED, problem, True
+                current.outcome, current.failure, current.dead, settled = Outcome.FAILED, problem, dead, True
+                stop = problem if dead else stop
             else:
                 current.cycles += step.kind is StepKind.RESET
                 if current.cycles == plan.cycles:
                     current.outcome, settled = Outcome.PASSED, True
     finally:
         _put_back(ctx, steps[-1], result)
-    dead = _dead(result, address)
-    if dead:
-        journal.data["broken"][address] = {"reason": f"qualify: {dead}", "since": journal.clock.time()}
+    if stop:  # dead, or a reset that did not return: no host driver and no guest gets it
+        journal.data["broken"][address] = {"reason": f"qualify: {stop}", "since": journal.clock.time()}
         journal.save()
 
 
-def _take(ctx: Context, step: Step, result: QualifyResult, before: ResetSnapshot) -> str | None:
-    """Write one step; after a reset, what it broke. None: it went as it should."""
+def _take(ctx: Context, step: Step, result: QualifyResult, before: ResetSnapshot) -> tuple[str | None, bool, bool]:
+    """Write one step: (what it broke, whether the device is dead, whether the write hung)."""
     ctx.progress(f"qualify: {step.detail}")
     result.steps.append(step)
     try:
         ctx.writer().write(step.path, step.value)
+    except SysfsWriteTimeout as exc:  # the kernel may still be resetting it: the device is left alone
+        return _short(f"the reset did not return: {exc}"), False, True
     except GpuvfioError as exc:
         what = "select the method" if step.kind is StepKind.SELECT_RESET else "reset"
-        return _short(f"the kernel refused to {what}: {exc}")
-    if step.kind is StepKind.RESET:
-        problem = after_reset(ctx.host, before)
-        return _short(problem) if problem else None
-    return None
-
-
-def _dead(result: QualifyResult, address: str) -> str | None:
-    """Why the device no longer answers, from the last failure of one of its methods."""
-    for method in reversed(result.methods):
-        if method.address == address and method.failure and "0xffff" in method.failure:
-            return method.failure
-    return None
+        return _short(f"the kernel refused to {what}: {exc}"), False, False
+    if step.kind is not StepKind.RESET:
+        return None, False, False
+    after = after_reset(ctx.host, before)
+    return (_short(after.problem) if after.problem else None), after.dead, False
 
 
 def _put_back(ctx: Context, step: Step, result: QualifyResult) -> None:
@@ -226,21 +223,25 @@ def _put_back(ctx: Context, step: Step, result: QualifyResult) -> None:
 
 
 def _record(ctx: Context, plan: QualifyPlan, result: QualifyResult) -> None:
-    """Add the runs to the verdicts as they are now (read again under the lock), atomically."""
+    """Add the runs judged to the verdicts as they are now, read again under the file's own lock
+    (hosts of a fleet share it), written atomically; never a file the reader would refuse."""
     tree, name = location(ctx.host, ctx.state)
     host = printable(ctx.host.read(ctx.host.path("proc", "sys", "kernel", "hostname")) or "").strip()
     at = ctx.clock.utc()
+    runs = [m for m in result.methods if m.outcome is not None]
+    if not runs:
+        return
     try:
         if tree is ctx.state:
             make_state_dir(ctx.state)
-        data = tree.read(name, LIMIT)
-        verdicts = parse(data) if data is not None else ResetVerdicts()
-        for method in result.methods:
-            if method.outcome is not None:
+        with locked(tree, name, ctx.clock, ctx.lock_timeout):
+            data = tree.read(name, LIMIT)
+            verdicts = parse(data) if data is not None else ResetVerdicts()
+            for method in runs:
                 verdicts.add(plan.models[method.address], method.method,
                              Run(method.outcome, method.address, host if valid_host(host) else "", at, method.cycles,
                                  method.failure))
-        tree.write(name, verdicts.render(), 0o644)
+            tree.write(name, verdicts.render(), 0o644)
     except GpuvfioError as exc:
         result.problems.append(f"the reset verdicts could not be recorded in {tree.path(name)}: {exc}")
 

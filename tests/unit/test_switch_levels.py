@@ -220,6 +220,8 @@ def test_a_virtual_link_to_a_switch_no_gpu_is_under_changes_nothing(tmp_path):
     b = linked_broadcom_host(tmp_path, linked=True)
     b.switch_link("0000:11:00.0", "0000:99:00.0")  # no such device: NCCL skips it
     b.switch_link("0000:11:00.0", "not-a-bus-id")
+    for n in range(300):  # names NCCL skips, sorted before the real link: they hide nothing
+        b.switch_link("0000:11:00.0", f"0000:00:00.0-{n:03d}")
     b.switch_link("0000:11:00.0", "0000:11:00.0")  # itself
     functions = read_functions(tmp_path)
     assert functions[A("0000:11:00.0")].switch_links == [A("0000:30:00.0"), A("0000:99:00.0")]
