@@ -15,17 +15,13 @@ health reports, never believed in part.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuvfio.clock import Clock
-from gpuvfio.errors import HostReadError, InputError, Refused
+from gpuvfio.errors import HostReadError, InputError
 from gpuvfio.files import Tree
 from gpuvfio.host.root import HostRoot
 from gpuvfio.host.state import state_dir
@@ -35,7 +31,7 @@ from gpuvfio.strictjson import JsonRejected, strict_loads
 from gpuvfio.user_files import user_file
 
 __all__ = ["FORMAT", "FILE_NAME", "LIMIT", "METHODS", "Outcome", "MethodRecord", "ResetVerdicts", "Run",
-           "VerdictsUnreadable", "location", "locked", "model_of", "parse", "read_verdicts", "valid_host"]
+           "VerdictsUnreadable", "location", "model_of", "parse", "read_verdicts", "valid_host"]
 
 FORMAT = "gpuvfio-reset-verdicts"
 VERSION = 1
@@ -153,29 +149,6 @@ def location(host: HostRoot, state: Tree | None = None) -> tuple[Tree, str]:
             raise InputError(f"{RESET_VERDICTS_ENV} must be an absolute path, not {ascii(named[:200])}")
         return user_file(named)
     return (state if state is not None else state_dir(host)), FILE_NAME
-
-
-@contextlib.contextmanager
-def locked(tree: Tree, name: str, clock: Clock, timeout: float):
-    """``flock`` on ``NAME.lock`` beside the verdicts for a read and write: hosts of a fleet that
-    share the file add their runs one after the other, and none loses another's failure. A
-    holder that does not let go within ``timeout`` seconds is a refusal."""
-    fd = tree.open_lock(name + ".lock", 0o644, dir_mode=0o755)
-    try:
-        deadline = clock.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-            if clock.monotonic() >= deadline:
-                raise Refused(f"refused: another run holds {tree.path(name + '.lock')}; waited {timeout:g}s")
-            clock.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # the lock goes with the fd
 
 
 def read_verdicts(host: HostRoot, state: Tree | None = None) -> ResetVerdicts:

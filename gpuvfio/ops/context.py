@@ -133,12 +133,14 @@ class Context:
         from gpuvfio.bind.journal import Journal
         return Journal.load(self.state, clock=self.clock)
 
-    def lock(self) -> RunLock:
-        """The run lock, held for an operation (re-entrant within this process)."""
+    def lock(self, directory: Tree | None = None) -> RunLock:
+        """The run lock, held for an operation (re-entrant within this process); ``directory``:
+        the lock of another directory gpuvfio keeps a file in (one hosts of a fleet share)."""
+        where = self.state if directory is None else directory
         if not self.writable:
-            raise ReadOnly(f"the run lock under {self.state.path()} refused: this context only reads")
+            raise ReadOnly(f"the run lock under {where.path()} refused: this context only reads")
         from gpuvfio.bind.journal import RunLock
-        return RunLock(self.state, self.lock_timeout, progress=self.progress, clock=self.clock)
+        return RunLock(where, self.lock_timeout, progress=self.progress, clock=self.clock)
 
     def libvirt(self, uri: str | None = None):
         """One connection per URI for the whole command (default: libvirt's default URI), so a

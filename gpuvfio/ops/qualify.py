@@ -25,9 +25,8 @@ from gpuvfio.bind.sysfs_write import SysfsWriteTimeout
 from gpuvfio.errors import GpuvfioError, InputError, Refused
 from gpuvfio.host.inventory import Inventory, read_inventory
 from gpuvfio.host.reset_check import ResetSnapshot, after_reset, snapshot
-from gpuvfio.host.reset_verdicts import (LIMIT, MAX_MESSAGE, Outcome, ResetVerdicts, Run, location, locked,
-                                         model_of, parse, read_verdicts, valid_host)
-from gpuvfio.host.state import make_state_dir
+from gpuvfio.host.reset_verdicts import (LIMIT, MAX_MESSAGE, Outcome, ResetVerdicts, Run, location, model_of,
+                                         parse, read_verdicts, valid_host)
 from gpuvfio.ops.context import Context
 from gpuvfio.ops.health import plan_health
 from gpuvfio.ops.plans import Plan, Step, StepKind
@@ -223,8 +222,9 @@ def _put_back(ctx: Context, step: Step, result: QualifyResult) -> None:
 
 
 def _record(ctx: Context, plan: QualifyPlan, result: QualifyResult) -> None:
-    """Add the runs judged to the verdicts as they are now, read again under the file's own lock
-    (hosts of a fleet share it), written atomically; never a file the reader would refuse."""
+    """Add the runs judged to the verdicts as they are now, read again under the run lock of the
+    file's directory (the state dir's is the one this run holds; hosts of a fleet that share a
+    file take its directory's), written atomically; never a file the reader would refuse."""
     tree, name = location(ctx.host, ctx.state)
     host = printable(ctx.host.read(ctx.host.path("proc", "sys", "kernel", "hostname")) or "").strip()
     at = ctx.clock.utc()
@@ -232,9 +232,7 @@ def _record(ctx: Context, plan: QualifyPlan, result: QualifyResult) -> None:
     if not runs:
         return
     try:
-        if tree is ctx.state:
-            make_state_dir(ctx.state)
-        with locked(tree, name, ctx.clock, ctx.lock_timeout):
+        with ctx.lock(tree):
             data = tree.read(name, LIMIT)
             verdicts = parse(data) if data is not None else ResetVerdicts()
             for method in runs:

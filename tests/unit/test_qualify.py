@@ -290,14 +290,14 @@ def test_hosts_sharing_the_file_wait_for_each_other(h, tmp_path):
     shared = tmp_path / "fleet" / "verdicts.json"
     shared.parent.mkdir()
     host = HostRoot(h.root, settings=Settings(reset_verdicts=str(shared)))
-    fd = Tree(str(shared.parent)).open_lock("verdicts.json.lock")
+    fd = Tree(str(shared.parent)).open_lock("lock")  # the directory's run lock
     fcntl.flock(fd, fcntl.LOCK_EX)  # another host is adding its runs
     try:
         with sim_context(host, h.kernel, lock_timeout=0.3) as ctx:
             result = qualify(ctx, [A(GPU)], cycles=1, uri="none")
     finally:
         os.close(fd)
-    assert not result.ok and any("another run holds" in p for p in result.problems) and not shared.exists()
+    assert not result.ok and any("another gpuvfio run holds" in p for p in result.problems) and not shared.exists()
     with sim_context(host, h.kernel) as ctx:
         assert qualify(ctx, [A(GPU)], cycles=1, uri="none").ok
     assert parse(shared.read_bytes()).record(MODEL, "flr").passed == 1
