@@ -71,6 +71,25 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
 
 
+def write_uevent(path: str) -> None:
+    """A function's ``uevent`` as the kernel shows it (drivers/base/core.c dev_uevent's DRIVER
+    line while bound, then drivers/pci/pci-driver.c pci_uevent's), from the tree's attributes and
+    ``driver`` link: what the builder and the simulated kernel call after changing either."""
+    def value(name: str) -> int:
+        with open(os.path.join(path, name)) as handle:
+            return int(handle.read().strip(), 16)
+
+    vendor, device, klass = value("vendor"), value("device"), value("class")
+    sv, sd = value("subsystem_vendor"), value("subsystem_device")
+    link = os.path.join(path, "driver")
+    lines = [f"DRIVER={os.path.basename(os.readlink(link))}"] if os.path.islink(link) else []
+    lines += [f"PCI_CLASS={klass:04X}", f"PCI_ID={vendor:04X}:{device:04X}", f"PCI_SUBSYS_ID={sv:04X}:{sd:04X}",
+              f"PCI_SLOT_NAME={os.path.basename(path)}",
+              f"MODALIAS=pci:v{vendor:08X}d{device:08X}sv{sv:08X}sd{sd:08X}"
+              f"bc{klass >> 16:02X}sc{(klass >> 8) & 0xFF:02X}i{klass & 0xFF:02x}"]
+    _write(os.path.join(path, "uevent"), "".join(f"{line}\n" for line in lines))
+
+
 class HostBuilder:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
@@ -324,6 +343,8 @@ class HostBuilder:
         _relink(self.sys_path("bus", "pci", "devices", str(addr)), path)
         if driver:
             self.bind(addr, driver, path)
+        else:
+            write_uevent(path)
         gid = self._group_for(addr, is_bridge, group, vf)
         if gid is not None:
             gdir = self.sys_path("kernel", "iommu_groups", str(gid), "devices")
@@ -354,6 +375,7 @@ class HostBuilder:
         ddir = self.driver(driver)
         _relink(os.path.join(path, "driver"), ddir)
         _relink(os.path.join(ddir, str(addr)), path)
+        write_uevent(path)
 
     def bridge(self, parent: Node, address: str, vendor: str, device: str, *, secondary_bus: int,
                numa: int | None = None, link: tuple | None = None, group="auto",

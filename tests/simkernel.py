@@ -22,6 +22,8 @@ import json
 import os
 import time
 
+from tests.hostbuilder import write_uevent
+
 STATE = ".simkernel.json"
 
 
@@ -102,6 +104,7 @@ class SimKernel:
         ddir = os.path.join(self.sys, "bus", "pci", "drivers", driver)
         os.symlink(os.path.relpath(ddir, dev), os.path.join(dev, "driver"))
         os.symlink(os.path.relpath(dev, ddir), os.path.join(ddir, address))
+        write_uevent(dev)
         if driver == "vfio-pci":
             group = self._group(dev)
             if group is not None:
@@ -111,6 +114,7 @@ class SimKernel:
     def _unbind(self, address: str, dev: str, driver: str) -> None:
         os.unlink(os.path.join(dev, "driver"))
         os.unlink(os.path.join(self.sys, "bus", "pci", "drivers", driver, address))
+        write_uevent(dev)
         if driver == "vfio-pci":
             group = self._group(dev)
             members = os.path.join(self.sys, "kernel", "iommu_groups", str(group), "devices")

@@ -4,12 +4,13 @@ Sources (Documentation/ABI/testing/sysfs-bus-pci, sysfs-kernel-iommu_groups):
 ``sys/bus/pci/devices/<addr>`` links to the device directory under ``sys/devices``;
 attributes are one value per file; ``driver`` and ``iommu_group`` are symlinks;
 ``resource`` has one ``start end flags`` line per resource (drivers/pci/pci-sysfs.c,
-resource_show).
+resource_show). A function's ``uevent`` carries its ids and driver in one read (parse_uevent).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from gpuvfio.address import PciAddress
@@ -139,14 +140,82 @@ def _ids(directory: SysDir) -> tuple[str, str, str]:
     return ids
 
 
+@dataclass(frozen=True, slots=True)
+class KernelIds:
+    """What a PCI function's ``uevent`` says of it: the ids the separate attributes show (the same
+    ``struct pci_dev`` fields, after the quirks that rewrite them) and its driver's name."""
+
+    vendor_id: str
+    device_id: str
+    class_id: str
+    subsystem_vendor_id: str
+    subsystem_device_id: str
+    driver: str | None
+
+
+# drivers/pci/pci-driver.c pci_uevent (the same lines since Linux 2.6): PCI_CLASS=%04X of the
+# 24-bit class, PCI_ID=%04X:%04X, PCI_SUBSYS_ID=%04X:%04X, PCI_SLOT_NAME=pci_name(), MODALIAS;
+# drivers/base/core.c dev_uevent adds DRIVER=<name> while a driver is bound (the name the
+# ``driver`` link's target has: the driver's kobject is named after it).
+_UEVENT_KEYS = frozenset(("PCI_CLASS", "PCI_ID", "PCI_SUBSYS_ID", "PCI_SLOT_NAME", "DRIVER"))
+
+
+_ID_PAIR = re.compile(r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}")
+_CLASS = re.compile(r"[0-9A-Fa-f]{4,6}")
+
+
+def _sysfs_name(name: str) -> bool:
+    """Could ``name`` be a driver's directory under /sys/bus/pci/drivers (the name its ``driver``
+    link gives)? Any kobject name: not empty, no "/", not "." or "..", at most NAME_MAX bytes. No
+    narrower: drivers name themselves as they like ("i6300ESB timer", drivers/watchdog/i6300esb.c)."""
+    return name not in ("", ".", "..") and "/" not in name and len(name.encode("utf-8", "surrogateescape")) <= 255
+
+
+def parse_uevent(text: str | None, address: PciAddress) -> KernelIds | None:
+    """The ids and driver ``text`` (a function's ``uevent``) gives for the function at
+    ``address``; None when it is missing (a recording made before gpuvfio recorded it), names
+    another function, or any of its fields is absent, repeated or malformed: the separate
+    attributes are read then, as they always were."""
+    fields: dict[str, str] = {}
+    for line in (text or "").split("\n"):  # uevent_show ends each with "\n", nothing else
+        key, equals, value = line.partition("=")
+        if key in _UEVENT_KEYS:
+            if not equals or key in fields:
+                return None
+            fields[key] = value
+    ids, subsystem = fields.get("PCI_ID", ""), fields.get("PCI_SUBSYS_ID", "")
+    klass, driver = fields.get("PCI_CLASS", ""), fields.get("DRIVER")
+    if (_ID_PAIR.fullmatch(ids) is None or _ID_PAIR.fullmatch(subsystem) is None or _CLASS.fullmatch(klass) is None
+            or fields.get("PCI_SLOT_NAME") != str(address) or (driver is not None and not _sysfs_name(driver))):
+        return None
+    ids, subsystem = ids.lower(), subsystem.lower()
+    return KernelIds(ids[:4], ids[5:], klass.lower().rjust(6, "0"), subsystem[:4], subsystem[5:], driver)
+
+
+def _kernel_ids(directory: SysDir, address: PciAddress) -> KernelIds:
+    """A function's ids and driver: its ``uevent`` where that gives them (one read), else the
+    five attributes and the ``driver`` link."""
+    found = parse_uevent(directory.text("uevent"), address)
+    if found is not None:
+        return found
+    vendor, device, klass = _ids(directory)
+    return KernelIds(vendor, device, klass, _hex_id(directory.text("subsystem_vendor"), 4),
+                     _hex_id(directory.text("subsystem_device"), 4), directory.link("driver"))
+
+
 def read_ids(host: HostRoot, address: PciAddress, dirs: SysDirs | None = None) -> tuple[str, str, str]:
     """(vendor, device, class) of one function, as read_function reads them, and nothing else:
-    what a device selector matches (three small reads instead of a function's dozen)."""
+    what a device selector matches (one read where the ``uevent`` gives them)."""
     if dirs is None:
         with host.sys_dirs() as own:
             return read_ids(host, address, own)
     with dirs.open(device_path(host, address)) as directory:
-        return _ids(directory)
+        return _selector_ids(directory, address)
+
+
+def _selector_ids(directory: SysDir, address: PciAddress) -> tuple[str, str, str]:
+    found = parse_uevent(directory.text("uevent"), address)
+    return _ids(directory) if found is None else (found.vendor_id, found.device_id, found.class_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +232,12 @@ def _read_function(host: HostRoot, address: PciAddress, directory: SysDir, names
     real_dir = directory.path
     entries = directory.entries
     attr, link = directory.text, directory.link
-    vendor, device, klass = _ids(directory)
-    fn = PciFunction(address=address, vendor_id=vendor, device_id=device, class_id=klass)
-    fn.subsystem_vendor_id = _hex_id(attr("subsystem_vendor"), 4)
-    fn.subsystem_device_id = _hex_id(attr("subsystem_device"), 4)
+    kernel = _kernel_ids(directory, address)
+    vendor, device, klass = kernel.vendor_id, kernel.device_id, kernel.class_id
+    fn = PciFunction(address=address, vendor_id=vendor, device_id=device, class_id=klass,
+                     subsystem_vendor_id=kernel.subsystem_vendor_id,
+                     subsystem_device_id=kernel.subsystem_device_id, driver=kernel.driver)
     fn.revision = _hex_id(attr("revision"), 2)
-    fn.driver = link("driver")
     override = attr("driver_override")
     fn.driver_override = None if override in (None, "(null)", "") else override
     fn.iommu_group = _int(link("iommu_group"))
@@ -325,7 +394,7 @@ class FunctionIndex:
         found = self._ids.get(address)
         if found is None:
             with dirs.open(device_path(self.host, address)) as directory:
-                found = FunctionIds(*_ids(directory), _int(directory.link("iommu_group")))
+                found = FunctionIds(*_selector_ids(directory, address), _int(directory.link("iommu_group")))
             self._ids[address] = found
         return found
 

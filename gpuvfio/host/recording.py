@@ -29,7 +29,7 @@ RECORD_LIMIT = 1 << 20  # a recorded file's first MiB (modules.dep is filtered a
 
 # Attribute files of a PCI function that gpuvfio (and lspci) reads.
 PCI_ATTRS = (
-    "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision",
+    "uevent", "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision",
     "irq", "numa_node", "local_cpulist", "resource", "modalias", "driver_override",
     "current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
     "sriov_totalvfs", "sriov_numvfs", "boot_vga", "reset_method", "enable", "power_state", "d3cold_allowed",

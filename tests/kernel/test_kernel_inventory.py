@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from gpuvfio.address import PciAddress
+from gpuvfio.host.inventory import parse_uevent
 from tests.lanes import kernel as kl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,6 +50,9 @@ lspci -D -vvv >"$OUT/lspci_vvv.txt" 2>&1
 for dev in /sys/bus/pci/devices/*; do
   echo "${{dev##*/}}|$(cat "$dev/reset_method" 2>/dev/null || echo -)"
 done >"$OUT/reset_methods.txt"
+for dev in /sys/bus/pci/devices/*; do
+  printf '%s|' "${{dev##*/}}"; tr '\n' ';' <"$dev/uevent"; echo
+done >"$OUT/uevents.txt"
 """
 
 
@@ -193,3 +198,20 @@ def test_health_agrees_with_the_kernel_and_lspci(inventory, guest):
     print("\n".join(rows))
     # Something to compare: at least one endpoint whose kernel offers a reset.
     assert any(d["health"]["reset_method"] for d in devices.values() if d["health"])
+
+
+def test_every_uevent_of_the_real_kernel_gives_what_lspci_reads(guest, lspci):
+    """The one read the inventory takes per function (its uevent) is taken on a real kernel, and
+    says what lspci reads from the separate attributes and the driver link: ids, class, driver."""
+    rows = dict(line.split("|", 1) for line in guest.files["uevents.txt"].splitlines())
+    assert set(rows) == set(lspci)
+    for address, text in sorted(rows.items()):
+        found = parse_uevent(text.replace(";", "\n"), PciAddress.parse(address))
+        assert found is not None, (address, text)
+        want = _lspci_view(lspci[address])
+        assert (found.vendor_id, found.device_id, found.class_id, found.driver) == (
+            want["vendor_id"], want["device_id"], want["class"] + want["prog_if"], want["driver"]), address
+        record = lspci[address]
+        if "SVendor" in record:
+            assert (found.subsystem_vendor_id, found.subsystem_device_id) == (
+                kl.bracket_id(record["SVendor"]), kl.bracket_id(record["SDevice"])), address

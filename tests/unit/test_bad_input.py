@@ -41,11 +41,15 @@ def test_unknown_option_is_one_line(cli):
     assert_one_line_error(cli("list", "--frobnicate"), "--frobnicate")
 
 
-def test_unreadable_attribute(cli, workstation):
-    vendor = os.path.join(workstation.functions[min(workstation.functions)].path, "vendor")
-    os.unlink(vendor)
-    os.mkdir(vendor)  # a directory where the kernel has a file: the tree is not sysfs
-    assert_one_line_error(cli("--root", workstation.root, "list", "--all"), "vendor")
+@pytest.mark.parametrize("name", ["uevent", "vendor"])
+def test_unreadable_attribute(cli, workstation, name):
+    """The uevent read first, or (a recording without one) the vendor attribute."""
+    path = workstation.functions[min(workstation.functions)].path
+    if name != "uevent":
+        os.unlink(os.path.join(path, "uevent"))
+    os.unlink(os.path.join(path, name))
+    os.mkdir(os.path.join(path, name))  # a directory where the kernel has a file: the tree is not sysfs
+    assert_one_line_error(cli("--root", workstation.root, "list", "--all"), name)
 
 
 def test_device_link_leading_out_of_sys_is_refused(cli, workstation, tmp_path):
@@ -65,12 +69,16 @@ def test_absolute_symlink_is_refused(workstation):
         read_inventory(HostRoot(workstation.root))
 
 
-def test_attribute_symlink_is_not_followed(workstation, tmp_path):
-    secret = tmp_path / "secret"
-    secret.write_text("0x10de\n")
+@pytest.mark.parametrize("name", ["uevent", "vendor"])
+def test_attribute_symlink_is_not_followed(workstation, tmp_path, name):
     fn = workstation.functions[min(workstation.functions)]
-    os.unlink(os.path.join(fn.path, "vendor"))
-    os.symlink(str(secret), os.path.join(fn.path, "vendor"))
+    secret = tmp_path / "secret"
+    with open(os.path.join(fn.path, name)) as handle:
+        secret.write_text(handle.read())
+    if name != "uevent":
+        os.unlink(os.path.join(fn.path, "uevent"))
+    os.unlink(os.path.join(fn.path, name))
+    os.symlink(str(secret), os.path.join(fn.path, name))
     with pytest.raises(UnsafePathError):
         read_inventory(HostRoot(workstation.root))
 

@@ -56,6 +56,7 @@ def test_missing_ids_refuse_naming_the_function_and_the_attribute(tmp_path):
     so the admin can find the file, instead of an inventory with a hole in it."""
     b, rb = _host(tmp_path)
     fn = b.function(rb, "0000:00:1d.0", "10de", "2684", "030000")
+    os.unlink(os.path.join(fn.path, "uevent"))  # recorded before gpuvfio recorded uevents
     _write(os.path.join(fn.path, "vendor"), "nvidia\n")
     host = HostRoot(str(tmp_path))
     with pytest.raises(HostReadError, match=r"0000:00:1d\.0: missing or malformed vendor/device/class$"):

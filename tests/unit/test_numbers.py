@@ -130,6 +130,10 @@ def test_pci_attributes_are_ascii(workstation):
     fn = read_inventory(HostRoot(workstation.root)).functions[gpu.address]
     assert fn.numa_node is None
     assert fn.link.current_speed_gts is None and fn.link.current_width is None and fn.link.max_width is None
+    with open(os.path.join(gpu.path, "uevent"), encoding="utf-8") as handle:
+        uevent = handle.read()
+    with open(os.path.join(gpu.path, "uevent"), "w", encoding="utf-8") as handle:
+        handle.write(uevent.replace("PCI_ID=10DE", f"PCI_ID={ARABIC_ONE}0DE"))  # not used: the vendor is read
     with open(os.path.join(gpu.path, "vendor"), "w", encoding="utf-8") as handle:
         handle.write(f"0x{ARABIC_ONE}0de\n")  # int(..., 16) takes it
     with pytest.raises(HostReadError, match="malformed vendor"):

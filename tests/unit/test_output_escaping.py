@@ -176,9 +176,9 @@ def test_a_terminal_gets_no_hyperlink_and_no_sequence_from_the_journal(hostile):
 
 def test_error_lines_quote_link_targets_escaped(cli, hostile):
     """An error quoting what the host's tree holds (here a link's target) is one escaped line."""
-    driver = os.path.join(os.path.realpath(os.path.join(hostile, "sys", "bus", "pci", "devices", GPU)), "driver")
-    os.unlink(driver)
-    os.symlink(f"/{EVIL}", driver)
+    group = os.path.join(os.path.realpath(os.path.join(hostile, "sys", "bus", "pci", "devices", GPU)), "iommu_group")
+    os.unlink(group)
+    os.symlink(f"/{EVIL}", group)
     result = cli("--root", hostile, "list")
     assert result.code == 2 and result.err.startswith("gpuvfio: error: ") and result.err.count("\n") == 1, result.err
     assert_clean(result.err, "error line")

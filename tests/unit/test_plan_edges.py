@@ -23,7 +23,7 @@ from gpuvfio.planning import Check, CheckStatus, Step, StepKind
 from tests.conftest import gpu_workstation
 from tests.contexts import sim_context
 from gpuvfio.host.pcie_health import read_records
-from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB
+from tests.hostbuilder import BAR32, BAR64_PREF, GiB, HostBuilder, KiB, MiB, write_uevent
 
 A = PciAddress.parse
 GPU, AUDIO, NIC, GPU2, AUDIO2 = "0000:01:00.0", "0000:01:00.1", "0000:03:00.0", "0000:04:00.0", "0000:04:00.1"
@@ -399,6 +399,7 @@ def test_a_driver_or_override_name_the_journal_could_not_hold_is_refused(srv):
     weird = srv.driver("weird driver")
     os.unlink(os.path.join(srv.functions[A(GPU)].path, "driver"))
     os.symlink(os.path.relpath(weird, srv.functions[A(GPU)].path), os.path.join(srv.functions[A(GPU)].path, "driver"))
+    write_uevent(srv.functions[A(GPU)].path)
     assert said(plan(srv, GPU), "names") == [
         ("names", "refuse", f"{GPU}: its driver is 'weird driver', not a kernel driver name: gpuvfio could not "
                             "journal it and write it back")]
