@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := virtinst chromium vagrant vagrant-libvirt python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
 	libvirt-daemon-system qemu-system-x86 pciutils pci.ids libxml2-utils ovmf \
-	busybox-static dropbear-bin linux-image-amd64 \
+	busybox-static dropbear-bin linux-image-amd64 zstd \
 	cloud-init xorriso groff-base man-db python3-libvirt
 APT_STAMP := .deps/apt.stamp
 VENV_STAMP := $(VENV)/.stamp
@@ -25,7 +25,7 @@ PYCACHE := $(CURDIR)/$(VENV)/pycache
 PYTEST := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(PYCACHE) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 	$(PY) -m pytest
 
-.PHONY: all deps demo test test-fast mutate mutate-survivors mutate-changed bench samples sample-report docs clean
+.PHONY: all deps demo test test-current test-fast mutate mutate-survivors mutate-changed bench samples sample-report docs clean
 
 all: test
 
@@ -72,6 +72,14 @@ test: deps
 	GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,parallel) $(PARALLEL) tests/unit tests/package $(PYTEST_ARGS) || rc=1; \
 	GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,guests) tests/daemon tests/kernel tests/nested $(PYTEST_ARGS) || rc=1; \
 	exit $$rc
+
+# The kernel lane again on the current stack: Debian 13's own kernel, fetched from Debian's
+# archive by apt (tests/lanes/current.py; cached in .deps/current by version, its modules installed
+# in /lib/modules as its package would, since virtme-ng's guest sees this machine's root).
+test-current: deps
+	@kernel=$$($(PY) -m tests.lanes.current) || exit 1; \
+	set -x; \
+	GPUVFIO_KL_KERNEL=$$kernel GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,current) tests/kernel $(PYTEST_ARGS)
 
 # The unit lane (tests/unit) alone: no daemons, no guests, no wheel build.
 test-fast: deps

@@ -42,7 +42,8 @@ Environment knobs: GPUVFIO_KL_ACCEL=auto|kvm|tcg (default auto: probe),
 GPUVFIO_KL_SILENT_S=SECONDS (see SILENT_BOOT_S; 0 turns the check off),
 GPUVFIO_KL_VERBOSE=1 (also echo the kernel console to stderr as it comes),
 GPUVFIO_KL_KEEP=1 (keep the work directory), GPUVFIO_KL_COMPRESSED=1 (boot
-/boot/vmlinuz-* as is).
+/boot/vmlinuz-* as is), GPUVFIO_KL_KERNEL=/path/vmlinuz-<ver> (boot that kernel: make
+test-current boots Debian 13's, tests/lanes/current.py).
 
 Only the kernel in /boot whose modules are installed is bootable this way
 (virtme-ng loads modules from the host's /lib/modules/<version>); the kernel
@@ -61,6 +62,7 @@ import select
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -184,7 +186,7 @@ WORK_PARENT = "/tmp"  # must be visible on the guest's root; /tmp is (overlaid)
 
 # vng pastes some arguments (e.g. --rwdir, --exec) into a shell command line
 # without quoting, so anything of ours that reaches it must be shell-inert.
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./-]+$")
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.+/-]+$")  # Debian 13's kernels are 6.12.N+deb13
 
 
 class GuestError(RuntimeError):
@@ -244,8 +246,17 @@ def _version_key(version: str) -> tuple:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.\-+~_]", version))
 
 
+KERNEL_ENV = "GPUVFIO_KL_KERNEL"
+
+
 def find_kernel() -> str | None:
-    """Newest /boot/vmlinuz-<ver> whose /lib/modules/<ver> exists, else None."""
+    """The kernel image GPUVFIO_KL_KERNEL names (tests/lanes/current.py fetches Debian 13's),
+    else the newest /boot/vmlinuz-<ver>; either only where /lib/modules/<ver> exists, else None."""
+    named = os.environ.get(KERNEL_ENV)
+    if named:
+        version = os.path.basename(named)[len("vmlinuz-"):]
+        ok = named.startswith("/") and os.path.basename(named).startswith("vmlinuz-") and os.access(named, os.R_OK)
+        return named if ok and os.path.isdir(os.path.join("/lib/modules", version)) else None
     found = []
     for path in glob.glob("/boot/vmlinuz-*"):
         version = os.path.basename(path)[len("vmlinuz-"):]
@@ -256,8 +267,36 @@ def find_kernel() -> str | None:
     return max(found)[1]
 
 
+def _payload(data: bytes) -> tuple[str, bytes] | None:
+    """(format, bytes) of a bzImage's compressed kernel: where the x86 boot protocol's setup
+    header puts it (Documentation/arch/x86/boot.rst: setup_sects at 0x1f1, payload_offset and
+    payload_length at 0x248, from the protected-mode code after the setup sectors). Debian 12
+    compresses with xz, Debian 13 with zstd, whose payload ends with the size, 4 bytes
+    (scripts/Makefile.lib cmd_zstd22_with_size)."""
+    if len(data) < 0x250 or data[0x202:0x206] != b"HdrS":
+        return None
+    offset, length = struct.unpack_from("<II", data, 0x248)
+    start = ((data[0x1F1] or 4) + 1) * 512 + offset
+    payload = data[start:start + length]
+    if payload.startswith(b"\xfd7zXZ\x00"):
+        return "xz", payload
+    if payload.startswith(b"\x28\xb5\x2f\xfd") and len(payload) > 4:
+        return "zstd", payload[:-4]
+    return None
+
+
+def _decompress(kind: str, payload: bytes) -> bytes:
+    if kind == "xz":
+        import lzma
+
+        return lzma.LZMADecompressor().decompress(payload)
+    # Python 3.11 has no zstd; Debian's zstd tool does it (package zstd).
+    proc = subprocess.run(["zstd", "-dc"], input=payload, capture_output=True, timeout=120, check=True)
+    return proc.stdout
+
+
 def uncompressed_kernel(kernel: str) -> str:
-    """An ELF vmlinux extracted from a bzImage's xz payload, cached; else ``kernel``.
+    """An ELF vmlinux extracted from a bzImage's payload (xz or zstd), cached; else ``kernel``.
 
     QEMU boots the ELF directly (PVH entry), which skips the guest-side
     decompression: ~4.5 s less per boot under TCG.  Cached under
@@ -273,11 +312,10 @@ def uncompressed_kernel(kernel: str) -> str:
         if os.path.exists(target):
             return target
         with open(kernel, "rb") as f:
-            data = f.read()
-        start = data.find(b"\xfd7zXZ\x00")
-        if start < 0:
+            found = _payload(f.read())
+        if found is None:
             return kernel
-        elf = lzma.LZMADecompressor().decompress(data[start:])
+        elf = _decompress(*found)
         if not elf.startswith(b"\x7fELF"):
             return kernel
         os.makedirs(cache, exist_ok=True)
@@ -287,7 +325,7 @@ def uncompressed_kernel(kernel: str) -> str:
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)  # atomic: concurrent runs see all or nothing
         return target
-    except (OSError, lzma.LZMAError):
+    except (OSError, lzma.LZMAError, subprocess.SubprocessError):
         return kernel
 
 
@@ -312,6 +350,8 @@ def skip_reason() -> str | None:
         return ("kernel lane needs virtme-ng and QEMU: missing " + ", ".join(missing)
                 + " (pip install virtme-ng into this venv; apt-get install qemu-system-x86)")
     if find_kernel() is None:
+        if os.environ.get(KERNEL_ENV):
+            return f"{KERNEL_ENV}={os.environ[KERNEL_ENV]!r} is no absolute vmlinuz-<ver> with /lib/modules/<ver>"
         return "kernel lane needs a /boot/vmlinuz-<ver> with /lib/modules/<ver> (apt-get install linux-image-amd64)"
     return None
 

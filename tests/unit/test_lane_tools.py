@@ -438,3 +438,43 @@ def test_summary_shows_the_nested_console_tail_and_the_boot():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _bzimage(payload: bytes, setup_sects: int = 3, offset: int = 0x40) -> bytes:
+    """A bzImage as the x86 boot protocol lays it out (Documentation/arch/x86/boot.rst): the setup
+    header's magic, setup_sects, payload_offset and payload_length, the payload after the setup."""
+    data = bytearray(((setup_sects or 4) + 1) * 512 + offset)  # 0 setup sectors means 4
+    data[0x1F1] = setup_sects
+    data[0x202:0x206] = b"HdrS"
+    data[0x248:0x250] = offset.to_bytes(4, "little") + len(payload).to_bytes(4, "little")
+    return bytes(data) + payload + b"trailing bytes the boot protocol does not count"
+
+
+def test_the_payload_is_where_the_setup_header_says_xz_and_zstd():
+    import lzma
+
+    elf = b"\x7fELF" + bytes(range(256)) * 64
+    xz = lzma.compress(elf, format=lzma.FORMAT_XZ)
+    found = kl._payload(_bzimage(xz))
+    assert found == ("xz", xz) and kl._decompress(*found) == elf
+    zstd = subprocess.run(["zstd", "-c"], input=elf, capture_output=True, check=True).stdout
+    # Debian 13's kernels: zstd, the uncompressed size appended (4 bytes) inside payload_length.
+    found = kl._payload(_bzimage(zstd + len(elf).to_bytes(4, "little"), setup_sects=0))
+    assert found == ("zstd", zstd) and kl._decompress(*found) == elf
+    assert kl._payload(b"MZ" + bytes(0x400)) is None  # no "HdrS": not a bzImage
+    assert kl._payload(_bzimage(b"gzip or lz4: booted as it is")) is None
+
+
+def test_the_kernel_named_is_booted_only_with_its_modules(tmp_path, monkeypatch):
+    """GPUVFIO_KL_KERNEL (make test-current: Debian 13's kernel) wins over /boot, but only as an
+    absolute vmlinuz-<ver> whose modules virtme-ng can load; else the lane does not run on it."""
+    version = sorted(os.listdir("/lib/modules"))[0]  # linux-image-amd64 is among make's packages
+    image = tmp_path / f"vmlinuz-{version}"
+    image.write_bytes(b"kernel")
+    monkeypatch.setenv(kl.KERNEL_ENV, str(image))
+    assert kl.find_kernel() == str(image)
+    for wrong in (tmp_path / "vmlinuz-0.0.0-none", tmp_path / "bzImage", f"vmlinuz-{version}",
+                  tmp_path / f"vmlinuz-{version}-gone"):
+        monkeypatch.setenv(kl.KERNEL_ENV, str(wrong))
+        assert kl.find_kernel() is None
+        assert kl.KERNEL_ENV in (kl.skip_reason() or "") or not kl.vng_available()
