@@ -7,7 +7,9 @@ ConnectX-7 PFs with 127 VFs each behind PCIe switches, 4 NVSwitches: 2,119 PCI f
 
 1. ``gpuvfio list -d 10de: --json`` <= 2x ``lspci -d 10de: -vmm -D -k`` (a selection: the ids of
    every function, then the rest of the NVIDIA ones only);
-2. ``gpuvfio list --all --json`` <= 1.5x ``lspci -vmm -D -k`` (every function, whole).
+2. ``gpuvfio list --all --json`` <= 1.5x ``lspci -vmm -D -k`` (every function, whole);
+3. ``gpuvfio --root ROOT bind <TAB>`` (bash asking gpuvfio for device addresses) <= 1.2x the floor
+   itself: what a Tab costs beyond parsing, on this host.
 
 Beside each, its floor (benchmarks/typer_floor.py: the same command line parsed by typer alone)
 and gpuvfio's own time above it: its modules and the reading.
@@ -36,7 +38,10 @@ def goals(root: str) -> list[Goal]:
     lspci = ["lspci", "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci"]
     ours, floor = [GPUVFIO, "--root", root, "list"], TYPER_FLOOR + ["--root", root, "list"]
     selection, whole = ["-d", "10de:", "--json"], ["--all", "--json"]
+    tab = {"_GPUVFIO_COMPLETE": "complete_bash", "COMP_WORDS": f"gpuvfio --root {root} bind ", "COMP_CWORD": "4"}
     return [
+        Goal("complete 'bind <TAB>' (devices) / the floor (typer parsing list)", [GPUVFIO], floor, 1.2, env=tab,
+             floor=floor),
         Goal("list -d 10de: --json / lspci -d 10de: -vmm -D -k", ours + selection,
              lspci + ["-d", "10de:", "-vmm", "-D", "-k"], 2.0, floor=floor + selection),
         Goal("list --all --json / lspci -vmm -D -k", ours + whole, lspci + ["-vmm", "-D", "-k"], 1.5,

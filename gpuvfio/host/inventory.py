@@ -213,6 +213,13 @@ def read_ids(host: HostRoot, address: PciAddress, dirs: SysDirs | None = None) -
         return _selector_ids(directory, address)
 
 
+def read_ids_and_physfn(host: HostRoot, address: PciAddress, dirs: SysDirs) -> tuple[str, str, str, bool]:
+    """read_ids's (vendor, device, class) and whether the function is an SR-IOV virtual function
+    (it has a ``physfn`` link), from one open of its directory: what a device's Tab decides on."""
+    with dirs.open(device_path(host, address)) as directory:
+        return (*_selector_ids(directory, address), directory.link("physfn") is not None)
+
+
 def _selector_ids(directory: SysDir, address: PciAddress) -> tuple[str, str, str]:
     found = parse_uevent(directory.text("uevent"), address)
     return _ids(directory) if found is None else (found.vendor_id, found.device_id, found.class_id)

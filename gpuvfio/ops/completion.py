@@ -7,15 +7,18 @@ it), and SR-IOV virtual functions -- never bridges or the host's own chipset dev
 spelling each, in the form being typed: ``BB:SS.F`` for domain 0000 as lspci prints it,
 ``DDDD:BB:SS.F`` once a domain is typed (or outside domain 0000), ``pci_DDDD_BB_SS_F`` (libvirt's
 node-device name) after ``pci_``. The read is light: the names under /sys/bus/pci/devices that
-match what was typed, then vendor and class of those only (gpuvfio.host.inventory.read_ids) and
-whether a function is a VF.
+match what was typed, then, slot by slot until a Tab's worth is found, vendor and class of
+those (one ``uevent`` read each: gpuvfio.host.inventory.read_ids_and_physfn) and whether a
+function is a VF, all in one pass over the directories.
 """
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError
-from gpuvfio.host.inventory import PCI_DEVICES, list_addresses, read_ids
+from gpuvfio.host.inventory import list_addresses, read_ids_and_physfn
 from gpuvfio.host.model import DISPLAY_CLASS
 from gpuvfio.host.root import HostRoot
 
@@ -52,17 +55,28 @@ def device_candidates(root: str | None, incomplete: str) -> list[str]:
     matching = [a for a in addresses if _spellings(a)[form].startswith(typed)]
     if not matching and form == 0:  # "0000" or "0001:..." typed without two colons yet
         form, matching = 1, [a for a in addresses if str(a).startswith(typed)]
-    wanted_slots: set[tuple[int, int, int]] = set()
-    chosen = []
-    for address in matching:
-        try:
-            vendor, _device, class_id = read_ids(host, address)
-        except (GpuvfioError, OSError):
-            continue
-        if vendor == NVIDIA and (class_id.startswith(DISPLAY_CLASS) or class_id.startswith(NVSWITCH_CLASS)):
-            wanted_slots.add(address.device)
-        elif host.raw_link(host.sys_path(*PCI_DEVICES, str(address), "physfn")) is not None:
-            chosen.append(address)  # an SR-IOV virtual function: passed through on its own
-    # The other functions of a GPU's or NVSwitch's slot go with it (whatever they match).
-    chosen += [a for a in matching if a.device in wanted_slots]
-    return [_spellings(a)[form] for a in sorted(set(chosen))][:MAX_COMPLETIONS]
+    chosen: list[PciAddress] = []
+    with host.sys_dirs() as dirs:
+        # A slot's functions are together in address order: each slot is decided whole, and the
+        # walk stops once a Tab's worth is found (the rest would not be shown).
+        for _slot, group in groupby(matching, key=lambda a: a.device):
+            members, kinds = list(group), []
+            for address in members:
+                try:
+                    kinds.append(read_ids_and_physfn(host, address, dirs))
+                except (GpuvfioError, OSError):
+                    kinds.append(None)
+            chosen += _offered(members, kinds)
+            if len(chosen) >= MAX_COMPLETIONS:
+                break
+    return [_spellings(a)[form] for a in chosen][:MAX_COMPLETIONS]
+
+
+def _offered(members: list[PciAddress], kinds: list[tuple[str, str, str, bool] | None]) -> list[PciAddress]:
+    """The functions of one slot to offer, from each one's (vendor, device, class, is a VF), None
+    where it could not be read: all of them where one is an NVIDIA GPU or NVSwitch (a GPU's audio
+    and USB-C functions go with it, whatever they are), else its SR-IOV virtual functions (each
+    passed through on its own)."""
+    if any(kind and kind[0] == NVIDIA and kind[2].startswith((DISPLAY_CLASS, NVSWITCH_CLASS)) for kind in kinds):
+        return members
+    return [address for address, kind in zip(members, kinds) if kind and kind[3]]

@@ -85,7 +85,12 @@ def test_the_start_up_benchmark_runs_each_goal_beside_its_anchor_and_floor():
 def test_the_inventory_benchmark_reads_the_generated_host_beside_lspci_and_the_floor():
     report = _bench("bench_inventory.py")
     assert report["functions"] == 2119
-    for goal in report["goals"]:
+    tab, *lists = report["goals"]
+    _measured(tab, floored=True)  # a Tab on a device: gpuvfio answering bash, against the floor itself
+    assert tab["name"].startswith("complete 'bind <TAB>'") and tab["anchor"] == tab["floor"]
+    assert tab["floor"][-3] == "--root" and tab["floor"][-1] == "list" and len(tab["ours"]) == 1
+    assert len(lists) == 2
+    for goal in lists:
         _measured(goal, floored=True)
         assert goal["anchor"][0] == "lspci" and goal["ours"][-1] == "--json"
         assert goal["floor"][2:] == goal["ours"][1:]  # the same command line, parsed by typer alone

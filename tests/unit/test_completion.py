@@ -79,3 +79,38 @@ def test_a_daemon_that_never_answers_offers_nothing_in_time(tmp_path, monkeypatc
     assert domain_candidates(f"qemu+unix:///system?socket={path}", "", wait=1.0) == []
     assert time.monotonic() - started < 30  # it came back (a hang would hold the Tab forever)
     assert domain_completion.COMPLETION_WAIT <= 5
+
+
+@pytest.fixture(scope="module")
+def large_host(tmp_path_factory):
+    return build_sriov_server(str(tmp_path_factory.mktemp("large"))).root
+
+
+def _reference(root: str, typed: str) -> list[str]:
+    """The candidates from the inventory read whole: every function of a slot that holds an NVIDIA
+    GPU or NVSwitch, and every VF, in address order, a Tab's worth."""
+    from gpuvfio.host.inventory import read_inventory
+    from gpuvfio.host.root import HostRoot
+
+    functions = read_inventory(HostRoot(root)).functions
+    slots = {a.device for a, f in functions.items()
+             if f.vendor_id == "10de" and f.class_id[:2] == "03" or f.vendor_id == "10de" and f.class_id[:4] == "0680"}
+    chosen = [a for a, f in sorted(functions.items()) if a.device in slots or f.physfn is not None]
+    return [str(a)[len("0000:"):] for a in chosen if str(a)[len("0000:"):].startswith(typed)][:200]
+
+
+@pytest.mark.parametrize("typed", ["", "1", "12:00", "13:", "7e", "b"])
+def test_a_tab_on_the_large_host_offers_the_first_candidates_of_the_whole_read(large_host, typed):
+    """2,119 functions (benchmarks/bench_inventory.py's host): the slots decided one by one in
+    address order give what the whole inventory gives, cut at a Tab's worth."""
+    assert device_candidates(large_host, typed) == _reference(large_host, typed)
+
+
+def test_the_walk_stops_at_a_tabs_worth(large_host, monkeypatch):
+    from gpuvfio.ops import completion
+
+    calls = []
+    real = completion.read_ids_and_physfn
+    monkeypatch.setattr(completion, "read_ids_and_physfn", lambda *a: calls.append(a[1]) or real(*a))
+    assert len(device_candidates(large_host, "")) == completion.MAX_COMPLETIONS
+    assert completion.MAX_COMPLETIONS <= len(calls) < 400  # not the host's 2,119
