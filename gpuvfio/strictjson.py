@@ -1,7 +1,7 @@
 """JSON from sources gpuvfio does not trust (a guest's verifier, the Fabric Manager's fmpm, an
 NVLink recording), read one way: UTF-8 only, no NaN or Infinity (Python's json takes them,
 RFC 8259 does not; nor 1e999, which Python reads as inf), no lone surrogate escape such as
-"\ud800" (valid JSON text, but no Unicode string: printing it raises UnicodeEncodeError), no
+"\\ud800" (valid JSON text, but no Unicode string: printing it raises UnicodeEncodeError), no
 key twice in an object (Python keeps the last silently), no integer of more than 20 digits (no
 counter a guest or tool reports has more; Python reads 400 digits as an int no float holds, and
 past 4300 digits its int() refuses), and nesting too deep for Python's parser is a rejection,
