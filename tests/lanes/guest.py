@@ -180,10 +180,25 @@ def module_load_order(version: str, names: Iterable[str],
             raise GuestBuildError(f"module {name} not found for kernel {version}")
         visit(by_name[key], ())
     for path in order:
-        if not path.endswith(".ko"):
-            # busybox insmod here cannot read compressed modules; Debian 12 ships plain .ko.
-            raise GuestBuildError(f"compressed module {path} not supported")
+        if not path.endswith((".ko", ".ko.xz", ".ko.gz")):
+            raise GuestBuildError(f"module {path}: neither plain nor xz or gzip")
     return order
+
+
+def plain_module(path: str) -> str:
+    """The name a module is put in the image under: busybox's insmod reads plain modules only, so
+    Debian 13's ``.ko.xz`` (Debian 12 ships plain ``.ko``) is decompressed into it."""
+    return re.sub(r"\.ko\.(xz|gz)$", ".ko", path)
+
+
+def _module_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".xz"):
+        import lzma
+
+        return lzma.decompress(data)
+    return gzip.decompress(data) if path.endswith(".gz") else data
 
 
 # --- cpio (newc) ----------------------------------------------------------------
@@ -315,7 +330,7 @@ while :; do sleep 3600; done
 def _init_script(modules: Sequence[str]) -> str:
     return (_INIT.replace("@BOOT_MARKER@", BOOT_MARKER)
             .replace("@READY_MARKER@", READY_MARKER)
-            .replace("@MODULES@", " ".join(shlex.quote(m) for m in modules))
+            .replace("@MODULES@", " ".join(shlex.quote(plain_module(m)) for m in modules))
             .replace("@IP@", GUEST_IP).replace("@GW@", GUEST_GATEWAY))
 
 
@@ -400,8 +415,7 @@ def _build_into(out: str, *, version: str, modules: Sequence[str], libs: Sequenc
         with open(lib, "rb") as f:  # follows symlinks: the soname gets the real file
             cpio.file(lib, f.read(), 0o755)
     for m in modules:
-        with open(os.path.join("/lib/modules", version, m), "rb") as f:
-            cpio.file(f"lib/modules/{version}/{m}", f.read())
+        cpio.file(f"lib/modules/{version}/{plain_module(m)}", _module_bytes(os.path.join("/lib/modules", version, m)))
     with open(host_key, "rb") as f:
         cpio.file("etc/dropbear/dropbear_ed25519_host_key", f.read(), 0o600)
     cpio.file("root/.ssh/authorized_keys", (client_line + " gpuvfio-test\n").encode(), 0o600)

@@ -478,3 +478,30 @@ def test_the_kernel_named_is_booted_only_with_its_modules(tmp_path, monkeypatch)
         monkeypatch.setenv(kl.KERNEL_ENV, str(wrong))
         assert kl.find_kernel() is None
         assert kl.KERNEL_ENV in (kl.skip_reason() or "") or not kl.vng_available()
+
+
+def test_compressed_modules_go_into_the_guest_plain(tmp_path):
+    """Debian 13 ships its modules xz-compressed (Debian 12: plain): the daemon lane's guest gets
+    them decompressed, under the plain name its init insmods, dependencies first."""
+    import gzip
+    import lzma
+
+    from tests.lanes import guest
+
+    base = tmp_path / "9.9.9-test"
+    (base / "kernel").mkdir(parents=True)
+    dep = {"kernel/failover.ko.xz": [], "kernel/net_failover.ko.gz": ["kernel/failover.ko.xz"],
+           "kernel/virtio_net.ko.xz": ["kernel/net_failover.ko.gz", "kernel/failover.ko.xz"]}
+    (base / "modules.dep").write_text("".join(f"{k}: {' '.join(v)}\n".replace(": \n", ":\n") for k, v in dep.items()))
+    for name in dep:
+        body = f"ELF module {name}".encode()
+        (base / name).write_bytes(lzma.compress(body) if name.endswith(".xz") else gzip.compress(body))
+    order = guest.module_load_order("9.9.9-test", ["virtio_net"], modules_root=str(tmp_path))
+    assert order == ["kernel/failover.ko.xz", "kernel/net_failover.ko.gz", "kernel/virtio_net.ko.xz"]
+    assert [guest.plain_module(m) for m in order] == ["kernel/failover.ko", "kernel/net_failover.ko",
+                                                      "kernel/virtio_net.ko"]
+    assert guest._module_bytes(str(base / order[1])) == b"ELF module kernel/net_failover.ko.gz"
+    assert "for m in kernel/failover.ko kernel/net_failover.ko kernel/virtio_net.ko; do" in guest._init_script(order)
+    (base / "modules.dep").write_text("kernel/virtio_net.ko.zst:\n")
+    with pytest.raises(guest.GuestBuildError, match="neither plain nor xz or gzip"):
+        guest.module_load_order("9.9.9-test", ["virtio_net"], modules_root=str(tmp_path))
