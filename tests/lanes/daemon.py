@@ -64,6 +64,7 @@ from typing import Iterator
 
 LIBVIRTD = "/usr/sbin/libvirtd"
 VIRTLOGD = "/usr/sbin/virtlogd"
+LIBVIRTD_SHUTDOWN_S = 30.0  # libvirt's own limit on a daemon's shutdown (virnetdaemon.c)
 QEMU = "/usr/bin/qemu-system-x86_64"
 VIRTLOGD_SOCK = "/run/libvirt/virtlogd-sock"
 QEMU_STATE_DIR = "/run/libvirt/qemu"
@@ -487,10 +488,13 @@ class LibvirtDaemon:
             self._cleanup_domains()
         self._running = False
 
-        for proc, tag in ((self._libvirtd, "libvirtd"), (self._virtlogd, "virtlogd")):
+        # libvirtd gives its own shutdown 30 s before it exits anyway (src/rpc/virnetdaemon.c
+        # virNetDaemonRun's finish timer, libvirt 7.x to 11.x); libvirt 11.3 took more than 20.
+        for proc, tag, grace in ((self._libvirtd, "libvirtd", LIBVIRTD_SHUTDOWN_S + 10.0),
+                                 (self._virtlogd, "virtlogd", 20.0)):
             if proc is None:
                 continue
-            rc = self._terminate(proc)
+            rc = self._terminate(proc, grace)
             if rc == -signal.SIGKILL:
                 self.problems.append(f"{tag} reaper did not exit on SIGTERM and was killed")
                 self._kill_reaped_child(os.path.join(self.workdir, f"{tag}.pid"))
