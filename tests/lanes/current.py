@@ -1,4 +1,5 @@
-"""The current stack for the kernel lane: Debian 13's own kernel, fetched from Debian's archive.
+"""The current stack: Debian 13's own kernel for the kernel lane, and a Debian 13 root (libvirt 11,
+QEMU 10, Python 3.13) for the daemon lane, both from Debian's archive.
 
 Hosts now run newer kernels than this project's machines (Debian 12, Linux 6.1). The kernel lane
 boots whatever kernel ``GPUVFIO_KL_KERNEL`` names (tests/lanes/kernel.py find_kernel); this module
@@ -12,24 +13,40 @@ the host's root file system), so the modules are installed there, once, as insta
 package would; the kernel image stays in the cache. Cached by the package's version: a second run
 downloads nothing but the package index.
 
-    python -m tests.lanes.current [CACHE]   prints the kernel image's path
+The daemon lane runs inside a root made by debootstrap (minbase), then apt-get install of what
+the lane uses, then a virtual environment that sees Debian's python3-libvirt and takes the rest of
+gpuvfio's dependencies from PyPI (pyproject.toml's, and what the tests need). The root is cached by
+what went into it; this checkout is bound at its own path inside and the tests run from it
+(tests/lanes/inroot.sh, in a private mount namespace).
+
+    python -m tests.lanes.current [CACHE]           prints the kernel image's path
+    python -m tests.lanes.current daemon [ARG...]   runs pytest tests/daemon [ARG...] in the root
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 SUITE = "trixie"
 MIRROR = os.environ.get("GPUVFIO_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 META = "linux-image-amd64"
 MODULES = "/lib/modules"
-DEFAULT_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             ".deps", "current")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_CACHE = os.path.join(REPO, ".deps", "current")
+INROOT = os.path.join(REPO, "tests", "lanes", "inroot.sh")
+# What the daemon lane uses (the Makefile's APT_PACKAGES, less what only other lanes need).
+ROOT_PACKAGES = ("libvirt-daemon-system", "qemu-system-x86", "ovmf", "python3-venv", "python3-libvirt",
+                 "busybox-static", "dropbear-bin", "linux-image-amd64", "openssh-client", "libxml2-utils",
+                 "pciutils", "ca-certificates", "util-linux", "gcc", "libc6-dev")  # gcc: tests/fakecuda
+# Test extras the daemon lane does not import (Ansible's, the Prometheus parser's) stay out.
+LANE_EXTRAS = ("pytest", "pytest-xdist", "hypothesis", "jsonschema")
 PACKAGE = re.compile(r"linux-image-(\d+\.\d+\.\d+\+deb\d+-amd64)")
 
 
@@ -67,7 +84,11 @@ def _update(state: str) -> list[str]:
 
 def current_package(options: list[str]) -> tuple[str, str]:
     """(package, kernel version) that trixie's linux-image-amd64 depends on now."""
-    shown = _run(["apt-cache", *options, "show", META])
+    return kernel_package(_run(["apt-cache", *options, "show", META]))
+
+
+def kernel_package(shown: str) -> tuple[str, str]:
+    """(package, kernel version) from ``apt-cache show linux-image-amd64``: its Depends line."""
     depends = next((line for line in shown.splitlines() if line.startswith("Depends:")), "")
     found = PACKAGE.search(depends)
     if found is None:
@@ -104,7 +125,55 @@ def fetch(cache: str = DEFAULT_CACHE) -> str:
     return _unpack(options, package, version, cache)
 
 
+def _requirements() -> list[str]:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as handle:
+        project = tomllib.load(handle)["project"]
+    extras = [r for r in project["optional-dependencies"]["test"] if re.split(r"[<>=!; ]", r)[0] in LANE_EXTRAS]
+    extras += project["optional-dependencies"]["report"]  # testbed report's plots
+    return list(project["dependencies"]) + extras
+
+
+def _in_root(root: str, *argv: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """``argv`` inside ``root`` with this checkout bound there, in a private mount namespace."""
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", INROOT, root, REPO, *argv],
+                          timeout=timeout)
+
+
+def rootfs(cache: str = DEFAULT_CACHE) -> str:
+    """The Debian 13 root for the daemon lane, made once per package list and requirements."""
+    requirements = _requirements()
+    key = hashlib.sha256("\n".join((SUITE, MIRROR, *ROOT_PACKAGES, *requirements)).encode()).hexdigest()[:12]
+    root = os.path.join(cache, f"root-{key}")
+    if os.path.isfile(os.path.join(root, ".complete")):
+        return root
+    build = root + ".build"
+    shutil.rmtree(build, ignore_errors=True)
+    os.makedirs(cache, exist_ok=True)
+    _run(["debootstrap", "--variant=minbase", SUITE, build, MIRROR])
+    # debootstrap's --include cannot order systemd on trixie: apt-get in the root can.
+    steps = [("apt-get", "install", "-y", "-q", "--no-install-recommends", *ROOT_PACKAGES),
+             ("python3", "-m", "venv", "--system-site-packages", "/opt/venv"),
+             ("/opt/venv/bin/pip", "install", "-q", *requirements)]
+    # pip in the root trusts what this machine trusts (a proxy's authority included).
+    shutil.copy("/etc/ssl/certs/ca-certificates.crt", os.path.join(build, "etc", "ssl", "certs",
+                                                                    "host-ca-certificates.crt"))
+    for step in steps:
+        if _in_root(build, "env", "DEBIAN_FRONTEND=noninteractive", *step).returncode != 0:
+            raise FetchError(f"{' '.join(step[:3])} failed in the Debian 13 root")
+    open(os.path.join(build, ".complete"), "w").close()
+    os.rename(build, root)
+    return root
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["daemon"]:
+        try:
+            root = rootfs()
+        except (FetchError, OSError, subprocess.TimeoutExpired) as exc:
+            print(f"Debian 13 root: {exc}", file=sys.stderr)
+            return 1
+        return _in_root(root, "python", "-m", "pytest", "-p", "no:cacheprovider", "tests/daemon",
+                        *argv[1:], timeout=5400).returncode
     try:
         print(fetch(*argv[:1]))
     except (FetchError, OSError, subprocess.TimeoutExpired) as exc:

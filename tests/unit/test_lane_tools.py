@@ -505,3 +505,27 @@ def test_compressed_modules_go_into_the_guest_plain(tmp_path):
     (base / "modules.dep").write_text("kernel/virtio_net.ko.zst:\n")
     with pytest.raises(guest.GuestBuildError, match="neither plain nor xz or gzip"):
         guest.module_load_order("9.9.9-test", ["virtio_net"], modules_root=str(tmp_path))
+
+
+def test_the_current_kernel_is_the_one_debian_13s_meta_package_names():
+    from tests.lanes import current
+
+    shown = ("Package: linux-image-amd64\nVersion: 6.12.117-1\n"
+             "Depends: linux-image-6.12.117+deb13-amd64 (= 6.12.117-1)\nDescription: Linux for 64-bit PCs\n")
+    assert current.kernel_package(shown) == ("linux-image-6.12.117+deb13-amd64", "6.12.117+deb13-amd64")
+    with pytest.raises(current.FetchError, match="names no kernel package"):
+        current.kernel_package(shown.replace("linux-image-6.12.117+deb13-amd64", "linux-image-6.12.117+deb13-cloud"))
+    with pytest.raises(current.FetchError):
+        current.kernel_package("Package: linux-image-amd64\n")
+
+
+def test_the_debian_13_root_takes_the_declared_dependencies_and_the_lanes_test_tools():
+    """The root's virtual environment gets pyproject.toml's dependencies as declared (libvirt-python
+    is then Debian's python3-libvirt, which satisfies it) and only the test tools the daemon lane
+    imports; a changed requirement makes another root (the cache key)."""
+    from tests.lanes import current
+
+    wanted = current._requirements()
+    assert "libvirt-python>=9.0" in wanted and any(r.startswith("typer>=") for r in wanted)
+    assert any(r.startswith("pytest>=") for r in wanted) and not any(r.startswith("ansible") for r in wanted)
+    assert "python3-libvirt" in current.ROOT_PACKAGES and "linux-image-amd64" in current.ROOT_PACKAGES
