@@ -81,6 +81,16 @@ def test_the_kernels_lines_give_ids_and_driver():
     assert parse_uevent(KERNEL_TEXT.replace("vfio-pci", "i6300ESB timer"), ADDRESS).driver == "i6300ESB timer"
 
 
+@pytest.mark.parametrize("name, taken", [
+    ("x" * 255, True), ("x" * 256, False), ("é" * 127, True), ("é" * 128, False),  # NAME_MAX is in bytes
+    ("\udcff" * 255, True), ("\udcff" * 256, False),  # undecodable bytes count one each
+    (".", False), ("..", False), ("...", True), ("a/b", False), ("/", False),
+])
+def test_a_driver_name_is_any_name_a_sysfs_directory_can_have(name, taken):
+    found = parse_uevent(KERNEL_TEXT.replace("DRIVER=vfio-pci", f"DRIVER={name}"), ADDRESS)
+    assert (found is not None and found.driver == name) is taken
+
+
 @pytest.mark.parametrize("text", [
     None, "", KERNEL_TEXT.replace("PCI_SLOT_NAME=0000:41:00.0", "PCI_SLOT_NAME=0000:42:00.0"),
     KERNEL_TEXT.replace("PCI_ID=10DE:2330\n", ""), KERNEL_TEXT.replace("PCI_SUBSYS_ID=10DE:16C1\n", ""),
@@ -137,3 +147,28 @@ def test_the_builder_and_the_simulated_kernel_keep_the_uevent_in_step(tmp_path):
     write_uevent(gpu)
     with open(os.path.join(gpu, "uevent")) as handle:
         assert not handle.read().startswith("DRIVER=")
+
+
+def test_the_selection_reads_take_the_uevent_alone(tmp_path):
+    """What a device selector, an IOMMU group's members and a Tab read (read_ids, FunctionIndex.ids,
+    read_ids_and_physfn) come from the uevent when it is there: with the five id attributes gone
+    they answer as before, and list -d, a slot and a Tab give what they gave."""
+    from gpuvfio.ops.completion import device_candidates
+    from gpuvfio.host.inventory import read_ids_and_physfn
+
+    root = _root("generated", tmp_path)
+    host = HostRoot(root)
+    addresses = [PciAddress.parse(os.path.basename(d)) for d in _function_dirs(root)]
+
+    def answers():
+        with host.sys_dirs() as dirs:
+            index = FunctionIndex(host)
+            return ([read_ids(host, a) for a in addresses], [index.ids(a, dirs) for a in addresses],
+                    [read_ids_and_physfn(host, a, dirs) for a in addresses], device_candidates(root, ""))
+
+    before = answers()
+    assert any(kind[3] for kind in before[2]) and before[3]
+    for d in _function_dirs(root):
+        for attribute in ID_ATTRIBUTES:
+            os.unlink(os.path.join(d, attribute))
+    assert answers() == before
