@@ -139,8 +139,9 @@ def test_a_uevent_that_is_not_a_regular_file_is_an_error(swap, tmp_path):
         FunctionIndex(host).ids(PciAddress.parse(os.path.basename(gpu)), dirs)
 
 
-def test_the_builder_and_the_simulated_kernel_keep_the_uevent_in_step(tmp_path):
-    """Fixtures say what a kernel would: DRIVER= follows the driver link through binds."""
+def test_a_fixtures_uevent_loses_its_driver_line_once_unbound(tmp_path):
+    """Fixtures say what a kernel would: write_uevent (which HostBuilder and the simulated kernel
+    call after each bind and unbind) follows the driver link."""
     root = _root("generated", tmp_path)
     gpu = next(d for d in _function_dirs(root) if open(os.path.join(d, "vendor")).read().strip() == "0x10de")
     os.unlink(os.path.join(gpu, "driver"))
