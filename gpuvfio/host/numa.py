@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-from gpuvfio.host.root import HostRoot
+from gpuvfio.errors import HostReadError
+from gpuvfio.host.root import HostRoot, SysDirs
 from gpuvfio.host.model import NumaNode, parse_cpulist
 from gpuvfio.numbers import uint
 
@@ -68,16 +69,29 @@ class Cpu:
 
 
 def read_cpus(host: HostRoot, cpus: list[int]) -> dict[int, Cpu]:
-    """Topology of ``cpus`` (sys/devices/system/cpu/cpuN/topology; ABI: sysfs-devices-system-cpu)."""
+    """Topology of ``cpus`` (sys/devices/system/cpu/cpuN/topology; ABI: sysfs-devices-system-cpu),
+    in one pass: each CPU's topology directory opened once beneath the held ones above it, its
+    three attributes read under that fd (a 224-CPU host: 224 opens, not 672 walks from the root)."""
     base = host.sys_path("devices", "system", "cpu")
     result = {}
-    for cpu in cpus:
-        topo = os.path.join(base, f"cpu{cpu}", "topology")
-        package = _count(host.read(os.path.join(topo, "physical_package_id")))
-        core = _count(host.read(os.path.join(topo, "core_id")))
-        siblings = tuple(parse_cpulist(host.read(os.path.join(topo, "thread_siblings_list")) or str(cpu)))
-        result[cpu] = Cpu(cpu, package, core, siblings or (cpu,))
+    with host.sys_dirs() as dirs:
+        for cpu in cpus:
+            result[cpu] = _read_cpu(dirs, os.path.join(base, f"cpu{cpu}", "topology"), cpu)
     return result
+
+
+def _read_cpu(dirs: SysDirs, topology: str, cpu: int) -> Cpu:
+    try:
+        directory = dirs.open(topology)
+    except HostReadError as exc:
+        if not str(exc).startswith("missing "):
+            raise
+        return Cpu(cpu, 0, 0, (cpu,))  # offline or not present: no topology, as a missing attribute
+    with directory:
+        package = _count(directory.text("physical_package_id"))
+        core = _count(directory.text("core_id"))
+        siblings = tuple(parse_cpulist(directory.text("thread_siblings_list") or str(cpu)))
+    return Cpu(cpu, package, core, siblings or (cpu,))
 
 
 def physical_address_bits(host: HostRoot) -> int | None:
