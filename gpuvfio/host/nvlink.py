@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import GpuvfioError, HostReadError, InputError
+from gpuvfio.host.inventory import read_ids
 from gpuvfio.host.model import NVIDIA_VENDOR
 from gpuvfio.host.root import HostRoot
 from gpuvfio.strictjson import JsonRejected, strict_loads
@@ -129,18 +130,15 @@ def _count_to(links: tuple[NvLink, ...], remote: PciAddress) -> int:
 
 # -- the host's NVIDIA GPUs and the nvidia driver -------------------------------------------------
 def nvidia_gpus(host: HostRoot) -> set[PciAddress]:
-    """NVIDIA functions of the display class (03xx) under ``sys/bus/pci/devices``."""
+    """NVIDIA functions of the display class (03xx) under ``sys/bus/pci/devices``, their ids read
+    as the inventory reads them (one ``uevent`` each, in one pass over held directories)."""
+    addresses = [PciAddress.try_parse(name) for name in host.listdir(host.sys_path("bus", "pci", "devices"))]
     found = set()
-    devices = host.sys_path("bus", "pci", "devices")
-    for name in host.listdir(devices):
-        address = PciAddress.try_parse(name)
-        if address is None:
-            continue
-        real = host.resolve_in_sys(os.path.join(devices, name))
-        vendor = (host.read(os.path.join(real, "vendor")) or "").lower().removeprefix("0x")
-        klass = (host.read(os.path.join(real, "class")) or "").lower().removeprefix("0x").rjust(6, "0")
-        if vendor == NVIDIA_VENDOR and klass.startswith("03"):
-            found.add(address)
+    with host.sys_dirs() as dirs:
+        for address in filter(None, addresses):
+            vendor, _device, klass = read_ids(host, address, dirs)
+            if vendor == NVIDIA_VENDOR and klass.startswith("03"):
+                found.add(address)
     return found
 
 
