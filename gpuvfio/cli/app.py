@@ -92,15 +92,28 @@ def say(line: str) -> None:
 class TerminalProgress:
     """Progress on a terminal: a step that starts ("NAME ...") shows as a spinner with its
     elapsed time until the next line ends it; every other line is printed as it comes. In a
-    pipe gpuvfio prints the lines themselves (say), one per step."""
+    pipe gpuvfio prints the lines themselves (say), one per step.
+
+    A terminal that goes away (a remote run's pty hung up: OpenSSH, and dropbear since 2022,
+    close it when the connection drops, and each write then fails with EIO) ends the progress
+    quietly, as say does: what follows -- the teardown of a testbed variant -- must still run."""
 
     current = None  # the one live progress of this process (stopped before errors are printed)
 
     def __init__(self, console=None) -> None:
         self.console = console or rich_console(stderr=True)
         self.status = None
+        self.gone = False  # the terminal went away: nothing more is written
 
     def __call__(self, line: str) -> None:
+        if self.gone:
+            return
+        try:
+            self._show(line)
+        except (OSError, ValueError):
+            self._lose()
+
+    def _show(self, line: str) -> None:
         self.stop()
         if line.endswith(" ..."):
             step = printable(line[:-4], "markup")
@@ -111,10 +124,23 @@ class TerminalProgress:
         self.console.print(f"gpuvfio: {printable(line, 'markup')}", soft_wrap=True, highlight=False)
 
     def stop(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
+        status, self.status = self.status, None
         TerminalProgress.current = None
+        if status is not None and not self.gone:
+            try:
+                status.stop()
+            except (OSError, ValueError):
+                self._lose()
+
+    def _lose(self) -> None:
+        self.gone = True
+        status, self.status = self.status, None
+        TerminalProgress.current = None
+        if status is not None:
+            try:
+                status.stop()  # ends its refresh thread; the line it clears is gone with the terminal
+            except (OSError, ValueError):
+                pass
 
 
 def stop_progress() -> None:

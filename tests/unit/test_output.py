@@ -119,6 +119,40 @@ def test_progress_is_a_spinner_on_a_terminal_and_lines_in_a_pipe(capsys):
     assert capsys.readouterr().err == "gpuvfio: bind ...\ngpuvfio: bind: done (0.1s)\n"
 
 
+def test_progress_on_a_terminal_that_hung_up_ends_quietly():
+    """A remote testbed run's stderr is a pty; when the connection drops the pty is hung up and
+    every write to it fails with EIO (dropbear 2022+, OpenSSH). Progress then stops quietly: on
+    Debian 13 the run's teardown died on its own "detach" line and left the guest defined."""
+    import errno
+    import time
+
+    from rich.console import Console
+
+    from gpuvfio.cli.app import TerminalProgress, stop_progress
+
+    master, slave = os.openpty()
+    tty = os.fdopen(slave, "w", buffering=1)
+    try:
+        progress = TerminalProgress(Console(file=tty, force_terminal=True, width=80))
+        progress("tiny-4k: repetition 2/2")
+        progress("verify ...")  # a spinner, refreshed by a thread of its own
+        time.sleep(0.2)
+        os.close(master)  # the hangup
+        with pytest.raises(OSError) as hung_up:
+            os.write(slave, b"x")
+        assert hung_up.value.errno == errno.EIO  # the kernel's answer the progress meets
+        progress("verify: done (0.2s)")
+        progress("tiny-4k: detach")
+        progress("destroy ...")
+        stop_progress()
+        assert progress.gone and progress.status is None and TerminalProgress.current is None
+    finally:
+        try:
+            tty.close()
+        except OSError:  # what it still buffered had nowhere to go
+            pass
+
+
 def test_control_characters_from_a_host_are_shown_not_obeyed():
     """A driver or device name from a hostile recording with an escape sequence or a newline
     neither recolours the terminal nor makes a row of its own."""
