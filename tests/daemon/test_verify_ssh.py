@@ -108,9 +108,16 @@ def test_a_guest_without_python_fails_closed(tmp_path, fakecuda_libdir):
     for tool in ("sh", "readlink", "uname", "head", "dmesg", "grep", "tail", "cat"):
         if shutil.which(tool):
             os.symlink(shutil.which(tool), bin_dir / tool)
-    # dropbear gives sessions its own PATH; bash (root's shell) reads $BASH_ENV before the command.
+    # dropbear gives sessions its own PATH; bash (root's shell) then reads $BASH_ENV before the
+    # command -- or, where it decides sshd started it, ~/.bashrc instead and never $BASH_ENV (bash
+    # 5.2 shell.c run_startup_files: SSH_CLIENT set or stdin a socket, at SHLVL 1; seen with
+    # Debian 13's dropbear 2025.89 and a lane run without SHLVL). Both say the same.
+    no_python = f"PATH={bin_dir}\nexport PATH\n"
     env_file = tmp_path / "no-python.sh"
-    env_file.write_text(f"PATH={bin_dir}\nexport PATH\n")
+    env_file.write_text(no_python)
+    home = tmp_path / "hv" / "home"  # the hypervisor's root home (hypervisor.start)
+    home.mkdir(parents=True)
+    (home / ".bashrc").write_text(no_python)
     report, checks = judge(tmp_path, fakecuda_libdir, BASH_ENV=str(env_file))
     assert report["facts"]["python3"] is None
     assert checks["cuda"]["status"] == "fail" and "no python3" in checks["cuda"]["reason"] and not report["ok"]
