@@ -155,8 +155,10 @@ def rootfs(cache: str = DEFAULT_CACHE) -> str:
              ("python3", "-m", "venv", "--system-site-packages", "/opt/venv"),
              ("/opt/venv/bin/pip", "install", "-q", *requirements)]
     # pip in the root trusts what this machine trusts (a proxy's authority included).
-    shutil.copy("/etc/ssl/certs/ca-certificates.crt", os.path.join(build, "etc", "ssl", "certs",
-                                                                    "host-ca-certificates.crt"))
+    # minbase has no ca-certificates yet: its certs directory comes with the package, later.
+    certs = os.path.join(build, "etc", "ssl", "certs")
+    os.makedirs(certs, exist_ok=True)
+    shutil.copy("/etc/ssl/certs/ca-certificates.crt", os.path.join(certs, "host-ca-certificates.crt"))
     for step in steps:
         if _in_root(build, "env", "DEBIAN_FRONTEND=noninteractive", *step).returncode != 0:
             raise FetchError(f"{' '.join(step[:3])} failed in the Debian 13 root")
