@@ -81,8 +81,8 @@ test-current: deps
 	set -x; \
 	GPUVFIO_KL_KERNEL=$$kernel GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,current) tests/kernel $(PYTEST_ARGS)
 
-# The daemon lane inside a Debian 13 root (libvirt 11.3, QEMU 10.0, Python 3.13; debootstrap, cached
-# in .deps/current by what went into it). Not in .ci/run yet: two testbed tests still fail there.
+# The daemon lane inside a Debian 13 root (libvirt 11.3, QEMU 10.0, Python 3.13, dropbear 2025.89;
+# debootstrap, cached in .deps/current by what went into it): about 5 min with the root's build.
 test-current-daemon: deps
 	$(PY) -m tests.lanes.current daemon -q $(PYTEST_ARGS)
 
