@@ -40,6 +40,24 @@ def sample_path(name: str) -> str:
     return os.path.join(SAMPLES_DIR, name + SUFFIX)
 
 
+# Every sample and a host generated at scale (tests/hostbuilder.py build_sriov_server): the hosts
+# on which two readers of the same facts are checked to agree.
+EVERY_HOST = sorted(SAMPLES) + ["generated"]
+
+
+def host_tree(name: str, directory: str) -> str:
+    """Host ``name`` of EVERY_HOST as a tree under ``directory``; the root."""
+    if name == "generated":
+        from tests.hostbuilder import build_sriov_server
+
+        build_sriov_server(directory, switches_per_socket=1, nic_vfs=6)
+        return directory
+    from gpuvfio.host.fixture import load_fixture
+
+    with open(sample_path(name), encoding="utf-8") as handle:
+        return load_fixture(handle.read(), directory)
+
+
 def generate(name: str) -> str:
     """The fixture text of sample ``name`` (KeyError for an unknown name)."""
     build = SAMPLES[name]

@@ -8,21 +8,14 @@ import os
 import pytest
 
 from gpuvfio.errors import HostReadError
-from gpuvfio.host.fixture import load_fixture
 from gpuvfio.host.model import parse_cpulist
 from gpuvfio.host.numa import read_cpus, read_numa
 from gpuvfio.host.root import HostRoot
-from tests.hostbuilder import build_sriov_server
-from tests.make_samples import SAMPLES, sample_path
+from tests.make_samples import EVERY_HOST, host_tree
 
 
 def _root(name: str, tmp_path) -> str:
-    root = str(tmp_path / name)
-    if name == "generated":
-        build_sriov_server(root, switches_per_socket=1, nic_vfs=6)
-        return root
-    with open(sample_path(name), encoding="utf-8") as handle:
-        return load_fixture(handle.read(), root)
+    return host_tree(name, str(tmp_path / name))
 
 
 def _by_path(host: HostRoot, cpu: int) -> tuple[int, int, int, tuple[int, ...]]:
@@ -39,7 +32,7 @@ def _answers(cpus) -> list[tuple[int, int, int, tuple[int, ...]]]:
     return [(c.cpu, c.package, c.core, c.siblings) for c in cpus.values()]
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLES) + ["generated"])
+@pytest.mark.parametrize("name", EVERY_HOST)
 def test_one_pass_reads_what_each_path_says(name, tmp_path):
     host = HostRoot(_root(name, tmp_path))
     cpus = [cpu for node in read_numa(host) for cpu in node.cpus]

@@ -7,24 +7,17 @@ import os
 import pytest
 
 from gpuvfio.errors import HostReadError
-from gpuvfio.host.fixture import load_fixture
 from gpuvfio.host.inventory import read_inventory
 from gpuvfio.host.nvlink import nvidia_gpus
 from gpuvfio.host.root import HostRoot
-from tests.hostbuilder import build_sriov_server
-from tests.make_samples import SAMPLES, sample_path
+from tests.make_samples import EVERY_HOST, host_tree
 
 
 def _root(name: str, tmp_path) -> str:
-    root = str(tmp_path / name)
-    if name == "generated":
-        build_sriov_server(root, switches_per_socket=1, nic_vfs=6)
-        return root
-    with open(sample_path(name), encoding="utf-8") as handle:
-        return load_fixture(handle.read(), root)
+    return host_tree(name, str(tmp_path / name))
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLES) + ["generated"])
+@pytest.mark.parametrize("name", EVERY_HOST)
 def test_the_gpus_are_the_inventorys(name, tmp_path):
     host = HostRoot(_root(name, tmp_path))
     expected = {a for a, f in read_inventory(host).functions.items()

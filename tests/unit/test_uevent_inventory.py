@@ -9,12 +9,11 @@ import pytest
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import HostReadError, UnsafePathError
-from gpuvfio.host.fixture import load_fixture
 from gpuvfio.host.inventory import FunctionIndex, KernelIds, parse_uevent, read_ids, read_inventory
 from gpuvfio.host.pciids import PciIds
 from gpuvfio.host.root import HostRoot
-from tests.hostbuilder import build_sriov_server, write_uevent
-from tests.make_samples import SAMPLES, sample_path
+from tests.hostbuilder import write_uevent
+from tests.make_samples import EVERY_HOST, host_tree
 
 ADDRESS = PciAddress.parse("0000:41:00.0")
 # What Linux 6.1 printed for an H100 bound to vfio-pci, line by line as uevent_show prints it.
@@ -24,12 +23,7 @@ ID_ATTRIBUTES = ("vendor", "device", "class", "subsystem_vendor", "subsystem_dev
 
 
 def _root(name: str, tmp_path) -> str:
-    root = str(tmp_path / name)
-    if name == "generated":
-        build_sriov_server(root, switches_per_socket=1, nic_vfs=6)
-        return root
-    with open(sample_path(name), encoding="utf-8") as handle:
-        return load_fixture(handle.read(), root)
+    return host_tree(name, str(tmp_path / name))
 
 
 def _function_dirs(root: str) -> list[str]:
@@ -44,7 +38,7 @@ def _report(root: str) -> tuple[list[dict], dict]:
     return [f.to_json() for f in inventory.functions.values()], groups
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLES) + ["generated"])
+@pytest.mark.parametrize("name", EVERY_HOST)
 def test_the_uevent_read_is_the_attribute_read(name, tmp_path):
     """The same functions and groups three ways: uevent and attributes both there (the uevent
     read), the attributes and links without any uevent (an older recording), and the uevent
