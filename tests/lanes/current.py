@@ -167,6 +167,11 @@ def rootfs(cache: str = DEFAULT_CACHE) -> str:
     return root
 
 
+# What the root cannot run: the benchmark times the console script a venv of this machine has
+# (benchmarks/ratios.py GPUVFIO); the root reaches gpuvfio through a .pth to the checkout only.
+NOT_IN_ROOT = ("tests/daemon/test_bench_domain_xml.py",)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["daemon"]:
         try:
@@ -175,7 +180,7 @@ def main(argv: list[str]) -> int:
             print(f"Debian 13 root: {exc}", file=sys.stderr)
             return 1
         return _in_root(root, "python", "-m", "pytest", "-p", "no:cacheprovider", "tests/daemon",
-                        *argv[1:], timeout=5400).returncode
+                        *(f"--ignore={path}" for path in NOT_IN_ROOT), *argv[1:], timeout=5400).returncode
     try:
         print(fetch(*argv[:1]))
     except (FetchError, OSError, subprocess.TimeoutExpired) as exc:
