@@ -111,7 +111,8 @@ class TerminalProgress:
         try:
             self._show(line)
         except (OSError, ValueError):
-            self._lose()
+            self.gone = True
+            self.stop()
 
     def _show(self, line: str) -> None:
         self.stop()
@@ -126,21 +127,11 @@ class TerminalProgress:
     def stop(self) -> None:
         status, self.status = self.status, None
         TerminalProgress.current = None
-        if status is not None and not self.gone:
-            try:
-                status.stop()
-            except (OSError, ValueError):
-                self._lose()
-
-    def _lose(self) -> None:
-        self.gone = True
-        status, self.status = self.status, None
-        TerminalProgress.current = None
         if status is not None:
             try:
-                status.stop()  # ends its refresh thread; the line it clears is gone with the terminal
+                status.stop()  # ends its refresh thread even where the line it clears has nowhere to go
             except (OSError, ValueError):
-                pass
+                self.gone = True
 
 
 def stop_progress() -> None:

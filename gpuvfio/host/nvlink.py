@@ -35,7 +35,6 @@ checked to be well formed and not a GPU.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 from gpuvfio.address import PciAddress
