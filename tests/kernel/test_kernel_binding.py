@@ -1,11 +1,12 @@
 """Kernel lane: ``gpuvfio bind / status / restore`` against a real kernel's sysfs.
 
-One guest boot (emulated IOMMU, GPU-host-shaped topology) runs one script that
-dry-runs and binds the two-function "GPU" group to vfio-pci, binds again,
-restores, crashes a bind half-way (tests.lanes.paused_bind, then SIGKILL)
-twice and restores after each, binds and restores the driverless edu device, and
-feeds bad addresses.  The script records every command's exit status, output and
-the driver links into ``$OUT``; each test below checks one part of that record.
+One guest script (emulated IOMMU, GPU-host-shaped topology; run last in the boot
+the GPU-host modules share, tests/kernel/conftest.py) dry-runs and binds the
+two-function "GPU" group to vfio-pci, binds again, restores, crashes a bind
+half-way (tests.lanes.paused_bind, then SIGKILL) twice and restores after each,
+binds and restores the driverless edu device, and feeds bad addresses.  The
+script records every command's exit status, output and the driver links into
+``$OUT``; each test below checks one part of that record.
 
 The guest's root is ``/`` (real sysfs), so gpuvfio loads vfio-pci itself; the
 state directory is the default /var/lib/gpuvfio (a tmpfs overlay in the guest).
@@ -348,13 +349,16 @@ SCRIPT = (f"#!{sys.executable}\n"
           + _GUEST)
 
 
+GPU_HOST_PART = kl.Part("binding", SCRIPT, timeout=900, changes_host=True)
+
+
 @pytest.fixture(scope="module")
-def guest():
+def guest(request):
     reason = _cli_missing()
     if reason:
         pytest.skip(reason)
-    result = kl.run_in_guest(SCRIPT, devices=kl.GPU_HOST_DEVICES, timeout=900)
-    print(f"kernel lane boot+run: {result.seconds:.1f}s")
+    result = request.getfixturevalue("gpu_host_boot")[GPU_HOST_PART.name]
+    print(f"kernel lane binding script: {result.seconds:.1f}s")
     print("seconds per gpuvfio command in the guest:\n" + result.files.get("timings", "(none)"))
     assert result.returncode == 0, result.stderr
     return result

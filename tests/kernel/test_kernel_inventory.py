@@ -1,7 +1,8 @@
 """Kernel lane: ``gpuvfio list --all --json`` inside a real kernel agrees with lspci.
 
-One guest boot runs both readers over the same live sysfs (emulated IOMMU,
-GPU-host-shaped topology, a second NUMA node); the host side compares them.
+One guest script runs both readers over the same live sysfs (emulated IOMMU,
+GPU-host-shaped topology, a second NUMA node), before anything is bound in the boot
+the GPU-host modules share (tests/kernel/conftest.py); the host side compares them.
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ done >"$OUT/uevents.txt"
 """
 
 
+GPU_HOST_PART = kl.Part("inventory", SCRIPT, timeout=300)
+
+
 @pytest.fixture(scope="module")
-def guest():
+def guest(request):
     reason = _cli_missing()
     if reason:
         pytest.skip(reason)
-    result = kl.run_in_guest(SCRIPT, devices=kl.GPU_HOST_DEVICES, timeout=300)
-    print(f"kernel lane boot+run: {result.seconds:.1f}s")
+    result = request.getfixturevalue("gpu_host_boot")[GPU_HOST_PART.name]
     assert result.returncode == 0, result.stderr
     return result
 

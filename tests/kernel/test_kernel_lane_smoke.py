@@ -1,6 +1,6 @@
 """Kernel lane smoke test: a real kernel with an emulated IOMMU sees the GPU-host topology.
 
-One guest boot (~30 s under TCG) serves every assertion in this module.
+Its script runs in the boot the GPU-host modules share (tests/kernel/conftest.py), first.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ uname -r > "$OUT/uname.txt"
 """
 
 
+GPU_HOST_PART = kl.Part("smoke", SCRIPT, timeout=180)
+
+
 @pytest.fixture(scope="module")
-def guest():
-    result = kl.run_in_guest(SCRIPT, devices=kl.GPU_HOST_DEVICES, timeout=180)
-    print(f"kernel lane boot+run: {result.seconds:.1f}s")
+def guest(gpu_host_boot):
+    result = gpu_host_boot[GPU_HOST_PART.name]
     assert result.returncode == 0, result.stderr
     return result
 

@@ -713,14 +713,17 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
                  follow: Callable[[str], None] | None = None,
                  accel: Accelerator | None = None,
                  silent_after: float | None = None,
-                 report: Callable[[str], None] | None = None) -> GuestResult:
+                 report: Callable[[str], None] | None = None,
+                 programs: dict[str, str] | None = None) -> GuestResult:
     """Boot the guest with the emulated IOMMU and ``devices``; run the script as root.
 
     ``script_text`` is written to a file and executed directly, so it may start
     with a ``#!`` line; without one it runs under /bin/sh.  It runs with cwd set
     to the per-run work directory and ``$OUT`` pointing at an empty directory
-    whose files are returned in ``GuestResult.files``.  ``numa_nodes`` defaults
-    to what the device specs' ``numa_node=`` properties need.
+    whose files are returned in ``GuestResult.files`` (a file in a subdirectory as
+    ``dir/name``).  ``numa_nodes`` defaults to what the device specs' ``numa_node=``
+    properties need.  ``programs``: more executables (name -> text) written beside
+    the script, for it to run as ``./name``.
 
     ``follow``: called with each new piece of the script's stdout while the
     guest runs (the file is on the shared 9p directory, mounted sync), for
@@ -755,6 +758,12 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
             f.write(script_text)
         with open(os.path.join(work, "run.sh"), "w") as f:
             f.write(_WRAPPER.format(work=work))
+        for name, text in (programs or {}).items():
+            if not re.fullmatch(r"[a-z][a-z0-9_-]*", name) or name in ("script", "run.sh", "out"):
+                raise GuestError(f"bad program name {name!r}")
+            with open(os.path.join(work, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(work, name), 0o755)
         os.chmod(os.path.join(work, "script"), 0o755)
         os.chmod(os.path.join(work, "run.sh"), 0o755)
 
@@ -793,13 +802,7 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
         if rc is None or not rc.strip().lstrip("-").isdigit():
             raise GuestError(f"guest exited (vng rc={proc.returncode}) without running the "
                              "script to completion", **failure)
-        files = {}
-        outdir = os.path.join(work, "out")
-        for name in sorted(os.listdir(outdir)):
-            path = os.path.join(outdir, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                with open(path, errors="replace") as f:
-                    files[name] = f.read()
+        files = _read_out(os.path.join(work, "out"))
         return GuestResult(returncode=int(rc), stdout=read("stdout") or "",
                            stderr=read("stderr") or "", seconds=watched.seconds, files=files,
                            vng_stdout=vng_out, vng_stderr=vng_err, accel=accel,
@@ -809,6 +812,89 @@ def run_in_guest_once(script_text: str, *, devices: Sequence[str], timeout: int 
             print(f"kernel lane: kept work dir {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _read_out(outdir: str) -> dict[str, str]:
+    """Every regular file under ``outdir``, named by its path below it ("part/name")."""
+    files = {}
+    for parent, dirs, names in os.walk(outdir):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(parent, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                with open(path, errors="replace") as f:
+                    files[os.path.relpath(path, outdir)] = f.read()
+    return files
+
+
+# --- Several scripts in one boot -----------------------------------------------------
+#
+# A boot costs 15-45 s under TCG before any script runs, and each Python script then
+# imports what it needs again; modules that need the same devices share one boot.
+
+@dataclass(frozen=True)
+class Part:
+    """One module's script in a shared boot.  ``changes_host``: it binds or unbinds
+    drivers, so it runs after every part that only reads."""
+    name: str
+    script: str
+    timeout: int
+    changes_host: bool = False
+
+
+_PARTS_RUNNER = """#!/bin/sh
+# Written by tests/lanes/kernel.py: runs each part with its own $OUT, one after another.
+TOP=$OUT
+mkdir -p "$TOP/.parts"
+for name in {names}; do
+  mkdir -p "$TOP/$name"
+  date +%s.%N >"$TOP/.parts/$name.start"
+  OUT=$TOP/$name "./part-$name" >"$TOP/.parts/$name.stdout" 2>"$TOP/.parts/$name.stderr" </dev/null
+  echo $? >"$TOP/.parts/$name.rc"
+  date +%s.%N >"$TOP/.parts/$name.end"
+done
+"""
+
+
+def parts_runner(parts: Sequence[Part]) -> tuple[str, dict[str, str], list[str]]:
+    """The script that runs ``parts`` in one boot (read-only ones first, then in the order
+    given), the programs it runs, and the part names in that order."""
+    ordered = sorted(parts, key=lambda part: part.changes_host)
+    names = [part.name for part in ordered]
+    if not names or len(set(names)) != len(names) \
+            or not all(re.fullmatch(r"[a-z][a-z0-9_]*", name) for name in names):
+        raise GuestError(f"parts need distinct names of lower-case letters, digits and _: {names}")
+    programs = {f"part-{part.name}": part.script for part in ordered}
+    return _PARTS_RUNNER.format(names=" ".join(names)), programs, names
+
+
+def run_parts_in_guest(parts: Sequence[Part], *, devices: Sequence[str],
+                       **kwargs) -> dict[str, GuestResult]:
+    """One boot for several parts (parts_runner); each part's GuestResult carries its own
+    exit status, output, files and seconds.  A boot that fails fails every part: the
+    error is raised."""
+    script, programs, names = parts_runner(parts)
+    whole = run_in_guest(script, devices=devices, timeout=sum(part.timeout for part in parts),
+                         programs=programs, **kwargs)
+    return {name: part_result(whole, name) for name in names}
+
+
+def part_result(whole: GuestResult, name: str) -> GuestResult:
+    """Part ``name``'s share of a shared boot's result."""
+    meta = {key[len(f".parts/{name}."):]: text for key, text in whole.files.items()
+            if key.startswith(f".parts/{name}.")}
+    rc = meta.get("rc", "").strip()
+    if not rc.lstrip("-").isdigit():
+        raise GuestError(f"part {name} did not finish (the boot's script exited {whole.returncode}): "
+                         f"{whole.stderr[-2000:]}")
+    try:
+        seconds = float(meta["end"]) - float(meta["start"])
+    except (KeyError, ValueError):
+        seconds = whole.seconds
+    prefix = name + "/"
+    files = {key[len(prefix):]: text for key, text in whole.files.items() if key.startswith(prefix)}
+    return replace(whole, returncode=int(rc), stdout=meta.get("stdout", ""),
+                   stderr=meta.get("stderr", ""), seconds=seconds, files=files)
 
 
 # --- Watching a running guest -------------------------------------------------------

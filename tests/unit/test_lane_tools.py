@@ -529,3 +529,45 @@ def test_the_debian_13_root_takes_the_declared_dependencies_and_the_lanes_test_t
     assert "libvirt-python>=9.0" in wanted and any(r.startswith("typer>=") for r in wanted)
     assert any(r.startswith("pytest>=") for r in wanted) and not any(r.startswith("ansible") for r in wanted)
     assert "python3-libvirt" in current.ROOT_PACKAGES and "linux-image-amd64" in current.ROOT_PACKAGES
+
+
+# --- Several parts in one boot --------------------------------------------------------
+
+def _run_parts_here(tmp_path, parts) -> dict[str, kl.GuestResult]:
+    """The parts runner as the guest's wrapper runs it (cwd the work directory, $OUT empty),
+    on this machine; its $OUT read back as run_in_guest_once reads it."""
+    script, programs, names = kl.parts_runner(parts)
+    for name, text in {"script": script, **programs}.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run(["./script"], cwd=tmp_path, env=dict(os.environ, OUT=str(tmp_path / "out")),
+                          capture_output=True, text=True, timeout=60)
+    whole = kl.GuestResult(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr, seconds=9.0,
+                           files=kl._read_out(str(tmp_path / "out")), boot_seconds=4.0)
+    return {name: kl.part_result(whole, name) for name in names}
+
+
+def test_parts_share_a_boot_each_with_its_own_out_status_and_output(tmp_path):
+    changer = kl.Part("binding", '#!/bin/sh\nseen=$(ls -A "$OUT"); echo "[$seen]" >"$OUT/seen"\n'
+                      'cat "$OUT/../reader/note" >"$OUT/after"\necho bound; echo oops >&2; exit 3\n',
+                      timeout=5, changes_host=True)
+    reader = kl.Part("reader", "echo read >\"$OUT/note\"; mkdir \"$OUT/sub\"; echo x >\"$OUT/sub/deep\"; echo hi\n",
+                     timeout=5)
+    results = _run_parts_here(tmp_path, [changer, reader])
+    assert list(results) == ["reader", "binding"]  # the part that changes the host runs last
+    assert results["reader"].returncode == 0 and results["reader"].stdout == "hi\n"
+    assert results["reader"].files == {"note": "read\n", "sub/deep": "x\n"}
+    binding = results["binding"]
+    assert (binding.returncode, binding.stdout, binding.stderr) == (3, "bound\n", "oops\n")
+    assert binding.files == {"seen": "[]\n", "after": "read\n"}  # an empty $OUT of its own, after the reader
+    assert 0 <= binding.seconds < 9.0 and binding.boot_seconds == 4.0
+
+
+def test_a_part_that_never_ran_fails_and_names_must_be_distinct_words(tmp_path):
+    whole = kl.GuestResult(returncode=137, stdout="", stderr="killed", seconds=9.0, files={})
+    with pytest.raises(kl.GuestError, match="part smoke did not finish"):
+        kl.part_result(whole, "smoke")
+    for names in (["a", "a"], ["../x"], ["Smoke"], []):
+        with pytest.raises(kl.GuestError, match="distinct names"):
+            kl.parts_runner([kl.Part(name, "true", timeout=1) for name in names])
