@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := virtinst chromium vagrant vagrant-libvirt python3-venv python3-dev gcc pkg-config libvirt-dev libvirt-clients \
 	libvirt-daemon-system qemu-system-x86 pciutils pci.ids libxml2-utils ovmf \
-	busybox-static dropbear-bin linux-image-amd64 zstd debootstrap \
+	busybox-static dropbear-bin openssh-client linux-image-amd64 zstd debootstrap \
 	cloud-init xorriso groff-base man-db python3-libvirt
 APT_STAMP := .deps/apt.stamp
 VENV_STAMP := $(VENV)/.stamp

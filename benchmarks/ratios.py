@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 VENV_BIN = os.path.dirname(sys.executable)
 GPUVFIO = os.path.join(VENV_BIN, "gpuvfio")  # the console script users run
@@ -39,6 +40,10 @@ class Goal:
     limit: float
     env: dict[str, str] = field(default_factory=dict)  # added to the environment of ``ours`` only
     floor: list[str] | None = None  # the same command line parsed by typer alone (TYPER_FLOOR)
+    # A command that changes something (attach boots a guest) is undone after each run, untimed.
+    reset: Callable[[], None] | None = None
+    exit_codes: tuple[int, ...] = (0, 1)  # list/doctor exit 1 for a refusal; anything else is broken
+    ours_out: list[bytes] | None = None  # a list: each counted run's stdout is kept there
     ours_s: list[float] = field(default_factory=list)
     anchor_s: list[float] = field(default_factory=list)
     floor_s: list[float] = field(default_factory=list)
@@ -82,12 +87,17 @@ def base_env(repo: str) -> dict[str, str]:
     return env
 
 
-def once(cmd: list[str], env: dict[str, str]) -> float:
+def once(cmd: list[str], env: dict[str, str], exit_codes: tuple[int, ...] = (0, 1),
+         out: list[bytes] | None = None) -> float:
+    """Seconds ``cmd`` took as a process; its stdout kept in ``out`` where one is given."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if out is None else subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env)
     elapsed = time.perf_counter() - start
-    if proc.returncode not in (0, 1):  # list/doctor exit 1 for a refusal; anything else is broken
+    if proc.returncode not in exit_codes:
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-400:]}")
+    if out is not None:
+        out.append(proc.stdout)
     return elapsed
 
 
@@ -98,12 +108,14 @@ def measure(goals: list[Goal], runs: int, env: dict[str, str]) -> None:
     for round_no in range(runs + 1):
         for goal in goals:
             ours_env = {**env, **goal.env}
-            turn = [(goal.ours, ours_env, goal.ours_s), (goal.anchor, env, goal.anchor_s)]
+            turn = [(goal.ours, ours_env, goal.ours_s, goal.ours_out), (goal.anchor, env, goal.anchor_s, None)]
             if goal.floor:
-                turn.append((goal.floor, ours_env, goal.floor_s))
+                turn.append((goal.floor, ours_env, goal.floor_s, None))
             shift = round_no % len(turn)
-            for cmd, cmd_env, times in turn[shift:] + turn[:shift]:
-                elapsed = once(cmd, cmd_env)
+            for cmd, cmd_env, times, out in turn[shift:] + turn[:shift]:
+                elapsed = once(cmd, cmd_env, goal.exit_codes, out if round_no else None)
+                if goal.reset:
+                    goal.reset()
                 if round_no:
                     times.append(elapsed)
 
