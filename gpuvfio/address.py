@@ -19,6 +19,18 @@ _ADDRESS = re.compile(
 
 MAX_SLOT = 0x1F
 MAX_FUNCTION = 7
+# An address whose only fault is its function (01:00.9): the refusal says why (PCI has 8
+# functions a device, 0-7: the 3-bit function number of the PCI Local Bus Specification 3.0, 3.2.2.3.1).
+_FUNCTION_BEYOND = re.compile(r"^(?:(?:[0-9a-fA-F]{4,8}[:_])?[0-9a-fA-F]{1,2}[:_])?[0-9a-fA-F]{1,2}[._]"
+                              r"(?P<function>[89a-fA-F]|[0-9a-fA-F]{2,3})$")
+
+
+def function_beyond(text: object) -> str:
+    """What a refusal adds where ``text`` would be an address but for its function F: "(a PCI
+    function is 0-7, not F)" with a leading space; else ""."""
+    value = text.strip().removeprefix("pci_") if isinstance(text, str) else ""
+    match = _FUNCTION_BEYOND.match(value)
+    return f" (a PCI function is 0-{MAX_FUNCTION}, not {match['function']})" if match else ""
 
 
 @dataclass(frozen=True, order=True)
@@ -47,7 +59,7 @@ class PciAddress:
         if match is None:
             shown = text if isinstance(text, str) and len(text) <= 64 else repr(text)[:64]
             raise InputError(
-                f"not a PCI address: {shown!r} (expected DDDD:BB:SS.F, e.g. 0000:01:00.0)"
+                f"not a PCI address: {shown!r}{function_beyond(text)} (expected DDDD:BB:SS.F, e.g. 0000:01:00.0)"
             )
         slot = int(match["slot"], 16)
         if slot > MAX_SLOT:

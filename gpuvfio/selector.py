@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuvfio.address import MAX_FUNCTION, MAX_SLOT, PciAddress
+from gpuvfio.address import MAX_FUNCTION, MAX_SLOT, PciAddress, function_beyond
 from gpuvfio.errors import InputError
 from gpuvfio.numbers import hex_uint
 
@@ -58,8 +58,8 @@ class Selector:
         value = text.strip() if isinstance(text, str) else ""
         match = _NODEDEV.match(value) or _SLOT.match(value)
         if not value or match is None:
-            raise InputError(f"not a PCI address: {_shown(text)!r} (expected {SELECTOR_HELP}, e.g. 01:00 or "
-                             "0000:01:00.0)")
+            raise InputError(f"not a PCI address: {_shown(text)!r}{function_beyond(text)} (expected {SELECTOR_HELP}, "
+                             "e.g. 01:00 or 0000:01:00.0)")
         slot = int(match["slot"], 16)
         if slot > MAX_SLOT:
             raise InputError(f"PCI slot out of range (max 1f) in {value!r}")

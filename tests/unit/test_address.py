@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 
 from gpuvfio.address import PciAddress
 from gpuvfio.errors import InputError
+from gpuvfio.selector import Selector
 
 addresses = st.builds(PciAddress, st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFF),
                       st.integers(0, 0x1F), st.integers(0, 7))
@@ -46,3 +47,22 @@ def test_vmd_domain_and_short_form():
 def test_malformed(bad):
     with pytest.raises(InputError):
         PciAddress.parse(bad)
+
+
+@pytest.mark.parametrize("text, function", [("0000:01:00.8", "8"), ("01:00.9", "9"), ("01:00.a", "a"),
+                                            ("01:00.10", "10")])
+def test_a_function_beyond_7_is_named_in_the_refusal(text, function):
+    for parse in (PciAddress.parse, Selector.parse):
+        with pytest.raises(InputError, match=rf"^not a PCI address: '{text}' \(a PCI function is 0-7, "
+                                             rf"not {function}\) \(expected "):
+            parse(text)
+    with pytest.raises(InputError, match=r"\(a PCI function is 0-7, not 9\)"):
+        Selector.parse("pci_0000_01_00_9")
+
+
+@pytest.mark.parametrize("text", ["01:00.x", "0000:01:00.0.9", "01:00.9\nx", "01:00.-1", "01:00.9999", "1:00:00.9"])
+def test_other_faults_get_no_function_hint(text):
+    for parse in (PciAddress.parse, Selector.parse):
+        with pytest.raises(InputError) as info:
+            parse(text)
+        assert "a PCI function is" not in str(info.value)
