@@ -52,12 +52,14 @@ pytestmark = [
 # --- The guest script ---------------------------------------------------------------
 #
 # Under TCG one ``python -m gpuvfio ...`` costs 10-35 s in the guest, ~80 % of it
-# importing typer/pydantic/gpuvfio over 9p (measured with cProfile).  So the script
+# importing typer/pydantic/gpuvfio over 9p (measured with cProfile: each stat ~5 ms,
+# each open ~11 ms; virtme-ng mounts the root without a cache mode).  So the script
 # is Python: it imports the CLI once and runs each gpuvfio command in a forked
 # child that calls ``gpuvfio.cli.main(argv)`` -- what ``python -m gpuvfio`` runs --
 # with stdin, stdout and stderr on files; the child's exit status is the command's.
-# The bad-input commands always run as real ``python -m gpuvfio`` processes, and
-# GPUVFIO_KL_SUBPROCESS=1 runs every command that way (slow; full fidelity).
+# The crash runs' bind (tests.lanes.paused_bind's main) is forked the same way and
+# killed there.  The bad-input commands always run as real ``python -m gpuvfio``
+# processes, and GPUVFIO_KL_SUBPROCESS=1 runs every command that way (slow; full fidelity).
 #
 # Naming in $OUT: <name>.rc / <name>.out / <name>.err for each gpuvfio run;
 # <name>.drivers ("ADDR|driver or -|driver_override") and <name>.vfio (ls /dev/vfio)
@@ -107,7 +109,8 @@ class part:
 # refused for a libvirt that does not answer.
 # Preload what the commands import, so each forked child starts warm.
 with part("preload"):
-    from gpuvfio.cli import main as gpuvfio_main  # the whole command line and every service
+    from gpuvfio.cli import main as gpuvfio_main  # the command line (each command loads on use)
+    import tests.lanes.paused_bind  # the crash runs' bind, forked as the commands are
     for optional in ("pydantic", "libvirt", "rich.console", "rich.table"):
         try:
             __import__(optional)
@@ -133,7 +136,7 @@ with part("warm-up"):
         log("warmup", f"$ gpuvfio {' '.join(argv)}\n{sink.getvalue()}")
 
 
-def _child(argv, name, env):
+def _child(argv, name, env, module):
     os.environ.update(env)
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
                             (1, os.path.join(OUT, name + ".out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
@@ -143,7 +146,7 @@ def _child(argv, name, env):
         os.close(new)
     code = 1
     try:
-        code = gpuvfio_main(list(argv))
+        code = gpuvfio_main(list(argv)) if module == "gpuvfio" else __import__(module, fromlist=["main"]).main(list(argv))
     except BaseException:
         traceback.print_exc()
     finally:
@@ -156,11 +159,11 @@ def _child(argv, name, env):
 
 
 def start(name, *argv, env=None, real=False, module="gpuvfio"):
-    """Start ``gpuvfio ARGV`` (or ``python -m MODULE ARGV``, always a process of its own);
+    """Start ``gpuvfio ARGV`` (or MODULE's ``main(ARGV)``, as ``python -m MODULE ARGV`` runs it);
     returns a handle for finish()."""
     env = dict(env or {})
     began = time.monotonic()
-    if real or SUBPROCESS or module != "gpuvfio":
+    if real or SUBPROCESS:
         with open(os.path.join(OUT, name + ".out"), "w") as out, \
                 open(os.path.join(OUT, name + ".err"), "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", module, *argv], stdin=subprocess.DEVNULL,
@@ -171,7 +174,7 @@ def start(name, *argv, env=None, real=False, module="gpuvfio"):
     pid = os.fork()
     if pid == 0:
         try:
-            _child(argv, name, env)
+            _child(argv, name, env, module)
         finally:
             os._exit(99)
     return name, pid, None, began
