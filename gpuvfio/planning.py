@@ -32,6 +32,9 @@ class CheckStatus(str, Enum):
         return self.value
 
 
+FORCE_HINT = " (--force to proceed)"  # after an overridable check's message, wherever it is shown
+
+
 @dataclass(slots=True)
 class Check:
     check_id: str
@@ -42,6 +45,11 @@ class Check:
     def __post_init__(self) -> None:
         # The Fabric Manager's checks carry their verdicts as the same words (host.fabric).
         self.status = CheckStatus(self.status)
+
+    @property
+    def reason(self) -> str:
+        """The message as a refusal's line gives it: one --force overrides says so."""
+        return self.message + (FORCE_HINT if self.overridable else "")
 
     def to_json(self) -> dict:
         return {"id": self.check_id, "status": self.status.value, "message": self.message,

@@ -258,7 +258,7 @@ def _moving_checks(host: HostRoot, kernel: KernelInfo, fn, companion: bool, chec
     if fn.boot_vga:
         fbs = ", ".join(kernel.framebuffers) or "no framebuffer listed"
         checks.append(Check("boot_vga", REFUSE, f"{address} drives the host console (boot_vga=1; {fbs}); "
-                                "the host loses its display (--force to proceed)", overridable=True))
+                                "the host loses its display", overridable=True))
     if fn.sriov_num_vfs and companion:
         checks.append(Check("sriov", REFUSE, f"{address} has {fn.sriov_num_vfs} SR-IOV VFs enabled; "
                                 "disable them first (echo 0 > sriov_numvfs)"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from gpuvfio.cli.output import Column, Listing, printable_report, rich_console
+from gpuvfio.ops.plans import FORCE_HINT
 
 
 def _table(**kwargs):
@@ -104,7 +105,7 @@ def print_plan(report: dict, console=None) -> None:
 def _print_checks(console, checks: list[dict]) -> None:
     """Every check of a plan (gpuvfio.planning.Check as JSON), refusals in red."""
     for check in checks:
-        forced = " (overridable with --force)" if check.get("overridable") and check["status"] == "refuse" else ""
+        forced = FORCE_HINT if check.get("overridable") and check["status"] == "refuse" else ""
         console.print(f"  [{PLAN_STYLE.get(check['status'], '')}]{check['status']:6}[/] {check['id']}: "
                       f"{check['message']}{forced}")
 

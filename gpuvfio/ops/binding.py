@@ -193,10 +193,10 @@ def plan_operation(ctx: Context, addresses: list[PciAddress], policy: BindPolicy
     if bind_plan.nothing_to_do:
         # Devices already on vfio-pci: still refused when broken (always), or used by a domain
         # (when one is about to get them).
-        refusing = [c.message for c in report.refused
+        refusing = [c.reason for c in report.refused
                     if c.check_id == "health" or (require_unused and c.check_id == "libvirt")]
     else:
-        refusing = [c.message for c in report.refused]
+        refusing = [c.reason for c in report.refused]
     if refusing:
         report.status = BindStatus.REFUSED
     return BindOperation(bind_plan, report, refusing)
@@ -570,9 +570,7 @@ def _check_persistable(ctx: Context, addresses: list[PciAddress], policy: BindPo
         skip.add("fabric")
     refused = [c for c in bind_plan.refusals(policy.force) if c.check_id not in skip]
     if refused:
-        overridable = any(c.overridable for c in refused)
-        raise Refused("refused: " + "; ".join(dict.fromkeys(c.message for c in refused))
-                      + (" (--force persists anyway what is marked overridable)" if overridable else ""))
+        raise Refused("refused: " + "; ".join(dict.fromkeys(c.reason for c in refused)))
     return bind_plan.devices
 
 

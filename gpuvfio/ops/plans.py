@@ -21,9 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuvfio.errors import Refused
-from gpuvfio.planning import Check, CheckStatus, Step, StepKind
+from gpuvfio.planning import FORCE_HINT, Check, CheckStatus, Step, StepKind
 
-__all__ = ["Plan", "Check", "CheckStatus", "Step", "StepKind"]
+__all__ = ["Plan", "Check", "CheckStatus", "Step", "StepKind", "FORCE_HINT"]
+
+REFUSED_PREFIX = "refused: "
 
 
 @dataclass
@@ -41,7 +43,9 @@ class Plan:
         self.checks.append(Check(check_id, status, message))
 
     def refuse(self, check_id: str, message: str) -> None:
-        self.check(check_id, CheckStatus.REFUSE, message)
+        """A refusing check, in the words of its reason: a refusal raised below (its line begins
+        "refused: ") loses that word here, as the plan's own refusal puts it in front of all."""
+        self.check(check_id, CheckStatus.REFUSE, message.removeprefix(REFUSED_PREFIX))
 
     def step(self, kind: StepKind, detail: str = "", **what) -> Step:
         made = Step(kind, detail=detail, **what)
@@ -71,7 +75,7 @@ class Plan:
 
     def refusal(self) -> Refused:
         """The error the run raises for this plan: its refusals, in order, in one line."""
-        return Refused("refused: " + "; ".join(dict.fromkeys(c.message for c in self.refusals)), self.to_json())
+        return Refused(REFUSED_PREFIX + "; ".join(dict.fromkeys(c.reason for c in self.refusals)), self.to_json())
 
     def raise_if_refused(self) -> None:
         if self.refused:

@@ -70,7 +70,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, cycles: int, uri: str | 
         try:
             check()
         except Refused as exc:
-            plan.refuse(check_id, str(exc).removeprefix("refused: "))
+            plan.refuse(check_id, str(exc))
     verdicts = read_verdicts(ctx.host, ctx.state)
     if verdicts.error is not None:
         plan.refuse("verdicts", f"the reset verdicts cannot be read, so none can be added: {verdicts.error} (move "
@@ -94,7 +94,7 @@ def _device_steps(ctx: Context, plan: QualifyPlan, inventory: Inventory, address
         select = kernel_file(ctx, address, "reset_method", "no reset_method file")
         reset = kernel_file(ctx, address, "reset", "the kernel offers no reset for it")
     except Refused as exc:
-        plan.refuse("reset_method", str(exc).removeprefix("refused: "))
+        plan.refuse("reset_method", str(exc))
         return
     key = str(address)
     plan.methods[key], plan.original[key] = list(methods), " ".join(methods)

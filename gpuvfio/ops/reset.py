@@ -74,7 +74,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
     try:
         bridge = _bridge(inventory, addresses) if bus else None
     except Refused as exc:
-        plan.refuse("bridge", _words(exc))
+        plan.refuse("bridge", str(exc))
         return plan, journal
     below = [f.address for f in inventory.functions.values() if bridge in f.parents and not f.is_bridge]
     affected = sorted(set(below) if bridge else set(addresses))
@@ -85,7 +85,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
         try:
             check()
         except Refused as exc:
-            plan.refuse(check_id, _words(exc))
+            plan.refuse(check_id, str(exc))
     try:
         if forget:
             pass
@@ -101,7 +101,7 @@ def _plan(ctx: Context, addresses: list[PciAddress], *, bus: bool, forget: bool,
                                   "empty); --bus resets the bus below its bridge")
                 targets.append(kernel_file(ctx, address, "reset", "the kernel offers no reset for it"))
     except Refused as exc:
-        plan.refuse("reset_method", _words(exc))
+        plan.refuse("reset_method", str(exc))
     plan.method = method
     plan_health(ctx, plan, affected, mends=True, inventory=inventory, broken=journal.data["broken"])
     for path in targets:  # the writer opens it afresh beneath the root
@@ -135,12 +135,6 @@ def run_reset(ctx: Context, plan: ResetPlan, journal: Journal) -> ResetResult:
             taken.append(step)
     taken += [s for s in plan.steps if s.kind is StepKind.SETTLE]
     return _settle(ctx, journal, plan, taken)
-
-
-def _words(exc: Refused) -> str:
-    """A refusal's reason, without the "refused: " its plan puts in front of all of them."""
-    text = str(exc)
-    return text[len("refused: "):] if text.startswith("refused: ") else text
 
 
 def _bridge(inventory: Inventory, addresses: list[PciAddress]) -> PciAddress:

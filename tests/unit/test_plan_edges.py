@@ -350,11 +350,11 @@ def test_the_boot_console_is_refused_unless_forced_and_names_the_framebuffers(sr
     """boot_vga=1: the host loses its display; the plan names /proc/fb's framebuffers (or says there
     are none) and lets --force through."""
     attr(srv, GPU, "boot_vga", "1")
-    line = (f"{GPU} drives the host console (boot_vga=1; {{}}); the host loses its display (--force to "
-            "proceed)")
+    line = f"{GPU} drives the host console (boot_vga=1; {{}}); the host loses its display"
     p = plan(srv, GPU)
     assert said(p, "boot_vga") == [("boot_vga", "refuse", line.format("no framebuffer listed"))]
     assert p.refusals(True) == [] and [c.overridable for c in p.refusals(False)] == [True]
+    assert [c.reason for c in p.refusals(False)] == [line.format("no framebuffer listed") + " (--force to proceed)"]
     write(os.path.join(srv.root, "proc", "fb"), "0 EFI VGA\n1 simpledrmdrmfb\n")
     assert said(plan(srv, GPU), "boot_vga") == [("boot_vga", "refuse", line.format("EFI VGA, simpledrmdrmfb"))]
     attr(srv, GPU, "boot_vga", "0")
