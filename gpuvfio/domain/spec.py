@@ -440,10 +440,13 @@ def _p2p(request: DomainRequest, devices: list[list[PciFunction]], single_node: 
         return plan
     version = request.qemu_version
     if version is None:
+        # A libvirt version without a QEMU one: connected, but not to QEMU (test:///, ...).
+        why, ask = (("no libvirt connection", "or --connect") if request.libvirt_version is None else
+                    ("the libvirt connection is not to QEMU", "or --connect a qemu:// URI"))
         return CliquePlan([], plan.notes + [
-            "QEMU version unknown (no libvirt connection): P2P cliques left out, since QEMU before "
+            f"QEMU version unknown ({why}): P2P cliques left out, since QEMU before "
             f"{CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]} refuses to start Turing and newer GPUs with one; pass --qemu-version "
-            "or --connect"], plan.rule)
+            + ask], plan.rule)
     if tuple(version[:2]) < CLIQUE_QEMU:
         return CliquePlan([], plan.notes + [
             f"QEMU {'.'.join(map(str, version))} is older than {CLIQUE_QEMU[0]}.{CLIQUE_QEMU[1]}: it puts the P2P "
