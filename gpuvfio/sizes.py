@@ -42,3 +42,16 @@ def format_kib(kib: int) -> str:
         if kib >= factor and kib % factor == 0:
             return f"{kib // factor} {unit}"
     return f"{kib} KiB"
+
+
+def page_label(kib: int) -> str:
+    """A page size as --hugepages and the kernel's hugepagesz= write it: 1G, 2M, 4K."""
+    for unit, factor in (("G", 1024**2), ("M", 1024)):
+        if kib >= factor and kib % factor == 0:
+            return f"{kib // factor}{unit}"
+    return f"{kib}K"
+
+
+def pages_text(kib: int | None) -> str:
+    """A guest's backing pages: "1G hugepages", "2M hugepages", or "4K pages" (none asked for)."""
+    return f"{page_label(kib)} hugepages" if kib else "4K pages"

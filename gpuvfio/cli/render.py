@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from gpuvfio.cli.output import Column, Listing, printable_report, rich_console
+from gpuvfio.sizes import pages_text
 from gpuvfio.ops.plans import FORCE_HINT
 
 
@@ -159,7 +160,8 @@ def print_operation_plan(report: dict, console=None, *, show_xml: bool = False) 
         for line in report["changes"]:
             console.print(f"  {line}")
     elif report.get("xml") and report.get("changes") is not None:
-        console.print("[bold]Domain:[/] defined new" + ("" if show_xml else " (--show-xml prints its XML)"))
+        console.print("[bold]Domain:[/] new, none of that name in libvirt" + ("" if show_xml else
+                                                                             " (--show-xml prints its XML)"))
     elif report.get("xml") and not show_xml:
         console.print("[bold]Domain:[/] libvirt not asked what it holds (--show-xml prints the XML)")
     if show_xml and report.get("xml"):
@@ -171,7 +173,7 @@ def _print_placement(console, placement: dict | None) -> None:
     """Where the guest sits: each cell's vCPUs on host CPUs, its memory's node and page size."""
     if not placement or not placement.get("cells"):
         return
-    pages = f"{placement['hugepage_kib']} KiB hugepages" if placement.get("hugepage_kib") else "4 KiB pages"
+    pages = pages_text(placement.get("hugepage_kib"))
     console.print(f"[bold]Placement:[/] {pages}" + (", guest NUMA cells mirror the host's"
                                                      if placement.get("guest_numa") else ""))
     for cell in placement["cells"]:

@@ -13,6 +13,7 @@ from gpuvfio.cli.tables import from_table, options
 from gpuvfio.cli.devices import Yes
 from gpuvfio.cli.plans import DryRun
 from gpuvfio.cli.output import printable_report, write_text
+from gpuvfio.sizes import pages_text
 from gpuvfio.errors import Refused
 from gpuvfio.options import RUN
 from gpuvfio.user_files import user_dir
@@ -78,7 +79,7 @@ def _print_plan(raw: dict) -> None:
         if "domain" not in variant:
             _print_steps(variant["steps"])
             continue
-        pages = f"{variant['hugepages_kib']} KiB pages" if variant['hugepages_kib'] else "4K pages"
+        pages = pages_text(variant["hugepages_kib"])
         sys.stdout.write(f"   domain {variant['domain']}, {pages}, "
                          f"NUMA nodes {variant['numa_nodes'] or 'not pinned'}\n")
         if "bind" in variant:

@@ -17,6 +17,7 @@ from gpuvfio.host.kernel import VFIO_MODULES, KernelInfo
 from gpuvfio.host.model import NumaNode
 from gpuvfio.host.nvidia import nvidia_holders
 from gpuvfio.host.pcie_health import Rating, device_health, read_records
+from gpuvfio.sizes import page_label
 
 __all__ = ["Check", "OK", "WARN", "FAIL", "SKIP", "run_doctor"]
 
@@ -83,8 +84,7 @@ def check_hugepages(nodes: list[NumaNode]) -> Check:
         sizes = []
         for size, (total, free) in sorted(node.hugepages.items()):
             if total:
-                label = f"{size // 1048576}G" if size >= 1048576 else f"{size // 1024}M"
-                sizes.append(f"{free}/{total} x {label} free")
+                sizes.append(f"{free}/{total} x {page_label(size)} free")
                 any_free = any_free or free > 0
         parts.append(f"node{node.node_id}: " + (", ".join(sizes) if sizes else "none reserved"))
     summary = "; ".join(parts)
@@ -93,10 +93,6 @@ def check_hugepages(nodes: list[NumaNode]) -> Check:
     return Check("hugepages", WARN, summary + " (guest memory will use 4K pages: slower DMA mapping, TLB misses)",
                  "reserve 1G pages on the GPU's node, e.g. echo 64 > /sys/devices/system/node/node0/"
                  "hugepages/hugepages-1048576kB/nr_hugepages, or hugepagesz=1G hugepages=N at boot")
-
-
-def _page_label(size: int) -> str:
-    return f"{size // 1048576}G" if size >= 1048576 else f"{size // 1024}M"
 
 
 def check_hugepages_near_gpus(host: HostRoot, inventory: Inventory, nodes: list[NumaNode]) -> Check:
@@ -125,7 +121,7 @@ def check_hugepages_near_gpus(host: HostRoot, inventory: Inventory, nodes: list[
     parts, short = [], []
     for node_id, addresses in sorted(near.items()):
         gpus_there = ", ".join(addresses[:4]) + (f" +{len(addresses) - 4} more" if len(addresses) > 4 else "")
-        sizes = [f"{free}/{total} x {_page_label(size)} free"
+        sizes = [f"{free}/{total} x {page_label(size)} free"
                  for size, (total, free) in sorted(by_id[node_id].hugepages.items()) if total]
         if not sizes:
             short.append(node_id)

@@ -3,7 +3,7 @@
 One function decides, for ``attach --dry-run``, Ansible's check mode, ``testbed plan`` and
 the run itself (which makes it under the run lock and then executes its steps in order):
 
-* the domain of that name: none (defined new), gpuvfio's and stopped (redefined, keeping its
+* the domain of that name: none (the run defines it), gpuvfio's and stopped (redefined, keeping its
   UUID), gpuvfio's and running, or someone else's (both refused);
 * the domain, built from the same libvirt the run uses: the QEMU version from that
   connection, the other domains' vCPU pins (gpuvfio.ops.domains.provision_xml);
@@ -115,7 +115,7 @@ def _plan_attach(ctx: Context, addresses: list[PciAddress], request: DomainReque
         plan.refuse("domain", f"domain {name} is running; gpuvfio detach {name} first")
     else:
         plan.check("domain", CheckStatus.OK, f"gpuvfio's domain {name} exists, stopped: redefined with its UUID"
-                   if existing is not None else f"no domain {name} yet: defined new")
+                   if existing is not None else f"no domain {name} yet: the run defines it")
     plan.existing = existing
     return _plan_build(ctx, plan, addresses, request, policy, ssh, verify, asked=True)
 

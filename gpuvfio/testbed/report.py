@@ -16,6 +16,7 @@ import stat
 from gpuvfio import strictjson
 from gpuvfio.errors import GpuvfioError, InputError
 from gpuvfio.files import Tree
+from gpuvfio.sizes import pages_text
 from gpuvfio.testbed.render import document, html_page, markdown, method_paragraphs, plots, report_title
 from gpuvfio.testbed.spec import NAME
 from gpuvfio.testbed.stats import ALPHA, METRICS, PERCENTILE_MIN_N, ratio_ci, summarize, welch_test
@@ -162,7 +163,7 @@ def describe(record: dict) -> str:
                                                                      if scheduler.get("previous") else ""))
     placed = record.get("placement") or {}
     if placed:
-        pages = f"{placed['hugepage_kib']} KiB pages" if placed.get("hugepage_kib") else "4K pages"
+        pages = pages_text(placed.get("hugepage_kib"))
         nodes = f"memory on node(s) {placed['numa_nodeset']}" if placed.get("numa_nodeset") else "not NUMA-pinned"
         parts.append(f"placed: {placed.get('vcpus')} vCPUs, {pages}, {nodes}")
     return ", ".join(p for p in parts if p) or record.get("kind", "")

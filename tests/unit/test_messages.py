@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from gpuvfio.sizes import pages_text
 from tests.make_samples import host_tree
 
 
@@ -30,3 +31,22 @@ def test_an_unknown_qemu_version_says_why(cli, switch_host, connect, why, ask):
     assert result.code == 0, result.err
     said = rf"QEMU version unknown \({re.escape(why)}\): P2P cliques left out, [^;]*; {re.escape(ask)}(?: gpuvfio:|$)"
     assert re.search(said, note), note
+
+
+@pytest.mark.parametrize("kib, text", [(None, "4K pages"), (0, "4K pages"), (2048, "2M hugepages"),
+                                       (1048576, "1G hugepages"), (64, "64K hugepages"), (16 * 1048576, "16G hugepages")])
+def test_page_sizes_are_written_as_hugepages_takes_them(kib, text):
+    assert pages_text(kib) == text
+
+
+def test_an_attach_plan_speaks_of_its_pages_and_new_domain_as_to_be_done(cli, switch_host, tmp_path):
+    """A dry run showed "1048576 KiB hugepages" where doctor and --hugepages say 1G, and "defined
+    new" for a domain nothing had defined yet."""
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(b"\0" * 64)
+    result = cli("--root", switch_host, "attach", "18:00.0", "--name", "p2p", "--dry-run", "--connect",
+                 "test:///default", "--kernel", str(kernel), "--user-net-ssh-port", "2222", "--hugepages", "1G")
+    plan = " ".join(result.out.split())
+    assert "Placement: 1G hugepages" in plan and "KiB" not in plan.split("Placement:")[1].split(",")[0], plan
+    assert "no domain p2p yet: the run defines it" in plan and "defined new" not in plan
+    assert "Domain: new, none of that name in libvirt" in plan
