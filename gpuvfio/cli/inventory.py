@@ -62,9 +62,7 @@ def list_listing(report: ListReport, title: str) -> Listing:
         gid = fn.iommu_group
         group = groups.get(gid)
         viable = Cell("-") if group is None else (Cell("yes", "green") if group.viable else Cell("no", "red"))
-        # pci.ids calls an NVSwitch (class 0x0680) a bridge; it bridges NVLinks, not PCI buses.
-        name = fn.device_name or ("NVSwitch" if fn.is_nvswitch else fn.class_name) or "device"
-        listing.add(str(fn.address), f"{name} [{fn.vendor_id}:{fn.device_id}]", fn.driver or "none",
+        listing.add(str(fn.address), f"{fn.display_name} [{fn.vendor_id}:{fn.device_id}]", fn.driver or "none",
                     "-" if gid is None else str(gid), viable,
                     "-" if fn.numa_node is None else str(fn.numa_node), link_text(fn.link),
                     size_text(fn.largest_bar), virtualization_text(fn))

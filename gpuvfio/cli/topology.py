@@ -107,7 +107,7 @@ def _fabric(fabric: dict) -> list[str]:
 
 def _describe(dev: TopoDevice) -> str:
     fn = dev.function
-    text = (f"{_shown(fn.device_name) or 'device'} [{_shown(fn.vendor_id)}:{_shown(fn.device_id)}] "
+    text = (f"{_shown(fn.display_name)} [{_shown(fn.vendor_id)}:{_shown(fn.device_id)}] "
             f"({_shown(fn.driver) or 'no driver'})")
     links = dev.nvlink
     if links is not None and links.read:

@@ -188,6 +188,13 @@ class PciFunction:
     def largest_bar(self) -> int:
         return max((b.size for b in self.bars if b.index <= 5), default=0)
 
+    @property
+    def display_name(self) -> str:
+        """What a listing calls it: pci.ids' device name, else its class's name ("3D controller"),
+        else "device". pci.ids calls an NVSwitch (class 0x0680) a bridge: it bridges NVLinks, not
+        PCI buses, so it is an NVSwitch here."""
+        return self.device_name or ("NVSwitch" if self.is_nvswitch else self.class_name) or "device"
+
     def label(self) -> str:
         """``0000:03:00.0 [8086:15f3] Ethernet controller (igc)``: how problems name a function."""
         kind = self.class_name or f"class {self.class_id}"

@@ -50,3 +50,18 @@ def test_an_attach_plan_speaks_of_its_pages_and_new_domain_as_to_be_done(cli, sw
     assert "Placement: 1G hugepages" in plan and "KiB" not in plan.split("Placement:")[1].split(",")[0], plan
     assert "no domain p2p yet: the run defines it" in plan and "defined new" not in plan
     assert "Domain: new, none of that name in libvirt" in plan
+
+
+@pytest.mark.parametrize("sample", ["pcie-switch", "dgx-h100"])
+def test_topo_names_each_device_as_list_does(cli, tmp_path, sample):
+    """topo said "device [10de:26b9]" for a GPU pci.ids does not name, where list says "3D
+    controller [10de:26b9]" (its class), and "bridge" names for NVSwitches."""
+    host_tree(sample, str(tmp_path))
+    listed = {}
+    for line in cli("--root", str(tmp_path), "list", "--all").out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", cells[0]):
+            listed[cells[0]] = cells[1]
+    shown = re.findall(r"^\s+[A-Z]+\d+:\s+(\S+)\s+(.+) \([^()]*\)$", cli("--root", str(tmp_path), "topo").out, re.M)
+    assert shown and all(listed[address] == name for address, name in shown), (shown, listed)
+    assert not any(name.startswith("device [") for _address, name in shown)
