@@ -3,7 +3,7 @@ declare a ``GPU_HOST_PART`` (kl.Part) and get its result from one boot for all o
 
 Under TCG a boot costs 15-45 s before any script runs, and each Python script imports gpuvfio
 again over 9p; three boots of the same devices were paid three times.  Only the parts of the
-modules collected in this session run, so one module on its own still boots for itself only.
+modules pytest collected run, so one module on its own still boots for itself only.
 """
 
 from __future__ import annotations
