@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import typer
 
 from gpuvfio.errors import InputError
+from gpuvfio.numbers import DIGITS, shown
 from gpuvfio.options import Option, OptionSet, checked, cli_flag
 
 
@@ -41,13 +43,42 @@ def flag_of(name: str) -> str:
     return cli_flag(name)
 
 
+# Numbers as an admin writes them, in ASCII digits (typer's own parsing through pydantic answered
+# "Input should be a valid integer, unable to parse string as an integer", and took "nan").
+_WHOLE = re.compile(rf"[+-]?[0-9]{{1,{DIGITS}}}", re.ASCII)
+_NUMBER = re.compile(rf"[+-]?(?:[0-9]{{1,{DIGITS}}}(?:\.[0-9]{{0,{DIGITS}}})?|\.[0-9]{{1,{DIGITS}}})(?:[eE][+-]?[0-9]{{1,3}})?",
+                     re.ASCII)
+
+
+def whole_number(text: str | int) -> int:
+    """An int option's value (typer hands a default from the table over as it is)."""
+    if not isinstance(text, str):
+        return text
+    if not _WHOLE.fullmatch(text.strip()):
+        raise typer.BadParameter(f"{shown(text)} is not a whole number (at most {DIGITS} digits)")
+    return int(text)
+
+
+def number(text: str | float) -> float:
+    """A float option's value (typer hands a default from the table over as it is)."""
+    if not isinstance(text, str):
+        return text
+    if not _NUMBER.fullmatch(text.strip()):
+        raise typer.BadParameter(f"{shown(text)} is not a number")
+    return float(text)
+
+
+_PARSERS = {"int": whole_number, "float": number}
+
+
 def annotation_of(option: Option):
-    """The typer annotation for ``option``: its flag, help and metavar."""
+    """The typer annotation for ``option``: its flag, help and metavar (and gpuvfio's number parsing)."""
     kind = _TYPES[option.kind]
     if option.default is None and not option.required and kind is not bool:
         kind = Optional[kind]
     text = option.off_help if option.negated else option.text(flag_of)
-    return Annotated[kind, typer.Option(*option.flags, help=text, metavar=option.metavar)]
+    return Annotated[kind, typer.Option(*option.flags, help=text, metavar=option.metavar,
+                                        parser=_PARSERS.get(option.kind))]
 
 
 def _default(option: Option):

@@ -201,7 +201,7 @@ def test_verify_expect_device_is_a_device_argument(cli, workstation):
 
 
 @pytest.mark.parametrize("option, value, fragment", [
-    ("--min-gbps", "nan", "--min-gbps must be a number"), ("--link-efficiency", "0", "--link-efficiency must be from 0.01"),
+    ("--min-gbps", "nan", "'nan' is not a number"), ("--link-efficiency", "0", "--link-efficiency must be from 0.01"),
     ("--size-mib", "0", "--size-mib"), ("--copies", "1001", "--copies")])
 def test_attach_takes_the_verifiers_gates_and_checks_them_first(cli, workstation, monkeypatch, tmp_path, option,
                                                                 value, fragment):

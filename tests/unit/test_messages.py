@@ -65,3 +65,21 @@ def test_topo_names_each_device_as_list_does(cli, tmp_path, sample):
     shown = re.findall(r"^\s+[A-Z]+\d+:\s+(\S+)\s+(.+) \([^()]*\)$", cli("--root", str(tmp_path), "topo").out, re.M)
     assert shown and all(listed[address] == name for address, name in shown), (shown, listed)
     assert not any(name.startswith("device [") for _address, name in shown)
+
+
+@pytest.mark.parametrize("args, value, words", [
+    (("xml", "0000:01:00.0", "--name", "x", "--vcpus"), "abc", "'abc' is not a whole number"),
+    (("xml", "0000:01:00.0", "--name", "x", "--vcpus"), "١٢", "'١٢' is not a whole number"),
+    (("xml", "0000:01:00.0", "--name", "x", "--vcpus"), "1e3", "'1e3' is not a whole number"),
+    (("qualify", "0000:01:00.0", "--connect", "none", "--cycles"), "two", "'two' is not a whole number"),
+    (("verify", "--ssh-host", "127.0.0.1", "--connect", "none", "--ssh-timeout"), "soon", "'soon' is not a number"),
+    (("verify", "--ssh-host", "127.0.0.1", "--connect", "none", "--ssh-timeout"), "nan", "'nan' is not a number"),
+])
+def test_a_number_option_given_words_says_so_in_gpuvfios_words(cli, tmp_path, args, value, words):
+    """typer parsed numbers through pydantic: "Input should be a valid integer, unable to parse
+    string as an integer", and took nan for a float."""
+    host_tree("workstation", str(tmp_path))
+    result = cli("--root", str(tmp_path), *args, value)
+    assert result.code == 2 and result.out == "", result.err
+    (line,) = result.err.splitlines()
+    assert words in line and "Input should be" not in line, line

@@ -660,7 +660,7 @@ def test_a_value_is_checked_at_every_edge_before_anything_runs(cli, tmp_path):
     root = gpu_workstation(tmp_path / "host").root
     for args in (("unbind", "01:00.0", "--connect", "none", "--timeout", "-1", "--dry-run"),
                  ("restore", "--dry-run", "--lock-timeout", "-1"),
-                 ("reset", "01:00.0", "--dry-run", "--write-timeout", "nan")):
+                 ("reset", "01:00.0", "--dry-run", "--write-timeout", "1e999")):  # inf, past the parser
         refused = cli("--root", root, *args)
         assert refused.code == 2 and "-timeout must be" in refused.err, (args, refused.err)
 

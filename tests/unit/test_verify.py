@@ -489,9 +489,10 @@ def test_ssh_errors_say_which(cli, tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--expect", "10de"], "--expect takes VENDOR:DEVICE"), (["--expect", "10de:2335x0"], "count must be 1-64"),
-    (["--link-efficiency", "nan"], "--link-efficiency must be a number"),
+    (["--link-efficiency", "nan"], "'nan' is not a number"),
     (["--link-efficiency", "1.5"], "--link-efficiency must be from 0.01 to 1"),
-    (["--min-gbps", "-1"], "--min-gbps must be from 0.001"), (["--min-gbps", "inf"], "--min-gbps must be a number"),
+    (["--min-gbps", "-1"], "--min-gbps must be from 0.001"), (["--min-gbps", "inf"], "'inf' is not a number"),
+    (["--min-gbps", "1e999"], "--min-gbps must be a number"),
     (["--size-mib", "0"], "--size-mib"), (["--copies", "100000"], "--copies")])
 def test_verify_options_are_checked_before_anything_runs(cli, args, words):
     result = cli("verify", "--ssh-host", "127.0.0.1", "--ssh-port", "1", *args)
