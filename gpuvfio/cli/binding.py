@@ -232,7 +232,8 @@ def persist_cmd(addresses: Devices = None, device_ids: DeviceIds = None, yes: Ye
             emit_json(report.to_json())
             return
         listing = Listing("Boot-time driver overrides", [Column("Address", keep=True), Column("Driver", keep=True),
-                                                         Column("Mechanism", keep=True)])
+                                                         Column("Mechanism", keep=True)],
+                          empty="no boot-time driver override on this host")
         for item in report.overrides:
             listing.add(str(item.address), item.driver, item.source)
         print_listing(listing, fmt)

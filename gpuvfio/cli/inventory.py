@@ -95,5 +95,7 @@ def list_cmd(
     if fmt == "json":
         emit_json(report.to_json())
         return
-    print_listing(list_listing(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}"),
-                  fmt)
+    listing = list_listing(report, f"PCI functions on {label}" if show_all else f"NVIDIA devices on {label}")
+    listing.empty = ("no PCI function on this host" if show_all or addresses or device_ids else
+                     "no NVIDIA device on this host (gpuvfio list --all lists every PCI function)")
+    print_listing(listing, fmt)

@@ -64,6 +64,12 @@ class Listing:
     columns: list[Column]
     rows: list[list[Cell | str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # lines after the rows (not in CSV)
+    empty: str = ""  # said, as a note, when there is no row: a bare header says nothing
+
+    @property
+    def said(self) -> list[str]:
+        """The notes, led by ``empty`` when there is no row."""
+        return ([self.empty] if self.empty and not self.rows else []) + self.notes
 
     def add(self, *cells: Cell | str) -> None:
         if len(cells) != len(self.columns):
@@ -159,7 +165,7 @@ def print_listing(listing: Listing, fmt: str, out=None, notes=None) -> None:
         widths = [max(len(r[i]) for r in table) for i in range(len(listing.columns))]
         for row in table:
             out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
-        for note in listing.notes:
+        for note in listing.said:
             (notes or sys.stderr).write(printable(note) + "\n")
         return
     _print_table(listing, rich_console(file=out) if out is sys.stdout else rich_console(file=out, width=160))
@@ -194,5 +200,5 @@ def _print_table(listing: Listing, console) -> None:
                 # Whole and unwrapped by rich (the terminal folds it): a fix is copied as it is.
                 console.print(f"{_markup(_text(row[0]))} {column.title.lower()}: {_markup(_text(row[i]))}",
                               soft_wrap=True)
-    for note in listing.notes:
+    for note in listing.said:
         console.print(_markup(note), soft_wrap=True)

@@ -67,7 +67,8 @@ def status_listing(report: dict) -> Listing:
     """status as lspci-like rows (plain, CSV): one row a device gpuvfio holds; the rest of the
     journal (services, vGPUs, broken marks, partitions, an unfinished operation) as notes."""
     listing = Listing("Devices held by gpuvfio", [Column(title, keep=True) for title in (
-        "Address", "Group", "Driver now", "Override now", "Original driver", "Original override")])
+        "Address", "Group", "Driver now", "Override now", "Original driver", "Original override")],
+        empty="gpuvfio holds no device (its journal records none)")
     for dev in report["devices"]:
         listing.add(dev["address"], str(dev["group"]), dev["driver"] or "none", dev["driver_override"] or "-",
                     dev["original_driver"] or "none", dev["original_override"] or "-")

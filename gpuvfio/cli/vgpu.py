@@ -65,7 +65,7 @@ def list_cmd(run: dict = options(RUN, "vgpu list"), output_format: FormatOption 
     listing = Listing("vGPU instances", [Column("Instance", keep=True), Column("Kind", keep=True),
                                          Column("Type", keep=True), Column("Parent", keep=True),
                                          Column("Domains", rank=1), Column("Persisted", rank=2),
-                                         Column("Made by", rank=3)])
+                                         Column("Made by", rank=3)], empty="no vGPU instance on this host")
     for item in report.instances:
         domains = "not asked" if item.domains is None else (", ".join(item.domains) or "none")
         listing.add(item.instance, item.kind, str(item.type_id), item.parent, domains,

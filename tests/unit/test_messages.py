@@ -8,6 +8,7 @@ import re
 import pytest
 
 from gpuvfio.sizes import pages_text
+from tests.hostbuilder import HostBuilder
 from tests.make_samples import host_tree
 
 
@@ -83,3 +84,32 @@ def test_a_number_option_given_words_says_so_in_gpuvfios_words(cli, tmp_path, ar
     assert result.code == 2 and result.out == "", result.err
     (line,) = result.err.splitlines()
     assert words in line and "Input should be" not in line, line
+
+
+def _nic_only_host(root) -> str:
+    b = HostBuilder(str(root))
+    b.iommu("intel", 1)
+    b.cpuinfo("Intel(R) Xeon(R)", 46)
+    b.numa_node(0, b.cpu_topology(1, 2, 1)[0], 8, {})
+    rb = b.root_bus(numa=0)
+    b.function(rb, "0000:00:00.0", "8086", "a700", "060000")
+    b.function(rb, "0000:00:19.0", "8086", "15f3", "020000", driver="igc")
+    return str(root)
+
+
+@pytest.mark.parametrize("args, said", [
+    (("list",), "no NVIDIA device on this host (gpuvfio list --all lists every PCI function)"),
+    (("status",), "gpuvfio holds no device (its journal records none)"),
+    (("persist", "--list"), "no boot-time driver override on this host"),
+])
+def test_an_empty_listing_says_so(cli, tmp_path, monkeypatch, args, said):
+    """A bare header said nothing: an empty status, persist --list, or list on a host without an
+    NVIDIA GPU. The header stays (a data line format, as lspci keeps it), the words go to stderr;
+    CSV stays data only."""
+    monkeypatch.setenv("GPUVFIO_STATE_DIR", str(tmp_path / "state"))
+    root = _nic_only_host(tmp_path / "host")
+    result = cli("--root", root, *args, "--format", "plain")
+    assert result.code == 0 and len(result.out.splitlines()) == 1, result.out
+    assert result.err.splitlines() == [said], result.err
+    csv = cli("--root", root, *args, "--format", "csv")
+    assert csv.code == 0 and len(csv.out.splitlines()) == 1 and said not in csv.out + csv.err
