@@ -50,25 +50,20 @@ _NUMBER = re.compile(rf"[+-]?(?:[0-9]{{1,{DIGITS}}}(?:\.[0-9]{{0,{DIGITS}}})?|\.
                      re.ASCII)
 
 
-def whole_number(text: str | int) -> int:
-    """An int option's value (typer hands a default from the table over as it is)."""
-    if not isinstance(text, str):
-        return text
-    if not _WHOLE.fullmatch(text.strip()):
-        raise typer.BadParameter(f"{shown(text)} is not a whole number (at most {DIGITS} digits)")
-    return int(text)
+def _parser(pattern: re.Pattern, convert, what: str):
+    def parse(text):
+        """The option's value; a default from the table is handed over as it is, already typed."""
+        if not isinstance(text, str):
+            return text
+        if not pattern.fullmatch(text.strip()):
+            raise typer.BadParameter(f"{shown(text)} is not {what}")
+        return convert(text)
+
+    return parse
 
 
-def number(text: str | float) -> float:
-    """A float option's value (typer hands a default from the table over as it is)."""
-    if not isinstance(text, str):
-        return text
-    if not _NUMBER.fullmatch(text.strip()):
-        raise typer.BadParameter(f"{shown(text)} is not a number")
-    return float(text)
-
-
-_PARSERS = {"int": whole_number, "float": number}
+_PARSERS = {"int": _parser(_WHOLE, int, f"a whole number (at most {DIGITS} digits)"),
+            "float": _parser(_NUMBER, float, "a number")}
 
 
 def annotation_of(option: Option):
