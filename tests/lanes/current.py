@@ -167,9 +167,9 @@ def rootfs(cache: str = DEFAULT_CACHE) -> str:
     return root
 
 
-# What the root cannot run: the benchmark times the console script a venv of this machine has
+# What the root cannot run: the benchmarks time the console script a venv of this machine has
 # (benchmarks/ratios.py GPUVFIO); the root reaches gpuvfio through a .pth to the checkout only.
-NOT_IN_ROOT = ("tests/daemon/test_bench_domain_xml.py",)
+NOT_IN_ROOT = ("tests/daemon/test_benchmarks.py",)
 
 
 def main(argv: list[str]) -> int:
