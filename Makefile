@@ -65,12 +65,15 @@ docs: deps
 # Every lane, each of them required (GPUVFIO_REQUIRE_LANES=1: a lane that skips fails). The lanes
 # that boot guests under QEMU's emulation (daemon, kernel, nested) run after the others, one test
 # at a time: their guests slow down with the machine's load until their SSH and boot waits run
-# out. Both runs always run; make fails when either failed.
+# out. Both runs always run; make fails when either failed. The last line says how long each took.
 test: deps
-	@rc=0; \
+	@rc=0; began=$$SECONDS; \
 	set -x; \
 	GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,parallel) $(PARALLEL) tests/unit tests/package $(PYTEST_ARGS) || rc=1; \
+	guests=$$SECONDS; \
 	GPUVFIO_REQUIRE_LANES=1 $(PYTEST) $(call BASETEMP,guests) tests/daemon tests/kernel tests/nested $(PYTEST_ARGS) || rc=1; \
+	{ set +x; } 2>/dev/null; \
+	echo "make test: $$((SECONDS - began)) s (unit and package lanes $$((guests - began)) s, guest lanes $$((SECONDS - guests)) s)"; \
 	exit $$rc
 
 # The kernel lane again on the current stack: Debian 13's own kernel, fetched from Debian's
